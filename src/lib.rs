@@ -1,0 +1,17 @@
+//! nextstate: a stream processor that turns what deployed LLM agents already see — the next state after
+//! each action — into training signal, and trains the policy online (OpenClaw-RL, arXiv 2603.10165).
+//!
+//! The pipeline, one module per stage (see README and `../shared/docs/METHOD.md`):
+//!
+//! ```text
+//! ingest / proxy ─► interactions ─► signals ─► judgments ─► hints ─► teacher_logprobs ─► samples ─► trainer ─► checkpoints
+//! ```
+//!
+//! Every table is a Kafka topic ([`bus`]) and a Parquet table in the lake ([`lake`]), queryable with SQL
+//! ([`sql`]). Record types and their Arrow schemas are in [`schema`].
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod schema;
+
+pub use error::{Error, Result};

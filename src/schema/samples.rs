@@ -1,0 +1,151 @@
+//! `samples`: what the trainer receives (METHOD.md §5).
+
+use arrow::datatypes::{DataType, Field};
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// Which row of the METHOD.md §5 table produced a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SampleType {
+    /// Binary RL: PRM score ±1, r = score.
+    Binary,
+    /// OPD: accepted hint, teacher log-probs.
+    Opd,
+    /// Combined, hint and score ±1.
+    CombinedBoth,
+    /// Combined, hint only: r = 0.
+    CombinedHintOnly,
+    /// Combined, score only: teacher log-probs := rollout log-probs.
+    CombinedScoreOnly,
+}
+
+impl SampleType {
+    /// Kebab-case name as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleType::Binary => "binary",
+            SampleType::Opd => "opd",
+            SampleType::CombinedBoth => "combined-both",
+            SampleType::CombinedHintOnly => "combined-hint-only",
+            SampleType::CombinedScoreOnly => "combined-score-only",
+        }
+    }
+}
+
+/// One training sample: a main turn's tokens with its reward and/or teacher log-probs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Schema version.
+    pub schema_version: i32,
+    /// Key: hash of interaction id and the pipeline's method configuration.
+    pub sample_id: String,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// Method: `binary`, `opd` or `combined`.
+    pub method: String,
+    /// Which METHOD.md §5 case produced it.
+    pub sample_type: SampleType,
+    /// The turn.
+    pub interaction_id: String,
+    /// Session id.
+    pub session_id: String,
+    /// Turn index.
+    pub turn_index: i32,
+    /// Prompt token ids (the policy's original prompt, not the teacher's).
+    pub prompt_token_ids: Vec<i32>,
+    /// Response token ids; length T.
+    pub response_token_ids: Vec<i32>,
+    /// Loss mask over the response, 1 = trained; length T.
+    pub loss_mask: Vec<i32>,
+    /// Rollout log-probs of the response tokens (nats); length T.
+    pub rollout_logprobs: Vec<f32>,
+    /// True when rollout log-probs were recomputed by scoring (the log had none).
+    pub rollout_logprobs_recomputed: bool,
+    /// Scalar reward r (PRM majority score; 0 when absent).
+    pub reward: f32,
+    /// Teacher log-probs aligned with the response; length T (null for binary samples).
+    pub teacher_logprobs: Option<Vec<f32>>,
+    /// Top-K teacher ids [T, K] (optional).
+    pub topk_ids: Option<Vec<Vec<i32>>>,
+    /// Top-K teacher log-probs [T, K] (optional).
+    pub topk_logprobs: Option<Vec<Vec<f32>>>,
+    /// Policy version that produced the response.
+    pub policy_version: Option<i64>,
+    /// The judgment used (null when none).
+    pub judgment_id: Option<String>,
+    /// The hint record used (null when none).
+    pub hint_id: Option<String>,
+    /// The teacher row used (null when none).
+    pub teacher_id: Option<String>,
+    /// Kafka topic of the interaction row.
+    pub source_topic: Option<String>,
+    /// Kafka partition of the interaction row.
+    pub source_partition: Option<i32>,
+    /// Kafka offset of the interaction row.
+    pub source_offset: Option<i64>,
+    /// Event time of the turn (ms).
+    pub event_time: i64,
+    /// When assembled (ms).
+    pub processed_time: i64,
+}
+
+impl Sample {
+    /// Response length T.
+    pub fn len(&self) -> usize {
+        self.response_token_ids.len()
+    }
+    /// True when the response is empty.
+    pub fn is_empty(&self) -> bool {
+        self.response_token_ids.is_empty()
+    }
+}
+
+impl Table for Sample {
+    const NAME: &'static str = "samples";
+    const SCHEMA_VERSION: i32 = 1;
+    const KEY: &'static str = "sample_id";
+    const DOC: &'static str = "Training samples, at most one per main turn per pipeline: prompt and \
+        response token ids, loss mask, rollout log-probs, reward, teacher log-probs (and top-K), the \
+        policy version and lineage (METHOD.md §5).";
+    fn fields() -> Vec<Field> {
+        vec![
+            schema_version_field(),
+            utf8("sample_id", false, "Hash of interaction id and method configuration."),
+            utf8("pipeline", false, "Pipeline name."),
+            utf8("method", false, "binary | opd | combined."),
+            utf8("sample_type", false, "binary | opd | combined-both | combined-hint-only | combined-score-only."),
+            utf8("interaction_id", false, "The turn."),
+            utf8("session_id", false, "Session id."),
+            i32f("turn_index", false, "Turn index."),
+            list_of("prompt_token_ids", DataType::Int32, false, "Prompt token ids."),
+            list_of("response_token_ids", DataType::Int32, false, "Response token ids [T]."),
+            list_of("loss_mask", DataType::Int32, false, "Loss mask [T], 1 = trained."),
+            list_of("rollout_logprobs", DataType::Float32, false, "Rollout log-probs (nats) [T]."),
+            boolf("rollout_logprobs_recomputed", false, "Rollout log-probs recomputed by scoring."),
+            f32f("reward", false, "Scalar reward r."),
+            list_of("teacher_logprobs", DataType::Float32, true, "Teacher log-probs [T]."),
+            list_of_lists("topk_ids", DataType::Int32, true, "Teacher top-K ids [T, K]."),
+            list_of_lists("topk_logprobs", DataType::Float32, true, "Teacher top-K log-probs [T, K]."),
+            i64f("policy_version", true, "Policy version that produced the response."),
+            utf8("judgment_id", true, "Judgment used."),
+            utf8("hint_id", true, "Hint record used."),
+            utf8("teacher_id", true, "Teacher row used."),
+            utf8("source_topic", true, "Kafka topic of the interaction row."),
+            i32f("source_partition", true, "Kafka partition of the interaction row."),
+            i64f("source_offset", true, "Kafka offset of the interaction row."),
+            ts("event_time", false, "Event time of the turn (UTC)."),
+            ts("processed_time", false, "When assembled (UTC)."),
+        ]
+    }
+    fn key(&self) -> &str {
+        &self.sample_id
+    }
+    fn session_id(&self) -> &str {
+        &self.session_id
+    }
+    fn event_time_ms(&self) -> i64 {
+        self.event_time
+    }
+}

@@ -1,0 +1,78 @@
+//! `teacher_logprobs`: the teacher's log-probs of the student's own response tokens (METHOD.md §4).
+
+use arrow::datatypes::{DataType, Field};
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// Teacher log-probs for one turn under its hint-enhanced context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeacherLogprobs {
+    /// Schema version.
+    pub schema_version: i32,
+    /// Key: hash of interaction id, teacher context and teacher model.
+    pub teacher_id: String,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The turn.
+    pub interaction_id: String,
+    /// Session id.
+    pub session_id: String,
+    /// Turn index.
+    pub turn_index: i32,
+    /// Teacher model id (directory or endpoint model name).
+    pub teacher_model: String,
+    /// Teacher weights version (0 = the policy's initial weights).
+    pub teacher_version: i64,
+    /// Token ids of the enhanced prompt.
+    pub teacher_prompt_token_ids: Vec<i32>,
+    /// The student's response token ids, unchanged; length T.
+    pub response_token_ids: Vec<i32>,
+    /// `teacher_logprobs[i]` = log π_teacher(response_i | enhanced prompt, response_<i) (nats); length T.
+    pub teacher_logprobs: Vec<f32>,
+    /// Top-K teacher token ids per position, shape [T, K] (null when K = 0).
+    pub topk_ids: Option<Vec<Vec<i32>>>,
+    /// Top-K teacher log-probs per position, shape [T, K], sorted descending.
+    pub topk_logprobs: Option<Vec<Vec<f32>>>,
+    /// Event time of the turn (ms).
+    pub event_time: i64,
+    /// When computed (ms).
+    pub processed_time: i64,
+}
+
+impl Table for TeacherLogprobs {
+    const NAME: &'static str = "teacher_logprobs";
+    const SCHEMA_VERSION: i32 = 1;
+    const KEY: &'static str = "teacher_id";
+    const DOC: &'static str = "Teacher log-probs of the student's own response tokens under the \
+        hint-enhanced context, aligned so that teacher_logprobs[i] scores response_token_ids[i], with \
+        optional top-K ids and log-probs per position (METHOD.md §4).";
+    fn fields() -> Vec<Field> {
+        vec![
+            schema_version_field(),
+            utf8("teacher_id", false, "Hash of interaction id, teacher context and teacher model."),
+            utf8("pipeline", false, "Pipeline name."),
+            utf8("interaction_id", false, "The turn."),
+            utf8("session_id", false, "Session id."),
+            i32f("turn_index", false, "Turn index."),
+            utf8("teacher_model", false, "Teacher model id."),
+            i64f("teacher_version", false, "Teacher weights version (0 = initial policy)."),
+            list_of("teacher_prompt_token_ids", DataType::Int32, false, "Enhanced prompt token ids."),
+            list_of("response_token_ids", DataType::Int32, false, "Student response token ids [T]."),
+            list_of("teacher_logprobs", DataType::Float32, false, "Teacher log-prob of response_token_ids[i] (nats) [T]."),
+            list_of_lists("topk_ids", DataType::Int32, true, "Teacher top-K token ids per position [T, K]."),
+            list_of_lists("topk_logprobs", DataType::Float32, true, "Teacher top-K log-probs per position [T, K]."),
+            ts("event_time", false, "Event time of the turn (UTC)."),
+            ts("processed_time", false, "When computed (UTC)."),
+        ]
+    }
+    fn key(&self) -> &str {
+        &self.teacher_id
+    }
+    fn session_id(&self) -> &str {
+        &self.session_id
+    }
+    fn event_time_ms(&self) -> i64 {
+        self.event_time
+    }
+}

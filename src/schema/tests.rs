@@ -1,0 +1,117 @@
+use super::*;
+
+fn interaction() -> Interaction {
+    Interaction {
+        schema_version: 1,
+        interaction_id: "i1".into(),
+        session_id: "s1".into(),
+        session_inferred: false,
+        turn_index: 0,
+        turn_type: TurnType::Main,
+        session_done: false,
+        policy_version: Some(3),
+        model: None,
+        request_messages: r#"[{"role":"user","content":"hi"}]"#.into(),
+        tools: None,
+        response_text: "hello".into(),
+        reasoning_text: None,
+        tool_calls: None,
+        finish_reason: Some("stop".into()),
+        truncated: false,
+        prompt_text: None,
+        prompt_token_ids: Some(vec![1, 2, 3]),
+        response_token_ids: Some(vec![4, 5]),
+        rollout_logprobs: Some(vec![-0.5, -1.25]),
+        next_state: None,
+        outcome_reward: None,
+        notes: vec!["developer role mapped to system".into()],
+        source_format: "proxy".into(),
+        source_topic: Some("interactions".into()),
+        source_partition: Some(2),
+        source_offset: Some(17),
+        source_file: None,
+        source_line: None,
+        event_time: 1_700_000_000_000,
+        ingest_time: 1_700_000_000_500,
+    }
+}
+
+#[test]
+fn interaction_round_trips_through_arrow() {
+    let rows = vec![interaction()];
+    let batch = serde_arrow::to_record_batch(&field_refs::<Interaction>(), &rows).unwrap();
+    assert_eq!(batch.schema().fields().len(), Interaction::fields().len());
+    let back: Vec<Interaction> = serde_arrow::from_record_batch(&batch).unwrap();
+    assert_eq!(back, rows);
+}
+
+#[test]
+fn nested_tables_round_trip() {
+    let j = Judgment {
+        schema_version: 1,
+        judgment_id: "j".into(),
+        pipeline: "p".into(),
+        interaction_id: "i".into(),
+        session_id: "s".into(),
+        turn_index: 1,
+        policy_version: None,
+        votes: vec![
+            Vote { index: 0, raw: "\\boxed{1}".into(), value: Some(1), error: None, cached: false },
+            Vote { index: 1, raw: "".into(), value: None, error: Some("timeout".into()), cached: true },
+        ],
+        m: 2,
+        valid_votes: 1,
+        tie: false,
+        score: 1,
+        judge_backend: "rules".into(),
+        judge_model: "rules-v1".into(),
+        template_id: "t".into(),
+        template_hash: "h".into(),
+        temperature: 0.6,
+        max_tokens: 512,
+        cache_hits: 1,
+        event_time: 5,
+        processed_time: 6,
+    };
+    let batch = serde_arrow::to_record_batch(&field_refs::<Judgment>(), &vec![j.clone()]).unwrap();
+    let back: Vec<Judgment> = serde_arrow::from_record_batch(&batch).unwrap();
+    assert_eq!(back, vec![j]);
+
+    let t = TeacherLogprobs {
+        schema_version: 1,
+        teacher_id: "t".into(),
+        pipeline: "p".into(),
+        interaction_id: "i".into(),
+        session_id: "s".into(),
+        turn_index: 0,
+        teacher_model: "m".into(),
+        teacher_version: 0,
+        teacher_prompt_token_ids: vec![1, 2],
+        response_token_ids: vec![3],
+        teacher_logprobs: vec![-0.1],
+        topk_ids: Some(vec![vec![3, 9]]),
+        topk_logprobs: Some(vec![vec![-0.1, -2.5]]),
+        event_time: 1,
+        processed_time: 2,
+    };
+    let batch = serde_arrow::to_record_batch(&field_refs::<TeacherLogprobs>(), &vec![t.clone()]).unwrap();
+    let back: Vec<TeacherLogprobs> = serde_arrow::from_record_batch(&batch).unwrap();
+    assert_eq!(back, vec![t]);
+}
+
+#[test]
+fn every_schema_has_version_and_documented_fields() {
+    for (name, s) in all_schemas() {
+        assert_eq!(s.metadata().get("table").map(String::as_str), Some(name));
+        assert_eq!(s.field(0).name(), "schema_version");
+        for f in s.fields() {
+            assert!(f.metadata().get("doc").is_some_and(|d| !d.is_empty()), "{name}.{} has no doc", f.name());
+        }
+    }
+}
+
+#[test]
+fn content_hash_is_length_prefixed() {
+    assert_ne!(content_hash(&[b"ab", b"c"]), content_hash(&[b"a", b"bc"]));
+    assert_eq!(content_hash(&[b"x"]).len(), 32);
+}

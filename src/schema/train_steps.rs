@@ -1,0 +1,92 @@
+//! `train_steps`: one row per optimizer step (issue "trainer").
+
+use arrow::datatypes::Field;
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// Metrics of one optimizer step. Losses are "sum of sample means" over the batch (METHOD.md §6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainStep {
+    /// Schema version.
+    pub schema_version: i32,
+    /// Key: `<run id>/<step>`.
+    pub step_id: String,
+    /// Training run id.
+    pub run_id: String,
+    /// Step number (1-based).
+    pub step: i64,
+    /// Policy version being trained (the next checkpoint's version).
+    pub version: i64,
+    /// Method.
+    pub method: String,
+    /// Total loss.
+    pub loss: f64,
+    /// PPO clipped policy-gradient loss.
+    pub pg_loss: f64,
+    /// Fraction of masked tokens where the clipped term was taken.
+    pub clip_fraction: f64,
+    /// Mean (old − new) log-prob over masked tokens.
+    pub ppo_kl: f64,
+    /// Mean k3 KL to the reference policy (0 when disabled).
+    pub kl: f64,
+    /// Mean entropy of the policy over masked tokens (nats).
+    pub entropy: f64,
+    /// Top-K reverse-KL distillation loss (0 when disabled).
+    pub topk_kl: f64,
+    /// Mean |rollout − recomputed| log-prob over masked tokens.
+    pub rollout_logprob_abs_diff: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Mean advantage by sample type (JSON object).
+    pub advantage_by_type: String,
+    /// Samples in the batch.
+    pub samples: i64,
+    /// Masked response tokens in the batch.
+    pub tokens: i64,
+    /// Wall time of the step (seconds).
+    pub seconds: f64,
+    /// When the step finished (ms).
+    pub created_time: i64,
+}
+
+impl Table for TrainStep {
+    const NAME: &'static str = "train_steps";
+    const SCHEMA_VERSION: i32 = 1;
+    const KEY: &'static str = "step_id";
+    const DOC: &'static str = "Per optimizer step: loss components (METHOD.md §6), clip fraction, \
+        PPO KL, KL to the reference, entropy, advantages by sample type, tokens and seconds.";
+    fn fields() -> Vec<Field> {
+        vec![
+            schema_version_field(),
+            utf8("step_id", false, "<run id>/<step>."),
+            utf8("run_id", false, "Training run id."),
+            i64f("step", false, "Step number (1-based)."),
+            i64f("version", false, "Policy version being trained."),
+            utf8("method", false, "Method."),
+            f64f("loss", false, "Total loss."),
+            f64f("pg_loss", false, "PPO clipped policy-gradient loss."),
+            f64f("clip_fraction", false, "Fraction of tokens where the clipped term was taken."),
+            f64f("ppo_kl", false, "Mean (old - new) log-prob."),
+            f64f("kl", false, "Mean k3 KL to the reference policy."),
+            f64f("entropy", false, "Mean policy entropy (nats)."),
+            f64f("topk_kl", false, "Top-K reverse-KL distillation loss."),
+            f64f("rollout_logprob_abs_diff", false, "Mean |rollout - recomputed| log-prob."),
+            f64f("grad_norm", false, "Gradient norm before clipping."),
+            utf8("advantage_by_type", false, "Mean advantage by sample type (JSON)."),
+            i64f("samples", false, "Samples in the batch."),
+            i64f("tokens", false, "Masked response tokens."),
+            f64f("seconds", false, "Wall time of the step (s)."),
+            ts("created_time", false, "When the step finished (UTC)."),
+        ]
+    }
+    fn key(&self) -> &str {
+        &self.step_id
+    }
+    fn session_id(&self) -> &str {
+        &self.run_id
+    }
+    fn event_time_ms(&self) -> i64 {
+        self.created_time
+    }
+}
