@@ -15,3 +15,9 @@ pub mod error;
 pub mod schema;
 
 pub use error::{Error, Result};
+pub mod bus;
+pub mod lake;
+pub mod runtime;
+pub mod sql;
+pub mod config;
+pub mod stages;
