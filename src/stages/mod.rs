@@ -190,3 +190,16 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
     ctl.done.set();
     Ok(counts)
 }
+
+pub mod run;
+
+/// A boxed stage task.
+pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> + Send>>;
+
+/// Builds the task of stage `name` (position `idx` in the method's chain) for `cfg`.
+///
+/// # Errors
+/// [`crate::Error::Config`] for an unknown stage or a bad stage configuration; model loading errors.
+pub fn build(name: &str, _idx: usize, _cfg: &crate::config::PipelineConfig, _bus: &Bus, _lake: &crate::lake::Lake, _ctl: TaskCtl) -> Result<StageTask> {
+    Err(crate::Error::Config(format!("stage '{name}' is not available in this build")))
+}
