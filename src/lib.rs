@@ -13,5 +13,7 @@
 
 pub mod error;
 pub mod schema;
+pub mod judge;
+pub mod hint;
 
 pub use error::{Error, Result};
