@@ -15,5 +15,6 @@ pub mod error;
 pub mod schema;
 pub mod judge;
 pub mod hint;
+pub mod samples;
 
 pub use error::{Error, Result};
