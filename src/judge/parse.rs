@@ -52,7 +52,7 @@ pub struct Majority {
 
 /// Majority of votes: invalid votes (`None`) are dropped; none left → 0; otherwise the most common
 /// value, but a tie for the top count → 0 with `tie = true`. Values outside {1, 0, −1} are treated as
-/// invalid. METHOD.md §2 examples: [1,1,−1]→1; [1,−1,invalid]→0 (tie); [1,−1,0]→0 (tie); [0,0,1]→0.
+/// invalid. METHOD.md §2 examples: `[1,1,−1]`→1; `[1,−1,invalid]`→0 (tie); `[1,−1,0]`→0 (tie); `[0,0,1]`→0.
 pub fn majority_vote(values: &[Option<i32>]) -> Majority {
     let mut counts = [0i32; 3]; // −1, 0, 1
     for v in values.iter().flatten() {

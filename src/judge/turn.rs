@@ -43,7 +43,8 @@ pub struct TurnContext {
 }
 
 impl TurnContext {
-    /// Joins an interaction row with its signal row.
+    /// Joins an interaction row with its signal row. Call it for main turns whose signal has no
+    /// `excluded_reason` (excluded turns have no next state to judge; the wiring counts them).
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] when the two rows are for different turns, or when
