@@ -13,6 +13,9 @@
 
 pub mod error;
 pub mod schema;
+pub mod judge;
+pub mod hint;
+pub mod samples;
 
 pub use error::{Error, Result};
 pub mod bus;
