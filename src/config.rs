@@ -101,6 +101,22 @@ pub struct PipelineConfig {
     /// Signal extraction.
     #[serde(default)]
     pub signals: SignalsConfig,
+    /// PRM judge (METHOD.md §2).
+    #[serde(default)]
+    pub judge: crate::judge::JudgeConfig,
+    /// Hint extraction (METHOD.md §3).
+    #[serde(default)]
+    pub hint: crate::hint::HintConfig,
+    /// Sample assembly (METHOD.md §5).
+    #[serde(default)]
+    pub samples: crate::samples::SampleConfig,
+    /// Max records a stage handles per batch.
+    #[serde(default = "default_stage_batch")]
+    pub stage_batch: usize,
+}
+
+fn default_stage_batch() -> usize {
+    64
 }
 
 fn default_lake() -> PathBuf {
@@ -135,6 +151,8 @@ impl PipelineConfig {
         if self.bus.session_timeout_ms < 6000 {
             return Err(Error::Config(format!("bus.session_timeout_ms = {} is below Kafka's minimum of 6000", self.bus.session_timeout_ms)));
         }
+        self.judge.validate()?;
+        self.hint.validate()?;
         if self.bus.partitions < 1 {
             return Err(Error::Config("bus.partitions must be at least 1".into()));
         }

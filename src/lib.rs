@@ -11,16 +11,16 @@
 //! ([`sql`]). Record types and their Arrow schemas are in [`schema`].
 #![warn(missing_docs)]
 
-pub mod error;
-pub mod schema;
-pub mod judge;
-pub mod hint;
-pub mod samples;
-
-pub use error::{Error, Result};
 pub mod bus;
+pub mod config;
+pub mod error;
+pub mod hint;
+pub mod judge;
 pub mod lake;
 pub mod runtime;
+pub mod samples;
+pub mod schema;
 pub mod sql;
-pub mod config;
 pub mod stages;
+
+pub use error::{Error, Result};

@@ -20,28 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::schema::{content_hash, now_ms, HintRecord, Interaction, Judgment, Sample, SampleType, Table, TeacherLogprobs, TurnType};
 use crate::{input_err, Error, Result};
 
-/// The training method of a pipeline (`method` in its TOML).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Method {
-    /// Binary RL from the PRM score.
-    Binary,
-    /// On-policy distillation from the hint-enhanced teacher.
-    Opd,
-    /// Both: r = score and teacher log-probs in one sample.
-    Combined,
-}
-
-impl Method {
-    /// `binary`, `opd` or `combined`, as stored in `samples.method`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Method::Binary => "binary",
-            Method::Opd => "opd",
-            Method::Combined => "combined",
-        }
-    }
-}
+pub use crate::config::Method;
 
 /// Sample-assembly options (a pipeline's `[samples]` table). Unknown fields are an error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,6 +15,9 @@
 //! (tracked per stage by the output table's `pipeline` + `interaction_id`, and by dead letters of the
 //! stage). See [`pending`].
 
+pub mod cache_store;
+pub mod hint;
+pub mod judge;
 pub mod pending;
 
 use std::collections::HashMap;
@@ -196,10 +199,31 @@ pub mod run;
 /// A boxed stage task.
 pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> + Send>>;
 
-/// Builds the task of stage `name` (position `idx` in the method's chain) for `cfg`.
+/// Builds the task of stage `name` for `cfg`.
 ///
 /// # Errors
 /// [`crate::Error::Config`] for an unknown stage or a bad stage configuration; model loading errors.
-pub fn build(name: &str, _idx: usize, _cfg: &crate::config::PipelineConfig, _bus: &Bus, _lake: &crate::lake::Lake, _ctl: TaskCtl) -> Result<StageTask> {
-    Err(crate::Error::Config(format!("stage '{name}' is not available in this build")))
+pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &crate::lake::Lake, ctl: TaskCtl) -> Result<StageTask> {
+    use crate::config::Method;
+    use crate::schema::{Judgment, Signal};
+    let run = StageRun { group: format!("nextstate.{}.{}", cfg.name, name), batch: cfg.stage_batch };
+    let bus = bus.clone();
+    match name {
+        "judge" => {
+            let stage = judge::JudgeStage::new(crate::judge::Judge::new(cfg.judge.clone())?, &cfg.name, lake)?;
+            Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+        }
+        "hint" => {
+            let hinter = crate::hint::Hinter::new(cfg.hint.clone())?;
+            let render = None;
+            if cfg.method == Method::Combined {
+                let stage = hint::HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
+                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+            } else {
+                let stage = hint::HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?;
+                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+            }
+        }
+        other => Err(crate::Error::Config(format!("stage '{other}' is not available in this build"))),
+    }
 }

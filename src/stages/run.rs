@@ -79,7 +79,7 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
     let mut flags: BTreeMap<&str, DoneFlag> = BTreeMap::new();
     let mut set: JoinSet<Result<Done>> = JoinSet::new();
     let mut prev: Option<DoneFlag> = None;
-    for (idx, &name) in stage_chain.iter().enumerate() {
+    for &name in stage_chain.iter() {
         if !selected.iter().any(|s| s == name) {
             prev = None;
             continue;
@@ -94,7 +94,7 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
         }
         flags.insert(name, ctl.done.clone());
         prev = Some(ctl.done.clone());
-        let fut = crate::stages::build(name, idx, cfg, &bus, &lake, ctl)?;
+        let fut = crate::stages::build(name, cfg, &bus, &lake, ctl)?;
         let n = name.to_string();
         set.spawn(async move { fut.await.map(|c| Done::Stage(n, c)) });
     }

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite (the README's test command; .ci/run calls it):
+#   set-up (idempotent: libtorch, broker, model, build), a real Kafka-protocol broker on loopback,
+#   `cargo test` (unit, integration, real model, real broker), and the Python client checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# libtorch's OpenMP pool fights the other work on two cores (../shared/docs/BUILD.md).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+BROKER_DIR=.cache/test-broker
+rm -rf "$BROKER_DIR/data"
+NEXTSTATE_TEST_BROKERS=$(bash scripts/broker.sh start 19192 "$BROKER_DIR")
+export NEXTSTATE_TEST_BROKERS
+trap 'bash scripts/broker.sh stop "$BROKER_DIR"' EXIT
+echo "[test] broker at $NEXTSTATE_TEST_BROKERS"
+cargo test --no-fail-fast "$@"

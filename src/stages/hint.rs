@@ -1,0 +1,78 @@
+//! Hint stage wiring: `judgments` (combined) or `signals` (OPD) → hint votes → `hints` (METHOD.md §3),
+//! with the teacher context rendered by the policy's chat template.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+
+use super::cache_store::CacheStore;
+use super::judge::turn_of;
+use super::{Input, Output, StageCounts, StageLogic};
+use crate::bus::Carry;
+use crate::error::Result;
+use crate::hint::{hint_turn, Hinter};
+use crate::lake::Lake;
+use crate::schema::{Message, Table};
+
+/// Renders teacher messages to prompt text with the policy's chat template (generation prompt on).
+pub type TemplateRenderer = Arc<dyn Fn(&[Message]) -> Result<String> + Send + Sync>;
+
+/// The hint stage over input rows of table `I`.
+pub struct HintStage<I> {
+    hinter: Arc<Hinter>,
+    pipeline: String,
+    store: CacheStore,
+    render: Option<TemplateRenderer>,
+    _in: std::marker::PhantomData<fn() -> I>,
+}
+
+impl<I> HintStage<I> {
+    /// A hint stage for `pipeline`; `render` renders the teacher context (None: left null).
+    ///
+    /// # Errors
+    /// Cache loading errors.
+    pub fn new(hinter: Hinter, pipeline: &str, lake: &Lake, render: Option<TemplateRenderer>) -> Result<HintStage<I>> {
+        let (store, n) = CacheStore::open(lake, hinter.cache())?;
+        tracing::info!(entries = n, "vote cache loaded (hint)");
+        Ok(HintStage { hinter: Arc::new(hinter), pipeline: pipeline.to_string(), store, render, _in: std::marker::PhantomData })
+    }
+}
+
+impl<I: Table> StageLogic for HintStage<I> {
+    type In = I;
+    fn name(&self) -> &'static str {
+        "hint"
+    }
+    async fn handle(&mut self, batch: Vec<Input<I>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
+        let mut jobs = vec![];
+        for input in batch {
+            if input.carry.signal.as_ref().is_some_and(|s| s.excluded_reason.is_some()) {
+                counts.add("skipped: excluded turn (no next state)", 1);
+                continue;
+            }
+            match turn_of("hint", &input, None) {
+                Ok(turn) => jobs.push((input, turn)),
+                Err(d) => {
+                    counts.add(&format!("dead_letter: {}", d.reason_code), 1);
+                    out.dead(d).await?;
+                }
+            }
+        }
+        let hinter = self.hinter.clone();
+        let pipeline = self.pipeline.clone();
+        let results = join_all(jobs.iter().map(|(_, t)| hint_turn(&hinter, &pipeline, t))).await;
+        for ((input, _), mut h) in jobs.into_iter().zip(results) {
+            if let (Some(r), Some(tm)) = (&self.render, &h.teacher_messages) {
+                let msgs: Vec<Message> = serde_json::from_str(tm)?;
+                h.teacher_prompt_text = Some(r(&msgs)?);
+            }
+            counts.add(if h.chosen_hint.is_some() { "hint: accepted" } else { "hint: none" }, 1);
+            counts.add("votes_cached", h.cache_hits as u64);
+            let mut carry: Carry = input.carry;
+            carry.hint = Some(h.clone());
+            out.emit(&h, Some(&carry)).await?;
+        }
+        self.store.flush(self.hinter.cache())?;
+        Ok(())
+    }
+}

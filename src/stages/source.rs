@@ -1,0 +1,151 @@
+//! `nextstate ingest` wiring: reads agent logs with the [`crate::ingest`] adapters (a blocking reader
+//! thread, streaming) and produces each interaction to the `interactions` topic and each rejected record
+//! to `dead_letters`, with a bounded window of in-flight sends. Unless told otherwise, the lake sinks of
+//! those two tables run in the same process until everything produced is durable.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::mpsc;
+
+use crate::bus::Bus;
+use crate::config::PipelineConfig;
+use crate::error::{Error, Result};
+use crate::ingest::{self, Format, IngestItem, IngestOptions};
+use crate::lake::sink::SinkStats;
+use crate::lake::Lake;
+use crate::runtime::{Stop, TaskCtl};
+use crate::schema::TurnType;
+
+/// Options of `nextstate ingest`.
+#[derive(Debug, Clone)]
+pub struct IngestArgs {
+    /// Files to read.
+    pub files: Vec<PathBuf>,
+    /// Format, or None for auto-detection per file.
+    pub format: Option<Format>,
+    /// Turn type of turns the log does not mark.
+    pub default_turn_type: TurnType,
+    /// Also run the lake sinks of `interactions` and `dead_letters` until the records are durable.
+    pub sink: bool,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// What an ingest did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct IngestReport {
+    /// Per file: the format used and whether it was auto-detected.
+    pub files: Vec<(String, String, bool)>,
+    /// Interactions produced.
+    pub interactions: u64,
+    /// Dead letters produced, by reason code.
+    pub dead_letters: BTreeMap<String, u64>,
+    /// Sink statistics per table (when the sinks ran in-process).
+    pub sinks: BTreeMap<String, SinkStats>,
+}
+
+enum Item {
+    Record(IngestItem),
+    Bytes(u64),
+}
+
+/// Ingests `args.files` through the bus (and the lake, when `args.sink`).
+///
+/// # Errors
+/// [`Error::Io`] for unreadable files, [`Error::InvalidInput`] when a format cannot be detected, Kafka
+/// and lake errors. Malformed records are never errors: they become dead letters.
+pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Result<IngestReport> {
+    let lake = Lake::open(&cfg.lake)?;
+    let bus = Bus::connect(cfg.bus.clone()).await?;
+    bus.ensure_topics(&["interactions", "dead_letters"]).await?;
+    let producer = bus.producer()?;
+    let source = TaskCtl::new("ingest", true, stop.clone());
+    let mut sinks = vec![];
+    if args.sink {
+        for table in ["interactions", "dead_letters"] {
+            let ctl = TaskCtl::new(&format!("sink:{table}"), true, stop.clone()).after(&source.done);
+            let (bus, lake, sc) = (bus.clone(), lake.clone(), cfg.sink.clone());
+            let dl = (table != "dead_letters").then(|| producer.clone());
+            sinks.push((table, tokio::spawn(async move { super::run::spawn_sink(table, &bus, &lake, &sc, &ctl, dl.as_ref()).await })));
+        }
+    }
+    let mut report = IngestReport::default();
+    let total_bytes: u64 = args.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    let bar = if args.progress && total_bytes > (8 << 20) {
+        let b = ProgressBar::new(total_bytes);
+        b.set_style(ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let result = async {
+        for file in &args.files {
+            let (format, detected) = match args.format {
+                Some(f) => (f, false),
+                None => (ingest::detect(file)?, true),
+            };
+            let how = if detected { "auto-detected" } else { "given" };
+            eprintln!("{}: format {} ({how})", file.display(), format.as_str());
+            report.files.push((file.display().to_string(), format.as_str().to_string(), detected));
+            let (tx, mut rx) = mpsc::channel::<Item>(1024);
+            let path = file.clone();
+            let opts = IngestOptions { default_turn_type: args.default_turn_type, ingest_time_ms: crate::schema::now_ms() };
+            let reader = tokio::task::spawn_blocking(move || {
+                let tx2 = tx.clone();
+                let mut last = 0u64;
+                ingest::read_file(
+                    &path,
+                    format,
+                    &opts,
+                    &mut |read| {
+                        let _ = tx2.blocking_send(Item::Bytes(read.saturating_sub(last)));
+                        last = read;
+                    },
+                    &mut |item| tx.blocking_send(Item::Record(item)).map_err(|_| Error::Cancelled),
+                )
+            });
+            let mut inflight = FuturesUnordered::new();
+            while let Some(item) = rx.recv().await {
+                match item {
+                    Item::Bytes(n) => bar.inc(n),
+                    Item::Record(IngestItem::Interaction(i)) => {
+                        report.interactions += 1;
+                        let p = producer.clone();
+                        inflight.push(async move { p.send(&i, None).await });
+                    }
+                    Item::Record(IngestItem::DeadLetter(d)) => {
+                        *report.dead_letters.entry(d.reason_code.clone()).or_default() += 1;
+                        let p = producer.clone();
+                        inflight.push(async move { p.send(&d, None).await });
+                    }
+                }
+                while inflight.len() >= 1000 {
+                    if let Some(r) = inflight.next().await {
+                        r?;
+                    }
+                }
+            }
+            while let Some(r) = inflight.next().await {
+                r?;
+            }
+            reader.await.map_err(|e| Error::Internal(format!("reader thread: {e}")))??;
+        }
+        producer.flush()?;
+        Ok::<(), Error>(())
+    }
+    .await;
+    bar.finish_and_clear();
+    source.done.set();
+    if result.is_err() {
+        stop.request();
+    }
+    for (table, h) in sinks {
+        let s = h.await.map_err(|e| Error::Internal(format!("sink task: {e}")))??;
+        report.sinks.insert(table.to_string(), s);
+    }
+    result?;
+    Ok(report)
+}
