@@ -12,6 +12,8 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod ingest;
 pub mod schema;
+pub mod signals;
 
 pub use error::{Error, Result};
