@@ -183,11 +183,11 @@ fn plain(role: &str, text: String) -> super::normalize::Normalized {
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut b = Builder::default();
     let (bytes, end) = for_each_element(path, progress, &mut |i, v| {
+        sink.record_read();
         b.event(i, &v);
         Ok(())
     })?;
     sink.set_bytes(bytes);
-    sink.record_read();
     let session_id = format!("openhands:{}", sink.stem);
     let mut skipped: Vec<_> = b.skipped.iter().map(|(k, v)| (*k, *v)).collect();
     skipped.sort();

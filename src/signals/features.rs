@@ -11,7 +11,8 @@
 //!
 //! **Features** ([`features`]): `has_error` and `exit_code` look at every message; `correction_cue` and
 //! `thanks_cue` only at human user messages (user role, not program output); `success_cue` only at
-//! tool and environment messages (or an exit code of 0).
+//! tool and environment messages (or an exit code of 0), and only when nothing in the next state is
+//! an error (so "1 failed, 1 passed" is an error, not a success).
 
 use std::sync::LazyLock;
 
@@ -171,6 +172,9 @@ pub fn features(next_state: &[Message]) -> Features {
         Some(_) => f.has_error = true,
         None => {}
     }
+    // A success cue is a clean success: output that also reports an error ("1 failed, 1 passed",
+    // exit 0 after a traceback) is not one.
+    f.success_cue &= !f.has_error;
     f
 }
 
@@ -256,6 +260,8 @@ mod tests {
         assert!(!env.correction_cue && !env.thanks_cue && env.success_cue);
         assert!(!features(&[user("it was a success")]).success_cue);
         assert!(features(&[tool("===== 12 passed in 0.3s =====")]).success_cue);
+        let mixed = features(&[tool("FAILED test_x.py::test_add - AssertionError: assert 3 == 4\r\n1 failed, 1 passed")]);
+        assert!(mixed.has_error && !mixed.success_cue);
     }
 
     #[test]
