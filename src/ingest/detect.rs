@@ -10,8 +10,8 @@
 //! | array whose first element has `traj` and `task_id` or `reward` | tau-bench |
 //! | array whose first element has `source` and `action` or `observation` | openhands |
 //! | object with `trajectory` (steps with `action`/`observation`) or `history` + `info` | swe-agent |
-//! | object with `trajectory_format`, or `messages` + `info` | mini-swe-agent |
-//! | object with `answer_generation`, or `tree` + `compare_candidates` | toolbench |
+//! | object with `trajectory_format`, or `messages` + `info`, or starting with `info.exit_status` | mini-swe-agent |
+//! | object with `answer_generation`, or a search `tree` with `win`/`compare_candidates` | toolbench |
 //! | object with `request` and `response` | openai-chat |
 //! | object with `session_id` and `turn` and `messages`/`response_text`/`prompt_text` | openclaw |
 //! | object with `output` and `index`/`error` | agentbench |
@@ -157,8 +157,12 @@ pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
         if has("trajectory_format") || (has("messages") && has("info")) {
             return found(Format::MiniSweAgent, "object with messages + info / trajectory_format".into());
         }
-        if has("answer_generation") || (has("tree") && has("compare_candidates")) {
-            return found(Format::ToolBench, "object with answer_generation / tree + compare_candidates".into());
+        if paths.first().map(String::as_str) == Some("info") && has("info.exit_status") && !has("history") {
+            // mini-swe-agent writes `info` (exit status, submission) first; a long submission can fill the head.
+            return found(Format::MiniSweAgent, "object starting with info.exit_status".into());
+        }
+        if has("answer_generation") || (has("tree") && (has("compare_candidates") || has("tree.tree") || has("win"))) {
+            return found(Format::ToolBench, "object with answer_generation / a search tree (tree + win / compare_candidates)".into());
         }
         if has("request") && has("response") {
             return found(Format::OpenAiChat, "records with keys request, response".into());

@@ -176,6 +176,12 @@ impl SignalPairer {
         self.sessions.len()
     }
 
+    /// Rows held in state: turns waiting for a next state plus requests waiting for their
+    /// predecessor (a row that is both counts twice).
+    pub fn held_rows(&self) -> usize {
+        self.sessions.values().map(|s| s.waiting.values().map(Vec::len).sum::<usize>() + s.orphans.values().map(Vec::len).sum::<usize>()).sum()
+    }
+
     /// Feeds one interaction (any order); `lineage` is the Kafka position of the row. Returns the
     /// signals completed by it (this turn's, and/or the turn it is the successor of, and/or a whole
     /// session's when it completes a done session).

@@ -333,12 +333,14 @@ fn min_open_offset_tracks_waiting_turns_and_orphan_successors() {
     // Turn 2 arrives first (offset 10 on partition 1): it waits as a turn and as a successor.
     p.push(conv.rows[2].clone(), lin(1, 10));
     assert_eq!(p.min_open_offset(), HashMap::from([(1, 10)]));
+    assert_eq!(p.held_rows(), 2, "waiting as a turn and as a successor");
     p.push(conv.rows[0].clone(), lin(1, 11));
     assert_eq!(p.min_open_offset(), HashMap::from([(1, 10)]));
     // Turn 1 pairs turn 0 and is paired by turn 2: only turn 2 (waiting) remains.
     let sigs = p.push(conv.rows[1].clone(), lin(2, 5));
     assert_eq!(sigs.len(), 2);
     assert_eq!(p.min_open_offset(), HashMap::from([(1, 10)]));
+    assert_eq!(p.held_rows(), 1);
 }
 
 #[test]

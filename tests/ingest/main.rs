@@ -2,4 +2,8 @@
 //! (tests/fixtures/agent-logs and ../shared/data/agent-logs) and synthetic fixtures.
 
 mod common;
-mod dump;
+mod detect;
+mod pairing;
+mod real_logs;
+mod robustness;
+mod synthetic;
