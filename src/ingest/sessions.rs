@@ -114,8 +114,11 @@ impl SessionInferrer {
     /// The session of a request with these (normalised) messages. Does not remember the request:
     /// call [`SessionInferrer::record`] once its response is known.
     pub fn lookup(&mut self, messages: &[Message]) -> Inferred {
+        self.lookup_keyed(messages, &prefix_keys(messages))
+    }
+
+    fn lookup_keyed(&mut self, messages: &[Message], keys: &[Key]) -> Inferred {
         let turn_index = messages.iter().filter(|m| m.role == "assistant").count() as i32;
-        let keys = prefix_keys(messages);
         for k in (0..messages.len()).rev() {
             if messages[k].role != "assistant" {
                 continue;
@@ -145,8 +148,10 @@ impl SessionInferrer {
 
     /// [`SessionInferrer::lookup`] then [`SessionInferrer::record`].
     pub fn assign(&mut self, messages: &[Message], response: &Message) -> Inferred {
-        let inf = self.lookup(messages);
-        self.record(&inf.session_id, messages, response);
+        let keys = prefix_keys(messages);
+        let inf = self.lookup_keyed(messages, &keys);
+        let cont = chain(keys.last().unwrap_or(&EMPTY_PREFIX), &message_key(response));
+        self.continuations.put(cont, inf.session_id.clone());
         inf
     }
 }

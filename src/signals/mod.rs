@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ingest::canonical::{continuation_key, prefix_keys, Key};
+use crate::ingest::canonical::{chain, message_key, prefix_keys, Key, EMPTY_PREFIX};
 use crate::schema::{Interaction, Lineage, Message, NextStateKind, Signal, Table, TurnType};
 
 pub use features::{classify, features as next_state_features, render, Features};
@@ -209,14 +209,17 @@ impl SignalPairer {
 
         let messages: Option<Vec<Message>> = serde_json::from_str(&row.request_messages).ok();
         let response = row.response_message().ok();
+        // Prefix keys of the request, computed once: the last-assistant prefix is this row's
+        // predecessor key, the whole request + response its continuation key.
+        let keys: Vec<Key> = messages.as_deref().map(prefix_keys).unwrap_or_default();
+        let cont_key = |resp: &Message| chain(keys.last().unwrap_or(&EMPTY_PREFIX), &message_key(resp));
 
         // 1. This row as the successor of an earlier turn.
         if let Some(msgs) = &messages {
             if let Some(last_a) = msgs.iter().rposition(|m| m.role == "assistant") {
                 let suffix = &msgs[last_a + 1..];
                 if !suffix.is_empty() && suffix.iter().all(|m| m.role != "assistant") {
-                    let pred = prefix_keys(&msgs[..=last_a]).pop();
-                    if let Some(pred) = pred {
+                    if let Some(&pred) = keys.get(last_a) {
                         let succ = Successor {
                             interaction_id: row.interaction_id.clone(),
                             event_time: row.event_time,
@@ -232,9 +235,9 @@ impl SignalPairer {
 
         // 2. This row as a turn.
         match (row.turn_type, &messages, &response) {
-            (TurnType::Side, Some(msgs), Some(resp)) => {
+            (TurnType::Side, Some(_), Some(resp)) => {
                 self.counters.side_turns += 1;
-                let key = continuation_key(msgs, resp);
+                let key = cont_key(resp);
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     s.side_keys.insert(key);
                     if let Some(orph) = s.orphans.remove(&key) {
@@ -243,9 +246,9 @@ impl SignalPairer {
                 }
             }
             (TurnType::Side, _, _) => self.counters.side_turns += 1,
-            (TurnType::Main, Some(msgs), Some(resp)) => {
+            (TurnType::Main, Some(_), Some(resp)) => {
                 self.counters.main_turns += 1;
-                let key = continuation_key(msgs, resp);
+                let key = cont_key(resp);
                 let log_next: Option<Vec<Message>> = row.next_state.as_deref().and_then(|s| serde_json::from_str(s).ok());
                 let tool_call_ids: Vec<Option<String>> = resp.tool_calls.iter().map(|c| c.id.clone()).collect();
                 match log_next {
