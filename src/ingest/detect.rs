@@ -82,10 +82,8 @@ impl<'de> Visitor<'de> for Probe<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         let paths = self.paths;
         let prefix = format!("{}[].", self.prefix.trim_end_matches('.'));
-        if self.depth < MAX_DEPTH {
-            if seq.next_element_seed(Probe { paths: &mut *paths, prefix, depth: self.depth + 1 })?.is_none() {
-                return Ok(());
-            }
+        if self.depth < MAX_DEPTH && seq.next_element_seed(Probe { paths: &mut *paths, prefix, depth: self.depth + 1 })?.is_none() {
+            return Ok(());
         }
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(())

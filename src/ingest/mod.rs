@@ -186,7 +186,7 @@ pub struct FileSummary {
     pub bytes: u64,
     /// Records read: lines (JSONL), array elements, or 1 for a single document.
     pub records: u64,
-    /// Distinct sessions among the interactions.
+    /// Distinct sessions among the interactions (the ids are kept while the file is read).
     pub sessions: u64,
     /// Interactions emitted.
     pub interactions: u64,

@@ -199,7 +199,7 @@ fn record(
         let suffix: &[Message] = if continues { &request[k + 1..] } else { &[] };
         if !suffix.is_empty() && suffix.iter().all(|m| m.role != "assistant") {
             let derived = serde_json::to_string(suffix)?;
-            let same = prev.row.next_state.as_deref().map(|s| serde_json::from_str::<Vec<Message>>(s).ok()).flatten().map(|v| {
+            let same = prev.row.next_state.as_deref().and_then(|s| serde_json::from_str::<Vec<Message>>(s).ok()).map(|v| {
                 v.len() == suffix.len() && v.iter().zip(suffix).all(|(a, b)| message_key(a) == message_key(b))
             });
             if same != Some(true) {

@@ -114,3 +114,32 @@ proptest! {
         run(&bytes, Format::ALL[fmt], &IngestOptions::new(INGEST_MS));
     }
 }
+
+/// A 100 MB tau-bench-shaped array (the real file's 200 sessions repeated 25 times) is read element by
+/// element: peak memory stays near one session plus the caller's own data. Slow in debug builds, so
+/// ignored by default; run with `--ignored` under `/usr/bin/time -v` to see the peak resident size.
+#[test]
+#[ignore]
+fn large_arrays_stream() {
+    let raw = std::fs::read(tau_bench()).unwrap();
+    let body = &raw[raw.iter().position(|&b| b == b'[').unwrap() + 1..raw.iter().rposition(|&b| b == b']').unwrap()];
+    let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+    f.write_all(b"[").unwrap();
+    for i in 0..25 {
+        if i > 0 {
+            f.write_all(b",").unwrap();
+        }
+        f.write_all(body).unwrap();
+    }
+    f.write_all(b"]").unwrap();
+    f.flush().unwrap();
+    drop(raw);
+    let mut n = 0u64;
+    let s = read_file(f.path(), Format::TauBench, &IngestOptions::new(INGEST_MS), &mut |_| {}, &mut |_| {
+        n += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!((n, s.interactions, s.records), (25 * 2454, 25 * 2454, 25 * 200));
+    assert!(s.bytes > 100_000_000);
+}
