@@ -15,5 +15,14 @@ pub mod error;
 pub mod ingest;
 pub mod schema;
 pub mod signals;
+pub mod judge;
+pub mod hint;
+pub mod samples;
 
 pub use error::{Error, Result};
+pub mod bus;
+pub mod lake;
+pub mod runtime;
+pub mod sql;
+pub mod config;
+pub mod stages;

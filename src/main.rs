@@ -1,6 +1,12 @@
 //! The `nextstate` command line.
-use anyhow::Result;
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use nextstate::config::PipelineConfig;
+use nextstate::lake::Lake;
+use nextstate::runtime::Stop;
+use nextstate::sql::OutputFormat;
 
 /// nextstate: turn agents' next states into training signal and train the policy online.
 #[derive(Parser)]
@@ -10,23 +16,128 @@ struct Cli {
     command: Command,
 }
 
+/// Where the data lives (shared by the commands that touch the bus or the lake).
+#[derive(Args, Clone, Debug, Default)]
+struct DataArgs {
+    /// Kafka bootstrap servers (HOST:PORT,...). Without it: an embedded in-process mock cluster.
+    #[arg(long, env = "NEXTSTATE_BROKERS")]
+    brokers: Option<String>,
+    /// Lake folder (default: the pipeline's, else ./lake).
+    #[arg(long, env = "NEXTSTATE_LAKE")]
+    lake: Option<PathBuf>,
+    /// Prefix of every topic name.
+    #[arg(long, env = "NEXTSTATE_TOPIC_PREFIX")]
+    topic_prefix: Option<String>,
+}
+
+impl DataArgs {
+    fn apply(&self, cfg: &mut PipelineConfig) {
+        if let Some(b) = &self.brokers {
+            cfg.bus.brokers = Some(b.clone());
+        }
+        if let Some(l) = &self.lake {
+            cfg.lake = l.clone();
+        }
+        if let Some(p) = &self.topic_prefix {
+            cfg.bus.topic_prefix = p.clone();
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Print the Arrow schema of every table (JSON).
-    Schema,
+    /// Print the Arrow schema of every table as JSON, or write them to schemas/<table>.json.
+    Schema {
+        /// Write one file per table into this folder instead of printing.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
+    /// Run a SQL query over every table of the lake (DataFusion).
+    Sql {
+        /// Lake folder.
+        #[arg(long, env = "NEXTSTATE_LAKE", default_value = "lake")]
+        lake: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+        /// The query, e.g. "SELECT kind, count(*) FROM signals GROUP BY kind".
+        query: String,
+    },
+    /// Run the pipeline's stages and lake sinks (all, or --only a subset).
+    Run {
+        /// Pipeline file (pipelines/*.toml). Default: the built-in combined pipeline.
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        /// Comma-separated subset of: signals, judge, hint, teacher, sinks.
+        #[arg(long, value_delimiter = ',')]
+        only: Option<Vec<String>>,
+        /// Exit once every input is processed (batch use and tests).
+        #[arg(long)]
+        until_idle: bool,
+        #[command(flatten)]
+        data: DataArgs,
+    },
+}
+
+fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConfig> {
+    let mut cfg = match path {
+        Some(p) => PipelineConfig::load(p)?,
+        None => PipelineConfig::embedded_default(),
+    };
+    data.apply(&mut cfg);
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rdkafka=warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {
-        Command::Schema => {
-            let all: Vec<_> = nextstate::schema::all_schemas().iter().map(|(_, s)| nextstate::schema::schema_json(s)).collect();
-            println!("{}", serde_json::to_string_pretty(&all)?);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Schema { write } => {
+                for (name, s) in nextstate::schema::all_schemas() {
+                    let json = serde_json::to_string_pretty(&nextstate::schema::schema_json(&s))?;
+                    match &write {
+                        Some(dir) => {
+                            std::fs::create_dir_all(dir)?;
+                            std::fs::write(dir.join(format!("{name}.json")), json + "\n")?;
+                        }
+                        None => println!("{json}"),
+                    }
+                }
+            }
+            Command::Sql { lake, format, query } => {
+                let lake = Lake::open(&lake)?;
+                let batches = nextstate::sql::query(&lake, &query).await?;
+                print!("{}", nextstate::sql::render(&batches, format)?);
+                if format == OutputFormat::Table {
+                    println!();
+                }
+            }
+            Command::Run { pipeline, only, until_idle, data } => {
+                let cfg = load_pipeline(&pipeline, &data)?;
+                let stop = Stop::default();
+                stop.on_signals();
+                let opts = nextstate::stages::run::RunOptions { only, until_idle };
+                let report = nextstate::stages::run::run_pipeline(&cfg, &opts, stop).await.context("pipeline run failed")?;
+                for (n, c) in &report.republished {
+                    eprintln!("republished from lake for {n}: {c}");
+                }
+                for (n, c) in &report.stages {
+                    println!("stage {n}: {}", c.line());
+                }
+                for (t, s) in &report.sinks {
+                    println!(
+                        "sink {t}: rows_written={} files={} already_in_lake={} duplicate_keys={} dead_letters={}",
+                        s.rows_written, s.files, s.already_in_lake, s.duplicate_keys, s.dead_letters
+                    );
+                }
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }

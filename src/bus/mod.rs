@@ -1,0 +1,352 @@
+//! The Kafka bus: topics per table, records keyed by session id, consumer groups, dead-letter routing.
+//!
+//! Built on `rdkafka` with tokio. With `--brokers HOST:PORT` it talks to a real cluster (or any
+//! Kafka-protocol broker: noida-db in tests). Without, it starts librdkafka's built-in mock cluster
+//! in-process for the life of the command (the **embedded default**); then the lake is the durable record
+//! between commands (see [`crate::stages`]).
+//!
+//! Records are JSON envelopes `{"row": <table row>, "carry": {...}}`: `row` is what the table stores,
+//! `carry` the upstream context a later stage needs (the interaction, its signal, judgment, hint), so a
+//! stage never has to look rows up. The lake sink stores `row` only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::schema::{HintRecord, Interaction, Judgment, Signal, Table};
+
+/// Bus settings (the `[bus]` table of a pipeline file, overridable by flags).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BusConfig {
+    /// Bootstrap servers of a real cluster (`HOST:PORT,...`); `None` = embedded mock cluster.
+    pub brokers: Option<String>,
+    /// Prefix of every topic name (namespaces: e.g. `replay-1.`).
+    pub topic_prefix: String,
+    /// Partitions of topics the bus creates.
+    pub partitions: i32,
+    /// Replication factor of topics the bus creates.
+    pub replication: i32,
+    /// Consumer `session.timeout.ms` (Kafka's minimum is 6000).
+    pub session_timeout_ms: u32,
+    /// Producer message size limit in bytes (`message.max.bytes`).
+    pub max_message_bytes: u32,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            brokers: None,
+            topic_prefix: String::new(),
+            partitions: 4,
+            replication: 1,
+            session_timeout_ms: 6000,
+            max_message_bytes: 64 << 20,
+        }
+    }
+}
+
+/// The upstream context a stage forwards with its row (see module docs).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Carry {
+    /// The turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interaction: Option<Interaction>,
+    /// Its signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<Signal>,
+    /// Its judgment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judgment: Option<Judgment>,
+    /// Its hint record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<HintRecord>,
+}
+
+/// A record on the bus.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// The table row.
+    pub row: T,
+    /// Upstream context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carry: Option<Carry>,
+}
+
+/// A connection to a Kafka cluster (real or embedded).
+#[derive(Clone)]
+pub struct Bus {
+    cfg: BusConfig,
+    bootstrap: String,
+    source_id: String,
+    mock: Option<Arc<MockHandle>>,
+}
+
+struct MockHandle(#[allow(dead_code)] MockCluster<'static, DefaultProducerContext>);
+// SAFETY: the mock cluster handle is only used to keep the cluster alive and is dropped once; librdkafka's
+// mock cluster runs on its own thread and its handle may be released from any thread.
+unsafe impl Send for MockHandle {}
+unsafe impl Sync for MockHandle {}
+
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bus").field("bootstrap", &self.bootstrap).field("source_id", &self.source_id).finish()
+    }
+}
+
+impl Bus {
+    /// Connects to `cfg.brokers`, or starts the embedded mock cluster when it is `None`.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the mock cluster cannot start or the cluster's metadata cannot be fetched
+    /// within 10 s.
+    pub async fn connect(cfg: BusConfig) -> Result<Bus> {
+        match cfg.brokers.clone() {
+            None => {
+                let mock = MockCluster::new(1)?;
+                let bootstrap = mock.bootstrap_servers();
+                let source_id = format!("mock-{}", uuid::Uuid::new_v4().simple());
+                Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))) })
+            }
+            Some(brokers) => {
+                let b = brokers.clone();
+                let cluster_id = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
+                    let admin: AdminClient<DefaultClientContext> =
+                        ClientConfig::new().set("bootstrap.servers", &b).create()?;
+                    admin.inner().fetch_metadata(None, Duration::from_secs(10))?;
+                    Ok(admin.inner().fetch_cluster_id(Duration::from_secs(5)))
+                })
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??;
+                let source_id = match cluster_id {
+                    Some(id) if !id.is_empty() => id,
+                    _ => crate::schema::content_hash(&[brokers.as_bytes()]),
+                };
+                Ok(Bus { cfg, bootstrap: brokers, source_id, mock: None })
+            }
+        }
+    }
+
+    /// True when running on the embedded mock cluster.
+    pub fn is_embedded(&self) -> bool {
+        self.mock.is_some()
+    }
+
+    /// The bootstrap servers string.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Cluster identity used to name lake files (cluster id; `mock-<uuid>` for the embedded cluster).
+    pub fn source_id(&self) -> &str {
+        &self.source_id
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BusConfig {
+        &self.cfg
+    }
+
+    /// Topic name of table `table` (with the configured prefix).
+    pub fn topic(&self, table: &str) -> String {
+        format!("{}{}", self.cfg.topic_prefix, table)
+    }
+
+    /// Creates the topics of `tables` (prefixed) with the configured partitions; existing topics are kept.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when creation fails for another reason than "already exists".
+    pub async fn ensure_topics(&self, tables: &[&str]) -> Result<()> {
+        if let Some(m) = &self.mock {
+            // librdkafka's mock cluster does not answer CreateTopics; it has its own call.
+            for t in tables {
+                match m.0.create_topic(&self.topic(t), self.cfg.partitions, 1) {
+                    Ok(()) | Err(KafkaError::MockCluster(RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = self.base_config().create()?;
+        let names: Vec<String> = tables.iter().map(|t| self.topic(t)).collect();
+        let new: Vec<NewTopic> = names
+            .iter()
+            .map(|n| NewTopic::new(n, self.cfg.partitions, TopicReplication::Fixed(self.cfg.replication)))
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin.create_topics(new.iter(), &opts).await? {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, e)) => return Err(Error::Kafka(KafkaError::AdminOp(e)).context_topic(&t)),
+            }
+        }
+        Ok(())
+    }
+
+    fn base_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap);
+        c
+    }
+
+    /// A producer (idempotent, acks=all, lz4-free: no compression so any broker accepts it).
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] on an invalid configuration.
+    pub fn producer(&self) -> Result<BusProducer> {
+        let p: FutureProducer = self
+            .base_config()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "300000")
+            .set("message.max.bytes", self.cfg.max_message_bytes.to_string())
+            .create()?;
+        Ok(BusProducer { inner: p, bus: self.clone() })
+    }
+
+    /// A consumer in group `group` subscribed to `topics` (full names), reading from the earliest offset
+    /// when the group has none, committing only explicitly. Rebalances set the returned
+    /// [`RebalanceFlag`] so the caller can reload per-partition state.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] on an invalid configuration or subscription failure.
+    pub fn consumer(&self, group: &str, topics: &[String]) -> Result<(StreamConsumer<BusContext>, RebalanceFlag)> {
+        let flag = RebalanceFlag::default();
+        let ctx = BusContext { flag: flag.clone() };
+        let c: StreamConsumer<BusContext> = self
+            .base_config()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", self.cfg.session_timeout_ms.to_string())
+            .set("heartbeat.interval.ms", "1000")
+            .set("isolation.level", "read_committed")
+            .set("fetch.message.max.bytes", self.cfg.max_message_bytes.to_string())
+            .set("max.partition.fetch.bytes", self.cfg.max_message_bytes.to_string())
+            .set("topic.metadata.refresh.interval.ms", "2000")
+            .create_with_context(ctx)?;
+        let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        c.subscribe(&refs)?;
+        Ok((c, flag))
+    }
+
+    /// Low and high watermark of every partition of `topic` (full name).
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when metadata or watermarks cannot be fetched.
+    pub async fn watermarks(&self, topic: &str) -> Result<HashMap<i32, (i64, i64)>> {
+        let cfg = self.base_config();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || -> Result<HashMap<i32, (i64, i64)>> {
+            let c: rdkafka::consumer::BaseConsumer = cfg.create()?;
+            let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+            let mut out = HashMap::new();
+            for t in md.topics() {
+                for p in t.partitions() {
+                    let w = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10))?;
+                    out.insert(p.id(), w);
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?
+    }
+}
+
+trait ContextTopic {
+    fn context_topic(self, topic: &str) -> Self;
+}
+impl ContextTopic for Error {
+    fn context_topic(self, topic: &str) -> Self {
+        match self {
+            Error::Kafka(e) => Error::Internal(format!("topic {topic}: {e}")),
+            e => e,
+        }
+    }
+}
+
+/// Set by the consumer context whenever partitions are assigned or revoked.
+#[derive(Debug, Clone, Default)]
+pub struct RebalanceFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl RebalanceFlag {
+    /// Returns true (once) if a rebalance happened since the last call.
+    pub fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Consumer context that records rebalances.
+pub struct BusContext {
+    flag: RebalanceFlag,
+}
+
+impl ClientContext for BusContext {}
+impl ConsumerContext for BusContext {
+    fn post_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) | Rebalance::Revoke(tpl) = r {
+            tracing::debug!(partitions = tpl.count(), "rebalance");
+        }
+        self.flag.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A producer of JSON envelopes keyed by session id.
+#[derive(Clone)]
+pub struct BusProducer {
+    inner: FutureProducer,
+    bus: Bus,
+}
+
+impl BusProducer {
+    /// Sends `row` (with optional carry) to the topic of table `T`, keyed by its session id; returns the
+    /// (partition, offset) once the broker acknowledged it.
+    ///
+    /// # Errors
+    /// [`Error::Json`] when the row cannot be serialised, [`Error::Kafka`] when delivery fails.
+    pub async fn send<T: Table>(&self, row: &T, carry: Option<&Carry>) -> Result<(i32, i64)> {
+        let env = EnvelopeRef { row, carry };
+        let payload = serde_json::to_vec(&env)?;
+        self.send_raw(&self.bus.topic(T::NAME), row.session_id(), &payload).await
+    }
+
+    /// Sends raw bytes to `topic` (full name) with `key`.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when delivery fails.
+    pub async fn send_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64)> {
+        let rec = FutureRecord::to(topic).key(key).payload(payload);
+        let d = self.inner.send(rec, Duration::from_secs(300)).await.map_err(|(e, _)| Error::Kafka(e))?;
+        Ok((d.partition, d.offset))
+    }
+
+    /// Waits until every queued message is delivered.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] on timeout (60 s).
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush(Duration::from_secs(60))?;
+        Ok(())
+    }
+}
+
+#[derive(Serialize)]
+struct EnvelopeRef<'a, T> {
+    row: &'a T,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    carry: Option<&'a Carry>,
+}

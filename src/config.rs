@@ -1,0 +1,149 @@
+//! Pipeline configuration: `pipelines/<name>.toml`.
+//!
+//! Layers (Arroyo's pattern): built-in defaults → the pipeline file → environment variables
+//! (`NEXTSTATE_BROKERS`, `NEXTSTATE_LAKE`, ...; see the flags of each command) → command-line flags.
+//! Every table is `deny_unknown_fields`, so a typo is an error naming the key.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bus::BusConfig;
+use crate::error::{Error, Result};
+use crate::lake::sink::SinkConfig;
+
+/// The training method (METHOD.md §5–§6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Binary RL from PRM votes: advantage r.
+    Binary,
+    /// On-policy distillation from hints: advantage teacher − old.
+    Opd,
+    /// Both: w_rl·r + w_opd·(teacher − old).
+    Combined,
+}
+
+impl Method {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Binary => "binary",
+            Method::Opd => "opd",
+            Method::Combined => "combined",
+        }
+    }
+    /// Whether the judge (PRM votes) runs for this method.
+    pub fn uses_judge(self) -> bool {
+        matches!(self, Method::Binary | Method::Combined)
+    }
+    /// Whether hint extraction and teacher log-probs run for this method.
+    pub fn uses_hints(self) -> bool {
+        matches!(self, Method::Opd | Method::Combined)
+    }
+}
+
+/// The policy model and where it runs (`[policy]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Model directory (HF-style: config.json, *.safetensors, tokenizer.json, tokenizer_config.json).
+    pub model: PathBuf,
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// `f32`, `f16` or `bf16`.
+    pub dtype: String,
+    /// libtorch intra-op threads (0 = libtorch's default).
+    pub threads: usize,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig { model: PathBuf::from("models/smollm2-135m-instruct"), device: "cpu".into(), dtype: "f32".into(), threads: 0 }
+    }
+}
+
+/// Signal extraction settings (`[signals]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignalsConfig {
+    /// A session with no new turn for this long (event time, seconds) is closed; its last main turn
+    /// without a next state is excluded with a reason.
+    pub idle_gap_s: u64,
+}
+
+impl Default for SignalsConfig {
+    fn default() -> Self {
+        SignalsConfig { idle_gap_s: 1800 }
+    }
+}
+
+/// A pipeline file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Pipeline name (stored with every judgment, hint and sample it produces).
+    pub name: String,
+    /// Training method.
+    pub method: Method,
+    /// Lake folder.
+    #[serde(default = "default_lake")]
+    pub lake: PathBuf,
+    /// Kafka settings.
+    #[serde(default)]
+    pub bus: BusConfig,
+    /// Lake sink settings.
+    #[serde(default)]
+    pub sink: SinkConfig,
+    /// Policy model.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// Signal extraction.
+    #[serde(default)]
+    pub signals: SignalsConfig,
+}
+
+fn default_lake() -> PathBuf {
+    PathBuf::from("lake")
+}
+
+impl PipelineConfig {
+    /// Reads and validates a pipeline file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when unreadable, [`Error::Config`] naming the bad key or value.
+    pub fn load(path: &Path) -> Result<PipelineConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("read pipeline", path, e))?;
+        let cfg: PipelineConfig = toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The built-in default pipeline (combined method, embedded everything).
+    pub fn embedded_default() -> PipelineConfig {
+        toml::from_str("name = \"combined\"\nmethod = \"combined\"\n").expect("built-in pipeline parses")
+    }
+
+    /// Checks cross-field constraints.
+    ///
+    /// # Errors
+    /// [`Error::Config`] describing the violation.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.trim().is_empty() {
+            return Err(Error::Config("pipeline name must not be empty".into()));
+        }
+        if self.bus.session_timeout_ms < 6000 {
+            return Err(Error::Config(format!("bus.session_timeout_ms = {} is below Kafka's minimum of 6000", self.bus.session_timeout_ms)));
+        }
+        if self.bus.partitions < 1 {
+            return Err(Error::Config("bus.partitions must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// A stable hash of the whole configuration (for checkpoint manifests and sample ids).
+    pub fn hash(&self) -> String {
+        let json = serde_json::to_string(self).unwrap_or_default();
+        crate::schema::content_hash(&[json.as_bytes()])
+    }
+}

@@ -1,0 +1,626 @@
+//! Judge backends behind one async trait, and the [`Voter`] that asks a backend for m votes with
+//! bounded concurrency, timeouts, retries with exponential backoff and a vote cache.
+//!
+//! Backends: any OpenAI-compatible `/v1/chat/completions` endpoint ([`OpenAiBackend`]); SGLang's native
+//! `/generate` ([`SglangBackend`]); and embedded rule-based baselines (the judge's
+//! [`super::RulesJudge`], the hint stage's `RulesHint`), which are not LLMs.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use super::cache::VoteCache;
+use super::prompt::{render_role_tagged, ChatMessage};
+use super::turn::TurnContext;
+use crate::{config_err, Error, Result};
+
+/// Which backend answers the votes (`backend = "rules" | "openai" | "sglang"` in a pipeline's
+/// `[judge]` / `[hint]` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The embedded rule-based baseline (no LLM, no network). The default.
+    #[default]
+    Rules,
+    /// An OpenAI-compatible `/v1/chat/completions` endpoint (vLLM, SGLang, llama.cpp, OpenAI, ...).
+    Openai,
+    /// SGLang's native `/generate` endpoint (takes a rendered prompt string).
+    Sglang,
+}
+
+impl BackendKind {
+    /// `rules`, `openai` or `sglang`, as stored in `judge_backend` / `hint_backend`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Rules => "rules",
+            BackendKind::Openai => "openai",
+            BackendKind::Sglang => "sglang",
+        }
+    }
+}
+
+/// Sampling parameters of a vote.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Sampling temperature (METHOD.md §2 default 0.6).
+    pub temperature: f32,
+    /// Maximum number of generated tokens per vote.
+    pub max_tokens: u32,
+}
+
+impl Sampling {
+    /// Canonical text of the parameters, part of the vote-cache key: `temperature=0.6;max_tokens=4096`
+    /// (Rust's shortest round-trip float formatting).
+    pub fn canonical(&self) -> String {
+        format!("temperature={};max_tokens={}", self.temperature, self.max_tokens)
+    }
+}
+
+/// One vote request handed to a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct VoteRequest<'a> {
+    /// The rendered judge prompt (system + user).
+    pub messages: &'a [ChatMessage],
+    /// The turn itself (what rule-based backends read).
+    pub turn: &'a TurnContext,
+    /// 0-based vote index.
+    pub index: u32,
+    /// Sampling parameters.
+    pub sampling: Sampling,
+}
+
+/// Why one call to a backend failed; decides whether it is retried.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// Connection refused/reset, DNS, body read error: retried.
+    Transport(String),
+    /// No answer within the per-attempt timeout (seconds): retried.
+    Timeout(f64),
+    /// A non-success HTTP status: retried for 5xx, 408 and 429, not for other 4xx.
+    Status {
+        /// HTTP status code.
+        status: u16,
+        /// The start of the response body.
+        body: String,
+    },
+    /// A 2xx answer we cannot read (not JSON, no text field): not retried.
+    BadResponse(String),
+}
+
+impl CallError {
+    /// Whether a retry may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            CallError::Transport(_) | CallError::Timeout(_) => true,
+            CallError::Status { status, .. } => *status >= 500 || *status == 408 || *status == 429,
+            CallError::BadResponse(_) => false,
+        }
+    }
+
+    /// As the crate's error type ([`Error::Http`] or [`Error::Timeout`]).
+    pub fn into_error(self) -> Error {
+        match self {
+            CallError::Timeout(s) => Error::Timeout(s),
+            other => Error::Http(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Transport(m) => write!(f, "transport error: {m}"),
+            CallError::Timeout(s) => write!(f, "timeout after {s:.1} s"),
+            CallError::Status { status, body } => write!(f, "HTTP status {status}: {body}"),
+            CallError::BadResponse(m) => write!(f, "unreadable response: {m}"),
+        }
+    }
+}
+
+/// A judge backend: turns one vote request into the judge's raw answer text. One call is one attempt;
+/// retries, timeouts, concurrency limits and caching are the [`Voter`]'s job.
+pub trait VoteBackend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// Judge model id as stored in the rows (`rules-v1` for the judge baseline).
+    fn model(&self) -> &str;
+    /// Whether answers are worth caching (false for the free, deterministic rule-based backends).
+    fn cacheable(&self) -> bool {
+        true
+    }
+    /// One attempt at one vote.
+    fn complete<'a>(&'a self, req: VoteRequest<'a>) -> BoxFuture<'a, std::result::Result<String, CallError>>;
+}
+
+/// An API key read from the environment; its `Debug` output is redacted.
+#[derive(Clone)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Reads the key from the environment variable named `var`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the variable (never its value) when it is unset or not UTF-8.
+    pub fn from_env(var: &str) -> Result<ApiKey> {
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(ApiKey(v)),
+            Ok(_) => Err(config_err!("environment variable {var} (api_key_env) is empty")),
+            Err(_) => Err(config_err!("environment variable {var} (api_key_env) is not set or not UTF-8")),
+        }
+    }
+    /// A key given directly (tests, embedding).
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(key.into())
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(***)")
+    }
+}
+
+fn snippet(s: &str) -> String {
+    super::prompt::truncate_middle(s.trim(), 300)
+}
+
+fn http_client(timeout: Duration) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .build()
+        .map_err(|e| Error::Http(format!("building the HTTP client: {e}")))
+}
+
+fn transport(e: reqwest::Error, timeout_s: f64) -> CallError {
+    if e.is_timeout() {
+        CallError::Timeout(timeout_s)
+    } else {
+        CallError::Transport(e.to_string())
+    }
+}
+
+/// `url` with the endpoint `path` appended unless it already ends with it (trailing `/` ignored).
+fn endpoint_url(url: &str, path: &str) -> String {
+    let base = url.trim_end_matches('/');
+    if base.ends_with(path) {
+        base.to_string()
+    } else if path.starts_with("/v1/") && base.ends_with("/v1") {
+        format!("{}{}", base, &path[3..])
+    } else {
+        format!("{base}{path}")
+    }
+}
+
+async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&ApiKey>,
+    body: &serde_json::Value,
+    timeout_s: f64,
+) -> std::result::Result<serde_json::Value, CallError> {
+    let mut rb = client.post(url).json(body);
+    if let Some(k) = key {
+        rb = rb.bearer_auth(&k.0);
+    }
+    let resp = rb.send().await.map_err(|e| transport(e, timeout_s))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| transport(e, timeout_s))?;
+    if !status.is_success() {
+        return Err(CallError::Status { status: status.as_u16(), body: snippet(&text) });
+    }
+    serde_json::from_str(&text).map_err(|e| CallError::BadResponse(format!("not JSON ({e}): {}", snippet(&text))))
+}
+
+/// An OpenAI-compatible chat endpoint: `POST {url}/v1/chat/completions` with
+/// `{model, messages, temperature, max_tokens, n: 1, stream: false}`; the vote is
+/// `choices[0].message.content`.
+#[derive(Debug)]
+pub struct OpenAiBackend {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    key: Option<ApiKey>,
+    timeout_s: f64,
+}
+
+impl OpenAiBackend {
+    /// A client for the endpoint at `url` (a base such as `http://127.0.0.1:30000`, or ending in `/v1`
+    /// or the full `/v1/chat/completions` path). `timeout_s` bounds each request.
+    ///
+    /// # Errors
+    /// [`Error::Http`] when the HTTP client cannot be built.
+    pub fn new(url: &str, model: &str, key: Option<ApiKey>, timeout_s: f64) -> Result<OpenAiBackend> {
+        Ok(OpenAiBackend {
+            client: http_client(Duration::from_secs_f64(timeout_s))?,
+            url: endpoint_url(url, "/v1/chat/completions"),
+            model: model.to_string(),
+            key,
+            timeout_s,
+        })
+    }
+    /// The full endpoint URL requests go to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl VoteBackend for OpenAiBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Openai
+    }
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn complete<'a>(&'a self, req: VoteRequest<'a>) -> BoxFuture<'a, std::result::Result<String, CallError>> {
+        Box::pin(async move {
+            let body = serde_json::json!({
+                "model": self.model,
+                "messages": req.messages,
+                "temperature": req.sampling.temperature,
+                "max_tokens": req.sampling.max_tokens,
+                "n": 1,
+                "stream": false,
+            });
+            let v = post_json(&self.client, &self.url, self.key.as_ref(), &body, self.timeout_s).await?;
+            match v.pointer("/choices/0/message/content") {
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                _ => Err(CallError::BadResponse(format!(
+                    "no choices[0].message.content text: {}",
+                    snippet(&v.to_string())
+                ))),
+            }
+        })
+    }
+}
+
+/// Renders chat messages into one prompt string (for [`SglangBackend`]).
+pub type PromptRenderer = Arc<dyn Fn(&[ChatMessage]) -> String + Send + Sync>;
+
+/// SGLang's native endpoint: `POST {url}/generate` with
+/// `{"text": prompt, "sampling_params": {"temperature", "max_new_tokens"}}`; the vote is the answer's
+/// `text` (an object, or the first element of an array). The prompt is rendered by a
+/// [`PromptRenderer`], by default [`render_role_tagged`] (generic `<|role|>` tags, not the judge
+/// model's chat template: pass the model's own renderer, or use the OpenAI-compatible endpoint, when
+/// the judge is sensitive to its template).
+pub struct SglangBackend {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    key: Option<ApiKey>,
+    timeout_s: f64,
+    renderer: PromptRenderer,
+}
+
+impl fmt::Debug for SglangBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SglangBackend").field("url", &self.url).field("model", &self.model).field("key", &self.key).finish()
+    }
+}
+
+impl SglangBackend {
+    /// A client for the SGLang server at `url` (base URL or the full `/generate` path); `model` is the
+    /// judge model id recorded in rows and cache keys. `renderer` = `None` uses [`render_role_tagged`].
+    ///
+    /// # Errors
+    /// [`Error::Http`] when the HTTP client cannot be built.
+    pub fn new(url: &str, model: &str, key: Option<ApiKey>, timeout_s: f64, renderer: Option<PromptRenderer>) -> Result<SglangBackend> {
+        Ok(SglangBackend {
+            client: http_client(Duration::from_secs_f64(timeout_s))?,
+            url: endpoint_url(url, "/generate"),
+            model: model.to_string(),
+            key,
+            timeout_s,
+            renderer: renderer.unwrap_or_else(|| Arc::new(|m: &[ChatMessage]| render_role_tagged(m))),
+        })
+    }
+    /// The full endpoint URL requests go to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl VoteBackend for SglangBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sglang
+    }
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn complete<'a>(&'a self, req: VoteRequest<'a>) -> BoxFuture<'a, std::result::Result<String, CallError>> {
+        Box::pin(async move {
+            let body = serde_json::json!({
+                "text": (self.renderer)(req.messages),
+                "sampling_params": {
+                    "temperature": req.sampling.temperature,
+                    "max_new_tokens": req.sampling.max_tokens,
+                },
+            });
+            let v = post_json(&self.client, &self.url, self.key.as_ref(), &body, self.timeout_s).await?;
+            let obj = match &v {
+                serde_json::Value::Array(a) => a.first().cloned().unwrap_or(serde_json::Value::Null),
+                other => other.clone(),
+            };
+            match obj.get("text") {
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                _ => Err(CallError::BadResponse(format!("no \"text\" field: {}", snippet(&v.to_string())))),
+            }
+        })
+    }
+}
+
+/// Builds the network backend named by `kind`, or returns `rules` for [`BackendKind::Rules`].
+///
+/// # Errors
+/// [`Error::Config`] when a network backend lacks `url` or `model`, or `api_key_env` names an unset
+/// variable; [`Error::Http`] when the HTTP client cannot be built.
+pub fn build_backend(
+    kind: BackendKind,
+    url: Option<&str>,
+    model: Option<&str>,
+    api_key_env: Option<&str>,
+    timeout_s: f64,
+    rules: Arc<dyn VoteBackend>,
+) -> Result<Arc<dyn VoteBackend>> {
+    if kind == BackendKind::Rules {
+        return Ok(rules);
+    }
+    let url = url.filter(|u| !u.trim().is_empty()).ok_or_else(|| config_err!("backend {} needs `url`", kind.as_str()))?;
+    let model = model.filter(|m| !m.trim().is_empty()).ok_or_else(|| config_err!("backend {} needs `model`", kind.as_str()))?;
+    let key = api_key_env.map(ApiKey::from_env).transpose()?;
+    Ok(match kind {
+        BackendKind::Openai => Arc::new(OpenAiBackend::new(url, model, key, timeout_s)?),
+        _ => Arc::new(SglangBackend::new(url, model, key, timeout_s, None)?),
+    })
+}
+
+/// Retry and timeout policy of one vote.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (so at most `retries + 1` attempts).
+    pub retries: u32,
+    /// Backoff before retry k (0-based) = `backoff_base · 2^k`, capped at `backoff_max`.
+    pub backoff_base: Duration,
+    /// Cap on one backoff.
+    pub backoff_max: Duration,
+    /// Limit on one attempt (enforced around the backend call, whatever the backend does).
+    pub timeout: Duration,
+}
+
+impl RetryPolicy {
+    /// The sleep before retry `k` (0-based): `min(backoff_base · 2^k, backoff_max)`.
+    pub fn backoff(&self, k: u32) -> Duration {
+        let factor = 2u32.saturating_pow(k.min(30));
+        self.backoff_base.saturating_mul(factor).min(self.backoff_max)
+    }
+}
+
+/// Counters of a [`Voter`] since creation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VoterStats {
+    /// Backend calls made (attempts, including retries).
+    pub requests: u64,
+    /// Retries made (attempts after a retryable failure).
+    pub retries: u64,
+    /// Attempts that timed out.
+    pub timeouts: u64,
+    /// Votes that failed after all attempts (invalid votes from request failures).
+    pub failed_votes: u64,
+    /// Votes served from the cache.
+    pub cache_hits: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    timeouts: AtomicU64,
+    failed_votes: AtomicU64,
+    cache_hits: AtomicU64,
+}
+
+/// A vote's raw answer before parsing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawVote {
+    /// 0-based vote index.
+    pub index: u32,
+    /// The judge's raw text (empty when the request failed).
+    pub raw: String,
+    /// Why the request failed (after all attempts), if it did.
+    pub error: Option<String>,
+    /// Served from the cache.
+    pub cached: bool,
+    /// Backend calls made for this vote (0 when cached).
+    pub attempts: u32,
+}
+
+/// Asks a backend for votes: each vote checks the cache, then calls the backend under a semaphore
+/// permit shared by every turn (at most `concurrency` calls in flight), with a per-attempt timeout and
+/// retries with exponential backoff on retryable failures. A failed vote is returned with an error,
+/// never raised.
+pub struct Voter {
+    backend: Arc<dyn VoteBackend>,
+    semaphore: Arc<Semaphore>,
+    cache: Arc<VoteCache>,
+    policy: RetryPolicy,
+    sampling: Sampling,
+    counters: Counters,
+}
+
+impl fmt::Debug for Voter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Voter")
+            .field("backend", &self.backend.kind())
+            .field("model", &self.backend.model())
+            .field("policy", &self.policy)
+            .field("sampling", &self.sampling)
+            .finish()
+    }
+}
+
+impl Voter {
+    /// A voter over `backend`; `semaphore` bounds backend calls in flight (share one `Arc` across
+    /// stages that hit the same endpoint), `cache` may be shared too.
+    pub fn new(backend: Arc<dyn VoteBackend>, semaphore: Arc<Semaphore>, cache: Arc<VoteCache>, policy: RetryPolicy, sampling: Sampling) -> Voter {
+        Voter { backend, semaphore, cache, policy, sampling, counters: Counters::default() }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn VoteBackend> {
+        &self.backend
+    }
+    /// The vote cache.
+    pub fn cache(&self) -> &Arc<VoteCache> {
+        &self.cache
+    }
+    /// Sampling parameters.
+    pub fn sampling(&self) -> Sampling {
+        self.sampling
+    }
+    /// The retry policy.
+    pub fn policy(&self) -> RetryPolicy {
+        self.policy
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> VoterStats {
+        let c = &self.counters;
+        VoterStats {
+            requests: c.requests.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            timeouts: c.timeouts.load(Ordering::Relaxed),
+            failed_votes: c.failed_votes.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Votes `0..m` for one turn, concurrently (each bounded by the shared semaphore), in index order.
+    pub async fn vote_all(&self, messages: &[ChatMessage], turn: &TurnContext, template_hash: &str, m: u32) -> Vec<RawVote> {
+        let turn_hash = turn.content_hash();
+        let futs = (0..m).map(|i| self.vote_one(messages, turn, &turn_hash, template_hash, i));
+        futures::future::join_all(futs).await
+    }
+
+    async fn vote_one(&self, messages: &[ChatMessage], turn: &TurnContext, turn_hash: &str, template_hash: &str, index: u32) -> RawVote {
+        let cacheable = self.backend.cacheable();
+        let key = VoteCache::key(
+            turn_hash,
+            template_hash,
+            self.backend.kind().as_str(),
+            self.backend.model(),
+            &self.sampling.canonical(),
+            index,
+        );
+        if cacheable {
+            if let Some(raw) = self.cache.get(&key) {
+                self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                return RawVote { index, raw, error: None, cached: true, attempts: 0 };
+            }
+        }
+        let req = VoteRequest { messages, turn, index, sampling: self.sampling };
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let outcome = {
+                // The semaphore is never closed; if it were, run unbounded rather than fail the vote.
+                let _permit = self.semaphore.acquire().await.ok();
+                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                match tokio::time::timeout(self.policy.timeout, self.backend.complete(req)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(CallError::Timeout(self.policy.timeout.as_secs_f64())),
+                }
+            };
+            let err = match outcome {
+                Ok(raw) => {
+                    if cacheable {
+                        self.cache.insert(&key, &raw);
+                    }
+                    return RawVote { index, raw, error: None, cached: false, attempts };
+                }
+                Err(e) => e,
+            };
+            if matches!(err, CallError::Timeout(_)) {
+                self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            if !err.retryable() || attempts > self.policy.retries {
+                self.counters.failed_votes.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    backend = self.backend.kind().as_str(),
+                    vote = index,
+                    attempts,
+                    "judge vote failed: {err}"
+                );
+                return RawVote {
+                    index,
+                    raw: String::new(),
+                    error: Some(format!("request failed after {attempts} attempt(s): {err}")),
+                    cached: false,
+                    attempts,
+                };
+            }
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(self.policy.backoff(attempts - 1)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_urls() {
+        assert_eq!(endpoint_url("http://h:1", "/v1/chat/completions"), "http://h:1/v1/chat/completions");
+        assert_eq!(endpoint_url("http://h:1/", "/v1/chat/completions"), "http://h:1/v1/chat/completions");
+        assert_eq!(endpoint_url("http://h:1/v1", "/v1/chat/completions"), "http://h:1/v1/chat/completions");
+        assert_eq!(endpoint_url("http://h:1/v1/chat/completions", "/v1/chat/completions"), "http://h:1/v1/chat/completions");
+        assert_eq!(endpoint_url("http://h:1", "/generate"), "http://h:1/generate");
+        assert_eq!(endpoint_url("http://h:1/generate/", "/generate"), "http://h:1/generate");
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = RetryPolicy {
+            retries: 5,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(500),
+            timeout: Duration::from_secs(1),
+        };
+        let ms: Vec<u128> = (0..5).map(|k| p.backoff(k).as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 500, 500]);
+        assert_eq!(p.backoff(u32::MAX), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn retryable_classes() {
+        assert!(CallError::Transport("x".into()).retryable());
+        assert!(CallError::Timeout(1.0).retryable());
+        assert!(CallError::Status { status: 500, body: String::new() }.retryable());
+        assert!(CallError::Status { status: 503, body: String::new() }.retryable());
+        assert!(CallError::Status { status: 429, body: String::new() }.retryable());
+        assert!(!CallError::Status { status: 400, body: String::new() }.retryable());
+        assert!(!CallError::Status { status: 401, body: String::new() }.retryable());
+        assert!(!CallError::BadResponse("x".into()).retryable());
+        assert!(matches!(CallError::Timeout(2.0).into_error(), Error::Timeout(s) if s == 2.0));
+    }
+
+    #[test]
+    fn api_key_is_redacted_and_missing_var_names_only_the_var() {
+        assert_eq!(format!("{:?}", ApiKey::new("sk-secret")), "ApiKey(***)");
+        let e = ApiKey::from_env("NEXTSTATE_TEST_SURELY_UNSET_VAR_42").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config: environment variable NEXTSTATE_TEST_SURELY_UNSET_VAR_42 (api_key_env) is not set or not UTF-8"
+        );
+    }
+
+    #[test]
+    fn sampling_canonical_text() {
+        assert_eq!(Sampling { temperature: 0.6, max_tokens: 4096 }.canonical(), "temperature=0.6;max_tokens=4096");
+    }
+}

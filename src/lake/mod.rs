@@ -1,0 +1,339 @@
+//! The Parquet lake: one folder per table, Hive-style `date=YYYY-MM-DD/` partitions, ZSTD Parquet files
+//! written atomically (temporary name, fsync, rename, fsync of the folder).
+//!
+//! Layout (`--lake DIR`, default `./lake`):
+//! ```text
+//! DIR/<table>/date=2026-11-29/k~<source>~<topic>~p0003~00000000000000000120-00000000000000000199.parquet
+//! DIR/<table>/date=2026-11-29/w~<writer id>~000007.parquet
+//! DIR/_state/...                      stage state (vote cache, progress), not tables
+//! ```
+//! Files written by the Kafka sink ([`sink`]) are named by their source cluster, topic, partition and the
+//! first and last offset they hold, so the lake itself records how far each partition has been written:
+//! re-writing the same range is idempotent and a restarted sink resumes after the last durable offset.
+//! Files written directly (ingest without Kafka records, the trainer's step table) are named by a writer
+//! id and sequence number.
+
+pub mod sink;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, RecordBatch, StringArray};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Error, Result};
+use crate::schema::{field_refs, schema_of, Table};
+
+/// Separator between the parts of a lake file name (not valid in Kafka topic names).
+const SEP: char = '~';
+
+/// A lake rooted at a folder.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    root: PathBuf,
+}
+
+/// One Parquet file of a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LakeFile {
+    /// Full path.
+    pub path: PathBuf,
+    /// The `date=` partition value (`YYYY-MM-DD`).
+    pub date: String,
+    /// Where the rows came from, parsed from the file name.
+    pub origin: FileOrigin,
+}
+
+/// The origin encoded in a lake file's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileOrigin {
+    /// Written by the Kafka sink: offsets `first..=last` of `topic`/`partition` on cluster `source`.
+    Kafka {
+        /// Cluster identity (cluster id of a real cluster; `mock-<uuid>` for the embedded one).
+        source: String,
+        /// Topic name.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// First offset in the file.
+        first: i64,
+        /// Last offset in the file.
+        last: i64,
+    },
+    /// Written directly by a writer (`writer` id, sequence number).
+    Direct {
+        /// Writer id.
+        writer: String,
+        /// Sequence number.
+        seq: u64,
+    },
+}
+
+/// `YYYY-MM-DD` (UTC) of a time in ms since the epoch.
+pub fn date_of(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .format("%Y-%m-%d")
+        .to_string()
+}
+
+impl Lake {
+    /// Opens (creating if needed) a lake at `root`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the folder cannot be created.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Lake> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| Error::io("create lake folder", &root, e))?;
+        Ok(Lake { root })
+    }
+
+    /// The lake's root folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The folder of table `name`.
+    pub fn table_dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// A folder for stage state (`DIR/_state/<name>`), created if needed.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be created.
+    pub fn state_dir(&self, name: &str) -> Result<PathBuf> {
+        let d = self.root.join("_state").join(name);
+        fs::create_dir_all(&d).map_err(|e| Error::io("create state folder", &d, e))?;
+        Ok(d)
+    }
+
+    /// Names of the tables that have a folder in the lake (sorted).
+    pub fn tables(&self) -> Vec<String> {
+        let mut out = vec![];
+        if let Ok(rd) = fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.path().is_dir() && !name.starts_with('_') && !name.starts_with('.') {
+                    out.push(name);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Every complete Parquet file of table `name`, sorted by path. Temporary files are not listed.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a folder cannot be read.
+    pub fn files(&self, name: &str) -> Result<Vec<LakeFile>> {
+        let dir = self.table_dir(name);
+        let mut out = vec![];
+        if !dir.exists() {
+            return Ok(out);
+        }
+        for part in fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?.flatten() {
+            let pname = part.file_name().to_string_lossy().into_owned();
+            let Some(date) = pname.strip_prefix("date=") else { continue };
+            for f in fs::read_dir(part.path()).map_err(|e| Error::io("list", part.path(), e))?.flatten() {
+                let fname = f.file_name().to_string_lossy().into_owned();
+                let Some(stem) = fname.strip_suffix(".parquet") else { continue };
+                if stem.starts_with('.') {
+                    continue;
+                }
+                if let Some(origin) = parse_stem(stem) {
+                    out.push(LakeFile { path: f.path(), date: date.to_string(), origin });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// For each (source, topic, partition) written by the Kafka sink into table `name`, the next offset to
+    /// write (last durable offset + 1).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the table folder cannot be listed.
+    pub fn next_offsets(&self, name: &str) -> Result<HashMap<(String, String, i32), i64>> {
+        let mut out: HashMap<(String, String, i32), i64> = HashMap::new();
+        for f in self.files(name)? {
+            if let FileOrigin::Kafka { source, topic, partition, last, .. } = f.origin {
+                let e = out.entry((source, topic, partition)).or_insert(0);
+                *e = (*e).max(last + 1);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `rows` of table `T` as one file per `date=` partition (by event time), named
+    /// `w~<writer>~<seq>`. Returns the paths written. An empty slice writes nothing.
+    ///
+    /// # Errors
+    /// [`Error::Records`] when rows do not match the schema, [`Error::Parquet`]/[`Error::Io`] on write.
+    pub fn write_rows<T: Table>(&self, rows: &[T], writer: &str, seq: u64) -> Result<Vec<PathBuf>> {
+        let mut by_date: BTreeMap<String, Vec<&T>> = BTreeMap::new();
+        for r in rows {
+            by_date.entry(date_of(r.event_time_ms())).or_default().push(r);
+        }
+        let mut paths = vec![];
+        for (date, group) in by_date {
+            let stem = format!("w{SEP}{}{SEP}{seq:06}", sanitize(writer));
+            paths.push(self.write_file::<T>(&date, &stem, &group)?);
+        }
+        Ok(paths)
+    }
+
+    /// Writes rows of one date as `<table>/date=<date>/<stem>.parquet`, atomically. If the file already
+    /// exists (a re-write of the same offset range) it is left as is and its path returned.
+    ///
+    /// # Errors
+    /// As [`Lake::write_rows`].
+    pub fn write_file<T: Table>(&self, date: &str, stem: &str, rows: &[&T]) -> Result<PathBuf> {
+        let dir = self.table_dir(T::NAME).join(format!("date={date}"));
+        let path = dir.join(format!("{stem}.parquet"));
+        if path.exists() {
+            return Ok(path);
+        }
+        fs::create_dir_all(&dir).map_err(|e| Error::io("create partition folder", &dir, e))?;
+        let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
+        let batch = batch.with_schema(schema_of::<T>())?;
+        let tmp = dir.join(format!(".{stem}.parquet.tmp"));
+        {
+            let file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+                .build();
+            let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
+            w.write(&batch)?;
+            let file = w.into_inner()?;
+            file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+        }
+        fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(path)
+    }
+
+    /// Reads every row of table `T` (all files, path order).
+    ///
+    /// # Errors
+    /// [`Error::Parquet`]/[`Error::Records`] when a file is unreadable or does not match `T`.
+    pub fn read_table<T: Table>(&self) -> Result<Vec<T>> {
+        let mut out = vec![];
+        for f in self.files(T::NAME)? {
+            out.extend(read_file::<T>(&f.path)?);
+        }
+        Ok(out)
+    }
+
+    /// The values of string column `column` of table `name` (all files), reading only that column.
+    ///
+    /// # Errors
+    /// [`Error::Parquet`] on unreadable files; [`Error::InvalidInput`] when the column is missing or not
+    /// a string column.
+    pub fn string_column(&self, name: &str, column: &str) -> Result<Vec<Option<String>>> {
+        let mut out = vec![];
+        for f in self.files(name)? {
+            let file = File::open(&f.path).map_err(|e| Error::io("open", &f.path, e))?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+            let idx = builder
+                .schema()
+                .index_of(column)
+                .map_err(|_| Error::InvalidInput(format!("table {name} has no column {column}")))?;
+            let mask = ProjectionMask::roots(builder.parquet_schema(), [idx]);
+            for batch in builder.with_projection(mask).build()? {
+                let batch = batch?;
+                let col = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .ok_or_else(|| Error::InvalidInput(format!("{name}.{column} is not a string column")))?;
+                out.extend((0..col.len()).map(|i| col.is_valid(i).then(|| col.value(i).to_string())));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The set of primary keys already in table `T`.
+    ///
+    /// # Errors
+    /// As [`Lake::string_column`].
+    pub fn keys<T: Table>(&self) -> Result<HashSet<String>> {
+        Ok(self.string_column(T::NAME, T::KEY)?.into_iter().flatten().collect())
+    }
+}
+
+/// Reads one Parquet file of table `T`.
+///
+/// # Errors
+/// [`Error::Parquet`] when unreadable, [`Error::Records`] when the columns do not match `T`.
+pub fn read_file<T: Table>(path: &Path) -> Result<Vec<T>> {
+    let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+    let mut out = vec![];
+    for batch in reader {
+        let batch: RecordBatch = batch?;
+        let rows: Vec<T> = serde_arrow::from_record_batch(&batch)?;
+        out.extend(rows);
+    }
+    Ok(out)
+}
+
+/// File stem for rows `first..=last` of a Kafka partition.
+pub fn kafka_stem(source: &str, topic: &str, partition: i32, first: i64, last: i64) -> String {
+    format!("k{SEP}{}{SEP}{}{SEP}p{partition:04}{SEP}{first:020}-{last:020}", sanitize(source), sanitize(topic))
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect()
+}
+
+fn parse_stem(stem: &str) -> Option<FileOrigin> {
+    let parts: Vec<&str> = stem.split(SEP).collect();
+    match parts.as_slice() {
+        ["k", source, topic, p, range] => {
+            let partition = p.strip_prefix('p')?.parse().ok()?;
+            let (a, b) = range.split_once('-')?;
+            Some(FileOrigin::Kafka {
+                source: source.to_string(),
+                topic: topic.to_string(),
+                partition,
+                first: a.parse().ok()?,
+                last: b.parse().ok()?,
+            })
+        }
+        ["w", writer, seq] => Some(FileOrigin::Direct { writer: writer.to_string(), seq: seq.parse().ok()? }),
+        _ => None,
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+///
+/// # Errors
+/// [`Error::Io`] on any file-system failure.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(|e| Error::io("create folder", dir, e))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    ));
+    let mut f = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("write", &tmp, e))?;
+    f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| Error::io("rename", path, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,243 @@
+//! Kafka → Parquet sink, exactly-once by construction.
+//!
+//! - Rows are buffered per partition and written as one file per (partition, contiguous offset range,
+//!   date), named by that range ([`kafka_stem`]); a file is complete once renamed into place.
+//! - Offsets are committed to Kafka only after the file is durable. The committed offset is advisory:
+//!   on start and after every rebalance the sink re-reads the lake's own record of the last durable
+//!   offset per partition ([`Lake::next_offsets`]) and skips anything below it, so a crash between the
+//!   rename and the commit re-reads a range but never writes it twice.
+//! - Rows whose primary key is already in the table are skipped and counted (`duplicate_keys`): an
+//!   upstream stage that re-emits after its own crash (at-least-once) still leaves each key once.
+//! - Records that are not valid envelopes of the table's row type go to the dead-letter table with the
+//!   reason, and their offsets still advance (an empty file can mark a range holding only such records).
+//!
+//! Residual risk (documented): a sink process that lost its partitions but has not noticed yet (a
+//! "zombie") can write a range the new owner also writes; Kafka transactions would fence it, the mock
+//! cluster and noida-db do not need it for the single-writer deployments we run.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::{date_of, kafka_stem, Lake};
+use crate::bus::{Bus, BusProducer};
+use crate::error::Result;
+use crate::runtime::{InMsg, InputLoop, TaskCtl};
+use crate::schema::{DeadLetter, Lineage, Table};
+
+/// Sink settings (`[sink]` of a pipeline file).
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkConfig {
+    /// Roll a file when its buffered payload reaches this many bytes.
+    pub roll_bytes: usize,
+    /// Roll a file when its oldest buffered row is this old, in ms.
+    pub roll_ms: u64,
+    /// Consumer group prefix; the group is `<prefix>.<table>`.
+    pub group_prefix: String,
+    /// Max records per poll.
+    pub batch: usize,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig { roll_bytes: 64 << 20, roll_ms: 5000, group_prefix: "nextstate-lake".into(), batch: 2000 }
+    }
+}
+
+/// What a sink did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SinkStats {
+    /// Rows written to the table.
+    pub rows_written: u64,
+    /// Files written.
+    pub files: u64,
+    /// Records skipped because their offset was already durable in the lake.
+    pub already_in_lake: u64,
+    /// Rows skipped because their key was already in the table.
+    pub duplicate_keys: u64,
+    /// Records sent to the dead-letter table.
+    pub dead_letters: u64,
+    /// Buffered records released because their partition was revoked (the new owner re-reads them).
+    pub released_on_rebalance: u64,
+}
+
+#[derive(Deserialize)]
+struct RowOnly<T> {
+    row: T,
+}
+
+struct Buffer<T> {
+    rows: Vec<T>,
+    first: i64,
+    last: i64,
+    date: Option<String>,
+    bytes: usize,
+    since: Instant,
+}
+
+/// Consumes the topic of table `T` and writes it into `lake`, until stopped (or idle, per `ctl`).
+///
+/// `dead_letters`: producer for malformed records (`None` when this is the dead-letter table's own
+/// sink: those are then written straight into the lake).
+///
+/// # Errors
+/// [`crate::Error::Kafka`] on consumer failures, lake write errors.
+pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &TaskCtl, dead_letters: Option<&BusProducer>) -> Result<SinkStats> {
+    let topic = bus.topic(T::NAME);
+    let group = format!("{}.{}", cfg.group_prefix, T::NAME);
+    let mut input = InputLoop::new(bus, &group, &topic)?;
+    let mut stats = SinkStats::default();
+    let mut lake_next = load_next(lake, bus, &topic, T::NAME)?;
+    let mut keys: HashSet<String> = lake.keys::<T>()?;
+    let mut bufs: HashMap<i32, Buffer<T>> = HashMap::new();
+    let mut dl_seq = 0u64;
+    let writer_id = format!("sink-{}", uuid::Uuid::new_v4().simple());
+    loop {
+        if ctl.stop.requested() {
+            break;
+        }
+        let msgs = input.next_batch(cfg.batch, Duration::from_millis(200)).await?;
+        if input.rebalanced() {
+            lake_next = load_next(lake, bus, &topic, T::NAME)?;
+            let owned: HashSet<i32> = input.assigned().into_iter().collect();
+            bufs.retain(|p, b| {
+                let keep = owned.contains(p);
+                if !keep {
+                    stats.released_on_rebalance += (b.last - b.first + 1) as u64;
+                }
+                keep
+            });
+        }
+        let mut dead: Vec<DeadLetter> = vec![];
+        for m in msgs {
+            if m.offset < lake_next.get(&m.partition).copied().unwrap_or(0) {
+                stats.already_in_lake += 1;
+                continue;
+            }
+            let parsed = serde_json::from_slice::<RowOnly<T>>(&m.payload);
+            let row = match parsed {
+                Ok(r) => Some(r.row),
+                Err(e) => {
+                    dead.push(dead_letter_for(&m, &topic, T::NAME, &e.to_string()));
+                    None
+                }
+            };
+            if let Some(r) = &row {
+                if let Some(b) = bufs.get(&m.partition) {
+                    let d = date_of(r.event_time_ms());
+                    if b.date.as_ref().is_some_and(|bd| *bd != d) {
+                        flush(lake, bus, &input, &mut bufs, m.partition, &mut stats, &mut keys, &mut lake_next)?;
+                    }
+                }
+            }
+            let b = bufs.entry(m.partition).or_insert_with(|| Buffer {
+                rows: vec![],
+                first: m.offset,
+                last: m.offset,
+                date: None,
+                bytes: 0,
+                since: Instant::now(),
+            });
+            b.last = m.offset;
+            b.bytes += m.payload.len();
+            if let Some(r) = row {
+                if keys.contains(r.key()) || b.rows.iter().any(|x: &T| x.key() == r.key()) {
+                    stats.duplicate_keys += 1;
+                } else {
+                    b.date.get_or_insert_with(|| date_of(r.event_time_ms()));
+                    b.rows.push(r);
+                }
+            }
+        }
+        if !dead.is_empty() {
+            stats.dead_letters += dead.len() as u64;
+            match dead_letters {
+                Some(p) => {
+                    for d in &dead {
+                        p.send(d, None).await?;
+                    }
+                }
+                None => {
+                    dl_seq += 1;
+                    lake.write_rows(&dead, &writer_id, dl_seq)?;
+                }
+            }
+        }
+        let finishing = ctl.until_idle && ctl.upstream_done() && input.quiet_ms() >= ctl.idle_ms;
+        let due: Vec<i32> = bufs
+            .iter()
+            .filter(|(_, b)| finishing || b.bytes >= cfg.roll_bytes || b.since.elapsed().as_millis() as u64 >= cfg.roll_ms)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in due {
+            flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut keys, &mut lake_next)?;
+        }
+        if input.idle_finished(ctl, bufs.len()).await? {
+            break;
+        }
+    }
+    let parts: Vec<i32> = bufs.keys().copied().collect();
+    for p in parts {
+        flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut keys, &mut lake_next)?;
+    }
+    tracing::info!(table = T::NAME, ?stats, "sink finished");
+    ctl.done.set();
+    Ok(stats)
+}
+
+fn load_next(lake: &Lake, bus: &Bus, topic: &str, table: &str) -> Result<HashMap<i32, i64>> {
+    Ok(lake
+        .next_offsets(table)?
+        .into_iter()
+        .filter(|((s, t, _), _)| s == bus.source_id() && t == topic)
+        .map(|((_, _, p), o)| (p, o))
+        .collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn flush<T: Table>(
+    lake: &Lake,
+    bus: &Bus,
+    input: &InputLoop,
+    bufs: &mut HashMap<i32, Buffer<T>>,
+    partition: i32,
+    stats: &mut SinkStats,
+    keys: &mut HashSet<String>,
+    lake_next: &mut HashMap<i32, i64>,
+) -> Result<()> {
+    let Some(b) = bufs.remove(&partition) else { return Ok(()) };
+    let date = b.date.clone().unwrap_or_else(|| date_of(crate::schema::now_ms()));
+    let stem = kafka_stem(bus.source_id(), &input.topic, partition, b.first, b.last);
+    let refs: Vec<&T> = b.rows.iter().collect();
+    lake.write_file::<T>(&date, &stem, &refs)?;
+    stats.files += 1;
+    stats.rows_written += b.rows.len() as u64;
+    for r in &b.rows {
+        keys.insert(r.key().to_string());
+    }
+    lake_next.insert(partition, b.last + 1);
+    // The file is durable; only now tell Kafka. A failed commit is harmless (the lake has the truth).
+    if let Err(e) = input.commit(&HashMap::from([(partition, b.last + 1)])) {
+        tracing::warn!(partition, error = %e, "offset commit failed after a durable write; the lake offsets still protect against duplicates");
+    }
+    Ok(())
+}
+
+/// A dead letter for a record that is not a valid envelope of `table`'s rows.
+pub fn dead_letter_for(m: &InMsg, topic: &str, table: &str, why: &str) -> DeadLetter {
+    DeadLetter::new(
+        "sink",
+        "malformed_record",
+        format!("record is not a valid {table} row: {why}"),
+        &m.payload,
+        Lineage {
+            source_topic: Some(topic.to_string()),
+            source_partition: Some(m.partition),
+            source_offset: Some(m.offset),
+            ..Default::default()
+        },
+    )
+    .with_keys(&m.key, None)
+}

@@ -1,0 +1,306 @@
+//! Task control shared by every long-running task (stages, lake sinks, trainer): stop requests,
+//! `--until-idle` completion, and a consumer loop that knows whether it has caught up with its topic.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Message as _;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use crate::bus::{Bus, BusContext, RebalanceFlag};
+use crate::error::{Error, Result};
+
+/// A flag a task raises when it has finished (until-idle mode) — downstream tasks wait for it.
+#[derive(Clone, Debug)]
+pub struct DoneFlag(Arc<watch::Sender<bool>>);
+
+impl Default for DoneFlag {
+    fn default() -> Self {
+        DoneFlag(Arc::new(watch::channel(false).0))
+    }
+}
+
+impl DoneFlag {
+    /// Marks the task done.
+    pub fn set(&self) {
+        self.0.send_replace(true);
+    }
+    /// Whether the task is done.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// A process-wide stop request (Ctrl-C / SIGTERM, or the end of a demo).
+#[derive(Clone, Debug)]
+pub struct Stop(watch::Receiver<bool>, Arc<watch::Sender<bool>>);
+
+impl Default for Stop {
+    fn default() -> Self {
+        let (tx, rx) = watch::channel(false);
+        Stop(rx, Arc::new(tx))
+    }
+}
+
+impl Stop {
+    /// Requests every holder to stop.
+    pub fn request(&self) {
+        self.1.send_replace(true);
+    }
+    /// Whether a stop was requested.
+    pub fn requested(&self) -> bool {
+        *self.0.borrow()
+    }
+    /// Resolves when a stop is requested.
+    pub async fn wait(&mut self) {
+        while !*self.0.borrow() {
+            if self.0.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+    /// Requests a stop on Ctrl-C or SIGTERM.
+    pub fn on_signals(&self) {
+        let s = self.clone();
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            {
+                let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(_) => return,
+                };
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {},
+                    _ = term.recv() => {},
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("stop requested; finishing in-flight work");
+            s.request();
+        });
+    }
+}
+
+/// How a task decides it is finished.
+#[derive(Clone, Debug)]
+pub struct TaskCtl {
+    /// Task name (for logs).
+    pub name: String,
+    /// Exit once every input is processed (batch use and tests); otherwise run until stopped.
+    pub until_idle: bool,
+    /// How long the input must stay quiet (and caught up) before an until-idle task exits, in ms.
+    pub idle_ms: u64,
+    /// In-process tasks that feed this one; an until-idle task waits for all of them to finish.
+    pub upstream: Vec<DoneFlag>,
+    /// Raised when this task finishes.
+    pub done: DoneFlag,
+    /// Stop request.
+    pub stop: Stop,
+}
+
+impl TaskCtl {
+    /// A control block named `name`.
+    pub fn new(name: &str, until_idle: bool, stop: Stop) -> TaskCtl {
+        TaskCtl { name: name.to_string(), until_idle, idle_ms: 1500, upstream: vec![], done: DoneFlag::default(), stop }
+    }
+    /// Adds an upstream task.
+    pub fn after(mut self, up: &DoneFlag) -> TaskCtl {
+        self.upstream.push(up.clone());
+        self
+    }
+    /// Whether every in-process upstream task is done.
+    pub fn upstream_done(&self) -> bool {
+        self.upstream.iter().all(DoneFlag::is_set)
+    }
+}
+
+/// One consumed record.
+#[derive(Debug, Clone)]
+pub struct InMsg {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Message key (session id).
+    pub key: String,
+    /// Payload bytes (empty for a null payload).
+    pub payload: Vec<u8>,
+}
+
+/// A consumer-group reader of one topic with offset bookkeeping and an until-idle check.
+pub struct InputLoop {
+    consumer: StreamConsumer<BusContext>,
+    flag: RebalanceFlag,
+    bus: Bus,
+    /// Full topic name.
+    pub topic: String,
+    consumed_next: HashMap<i32, i64>,
+    last_msg: Instant,
+}
+
+impl InputLoop {
+    /// Subscribes group `group` to `topic` (full name).
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the consumer cannot be created.
+    pub fn new(bus: &Bus, group: &str, topic: &str) -> Result<InputLoop> {
+        let (consumer, flag) = bus.consumer(group, &[topic.to_string()])?;
+        Ok(InputLoop { consumer, flag, bus: bus.clone(), topic: topic.to_string(), consumed_next: HashMap::new(), last_msg: Instant::now() })
+    }
+
+    /// True (once) after partitions were assigned or revoked.
+    pub fn rebalanced(&self) -> bool {
+        self.flag.take()
+    }
+
+    /// The partitions currently assigned to this consumer.
+    pub fn assigned(&self) -> Vec<i32> {
+        self.consumer
+            .assignment()
+            .map(|t| t.elements().iter().map(|e| e.partition()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Receives up to `max` records, waiting at most `wait` for the first and returning what arrived.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] on a fatal consumer error (transient ones are logged and skipped).
+    pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<InMsg>> {
+        let mut out = vec![];
+        let deadline = tokio::time::Instant::now() + wait;
+        while out.len() < max {
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if remaining.is_zero() && !out.is_empty() {
+                break;
+            }
+            let timeout = if out.is_empty() { remaining } else { Duration::from_millis(0).max(remaining.min(Duration::from_millis(20))) };
+            match tokio::time::timeout(timeout, self.consumer.recv()).await {
+                Err(_) => break,
+                Ok(Err(e)) => {
+                    tracing::warn!(topic = %self.topic, error = %e, "consumer error");
+                    if out.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    break;
+                }
+                Ok(Ok(m)) => {
+                    let msg = InMsg {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default(),
+                        payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    };
+                    self.consumed_next.insert(msg.partition, msg.offset + 1);
+                    out.push(msg);
+                }
+            }
+        }
+        if !out.is_empty() {
+            self.last_msg = Instant::now();
+        }
+        Ok(out)
+    }
+
+    /// Commits `next offset` per partition (the offset of the next record to read) synchronously.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the commit fails (e.g. the partition was revoked).
+    pub fn commit(&self, next: &HashMap<i32, i64>) -> Result<()> {
+        if next.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in next {
+            tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o))?;
+        }
+        self.consumer.commit(&tpl, CommitMode::Sync)?;
+        Ok(())
+    }
+
+    /// Milliseconds since the last record arrived.
+    pub fn quiet_ms(&self) -> u64 {
+        self.last_msg.elapsed().as_millis() as u64
+    }
+
+    /// True when this consumer has partitions assigned and has read (or the group has committed) every
+    /// record up to the high watermark of each of them.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when watermarks or committed offsets cannot be fetched.
+    pub async fn caught_up(&self) -> Result<bool> {
+        let assigned = self.assigned();
+        if assigned.is_empty() {
+            return Ok(false);
+        }
+        let marks = self.bus.watermarks(&self.topic).await?;
+        let committed: HashMap<i32, i64> = self
+            .consumer
+            .committed(Duration::from_secs(5))
+            .map(|t| {
+                t.elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        Offset::Offset(o) => Some((e.partition(), o)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for p in assigned {
+            let (low, high) = marks.get(&p).copied().unwrap_or((0, 0));
+            let next = self
+                .consumed_next
+                .get(&p)
+                .copied()
+                .unwrap_or(0)
+                .max(committed.get(&p).copied().unwrap_or(0))
+                .max(low);
+            if next < high {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Decides whether an until-idle task may finish now: upstream done, input quiet for `ctl.idle_ms`,
+    /// and caught up. `pending` is the task's own buffered work (must be 0).
+    ///
+    /// # Errors
+    /// As [`InputLoop::caught_up`].
+    pub async fn idle_finished(&self, ctl: &TaskCtl, pending: usize) -> Result<bool> {
+        if !ctl.until_idle || pending > 0 || !ctl.upstream_done() || self.quiet_ms() < ctl.idle_ms {
+            return Ok(false);
+        }
+        self.caught_up().await
+    }
+}
+
+/// Runs `f` with retries on retryable errors: `attempts` tries, exponential backoff from `base`.
+///
+/// # Errors
+/// The last error, or the first non-retryable one.
+pub async fn with_retries<T, F, Fut>(attempts: u32, base: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut delay = base;
+    let mut last = Error::Internal("no attempt made".into());
+    for i in 0..attempts.max(1) {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.retryable() && i + 1 < attempts => {
+                tracing::debug!(attempt = i + 1, error = %e, "retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                last = e;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}

@@ -1,0 +1,111 @@
+//! SQL over the lake: every table is registered in DataFusion (Hive `date` partition column included)
+//! with its declared schema, so a table with no files yet is queryable (and empty).
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+
+use crate::error::{Error, Result};
+use crate::lake::Lake;
+use crate::schema::all_schemas;
+
+/// Output format of `nextstate sql`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum OutputFormat {
+    /// An aligned text table.
+    #[default]
+    Table,
+    /// CSV with a header row.
+    Csv,
+    /// One JSON object per row (JSON Lines).
+    Json,
+}
+
+/// A DataFusion session with every lake table registered.
+///
+/// # Errors
+/// [`Error::Sql`] when a table cannot be registered.
+pub async fn session(lake: &Lake) -> Result<SessionContext> {
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_information_schema(true));
+    for (name, schema) in all_schemas() {
+        register(&ctx, lake, name, Arc::new(schema.as_ref().clone())).await?;
+    }
+    Ok(ctx)
+}
+
+async fn register(ctx: &SessionContext, lake: &Lake, name: &str, schema: Arc<Schema>) -> Result<()> {
+    let has_files = !lake.files(name)?.is_empty();
+    if has_files {
+        let dir = lake.table_dir(name);
+        let path = format!("{}/", dir.display());
+        let opts = ParquetReadOptions::default()
+            .table_partition_cols(vec![("date".to_string(), DataType::Utf8)])
+            .schema(&schema);
+        ctx.register_parquet(name, &path, opts).await?;
+    } else {
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(Field::new("date", DataType::Utf8, false));
+        let schema = Arc::new(Schema::new(fields));
+        ctx.register_table(name, Arc::new(MemTable::try_new(schema, vec![vec![]])?))?;
+    }
+    Ok(())
+}
+
+/// Runs `query` over the lake and returns the result batches.
+///
+/// # Errors
+/// [`Error::Sql`] naming the unknown table/column or the failure.
+pub async fn query(lake: &Lake, query: &str) -> Result<Vec<RecordBatch>> {
+    let ctx = session(lake).await?;
+    let df = ctx.sql(query).await?;
+    Ok(df.collect().await?)
+}
+
+/// Renders batches in `format`.
+///
+/// # Errors
+/// [`Error::Arrow`] when a value cannot be rendered.
+pub fn render(batches: &[RecordBatch], format: OutputFormat) -> Result<String> {
+    match format {
+        OutputFormat::Table => Ok(arrow::util::pretty::pretty_format_batches(batches)?.to_string()),
+        OutputFormat::Csv => {
+            let mut buf = vec![];
+            {
+                let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut buf);
+                for b in batches {
+                    w.write(b)?;
+                }
+            }
+            String::from_utf8(buf).map_err(|e| Error::Internal(e.to_string()))
+        }
+        OutputFormat::Json => {
+            let mut buf = vec![];
+            {
+                let mut w = arrow::json::LineDelimitedWriter::new(&mut buf);
+                for b in batches {
+                    w.write(b)?;
+                }
+                w.finish()?;
+            }
+            String::from_utf8(buf).map_err(|e| Error::Internal(e.to_string()))
+        }
+    }
+}
+
+/// Convenience: the single i64 value of a one-row, one-column result (e.g. `SELECT count(*) ...`).
+///
+/// # Errors
+/// [`Error::InvalidInput`] when the result is not a single integer.
+pub async fn scalar_i64(lake: &Lake, q: &str) -> Result<i64> {
+    let batches = query(lake, q).await?;
+    let b = batches.iter().find(|b| b.num_rows() > 0).ok_or_else(|| Error::InvalidInput(format!("no rows from: {q}")))?;
+    let col = arrow::compute::cast(b.column(0), &DataType::Int64)?;
+    let arr = col
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .ok_or_else(|| Error::InvalidInput(format!("not an integer result: {q}")))?;
+    Ok(arr.value(0))
+}

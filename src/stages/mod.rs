@@ -1,0 +1,205 @@
+//! Stage wiring: feeds each stage's pure transform from Kafka and writes its output to Kafka (the lake
+//! sinks then write Parquet).
+//!
+//! The chain per method (each stage forwards the upstream context in the envelope's `carry`):
+//! ```text
+//! binary:   interactions → signals → judge → teacher(samples)
+//! opd:      interactions → signals → hint  → teacher(samples)
+//! combined: interactions → signals → judge → hint → teacher(samples)
+//! ```
+//! A stage is at-least-once (it commits its input offsets after its outputs are acknowledged); the lake
+//! sinks make each table exactly-once by key.
+//!
+//! **Embedded default** (no `--brokers`): the mock cluster lives only as long as the command, so at start
+//! each stage's *pending* input is re-published from the lake: the input rows that have no output yet
+//! (tracked per stage by the output table's `pipeline` + `interaction_id`, and by dead letters of the
+//! stage). See [`pending`].
+
+pub mod pending;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::bus::{Bus, BusProducer, Carry, Envelope};
+use crate::error::Result;
+use crate::runtime::{InputLoop, TaskCtl};
+use crate::schema::{DeadLetter, Lineage, Table};
+
+/// One decoded input record.
+#[derive(Debug, Clone)]
+pub struct Input<T> {
+    /// The upstream row.
+    pub row: T,
+    /// Upstream context.
+    pub carry: Carry,
+    /// Where it was read (topic, partition, offset).
+    pub lineage: Lineage,
+}
+
+/// Counters of what a stage did, by outcome (every input is counted under one outcome).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct StageCounts {
+    /// Count per outcome name (`emitted`, `dead_letter`, `no_sample: score 0`, ...).
+    pub outcomes: std::collections::BTreeMap<String, u64>,
+}
+
+impl StageCounts {
+    /// Adds `n` to `outcome`.
+    pub fn add(&mut self, outcome: &str, n: u64) {
+        *self.outcomes.entry(outcome.to_string()).or_default() += n;
+    }
+    /// The count of `outcome`.
+    pub fn get(&self, outcome: &str) -> u64 {
+        self.outcomes.get(outcome).copied().unwrap_or(0)
+    }
+    /// One line: `a=1 b=2`.
+    pub fn line(&self) -> String {
+        self.outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Where a stage sends its results.
+#[derive(Clone)]
+pub struct Output {
+    producer: BusProducer,
+    stage: &'static str,
+}
+
+impl Output {
+    /// An output for `stage` through `producer`.
+    pub fn new(producer: BusProducer, stage: &'static str) -> Output {
+        Output { producer, stage }
+    }
+    /// Sends a row of table `T` with its carry; waits for the broker's acknowledgement.
+    ///
+    /// # Errors
+    /// [`crate::Error::Kafka`] when delivery fails.
+    pub async fn emit<T: Table>(&self, row: &T, carry: Option<&Carry>) -> Result<()> {
+        self.producer.send(row, carry).await.map(|_| ())
+    }
+    /// Sends a dead letter (stage name filled in when empty).
+    ///
+    /// # Errors
+    /// [`crate::Error::Kafka`] when delivery fails.
+    pub async fn dead(&self, mut d: DeadLetter) -> Result<()> {
+        if d.stage.is_empty() {
+            d.stage = self.stage.to_string();
+        }
+        self.producer.send(&d, None).await.map(|_| ())
+    }
+    /// The stage name.
+    pub fn stage(&self) -> &'static str {
+        self.stage
+    }
+}
+
+/// The stage-specific part of a streaming stage.
+pub trait StageLogic: Send + 'static {
+    /// The input row type (its table names the input topic unless [`StageLogic::input_table`] says otherwise).
+    type In: Table + DeserializeOwned;
+    /// Stage name (`signals`, `judge`, `hint`, `teacher`).
+    fn name(&self) -> &'static str;
+    /// Input table/topic name.
+    fn input_table(&self) -> &'static str {
+        Self::In::NAME
+    }
+    /// Handles a batch, sending outputs and dead letters with `out`, counting every input in `counts`.
+    fn handle(&mut self, batch: Vec<Input<Self::In>>, out: &Output, counts: &mut StageCounts) -> impl Future<Output = Result<()>> + Send;
+    /// Per partition, the lowest input offset still needed in the stage's state (commits stay below it).
+    fn hold(&self) -> HashMap<i32, i64> {
+        HashMap::new()
+    }
+    /// Inputs buffered in the stage's state (an until-idle stage may finish with open state only when its
+    /// input is done; stateless stages return 0).
+    fn pending(&self) -> usize {
+        0
+    }
+    /// Called when the input is quiet (no records in the last poll).
+    fn on_quiet(&mut self, _out: &Output, _counts: &mut StageCounts) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// Stage run settings.
+#[derive(Debug, Clone)]
+pub struct StageRun {
+    /// Consumer group.
+    pub group: String,
+    /// Max records per batch.
+    pub batch: usize,
+}
+
+/// Runs `logic` as a consumer-group task until stopped (or idle, per `ctl`). Returns its counts.
+///
+/// # Errors
+/// Kafka errors and whatever `logic.handle` returns (a stage stops on an error it could not
+/// dead-letter).
+pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, ctl: &TaskCtl) -> Result<StageCounts> {
+    let topic = bus.topic(logic.input_table());
+    let mut input = InputLoop::new(bus, &run.group, &topic)?;
+    let out = Output::new(bus.producer()?, logic.name());
+    let mut counts = StageCounts::default();
+    loop {
+        if ctl.stop.requested() {
+            break;
+        }
+        let msgs = input.next_batch(run.batch, Duration::from_millis(200)).await?;
+        input.rebalanced();
+        if msgs.is_empty() {
+            logic.on_quiet(&out, &mut counts).await?;
+            if input.idle_finished(ctl, 0).await? {
+                break;
+            }
+            continue;
+        }
+        let mut next: HashMap<i32, i64> = HashMap::new();
+        let mut batch = Vec::with_capacity(msgs.len());
+        for m in &msgs {
+            next.insert(m.partition, m.offset + 1);
+            let lineage = Lineage {
+                source_topic: Some(topic.clone()),
+                source_partition: Some(m.partition),
+                source_offset: Some(m.offset),
+                ..Default::default()
+            };
+            match serde_json::from_slice::<Envelope<L::In>>(&m.payload) {
+                Ok(env) => batch.push(Input { row: env.row, carry: env.carry.unwrap_or_default(), lineage }),
+                Err(e) => {
+                    counts.add("dead_letter: malformed record", 1);
+                    let d = DeadLetter::new(logic.name(), "malformed_record", format!("not a valid {} record: {e}", logic.input_table()), &m.payload, lineage)
+                        .with_keys(&m.key, None);
+                    out.dead(d).await?;
+                }
+            }
+        }
+        logic.handle(batch, &out, &mut counts).await?;
+        let hold = logic.hold();
+        for (p, o) in next.iter_mut() {
+            if let Some(h) = hold.get(p) {
+                *o = (*o).min(*h);
+            }
+        }
+        if let Err(e) = input.commit(&next) {
+            tracing::warn!(stage = logic.name(), error = %e, "commit failed; records will be re-read (outputs are keyed, sinks drop duplicates)");
+        }
+    }
+    tracing::info!(stage = logic.name(), counts = %counts.line(), "stage finished");
+    ctl.done.set();
+    Ok(counts)
+}
+
+pub mod run;
+
+/// A boxed stage task.
+pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> + Send>>;
+
+/// Builds the task of stage `name` (position `idx` in the method's chain) for `cfg`.
+///
+/// # Errors
+/// [`crate::Error::Config`] for an unknown stage or a bad stage configuration; model loading errors.
+pub fn build(name: &str, _idx: usize, _cfg: &crate::config::PipelineConfig, _bus: &Bus, _lake: &crate::lake::Lake, _ctl: TaskCtl) -> Result<StageTask> {
+    Err(crate::Error::Config(format!("stage '{name}' is not available in this build")))
+}

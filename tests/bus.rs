@@ -1,0 +1,115 @@
+//! The Kafka bus against a real Kafka-protocol broker (noida-db from scripts/broker.sh, or
+//! NEXTSTATE_TEST_BROKERS): topic creation, produce/consume across partitions, consumer-group
+//! rebalance, offset commit and resume.
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use nextstate::bus::{Bus, BusConfig};
+use nextstate::runtime::InputLoop;
+use nextstate::schema::{DeadLetter, Lineage};
+
+fn cfg(prefix: &str) -> BusConfig {
+    BusConfig { brokers: Some(common::brokers()), topic_prefix: prefix.to_string(), partitions: 3, ..Default::default() }
+}
+
+fn record(i: usize) -> DeadLetter {
+    DeadLetter::new("test", "t", "r", format!("{i}").as_bytes(), Lineage { source_line: Some(i as i64), ..Default::default() })
+        .with_keys(&format!("session-{}", i % 7), None)
+}
+
+async fn drain(input: &mut InputLoop, want: usize, limit: Duration) -> Vec<nextstate::runtime::InMsg> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut got = vec![];
+    while got.len() < want && tokio::time::Instant::now() < deadline {
+        got.extend(input.next_batch(500, Duration::from_millis(500)).await.unwrap());
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_consume_across_partitions_with_commit_and_resume() {
+    let prefix = common::prefix();
+    let bus = Bus::connect(cfg(&prefix)).await.unwrap();
+    assert!(!bus.is_embedded());
+    bus.ensure_topics(&["dead_letters"]).await.unwrap();
+    bus.ensure_topics(&["dead_letters"]).await.unwrap(); // idempotent
+    let topic = bus.topic("dead_letters");
+    let marks = bus.watermarks(&topic).await.unwrap();
+    assert_eq!(marks.len(), 3, "topic created with 3 partitions");
+
+    let p = bus.producer().unwrap();
+    let mut by_session: HashMap<String, HashSet<i32>> = HashMap::new();
+    for i in 0..60 {
+        let r = record(i);
+        let (part, _) = p.send(&r, None).await.unwrap();
+        by_session.entry(r.session_id.clone()).or_default().insert(part);
+    }
+    // keyed by session: one session, one partition; 7 sessions spread over more than one partition
+    assert!(by_session.values().all(|s| s.len() == 1));
+    let used: HashSet<i32> = by_session.values().flatten().copied().collect();
+    assert!(used.len() > 1, "sessions spread over partitions: {used:?}");
+
+    let group = format!("{prefix}g");
+    let mut input = InputLoop::new(&bus, &group, &topic).unwrap();
+    let first = drain(&mut input, 60, Duration::from_secs(30)).await;
+    assert_eq!(first.len(), 60);
+    // commit only the first 10 records of each partition, then a new consumer of the group resumes there
+    let mut commit = HashMap::new();
+    let mut expect_rest = 0;
+    for part in used.iter() {
+        let mut offs: Vec<i64> = first.iter().filter(|m| m.partition == *part).map(|m| m.offset).collect();
+        offs.sort();
+        let keep = offs.len().min(10);
+        commit.insert(*part, offs[0] + keep as i64);
+        expect_rest += offs.len() - keep;
+    }
+    input.commit(&commit).unwrap();
+    drop(input);
+    let mut again = InputLoop::new(&bus, &group, &topic).unwrap();
+    let rest = drain(&mut again, expect_rest, Duration::from_secs(30)).await;
+    assert_eq!(rest.len(), expect_rest, "resumed from the committed offsets");
+    for m in &rest {
+        assert!(m.offset >= commit[&m.partition]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_consumer_joining_the_group_takes_over_partitions() {
+    let prefix = common::prefix();
+    let bus = Bus::connect(cfg(&prefix)).await.unwrap();
+    bus.ensure_topics(&["dead_letters"]).await.unwrap();
+    let topic = bus.topic("dead_letters");
+    let group = format!("{prefix}g");
+    let mut a = InputLoop::new(&bus, &group, &topic).unwrap();
+    // wait for the first member to own all partitions
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while a.assigned().len() < 3 && tokio::time::Instant::now() < deadline {
+        a.next_batch(10, Duration::from_millis(300)).await.unwrap();
+    }
+    assert_eq!(a.assigned().len(), 3);
+    let mut b = InputLoop::new(&bus, &group, &topic).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while (b.assigned().is_empty() || a.assigned().len() == 3) && tokio::time::Instant::now() < deadline {
+        let (_ra, _rb) = tokio::join!(a.next_batch(10, Duration::from_millis(300)), b.next_batch(10, Duration::from_millis(300)));
+    }
+    let (pa, pb) = (a.assigned(), b.assigned());
+    assert!(!pb.is_empty(), "second member got partitions");
+    assert_eq!(pa.len() + pb.len(), 3, "partitions split without overlap: {pa:?} {pb:?}");
+    assert!(pa.iter().all(|p| !pb.contains(p)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_mock_cluster_round_trip() {
+    let bus = Bus::connect(BusConfig::default()).await.unwrap();
+    assert!(bus.is_embedded());
+    bus.ensure_topics(&["dead_letters"]).await.unwrap();
+    let p = bus.producer().unwrap();
+    for i in 0..20 {
+        p.send(&record(i), None).await.unwrap();
+    }
+    let mut input = InputLoop::new(&bus, "g", &bus.topic("dead_letters")).unwrap();
+    let got = drain(&mut input, 20, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 20);
+}
