@@ -92,3 +92,21 @@ fn truncated_tau_bench_array_keeps_complete_sessions() {
     assert_eq!(r.dead[0].source_line, Some(2));
     assert!(r.dead[0].reason.starts_with("JSON broken after 1 complete sessions (element 2 unreadable): EOF while parsing"), "{}", r.dead[0].reason);
 }
+
+#[test]
+fn agentbench_runs_with_history() {
+    use std::io::Write;
+    let mut f = tempfile::Builder::new().suffix(".jsonl").tempfile().unwrap();
+    let ok = r#"{"index": 7, "error": null, "info": null, "output": {"index": 7, "status": "completed", "result": {}, "history": [{"role": "user", "content": "Find patient S123's age."}, {"role": "agent", "content": "GET /Patient?identifier=S123"}, {"role": "user", "content": "Here is the response from GET request: {\"birthDate\": \"1960-01-01\"}"}, {"role": "agent", "content": "FINISH([65])"}, {"role": "user", "content": "Task finished."}]}, "time": {"timestamp": 1737159055712, "str": "2025-01-17 16:10:55"}}"#;
+    writeln!(f, "{ok}").unwrap();
+    writeln!(f, r#"{{"index": 8, "output": {{"status": "running", "history": [{{"role": "robot", "content": "x"}}]}}}}"#).unwrap();
+    let r = ingest(f.path(), Format::AgentBench);
+    assert_eq!(r.rows.len(), 2);
+    assert_eq!(r.rows[0].event_time, 1_737_159_055_712);
+    assert_eq!(r.rows[0].response_text, "GET /Patient?identifier=S123");
+    assert!(r.rows[0].notes.contains(&"agent role mapped to assistant".to_string()));
+    assert!(r.rows[1].session_done);
+    assert_eq!(messages(r.rows[1].next_state.as_deref().unwrap())[0].content, "Task finished.");
+    assert_eq!(r.dead.len(), 1);
+    assert_eq!((r.dead[0].reason_code.as_str(), r.dead[0].reason.as_str()), ("unknown_role", "history[0]: unknown message role \"robot\""));
+}
