@@ -15,11 +15,13 @@ pub mod bus;
 pub mod config;
 pub mod error;
 pub mod hint;
+pub mod ingest;
 pub mod judge;
 pub mod lake;
 pub mod runtime;
 pub mod samples;
 pub mod schema;
+pub mod signals;
 pub mod sql;
 pub mod stages;
 

@@ -1,0 +1,219 @@
+//! `--format auto`: choose the format by the structure of the file's first bytes.
+//!
+//! The head (default 1 MiB) is parsed with serde_json as far as it goes; a probe records the key
+//! paths it meets (to depth 3; of arrays only the first element), e.g. `[].traj`, `history`,
+//! `info.exit_status`, `output.history`. A head cut mid-document is fine: the keys seen before the
+//! cut are kept. JSONL files are recognised by their first record. Rules, first match wins:
+//!
+//! | structure | format |
+//! |---|---|
+//! | array whose first element has `traj` and `task_id` or `reward` | tau-bench |
+//! | array whose first element has `source` and `action` or `observation` | openhands |
+//! | object with `trajectory` (steps with `action`/`observation`) or `history` + `info` | swe-agent |
+//! | object with `trajectory_format`, or `messages` + `info`, or starting with `info.exit_status` | mini-swe-agent |
+//! | object with `answer_generation`, or a search `tree` with `win`/`compare_candidates` | toolbench |
+//! | object with `request` and `response` | openai-chat |
+//! | object with `session_id` and `turn` and `messages`/`response_text`/`prompt_text` | openclaw |
+//! | object with `output` and `index`/`error` | agentbench |
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::Format;
+use crate::{Error, Result};
+
+/// Bytes read by [`super::read_path`] for detection.
+pub const DEFAULT_HEAD_BYTES: usize = 1 << 20;
+
+/// The detected format and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detection {
+    /// The format chosen.
+    pub format: Format,
+    /// The structure that decided it, e.g. `array of objects with keys traj, task_id`.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Detection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.format, self.reason)
+    }
+}
+
+const MAX_DEPTH: usize = 3;
+const MAX_PATHS: usize = 4096;
+
+struct Probe<'a> {
+    paths: &'a mut Vec<String>,
+    prefix: String,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Probe<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Probe<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        let paths = self.paths;
+        while let Some(key) = map.next_key::<String>()? {
+            let path = format!("{}{key}", self.prefix);
+            if paths.len() < MAX_PATHS {
+                paths.push(path.clone());
+            }
+            if self.depth + 1 < MAX_DEPTH {
+                map.next_value_seed(Probe { paths: &mut *paths, prefix: format!("{path}."), depth: self.depth + 1 })?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let paths = self.paths;
+        let prefix = format!("{}[].", self.prefix.trim_end_matches('.'));
+        if self.depth < MAX_DEPTH && seq.next_element_seed(Probe { paths: &mut *paths, prefix, depth: self.depth + 1 })?.is_none() {
+            return Ok(());
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+}
+
+/// The key paths of the first JSON value in `head` (see the module doc), and whether it is an array.
+pub(crate) fn probe(head: &[u8]) -> (bool, Vec<String>) {
+    let first = head.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let mut paths = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(head);
+    // A cut head ends in an EOF error: the paths recorded up to the cut are what we want.
+    let _ = Probe { paths: &mut paths, prefix: String::new(), depth: 0 }.deserialize(&mut de);
+    (first == Some(b'['), paths)
+}
+
+/// Chooses a format from the structure of the first `head_bytes` bytes of `path`.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read; [`Error::InvalidInput`] naming the keys seen when no
+/// rule matches (or the file does not start with JSON).
+pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
+    let mut f = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let mut head = Vec::with_capacity(head_bytes.min(1 << 24));
+    f.by_ref().take(head_bytes as u64).read_to_end(&mut head).map_err(|e| Error::io("read", path, e))?;
+    detect_bytes(&head).map_err(|e| match e {
+        Error::InvalidInput(m) => Error::InvalidInput(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
+/// [`detect`] on bytes already read.
+///
+/// # Errors
+/// [`Error::InvalidInput`] when no rule matches.
+pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
+    let (is_array, paths) = probe(head);
+    let has = |p: &str| paths.iter().any(|x| x == p);
+    let found = |f: Format, why: String| Ok(Detection { format: f, reason: why });
+    if is_array {
+        if has("[].traj") && (has("[].task_id") || has("[].reward")) {
+            return found(Format::TauBench, "array of objects with keys traj, task_id/reward".into());
+        }
+        if has("[].source") && (has("[].action") || has("[].observation")) {
+            return found(Format::OpenHands, "array of events with keys source, action/observation".into());
+        }
+    } else {
+        if has("trajectory[].action") || has("trajectory[].observation") || (has("history") && has("info") && !has("messages")) {
+            return found(Format::SweAgent, "object with trajectory steps (action/observation) or history + info".into());
+        }
+        if has("trajectory_format") || (has("messages") && has("info")) {
+            return found(Format::MiniSweAgent, "object with messages + info / trajectory_format".into());
+        }
+        if paths.first().map(String::as_str) == Some("info") && has("info.exit_status") && !has("history") {
+            // mini-swe-agent writes `info` (exit status, submission) first; a long submission can fill the head.
+            return found(Format::MiniSweAgent, "object starting with info.exit_status".into());
+        }
+        if has("answer_generation") || (has("tree") && (has("compare_candidates") || has("tree.tree") || has("win"))) {
+            return found(Format::ToolBench, "object with answer_generation / a search tree (tree + win / compare_candidates)".into());
+        }
+        if has("request") && has("response") {
+            return found(Format::OpenAiChat, "records with keys request, response".into());
+        }
+        if has("session_id") && has("turn") && (has("messages") || has("response_text") || has("prompt_text")) {
+            return found(Format::OpenClaw, "records with keys session_id, turn, messages/response_text".into());
+        }
+        if has("output") && (has("index") || has("error")) {
+            return found(Format::AgentBench, "records with keys index/error, output".into());
+        }
+    }
+    let mut shown: Vec<&str> = paths.iter().filter(|p| !p.contains('.') || p.starts_with("[].") && p.matches('.').count() == 1).map(String::as_str).take(20).collect();
+    shown.dedup();
+    Err(Error::InvalidInput(format!(
+        "cannot detect the log format ({}; keys seen: {}); pass --format",
+        if is_array { "a JSON array" } else { "a JSON object or JSONL" },
+        if shown.is_empty() { "none".to_string() } else { shown.join(", ") }
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_records_paths_of_a_cut_head() {
+        let (arr, p) = probe(br#"[{"task_id": 0, "reward": 1.0, "info": {"task": {"x": 1}}, "traj": [{"role": "system", "content": "long"#);
+        assert!(arr);
+        assert_eq!(p, vec!["[].task_id", "[].reward", "[].info", "[].info.task", "[].traj", "[].traj[].role", "[].traj[].content"]);
+    }
+
+    #[test]
+    fn each_structure_is_recognised() {
+        let cases: Vec<(&[u8], Format)> = vec![
+            (br#"[{"task_id": 3, "traj": []}]"#, Format::TauBench),
+            (br#"[{"id": 0, "source": "user", "action": "message"}]"#, Format::OpenHands),
+            (br#"{"environment": "swe_main", "trajectory": [{"action": "ls", "observation": "#, Format::SweAgent),
+            (br#"{"info": {"exit_status": "Submitted"}, "messages": [{"role": "system"}]}"#, Format::MiniSweAgent),
+            (b"{\r\n  \"win\": true,\r\n  \"tree\": {},\r\n  \"compare_candidates\": []", Format::ToolBench),
+            (b"{\"request\": {\"messages\": []}, \"response\": {}}\n{\"request\":", Format::OpenAiChat),
+            (b"{\"session_id\": \"s\", \"turn\": 1, \"messages\": []}\n", Format::OpenClaw),
+            (b"{\"index\": 53, \"error\": \"AGENT_FAILED\", \"output\": {\"history\": null}}\n", Format::AgentBench),
+        ];
+        for (bytes, want) in cases {
+            let d = detect_bytes(bytes).unwrap_or_else(|e| panic!("{want}: {e}"));
+            assert_eq!(d.format, want, "{}", String::from_utf8_lossy(bytes));
+        }
+    }
+
+    #[test]
+    fn unknown_structure_names_the_keys() {
+        let e = detect_bytes(br#"{"foo": 1, "bar": {"baz": 2}}"#).unwrap_err().to_string();
+        assert!(e.contains("keys seen: foo, bar"), "{e}");
+        assert!(detect_bytes(b"not json").is_err());
+    }
+}

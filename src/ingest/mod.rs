@@ -1,0 +1,549 @@
+//! Ingest adapters: real agent logs → [`Interaction`] rows (one per assistant turn) or
+//! [`DeadLetter`]s (one per record that cannot be used, with a reason). METHOD.md §1.
+//!
+//! One file per log format; all share [`normalize`] (message normalisation), [`canonical`] (content
+//! keys) and [`sessions`] (session inference for logs without session ids). Every adapter is pure
+//! apart from reading its input file: it hands each item to a callback and never panics on input.
+//!
+//! Memory: JSONL formats (`openclaw`, `openai-chat`, `agentbench`) are read line by line (a line may
+//! be at most [`IngestOptions::max_line_bytes`]); JSON arrays (`tau-bench`, `openhands`) element by
+//! element. Single-document formats (`swe-agent`, `mini-swe-agent`, `toolbench`) are read whole, up to
+//! [`IngestOptions::max_document_bytes`] (default 512 MiB); a larger document is dead-lettered. A
+//! trajectory's turns are emitted once the whole session is known (the last turn's next state and
+//! `session_done` need it), so memory per session is about the size of that session.
+
+pub mod canonical;
+mod detect;
+pub mod normalize;
+pub mod sessions;
+mod stream;
+
+mod agentbench;
+mod mini_swe_agent;
+mod openai_chat;
+mod openclaw;
+mod openhands;
+mod swe_agent;
+mod tau_bench;
+mod toolbench;
+mod trajectory;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use serde::Serialize;
+
+pub use detect::{detect, Detection, DEFAULT_HEAD_BYTES};
+
+use crate::schema::{DeadLetter, Interaction, Lineage, Message, TurnType};
+use crate::{Error, Result};
+
+/// A supported log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Format {
+    /// OpenClaw-RL record JSONL (`session_id, turn, timestamp, messages, prompt_text, response_text,
+    /// tool_calls, next_state`).
+    OpenClaw,
+    /// JSONL of `{request, response}` OpenAI chat-completions logs (optional `headers`).
+    OpenAiChat,
+    /// tau-bench `historical_trajectories`: a JSON array of `{task_id, trial, reward, info, traj}`.
+    TauBench,
+    /// SWE-agent `.traj`: `{environment, trajectory[], history[], info}`.
+    SweAgent,
+    /// mini-swe-agent trajectory: `{info, messages[], trajectory_format}`.
+    MiniSweAgent,
+    /// OpenHands event stream: a JSON array of action/observation events.
+    OpenHands,
+    /// ToolBench answer file (`answer_generation.train_messages`, old `function_call` format).
+    ToolBench,
+    /// AgentBench run output JSONL (`{index, error, info, output: {history}, time}`).
+    AgentBench,
+}
+
+impl Format {
+    /// Every format, in documentation order.
+    pub const ALL: [Format; 8] = [
+        Format::OpenClaw,
+        Format::OpenAiChat,
+        Format::TauBench,
+        Format::SweAgent,
+        Format::MiniSweAgent,
+        Format::OpenHands,
+        Format::ToolBench,
+        Format::AgentBench,
+    ];
+
+    /// The name used on the command line and in `interactions.source_format`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::OpenClaw => "openclaw",
+            Format::OpenAiChat => "openai-chat",
+            Format::TauBench => "tau-bench",
+            Format::SweAgent => "swe-agent",
+            Format::MiniSweAgent => "mini-swe-agent",
+            Format::OpenHands => "openhands",
+            Format::ToolBench => "toolbench",
+            Format::AgentBench => "agentbench",
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = Error;
+    /// Parses a format name ([`Format::name`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the accepted values.
+    fn from_str(s: &str) -> Result<Format> {
+        Format::ALL
+            .iter()
+            .copied()
+            .find(|f| f.name() == s.trim())
+            .ok_or_else(|| crate::config_err!("unknown log format {s:?}; expected auto or one of {}", Format::ALL.map(Format::name).join(", ")))
+    }
+}
+
+/// `--format`: a fixed format or `auto` (detect by structure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatChoice {
+    /// Detect with [`detect`].
+    Auto,
+    /// This format.
+    Fixed(Format),
+}
+
+impl std::str::FromStr for FormatChoice {
+    type Err = Error;
+    /// `auto` or a format name.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an unknown name.
+    fn from_str(s: &str) -> Result<FormatChoice> {
+        if s.trim() == "auto" {
+            Ok(FormatChoice::Auto)
+        } else {
+            Ok(FormatChoice::Fixed(s.parse()?))
+        }
+    }
+}
+
+/// One adapter output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IngestItem {
+    /// An assistant turn.
+    Interaction(Box<Interaction>),
+    /// A record that could not be used (stage `ingest`).
+    DeadLetter(Box<DeadLetter>),
+}
+
+/// Options shared by all adapters.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Turn type of a turn the log does not mark (used by `openai-chat`; METHOD.md §1 says this is
+    /// configurable, the reference defaults to side). Other formats log only the agent's own turns,
+    /// which are `main`.
+    pub default_turn_type: TurnType,
+    /// Ingest time (ms since the Unix epoch): `ingest_time` of every row, and `event_time` when the
+    /// log has no timestamp.
+    pub ingest_time_ms: i64,
+    /// Longest JSONL line accepted, in bytes (default 256 MiB); longer lines are dead-lettered.
+    pub max_line_bytes: usize,
+    /// Largest single-document file (`.traj`, mini-swe-agent, ToolBench) read whole, in bytes
+    /// (default 512 MiB); larger ones are dead-lettered.
+    pub max_document_bytes: u64,
+    /// Capacity of the session inferrer (`openai-chat` rows without a session id); see
+    /// [`sessions::SessionInferrer`].
+    pub session_cache: usize,
+}
+
+impl IngestOptions {
+    /// Defaults with the given ingest time: unmarked turns are `main`.
+    pub fn new(ingest_time_ms: i64) -> IngestOptions {
+        IngestOptions {
+            default_turn_type: TurnType::Main,
+            ingest_time_ms,
+            max_line_bytes: 256 << 20,
+            max_document_bytes: 512 << 20,
+            session_cache: sessions::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+/// What reading one file did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FileSummary {
+    /// The format read.
+    pub format: Format,
+    /// How the format was chosen (`--format auto`), if it was detected.
+    pub detection: Option<String>,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Records read: lines (JSONL), array elements, or 1 for a single document.
+    pub records: u64,
+    /// Distinct sessions among the interactions (the ids are kept while the file is read).
+    pub sessions: u64,
+    /// Interactions emitted.
+    pub interactions: u64,
+    /// Dead letters emitted.
+    pub dead_letters: u64,
+    /// Dead letters by reason code.
+    pub dead_letters_by_reason: BTreeMap<String, u64>,
+    /// Named counts of what the adapter noticed or skipped without it being an error (blank lines,
+    /// null observations, environment events, `state` as string/object, ...).
+    pub counters: BTreeMap<String, u64>,
+}
+
+impl FileSummary {
+    /// One-line summary with units.
+    pub fn line(&self) -> String {
+        format!(
+            "{}: {} records, {} bytes → {} interactions in {} sessions, {} dead letters",
+            self.format, self.records, self.bytes, self.interactions, self.sessions, self.dead_letters
+        )
+    }
+}
+
+/// Reads `path` in `format`, handing every interaction and dead letter to `out` in file order
+/// (trajectory formats: a session's turns in turn order, once the session is read). `progress` is
+/// called with the number of bytes read so far after each record.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be opened or read; any error returned by `out`. Malformed
+/// content is never an error: it becomes dead letters.
+pub fn read_file(
+    path: &Path,
+    format: Format,
+    opts: &IngestOptions,
+    progress: &mut dyn FnMut(u64),
+    out: &mut dyn FnMut(IngestItem) -> Result<()>,
+) -> Result<FileSummary> {
+    let mut sink = Sink::new(format, path, opts, out);
+    match format {
+        Format::OpenClaw => openclaw::read(path, &mut sink, progress)?,
+        Format::OpenAiChat => openai_chat::read(path, &mut sink, progress)?,
+        Format::TauBench => tau_bench::read(path, &mut sink, progress)?,
+        Format::SweAgent => swe_agent::read(path, &mut sink, progress)?,
+        Format::MiniSweAgent => mini_swe_agent::read(path, &mut sink, progress)?,
+        Format::OpenHands => openhands::read(path, &mut sink, progress)?,
+        Format::ToolBench => toolbench::read(path, &mut sink, progress)?,
+        Format::AgentBench => agentbench::read(path, &mut sink, progress)?,
+    }
+    Ok(sink.finish())
+}
+
+/// [`read_file`] with `--format auto` support: detects the format first (reading
+/// [`DEFAULT_HEAD_BYTES`]) and records the choice and its reason in [`FileSummary::detection`].
+///
+/// # Errors
+/// As [`read_file`]; [`Error::InvalidInput`] when `auto` cannot recognise the file.
+pub fn read_path(
+    path: &Path,
+    choice: FormatChoice,
+    opts: &IngestOptions,
+    progress: &mut dyn FnMut(u64),
+    out: &mut dyn FnMut(IngestItem) -> Result<()>,
+) -> Result<FileSummary> {
+    match choice {
+        FormatChoice::Fixed(f) => read_file(path, f, opts, progress, out),
+        FormatChoice::Auto => {
+            let d = detect(path, DEFAULT_HEAD_BYTES)?;
+            tracing::info!(file = %path.display(), format = %d.format, reason = %d.reason, "detected log format");
+            let mut s = read_file(path, d.format, opts, progress, out)?;
+            s.detection = Some(d.to_string());
+            Ok(s)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared machinery for the adapters.
+
+/// Counts and forwards adapter output; builds interactions and dead letters with the file's lineage.
+pub(crate) struct Sink<'a> {
+    pub format: Format,
+    pub file: String,
+    /// File name without extension, used in session ids of single-trajectory formats.
+    pub stem: String,
+    pub opts: &'a IngestOptions,
+    out: &'a mut dyn FnMut(IngestItem) -> Result<()>,
+    summary: FileSummary,
+    sessions: HashSet<String>,
+}
+
+impl<'a> Sink<'a> {
+    fn new(format: Format, path: &Path, opts: &'a IngestOptions, out: &'a mut dyn FnMut(IngestItem) -> Result<()>) -> Sink<'a> {
+        Sink {
+            format,
+            file: path.display().to_string(),
+            stem: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            opts,
+            out,
+            summary: FileSummary {
+                format,
+                detection: None,
+                bytes: 0,
+                records: 0,
+                sessions: 0,
+                interactions: 0,
+                dead_letters: 0,
+                dead_letters_by_reason: BTreeMap::new(),
+                counters: BTreeMap::new(),
+            },
+            sessions: HashSet::new(),
+        }
+    }
+
+    fn finish(mut self) -> FileSummary {
+        self.summary.sessions = self.sessions.len() as u64;
+        self.summary
+    }
+
+    pub fn lineage(&self, line: Option<i64>) -> Lineage {
+        Lineage { source_file: Some(self.file.clone()), source_line: line, ..Lineage::default() }
+    }
+
+    /// Emits a dead letter for the record at `line`.
+    pub fn dead(&mut self, line: Option<i64>, code: &str, reason: impl Into<String>, payload: &[u8]) -> Result<()> {
+        let dl = DeadLetter::new("ingest", code, reason, payload, self.lineage(line));
+        self.summary.dead_letters += 1;
+        *self.summary.dead_letters_by_reason.entry(code.to_string()).or_insert(0) += 1;
+        (self.out)(IngestItem::DeadLetter(Box::new(dl)))
+    }
+
+    /// Emits a dead letter that names its session.
+    pub fn dead_in_session(&mut self, line: Option<i64>, session: &str, code: &str, reason: impl Into<String>, payload: &[u8]) -> Result<()> {
+        let dl = DeadLetter::new("ingest", code, reason, payload, self.lineage(line)).with_keys(session, None);
+        self.summary.dead_letters += 1;
+        *self.summary.dead_letters_by_reason.entry(code.to_string()).or_insert(0) += 1;
+        (self.out)(IngestItem::DeadLetter(Box::new(dl)))
+    }
+
+    /// Adds `n` to a named counter.
+    pub fn count(&mut self, name: &str, n: u64) {
+        if n > 0 {
+            *self.summary.counters.entry(name.to_string()).or_insert(0) += n;
+        }
+    }
+
+    pub fn record_read(&mut self) {
+        self.summary.records += 1;
+    }
+
+    pub fn set_bytes(&mut self, bytes: u64) {
+        self.summary.bytes = bytes;
+    }
+
+    /// Reads a single-document file (bounded by [`IngestOptions::max_document_bytes`]) and parses it
+    /// as JSON; a too-large or malformed document becomes a dead letter and `None`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] on read errors; errors from the callback.
+    pub fn load_document(&mut self, path: &Path, progress: &mut dyn FnMut(u64)) -> Result<Option<serde_json::Value>> {
+        match stream::read_document(path, self.opts.max_document_bytes)? {
+            stream::Document::TooLarge { size, head } => {
+                self.set_bytes(head.len() as u64);
+                let max = self.opts.max_document_bytes;
+                self.dead(None, "document_too_large", format!("{size} bytes is over the single-document limit of {max} bytes (payload: first bytes)"), &head)?;
+                Ok(None)
+            }
+            stream::Document::Whole(bytes) => {
+                self.record_read();
+                self.set_bytes(bytes.len() as u64);
+                progress(bytes.len() as u64);
+                match serde_json::from_slice::<serde_json::Value>(&bytes) {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) => {
+                        let head = &bytes[..bytes.len().min(1 << 16)];
+                        self.dead(None, "malformed_json", format!("not valid JSON: {e} (payload: first bytes)"), head)?;
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds the interaction for `t` and emits it.
+    pub fn turn(&mut self, t: Turn<'_>) -> Result<()> {
+        let row = self.build(t)?;
+        self.emit(row)
+    }
+
+    /// Emits a built interaction.
+    pub fn emit(&mut self, row: Interaction) -> Result<()> {
+        if !self.sessions.contains(&row.session_id) {
+            self.sessions.insert(row.session_id.clone());
+        }
+        self.summary.interactions += 1;
+        (self.out)(IngestItem::Interaction(Box::new(row)))
+    }
+
+    /// Builds the interaction for `t` (fills ids, JSON columns, lineage and times).
+    ///
+    /// # Errors
+    /// [`Error::Json`] if a message cannot be serialised (does not happen for valid strings).
+    pub fn build(&self, t: Turn<'_>) -> Result<Interaction> {
+        let request_messages = serde_json::to_string(t.request)?;
+        let tool_calls = if t.response.tool_calls.is_empty() { None } else { Some(serde_json::to_string(&t.response.tool_calls)?) };
+        let next_state = match &t.next_state {
+            Some(ns) => Some(serde_json::to_string(ns)?),
+            None => None,
+        };
+        let interaction_id = Interaction::compute_id(&t.session_id, t.turn_index, &request_messages, &t.response.content, tool_calls.as_deref());
+        let truncated = t.truncated || t.finish_reason.as_deref() == Some("length");
+        let mut notes: Vec<String> = Vec::with_capacity(t.notes.len());
+        for n in t.notes {
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+        let row = Interaction {
+            schema_version: <Interaction as crate::schema::Table>::SCHEMA_VERSION,
+            interaction_id,
+            session_id: t.session_id,
+            session_inferred: t.session_inferred,
+            turn_index: t.turn_index,
+            turn_type: t.turn_type,
+            session_done: t.session_done,
+            policy_version: None,
+            model: t.model,
+            request_messages,
+            tools: t.tools,
+            response_text: t.response.content.clone(),
+            reasoning_text: t.response.reasoning.clone(),
+            tool_calls,
+            finish_reason: t.finish_reason,
+            truncated,
+            prompt_text: t.prompt_text,
+            prompt_token_ids: t.prompt_token_ids,
+            response_token_ids: t.response_token_ids,
+            rollout_logprobs: t.rollout_logprobs,
+            next_state,
+            outcome_reward: t.outcome_reward,
+            notes,
+            source_format: self.format.name().to_string(),
+            source_topic: None,
+            source_partition: None,
+            source_offset: None,
+            source_file: Some(self.file.clone()),
+            source_line: t.source_line,
+            event_time: t.event_time.unwrap_or(self.opts.ingest_time_ms),
+            ingest_time: self.opts.ingest_time_ms,
+        };
+        Ok(row)
+    }
+}
+
+/// Everything an adapter knows about one assistant turn; [`Sink::turn`] turns it into an
+/// [`Interaction`].
+pub(crate) struct Turn<'m> {
+    pub session_id: String,
+    pub session_inferred: bool,
+    pub turn_index: i32,
+    pub turn_type: TurnType,
+    pub session_done: bool,
+    pub model: Option<String>,
+    pub request: &'m [Message],
+    pub tools: Option<String>,
+    pub response: &'m Message,
+    pub finish_reason: Option<String>,
+    pub truncated: bool,
+    pub prompt_text: Option<String>,
+    pub prompt_token_ids: Option<Vec<i32>>,
+    pub response_token_ids: Option<Vec<i32>>,
+    pub rollout_logprobs: Option<Vec<f32>>,
+    pub next_state: Option<Vec<Message>>,
+    pub outcome_reward: Option<f64>,
+    pub notes: Vec<String>,
+    pub event_time: Option<i64>,
+    pub source_line: Option<i64>,
+}
+
+impl<'m> Turn<'m> {
+    /// A turn with every optional field empty.
+    pub fn new(session_id: String, turn_index: i32, request: &'m [Message], response: &'m Message) -> Turn<'m> {
+        Turn {
+            session_id,
+            session_inferred: false,
+            turn_index,
+            turn_type: TurnType::Main,
+            session_done: false,
+            model: None,
+            request,
+            tools: None,
+            response,
+            finish_reason: None,
+            truncated: false,
+            prompt_text: None,
+            prompt_token_ids: None,
+            response_token_ids: None,
+            rollout_logprobs: None,
+            next_state: None,
+            outcome_reward: None,
+            notes: vec![],
+            event_time: None,
+            source_line: None,
+        }
+    }
+}
+
+/// Parses a log timestamp: epoch seconds or milliseconds (numbers above 1e11 are taken as ms),
+/// RFC 3339, or a zone-less `YYYY-MM-DD[T ]HH:MM:SS[.f]` (read as UTC). Returns ms since the epoch.
+pub fn parse_timestamp(v: &serde_json::Value) -> Option<i64> {
+    match v {
+        serde_json::Value::Number(n) => {
+            let x = n.as_f64()?;
+            if !x.is_finite() || x <= 0.0 {
+                return None;
+            }
+            Some(if x > 1e11 { x as i64 } else { (x * 1000.0) as i64 })
+        }
+        serde_json::Value::String(s) => parse_time_str(s),
+        _ => None,
+    }
+}
+
+fn parse_time_str(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Some(t.timestamp_millis());
+    }
+    for fmt in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(s, fmt) {
+            return Some(t.and_utc().timestamp_millis());
+        }
+    }
+    s.parse::<f64>().ok().and_then(|x| parse_timestamp(&serde_json::json!(x)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(parse_timestamp(&json!(1_737_159_055_712i64)), Some(1_737_159_055_712));
+        assert_eq!(parse_timestamp(&json!(1_738_046_713)), Some(1_738_046_713_000));
+        assert_eq!(parse_timestamp(&json!("2025-01-27T22:44:56.900854")), Some(1_738_017_896_900));
+        assert_eq!(parse_timestamp(&json!("2025-01-27 22:44:56")), Some(1_738_017_896_000));
+        assert_eq!(parse_timestamp(&json!("2025-01-27T22:44:56Z")), Some(1_738_017_896_000));
+        assert_eq!(parse_timestamp(&json!("2025-01-27T23:44:56+01:00")), Some(1_738_017_896_000));
+        assert_eq!(parse_timestamp(&json!("yesterday")), None);
+        assert_eq!(parse_timestamp(&json!(null)), None);
+    }
+
+    #[test]
+    fn format_names_round_trip() {
+        for f in Format::ALL {
+            assert_eq!(f.name().parse::<Format>().unwrap(), f);
+        }
+        assert_eq!("auto".parse::<FormatChoice>().unwrap(), FormatChoice::Auto);
+        assert!("csv".parse::<Format>().is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! OpenAI chat-completions logs: JSONL of `{request, response}` (optionally `headers`, `timestamp`).
+//!
+//! - request: `messages` (normalised), `tools` (or legacy `functions`), `model`;
+//! - response: `choices[0].message` (content, `reasoning_content`/`reasoning`, `tool_calls` or
+//!   `function_call`), `choices[0].finish_reason` (`length` → truncated), `model`, `created`;
+//! - log-probs: `choices[0].logprobs.content[]` with `token` and `logprob`; token ids from
+//!   `choices[0].token_ids` (our server, vLLM with `return_token_ids`), each entry's `token_id`, or
+//!   tokens written as `token_id:N` (vLLM `return_tokens_as_token_ids`); prompt ids from
+//!   `prompt_token_ids` on the response or its first choice. When ids and log-probs disagree in
+//!   length the log-probs are dropped with a note; `usage.completion_tokens` is checked against the
+//!   ids (a mismatch is noted);
+//! - session, turn type, done: headers `X-Session-Id`, `X-Turn-Type`, `X-Session-Done` (any case),
+//!   else the same keys without `X-`/with `_` in the request body or at the top level of the line.
+//!   A missing session id is inferred ([`super::sessions`]; `session_inferred = true`); a missing turn
+//!   type is [`super::IngestOptions::default_turn_type`];
+//! - turn index: the inferrer's (assistant messages in the request) for inferred sessions, else
+//!   counted per session in file order (memory: one counter per session id);
+//! - event time: top-level `timestamp`/`time`, else `response.created`, else the ingest time.
+//!
+//! An error response (`{"error": ...}` without `choices`) is dead-lettered as `api_error`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::normalize::{json_type, normalize_message, normalize_with_role};
+use super::sessions::SessionInferrer;
+use super::stream::{for_each_line, Line};
+use super::{parse_timestamp, Sink, Turn};
+use crate::schema::TurnType;
+use crate::Result;
+
+pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    let max = sink.opts.max_line_bytes;
+    let mut inferrer = SessionInferrer::with_salt(sink.opts.session_cache, &sink.file);
+    let mut counters: HashMap<String, i32> = HashMap::new();
+    let (bytes, blank) = for_each_line(path, max, progress, &mut |n, line, _| {
+        sink.record_read();
+        match line {
+            Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
+            Line::Text(text) => record(sink, n, text, &mut inferrer, &mut counters),
+        }
+    })?;
+    sink.set_bytes(bytes);
+    sink.count("blank lines", blank);
+    Ok(())
+}
+
+/// Looks a marker up in headers (`X-Session-Id`, any case) then in the request body and the line.
+fn marker<'v>(line: &'v Map<String, Value>, request: &'v Map<String, Value>, header: &str, key: &str) -> Option<&'v Value> {
+    if let Some(Value::Object(h)) = line.get("headers") {
+        if let Some((_, v)) = h.iter().find(|(k, _)| k.eq_ignore_ascii_case(header)) {
+            return Some(v);
+        }
+    }
+    request.get(key).or_else(|| line.get(key))
+}
+
+fn truthy(v: Option<&Value>) -> bool {
+    match v {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => matches!(s.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"),
+        Some(Value::Number(x)) => x.as_i64() == Some(1),
+        _ => false,
+    }
+}
+
+fn int_list(v: Option<&Value>) -> Option<Vec<i32>> {
+    v?.as_array()?.iter().map(|x| x.as_i64().and_then(|i| i32::try_from(i).ok())).collect()
+}
+
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferrer, counters: &mut HashMap<String, i32>) -> Result<()> {
+    let v: Value = match serde_json::from_slice(text) {
+        Ok(v) => v,
+        Err(e) => return sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
+    };
+    let Some(line) = v.as_object() else {
+        return sink.dead(Some(n), "wrong_type", format!("line {n} is a JSON {}, expected an object", json_type(&v)), text);
+    };
+    let (Some(Value::Object(req)), Some(resp_v)) = (line.get("request"), line.get("response")) else {
+        return sink.dead(Some(n), "missing_request_or_response", format!("line {n}: needs a `request` object and a `response`"), text);
+    };
+    let Some(resp) = resp_v.as_object() else {
+        return sink.dead(Some(n), "wrong_type", format!("line {n}: `response` is a JSON {}", json_type(resp_v)), text);
+    };
+    let Some(Value::Array(raw_messages)) = req.get("messages") else {
+        return sink.dead(Some(n), "missing_messages", format!("line {n}: `request.messages` is not an array"), text);
+    };
+    let choice = match resp.get("choices").and_then(|c| c.get(0)).and_then(Value::as_object) {
+        Some(c) => c,
+        None => {
+            if let Some(err) = resp.get("error") {
+                return sink.dead(Some(n), "api_error", format!("line {n}: the server answered with an error: {err}"), text);
+            }
+            return sink.dead(Some(n), "missing_choices", format!("line {n}: `response.choices[0]` is missing"), text);
+        }
+    };
+    let mut notes = vec![];
+    let mut request = Vec::with_capacity(raw_messages.len());
+    for (i, m) in raw_messages.iter().enumerate() {
+        match normalize_message(m) {
+            Ok(nm) => {
+                notes.extend(nm.notes);
+                request.push(nm.message);
+            }
+            Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
+        }
+    }
+    let Some(Value::Object(msg)) = choice.get("message") else {
+        return sink.dead(Some(n), "missing_message", format!("line {n}: `choices[0].message` is not an object"), text);
+    };
+    let resp_norm = match msg.get("role").and_then(Value::as_str) {
+        None | Some("assistant") => normalize_with_role(msg, "assistant", None),
+        Some(other) => {
+            return sink.dead(Some(n), "unknown_role", format!("line {n}: response message has role {other:?}, expected assistant"), text);
+        }
+    };
+    let resp_norm = match resp_norm {
+        Ok(r) => r,
+        Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, response message: {e}"), text),
+    };
+    notes.extend(resp_norm.notes);
+    let response = resp_norm.message;
+
+    // Session, turn type, done flag.
+    let explicit = match marker(line, req, "x-session-id", "session_id") {
+        Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        Some(Value::Number(x)) => Some(x.to_string()),
+        _ => None,
+    };
+    let turn_type = match marker(line, req, "x-turn-type", "turn_type") {
+        Some(Value::String(s)) => match TurnType::parse(s) {
+            Some(t) => t,
+            None => {
+                notes.push(format!("unknown turn type {s:?}: default used"));
+                sink.opts.default_turn_type
+            }
+        },
+        _ => sink.opts.default_turn_type,
+    };
+    let done = truthy(marker(line, req, "x-session-done", "session_done"));
+    let (session_id, inferred, turn_index) = match explicit {
+        Some(id) => {
+            let c = counters.entry(id.clone()).or_insert(0);
+            *c += 1;
+            (id, false, *c - 1)
+        }
+        None => {
+            let inf = inferrer.assign(&request, &response);
+            (inf.session_id, true, inf.turn_index)
+        }
+    };
+
+    // Token ids and log-probs.
+    let lp_content = choice.get("logprobs").and_then(|l| l.get("content")).and_then(Value::as_array);
+    let mut logprobs: Option<Vec<f32>> = None;
+    let mut entry_ids: Vec<i32> = vec![];
+    if let Some(entries) = lp_content {
+        let mut lps = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for e in entries {
+            match e.get("logprob").and_then(Value::as_f64) {
+                Some(x) => lps.push(x as f32),
+                None => ok = false,
+            }
+            let id = e.get("token_id").and_then(Value::as_i64).or_else(|| {
+                e.get("token").and_then(Value::as_str).and_then(|t| t.strip_prefix("token_id:")).and_then(|x| x.parse().ok())
+            });
+            if let Some(id) = id.and_then(|i| i32::try_from(i).ok()) {
+                entry_ids.push(id);
+            }
+        }
+        if ok {
+            logprobs = Some(lps);
+        } else {
+            notes.push("log-prob entries without a numeric logprob: log-probs dropped".into());
+        }
+    }
+    let mut token_ids = int_list(choice.get("token_ids"));
+    if token_ids.is_none() && lp_content.is_some_and(|c| !c.is_empty() && entry_ids.len() == c.len()) {
+        token_ids = Some(entry_ids);
+    }
+    if let (Some(ids), Some(lps)) = (&token_ids, &logprobs) {
+        if ids.len() != lps.len() {
+            notes.push(format!("{} log-probs for {} token ids: log-probs dropped", lps.len(), ids.len()));
+            logprobs = None;
+        }
+    }
+    if logprobs.is_some() && token_ids.is_none() {
+        notes.push("log-probs without token ids".into());
+    }
+    if let (Some(ids), Some(ct)) = (&token_ids, resp.get("usage").and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64)) {
+        if ids.len() as u64 != ct {
+            notes.push(format!("usage.completion_tokens = {ct} but {} response token ids", ids.len()));
+        }
+    }
+    let prompt_ids = int_list(resp.get("prompt_token_ids")).or_else(|| int_list(choice.get("prompt_token_ids")));
+
+    let event_time = line
+        .get("timestamp")
+        .or_else(|| line.get("time"))
+        .and_then(parse_timestamp)
+        .or_else(|| resp.get("created").and_then(parse_timestamp));
+    let tools = match req.get("tools").or_else(|| req.get("functions")) {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(t.to_string()),
+    };
+    let mut t = Turn::new(session_id, turn_index, &request, &response);
+    t.session_inferred = inferred;
+    t.turn_type = turn_type;
+    t.session_done = done;
+    t.model = resp.get("model").or_else(|| req.get("model")).and_then(Value::as_str).map(str::to_string);
+    t.tools = tools;
+    t.finish_reason = choice.get("finish_reason").and_then(Value::as_str).map(str::to_string);
+    t.truncated = resp_norm.truncated;
+    t.prompt_text = line.get("prompt_text").and_then(Value::as_str).map(str::to_string);
+    t.prompt_token_ids = prompt_ids;
+    t.response_token_ids = token_ids;
+    t.rollout_logprobs = logprobs;
+    t.notes = notes;
+    t.event_time = event_time;
+    t.source_line = Some(n);
+    sink.turn(t)
+}

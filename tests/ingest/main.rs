@@ -1,0 +1,9 @@
+//! Integration tests of the ingest adapters and the pairing transform on real public agent logs
+//! (tests/fixtures/agent-logs and ../shared/data/agent-logs) and synthetic fixtures.
+
+mod common;
+mod detect;
+mod pairing;
+mod real_logs;
+mod robustness;
+mod synthetic;
