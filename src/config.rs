@@ -63,21 +63,6 @@ impl Default for PolicyConfig {
     }
 }
 
-/// Signal extraction settings (`[signals]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SignalsConfig {
-    /// A session with no new turn for this long (event time, seconds) is closed; its last main turn
-    /// without a next state is excluded with a reason.
-    pub idle_gap_s: u64,
-}
-
-impl Default for SignalsConfig {
-    fn default() -> Self {
-        SignalsConfig { idle_gap_s: 1800 }
-    }
-}
-
 /// A pipeline file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,7 +85,7 @@ pub struct PipelineConfig {
     pub policy: PolicyConfig,
     /// Signal extraction.
     #[serde(default)]
-    pub signals: SignalsConfig,
+    pub signals: crate::signals::SignalConfig,
     /// PRM judge (METHOD.md §2).
     #[serde(default)]
     pub judge: crate::judge::JudgeConfig,

@@ -63,6 +63,27 @@ enum Command {
         /// The query, e.g. "SELECT kind, count(*) FROM signals GROUP BY kind".
         query: String,
     },
+    /// Ingest agent logs into `interactions` (and `dead_letters`) through the bus and the lake.
+    Ingest {
+        /// Log format: auto, openclaw, openai-chat, tau-bench, swe-agent, mini-swe-agent, openhands,
+        /// toolbench, agentbench.
+        #[arg(long, default_value = "auto")]
+        format: String,
+        /// Turn type of turns the log does not mark (main = trainable).
+        #[arg(long, default_value = "main")]
+        default_turn_type: String,
+        /// Only produce to Kafka; do not run the lake sinks in this process.
+        #[arg(long)]
+        no_sink: bool,
+        /// Pipeline file (for bus, lake and sink settings). Default: built-in.
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        #[command(flatten)]
+        data: DataArgs,
+        /// Log files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Run the pipeline's stages and lake sinks (all, or --only a subset).
     Run {
         /// Pipeline file (pipelines/*.toml). Default: the built-in combined pipeline.
@@ -116,6 +137,32 @@ fn main() -> Result<()> {
                 print!("{}", nextstate::sql::render(&batches, format)?);
                 if format == OutputFormat::Table {
                     println!();
+                }
+            }
+            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files } => {
+                let cfg = load_pipeline(&pipeline, &data)?;
+                let choice: nextstate::ingest::FormatChoice = format.parse()?;
+                let format = match choice {
+                    nextstate::ingest::FormatChoice::Auto => None,
+                    nextstate::ingest::FormatChoice::Fixed(f) => Some(f),
+                };
+                let default_turn_type = nextstate::schema::TurnType::parse(&default_turn_type)
+                    .with_context(|| format!("--default-turn-type must be main or side, got {default_turn_type}"))?;
+                let stop = Stop::default();
+                stop.on_signals();
+                let args = nextstate::stages::source::IngestArgs { files, format, default_turn_type, sink: !no_sink, progress: true };
+                let r = nextstate::stages::source::ingest(&cfg, &args, stop).await.context("ingest failed")?;
+                let dl: u64 = r.dead_letters.values().sum();
+                let reasons: Vec<String> = r.dead_letters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!(
+                    "ingest: files={} interactions={} dead_letters={}{}",
+                    r.files.len(),
+                    r.interactions,
+                    dl,
+                    if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(" ")) }
+                );
+                for (t, s) in &r.sinks {
+                    println!("sink {t}: rows_written={} duplicate_keys={} files={}", s.rows_written, s.duplicate_keys, s.files);
                 }
             }
             Command::Run { pipeline, only, until_idle, data } => {

@@ -19,6 +19,8 @@ pub mod cache_store;
 pub mod hint;
 pub mod judge;
 pub mod pending;
+pub mod signals;
+pub mod source;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -209,6 +211,10 @@ pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &
     let run = StageRun { group: format!("nextstate.{}.{}", cfg.name, name), batch: cfg.stage_batch };
     let bus = bus.clone();
     match name {
+        "signals" => {
+            let stage = signals::SignalsStage::new(cfg.signals.clone());
+            Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+        }
         "judge" => {
             let stage = judge::JudgeStage::new(crate::judge::Judge::new(cfg.judge.clone())?, &cfg.name, lake)?;
             Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))

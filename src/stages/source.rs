@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::bus::Bus;
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
-use crate::ingest::{self, Format, IngestItem, IngestOptions};
+use crate::ingest::{self, Format, IngestItem, IngestOptions, DEFAULT_HEAD_BYTES};
 use crate::lake::sink::SinkStats;
 use crate::lake::Lake;
 use crate::runtime::{Stop, TaskCtl};
@@ -85,14 +85,19 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
         for file in &args.files {
             let (format, detected) = match args.format {
                 Some(f) => (f, false),
-                None => (ingest::detect(file)?, true),
+                None => {
+                    let d = ingest::detect(file, DEFAULT_HEAD_BYTES)?;
+                    eprintln!("{}: {d}", file.display());
+                    (d.format, true)
+                }
             };
             let how = if detected { "auto-detected" } else { "given" };
-            eprintln!("{}: format {} ({how})", file.display(), format.as_str());
-            report.files.push((file.display().to_string(), format.as_str().to_string(), detected));
+            eprintln!("{}: format {} ({how})", file.display(), format.name());
+            report.files.push((file.display().to_string(), format.name().to_string(), detected));
             let (tx, mut rx) = mpsc::channel::<Item>(1024);
             let path = file.clone();
-            let opts = IngestOptions { default_turn_type: args.default_turn_type, ingest_time_ms: crate::schema::now_ms() };
+            let mut opts = IngestOptions::new(crate::schema::now_ms());
+            opts.default_turn_type = args.default_turn_type;
             let reader = tokio::task::spawn_blocking(move || {
                 let tx2 = tx.clone();
                 let mut last = 0u64;
@@ -101,8 +106,10 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
                     format,
                     &opts,
                     &mut |read| {
-                        let _ = tx2.blocking_send(Item::Bytes(read.saturating_sub(last)));
-                        last = read;
+                        if read >= last + (1 << 20) {
+                            let _ = tx2.blocking_send(Item::Bytes(read - last));
+                            last = read;
+                        }
                     },
                     &mut |item| tx.blocking_send(Item::Record(item)).map_err(|_| Error::Cancelled),
                 )
@@ -114,12 +121,12 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
                     Item::Record(IngestItem::Interaction(i)) => {
                         report.interactions += 1;
                         let p = producer.clone();
-                        inflight.push(async move { p.send(&i, None).await });
+                        inflight.push(async move { p.send(i.as_ref(), None).await });
                     }
                     Item::Record(IngestItem::DeadLetter(d)) => {
                         *report.dead_letters.entry(d.reason_code.clone()).or_default() += 1;
                         let p = producer.clone();
-                        inflight.push(async move { p.send(&d, None).await });
+                        inflight.push(async move { p.send(d.as_ref(), None).await });
                     }
                 }
                 while inflight.len() >= 1000 {
@@ -131,7 +138,8 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
             while let Some(r) = inflight.next().await {
                 r?;
             }
-            reader.await.map_err(|e| Error::Internal(format!("reader thread: {e}")))??;
+            let summary = reader.await.map_err(|e| Error::Internal(format!("reader thread: {e}")))??;
+            eprintln!("{}: {}", file.display(), summary.line());
         }
         producer.flush()?;
         Ok::<(), Error>(())
