@@ -140,6 +140,15 @@ pub struct InputLoop {
     pub topic: String,
     consumed_next: HashMap<i32, i64>,
     last_msg: Instant,
+    group: String,
+}
+
+impl Drop for InputLoop {
+    fn drop(&mut self) {
+        if let Some(f) = self.bus.flow() {
+            f.unregister(&self.group, &self.topic);
+        }
+    }
 }
 
 impl InputLoop {
@@ -149,7 +158,18 @@ impl InputLoop {
     /// [`Error::Kafka`] when the consumer cannot be created.
     pub fn new(bus: &Bus, group: &str, topic: &str) -> Result<InputLoop> {
         let (consumer, flag) = bus.consumer(group, &[topic.to_string()])?;
-        Ok(InputLoop { consumer, flag, bus: bus.clone(), topic: topic.to_string(), consumed_next: HashMap::new(), last_msg: Instant::now() })
+        if let Some(f) = bus.flow() {
+            f.register(group, topic);
+        }
+        Ok(InputLoop {
+            consumer,
+            flag,
+            bus: bus.clone(),
+            topic: topic.to_string(),
+            consumed_next: HashMap::new(),
+            last_msg: Instant::now(),
+            group: group.to_string(),
+        })
     }
 
     /// True (once) after partitions were assigned or revoked.
@@ -194,7 +214,13 @@ impl InputLoop {
                         key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default(),
                         payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
                     };
+                    if !self.consumed_next.contains_key(&msg.partition) {
+                        tracing::debug!(topic = %self.topic, partition = msg.partition, offset = msg.offset, "first record of partition");
+                    }
                     self.consumed_next.insert(msg.partition, msg.offset + 1);
+                    if let Some(f) = self.bus.flow() {
+                        f.consumed(&self.group, &self.topic, msg.partition, msg.offset + 1);
+                    }
                     out.push(msg);
                 }
             }

@@ -9,6 +9,8 @@
 //! `carry` the upstream context a later stage needs (the interaction, its signal, judgment, hint), so a
 //! stage never has to look rows up. The lake sink stores `row` only.
 
+pub mod flow;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +45,10 @@ pub struct BusConfig {
     pub session_timeout_ms: u32,
     /// Producer message size limit in bytes (`message.max.bytes`).
     pub max_message_bytes: u32,
+    /// Consumer `max.poll.interval.ms`: a member that does not poll for this long leaves its group;
+    /// it is also the time a broker may wait for a dead member during a rebalance. The embedded
+    /// cluster (one process) uses 24 h.
+    pub max_poll_interval_ms: u32,
 }
 
 impl Default for BusConfig {
@@ -54,6 +60,7 @@ impl Default for BusConfig {
             replication: 1,
             session_timeout_ms: 6000,
             max_message_bytes: 64 << 20,
+            max_poll_interval_ms: 300_000,
         }
     }
 }
@@ -92,6 +99,7 @@ pub struct Bus {
     bootstrap: String,
     source_id: String,
     mock: Option<Arc<MockHandle>>,
+    flow: Option<Arc<flow::Flow>>,
 }
 
 struct MockHandle(#[allow(dead_code)] MockCluster<'static, DefaultProducerContext>);
@@ -118,7 +126,7 @@ impl Bus {
                 let mock = MockCluster::new(1)?;
                 let bootstrap = mock.bootstrap_servers();
                 let source_id = format!("mock-{}", uuid::Uuid::new_v4().simple());
-                Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))) })
+                Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))), flow: Some(Arc::new(flow::Flow::default())) })
             }
             Some(brokers) => {
                 let b = brokers.clone();
@@ -134,7 +142,7 @@ impl Bus {
                     Some(id) if !id.is_empty() => id,
                     _ => crate::schema::content_hash(&[brokers.as_bytes()]),
                 };
-                Ok(Bus { cfg, bootstrap: brokers, source_id, mock: None })
+                Ok(Bus { cfg, bootstrap: brokers, source_id, mock: None, flow: None })
             }
         }
     }
@@ -142,6 +150,24 @@ impl Bus {
     /// True when running on the embedded mock cluster.
     pub fn is_embedded(&self) -> bool {
         self.mock.is_some()
+    }
+
+    /// The embedded bus's flow control (None on a real cluster).
+    pub fn flow(&self) -> Option<&Arc<flow::Flow>> {
+        self.flow.as_ref()
+    }
+
+    /// Declares that consumer group `group` will read table `table`'s topic, before anything is produced
+    /// to it, so that the embedded bus's flow control waits for it (no-op on a real cluster).
+    pub fn expect_consumer(&self, group: &str, table: &str) {
+        if let Some(f) = &self.flow {
+            f.register(group, &self.topic(table));
+        }
+    }
+
+    /// The consumer group name for `name` (prefixed like the topics, so namespaces never share groups).
+    pub fn group(&self, name: &str) -> String {
+        format!("{}{}", self.cfg.topic_prefix, name)
     }
 
     /// The bootstrap servers string.
@@ -198,6 +224,11 @@ impl Bus {
     fn base_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap);
+        // librdkafka debug contexts (e.g. "consumer,cgrp,fetch") for diagnosing a cluster.
+        if let Ok(d) = std::env::var("NEXTSTATE_KAFKA_DEBUG") {
+            c.set("debug", d);
+            c.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+        }
         c
     }
 
@@ -232,8 +263,9 @@ impl Bus {
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", self.cfg.session_timeout_ms.to_string())
+            .set("max.poll.interval.ms", if self.mock.is_some() { "86400000".to_string() } else { self.cfg.max_poll_interval_ms.to_string() })
             .set("heartbeat.interval.ms", "1000")
-            .set("isolation.level", "read_committed")
+            .set("isolation.level", "read_uncommitted")
             .set("fetch.message.max.bytes", self.cfg.max_message_bytes.to_string())
             .set("max.partition.fetch.bytes", self.cfg.max_message_bytes.to_string())
             .set("topic.metadata.refresh.interval.ms", "2000")
@@ -298,8 +330,10 @@ pub struct BusContext {
 impl ClientContext for BusContext {}
 impl ConsumerContext for BusContext {
     fn post_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) | Rebalance::Revoke(tpl) = r {
-            tracing::debug!(partitions = tpl.count(), "rebalance");
+        match r {
+            Rebalance::Assign(tpl) => tracing::debug!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition(), e.offset())).collect::<Vec<_>>(), "assigned"),
+            Rebalance::Revoke(tpl) => tracing::debug!(partitions = tpl.count(), "revoked"),
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
         }
         self.flag.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -324,13 +358,27 @@ impl BusProducer {
         self.send_raw(&self.bus.topic(T::NAME), row.session_id(), &payload).await
     }
 
+    /// The topic name of table `T` on this producer's bus.
+    pub fn topic_of<T: Table>(&self) -> String {
+        self.bus.topic(T::NAME)
+    }
+
     /// Sends raw bytes to `topic` (full name) with `key`.
     ///
     /// # Errors
     /// [`Error::Kafka`] when delivery fails.
     pub async fn send_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64)> {
+        let bytes = payload.len() as u64;
+        if let Some(f) = &self.bus.flow {
+            f.wait_room(topic, bytes).await;
+            f.sending(topic, bytes);
+        }
         let rec = FutureRecord::to(topic).key(key).payload(payload);
-        let d = self.inner.send(rec, Duration::from_secs(300)).await.map_err(|(e, _)| Error::Kafka(e))?;
+        let r = self.inner.send(rec, Duration::from_secs(300)).await.map_err(|(e, _)| Error::Kafka(e));
+        if let Some(f) = &self.bus.flow {
+            f.sent(topic, bytes, r.as_ref().ok().map(|d| (d.partition, d.offset)));
+        }
+        let d = r?;
         Ok((d.partition, d.offset))
     }
 

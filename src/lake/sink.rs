@@ -34,7 +34,7 @@ pub struct SinkConfig {
     pub roll_bytes: usize,
     /// Roll a file when its oldest buffered row is this old, in ms.
     pub roll_ms: u64,
-    /// Consumer group prefix; the group is `<prefix>.<table>`.
+    /// Consumer group prefix; the group is `<topic prefix><group prefix>.<table>`.
     pub group_prefix: String,
     /// Max records per poll.
     pub batch: usize,
@@ -86,7 +86,7 @@ struct Buffer<T> {
 /// [`crate::Error::Kafka`] on consumer failures, lake write errors.
 pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &TaskCtl, dead_letters: Option<&BusProducer>) -> Result<SinkStats> {
     let topic = bus.topic(T::NAME);
-    let group = format!("{}.{}", cfg.group_prefix, T::NAME);
+    let group = crate::stages::run::sink_group(bus, cfg, T::NAME);
     let mut input = InputLoop::new(bus, &group, &topic)?;
     let mut stats = SinkStats::default();
     let mut lake_next = load_next(lake, bus, &topic, T::NAME)?;
@@ -211,8 +211,13 @@ fn flush<T: Table>(
     let date = b.date.clone().unwrap_or_else(|| date_of(crate::schema::now_ms()));
     let stem = kafka_stem(bus.source_id(), &input.topic, partition, b.first, b.last);
     let refs: Vec<&T> = b.rows.iter().collect();
-    lake.write_file::<T>(&date, &stem, &refs)?;
-    stats.files += 1;
+    tracing::debug!(table = T::NAME, partition, first = b.first, last = b.last, rows = b.rows.len(), "flush");
+    // An empty file marks a durable offset range (records that were all duplicates or dead letters).
+    // The embedded cluster's offsets die with the process, so there it would only clutter the lake.
+    if !(refs.is_empty() && bus.is_embedded()) {
+        lake.write_file::<T>(&date, &stem, &refs)?;
+        stats.files += 1;
+    }
     stats.rows_written += b.rows.len() as u64;
     for r in &b.rows {
         keys.insert(r.key().to_string());

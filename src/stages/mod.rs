@@ -201,6 +201,25 @@ pub mod run;
 /// A boxed stage task.
 pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> + Send>>;
 
+/// The consumer group of stage `name` of pipeline `cfg`.
+pub fn stage_group(bus: &Bus, cfg: &crate::config::PipelineConfig, name: &str) -> String {
+    bus.group(&format!("nextstate.{}.{}", cfg.name, name))
+}
+
+/// The input table of stage `name` for `cfg`'s method.
+pub fn stage_input(cfg: &crate::config::PipelineConfig, name: &str) -> &'static str {
+    use crate::config::Method;
+    match (name, cfg.method) {
+        ("signals", _) => "interactions",
+        ("judge", _) => "signals",
+        ("hint", Method::Combined) => "judgments",
+        ("hint", _) => "signals",
+        ("teacher", Method::Binary) => "judgments",
+        ("teacher", _) => "hints",
+        _ => "interactions",
+    }
+}
+
 /// Builds the task of stage `name` for `cfg`.
 ///
 /// # Errors
@@ -208,7 +227,7 @@ pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> 
 pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &crate::lake::Lake, ctl: TaskCtl) -> Result<StageTask> {
     use crate::config::Method;
     use crate::schema::{Judgment, Signal};
-    let run = StageRun { group: format!("nextstate.{}.{}", cfg.name, name), batch: cfg.stage_batch };
+    let run = StageRun { group: stage_group(bus, cfg, name), batch: cfg.stage_batch };
     let bus = bus.clone();
     match name {
         "signals" => {

@@ -75,20 +75,24 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
     let producer = bus.producer()?;
     let mut report = RunReport::default();
 
-    let stage_chain = chain(cfg.method);
+    let stage_chain: Vec<&'static str> = chain(cfg.method).into_iter().filter(|n| selected.iter().any(|s| s == n)).collect();
+    let run_sinks = selected.iter().any(|s| s == "sinks");
+    // Every consumer is declared before anything is produced (the embedded bus's flow control waits
+    // for declared consumers; see bus::flow).
+    for &name in &stage_chain {
+        bus.expect_consumer(&crate::stages::stage_group(&bus, cfg, name), crate::stages::stage_input(cfg, name));
+    }
+    if run_sinks {
+        for &table in SINK_TABLES {
+            bus.expect_consumer(&sink_group(&bus, &cfg.sink, table), table);
+        }
+    }
+    let republish_done = DoneFlag::default();
     let mut flags: BTreeMap<&str, DoneFlag> = BTreeMap::new();
     let mut set: JoinSet<Result<Done>> = JoinSet::new();
     let mut prev: Option<DoneFlag> = None;
-    for &name in stage_chain.iter() {
-        if !selected.iter().any(|s| s == name) {
-            prev = None;
-            continue;
-        }
-        if bus.is_embedded() {
-            let n = republish(&lake, &producer, cfg, name).await?;
-            report.republished.insert(name.to_string(), n);
-        }
-        let mut ctl = TaskCtl::new(name, opts.until_idle, stop.clone());
+    for &name in &stage_chain {
+        let mut ctl = TaskCtl::new(name, opts.until_idle, stop.clone()).after(&republish_done);
         if let Some(p) = &prev {
             ctl = ctl.after(p);
         }
@@ -98,9 +102,9 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
         let n = name.to_string();
         set.spawn(async move { fut.await.map(|c| Done::Stage(n, c)) });
     }
-    if selected.iter().any(|s| s == "sinks") {
+    if run_sinks {
         for &table in SINK_TABLES {
-            let mut ctl = TaskCtl::new(&format!("sink:{table}"), opts.until_idle, stop.clone());
+            let mut ctl = TaskCtl::new(&format!("sink:{table}"), opts.until_idle, stop.clone()).after(&republish_done);
             for f in producers_of(table, &flags) {
                 ctl = ctl.after(&f);
             }
@@ -109,6 +113,22 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
             set.spawn(async move { spawn_sink(table, &bus, &lake, &sink_cfg, &ctl, dl.as_ref()).await.map(|s| Done::Sink(table.to_string(), s)) });
         }
     }
+    // Embedded default: re-publish each stage's pending input from the lake (the mock cluster is new).
+    if bus.is_embedded() {
+        for &name in &stage_chain {
+            match republish(&lake, &producer, cfg, name).await {
+                Ok(n) => {
+                    report.republished.insert(name.to_string(), n);
+                }
+                Err(e) => {
+                    stop.request();
+                    republish_done.set();
+                    return Err(e);
+                }
+            }
+        }
+    }
+    republish_done.set();
     let mut first_err: Option<Error> = None;
     while let Some(res) = set.join_next().await {
         match res {
@@ -162,6 +182,11 @@ async fn republish(lake: &Lake, producer: &BusProducer, cfg: &PipelineConfig, st
         "teacher" => publish_for_teacher(lake, producer, &cfg.name, cfg.method.uses_hints()).await,
         _ => Ok(0),
     }
+}
+
+/// The consumer group of the lake sink of `table`.
+pub fn sink_group(bus: &Bus, cfg: &crate::lake::sink::SinkConfig, table: &str) -> String {
+    bus.group(&format!("{}.{}", cfg.group_prefix, table))
 }
 
 /// Runs the lake sink of `table` (by name).

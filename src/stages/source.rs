@@ -66,6 +66,9 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
     let mut sinks = vec![];
     if args.sink {
         for table in ["interactions", "dead_letters"] {
+            bus.expect_consumer(&super::run::sink_group(&bus, &cfg.sink, table), table);
+        }
+        for table in ["interactions", "dead_letters"] {
             let ctl = TaskCtl::new(&format!("sink:{table}"), true, stop.clone()).after(&source.done);
             let (bus, lake, sc) = (bus.clone(), lake.clone(), cfg.sink.clone());
             let dl = (table != "dead_letters").then(|| producer.clone());
@@ -120,13 +123,11 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
                     Item::Bytes(n) => bar.inc(n),
                     Item::Record(IngestItem::Interaction(i)) => {
                         report.interactions += 1;
-                        let p = producer.clone();
-                        inflight.push(async move { p.send(i.as_ref(), None).await });
+                        inflight.push(send_owned(&producer, i.as_ref())?);
                     }
                     Item::Record(IngestItem::DeadLetter(d)) => {
                         *report.dead_letters.entry(d.reason_code.clone()).or_default() += 1;
-                        let p = producer.clone();
-                        inflight.push(async move { p.send(d.as_ref(), None).await });
+                        inflight.push(send_owned(&producer, d.as_ref())?);
                     }
                 }
                 while inflight.len() >= 1000 {
@@ -156,4 +157,12 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
     }
     result?;
     Ok(report)
+}
+
+/// A send of `row` to its table's topic as an owned future (so sends of different tables can share one
+/// window of in-flight futures).
+fn send_owned<T: crate::schema::Table>(p: &crate::bus::BusProducer, row: &T) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<(i32, i64)>> + Send>>> {
+    let payload = serde_json::to_vec(&crate::bus::Envelope { row, carry: None })?;
+    let (p, topic, key) = (p.clone(), p.topic_of::<T>(), row.session_id().to_string());
+    Ok(Box::pin(async move { p.send_raw(&topic, &key, &payload).await }))
 }
