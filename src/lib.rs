@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod model;
 pub mod schema;
 
 pub use error::{Error, Result};

@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Print the Arrow schema of every table (JSON).
     Schema,
+    /// Import, run and inspect models (GGUF import, generation).
+    Model(nextstate::model::cli::ModelArgs),
 }
 
 fn main() -> Result<()> {
@@ -27,6 +29,7 @@ fn main() -> Result<()> {
             let all: Vec<_> = nextstate::schema::all_schemas().iter().map(|(_, s)| nextstate::schema::schema_json(s)).collect();
             println!("{}", serde_json::to_string_pretty(&all)?);
         }
+        Command::Model(args) => args.run()?,
     }
     Ok(())
 }
