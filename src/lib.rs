@@ -13,6 +13,7 @@
 
 pub mod error;
 pub mod model;
+pub mod serve;
 pub mod schema;
 
 pub use error::{Error, Result};

@@ -16,6 +16,8 @@ enum Command {
     Schema,
     /// Import, run and inspect models (GGUF import, generation).
     Model(nextstate::model::cli::ModelArgs),
+    /// Run the policy server (OpenAI-compatible chat completions with weight hot-swap).
+    Serve(nextstate::serve::ServeArgs),
 }
 
 fn main() -> Result<()> {
@@ -30,6 +32,7 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&all)?);
         }
         Command::Model(args) => args.run()?,
+        Command::Serve(args) => args.run()?,
     }
     Ok(())
 }

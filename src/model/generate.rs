@@ -314,6 +314,25 @@ fn choose(logits: &Tensor, rows: &mut [Row]) -> Result<Vec<Choice>> {
     Ok(out)
 }
 
+/// Checks one request against the model: valid sampling parameters, a non-empty prompt of ids inside
+/// the vocabulary that leaves room for at least one new token.
+///
+/// # Errors
+/// [`Error::InvalidInput`] describing the first problem.
+pub fn check_request(config: &super::ModelConfig, r: &GenerationRequest) -> Result<()> {
+    r.params.validate()?;
+    if r.prompt_ids.is_empty() {
+        return Err(crate::input_err!("empty prompt"));
+    }
+    if let Some(&bad) = r.prompt_ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+        return Err(crate::input_err!("token id {bad} outside the vocabulary of {}", config.vocab_size));
+    }
+    if r.prompt_ids.len() >= config.max_position_embeddings {
+        return Err(crate::input_err!("prompt of {} tokens fills the context of {}", r.prompt_ids.len(), config.max_position_embeddings));
+    }
+    Ok(())
+}
+
 /// Generates continuations for a batch of requests; `on_event` is called after every sampled token
 /// of every sequence, and returning `false` cancels that sequence ([`FinishReason::Cancelled`]).
 ///
@@ -337,16 +356,10 @@ pub fn generate(
     let max_pos = cfg.max_position_embeddings;
     let mut rows = Vec::with_capacity(requests.len());
     for (i, r) in requests.iter().enumerate() {
-        r.params.validate()?;
-        if r.prompt_ids.is_empty() {
-            return Err(crate::input_err!("request {i}: empty prompt"));
-        }
-        if let Some(&bad) = r.prompt_ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(crate::input_err!("request {i}: token id {bad} outside the vocabulary of {}", cfg.vocab_size));
-        }
-        if r.prompt_ids.len() >= max_pos {
-            return Err(crate::input_err!("request {i}: prompt of {} tokens fills the context of {max_pos}", r.prompt_ids.len()));
-        }
+        check_request(cfg, r).map_err(|e| match e {
+            Error::InvalidInput(m) => crate::input_err!("request {i}: {m}"),
+            other => other,
+        })?;
         let rng = match r.params.seed {
             Some(s) => rand::rngs::StdRng::seed_from_u64(s),
             None => rand::rngs::StdRng::from_entropy(),
