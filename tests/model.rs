@@ -80,7 +80,7 @@ fn chat(lm: &LanguageModel, q: &str) -> Vec<u32> {
 fn score_matches_independent_forward_and_generate_logprobs() {
     let Some(lm) = load(Trainable::Frozen) else { return };
     let prompt = chat(&lm, "Name three colours.");
-    let g = &lm.generate(&[prompt.clone()], &SamplingParams::greedy(24)).unwrap()[0];
+    let g = &lm.generate(std::slice::from_ref(&prompt), &SamplingParams::greedy(24)).unwrap()[0];
     assert!(!g.token_ids.is_empty());
     assert_eq!(g.logprobs.len(), g.token_ids.len());
     let scored = lm.score(&[(prompt.clone(), g.token_ids.clone())], 0).unwrap();
@@ -97,7 +97,7 @@ fn score_matches_independent_forward_and_generate_logprobs() {
     for mode in [LogprobMode::Raw, LogprobMode::Sampling] {
         let temperature = if mode == LogprobMode::Raw { 0.7 } else { 1.0 };
         let params = SamplingParams { temperature, max_new_tokens: 16, seed: Some(7), logprob_mode: mode, ..Default::default() };
-        let s = &lm.generate(&[prompt.clone()], &params).unwrap()[0];
+        let s = &lm.generate(std::slice::from_ref(&prompt), &params).unwrap()[0];
         let sc = lm.score(&[(prompt.clone(), s.token_ids.clone())], 0).unwrap();
         let d = max_abs_diff(&sc[0].logprobs, &s.logprobs);
         assert!(d < 1e-4, "{mode:?}: score vs sampled log-probs {d}");
@@ -112,8 +112,8 @@ fn batched_generation_and_scoring_match_single() {
     assert_ne!(p1.len(), p2.len());
     let params = SamplingParams::greedy(12);
     let both = lm.generate(&[p1.clone(), p2.clone()], &params).unwrap();
-    let one = lm.generate(&[p1.clone()], &params).unwrap();
-    let two = lm.generate(&[p2.clone()], &params).unwrap();
+    let one = lm.generate(std::slice::from_ref(&p1), &params).unwrap();
+    let two = lm.generate(std::slice::from_ref(&p2), &params).unwrap();
     assert_eq!(both[0].token_ids, one[0].token_ids);
     assert_eq!(both[1].token_ids, two[0].token_ids);
     assert!(max_abs_diff(&both[0].logprobs, &one[0].logprobs) < 1e-4);
@@ -193,7 +193,7 @@ fn lora_zero_init_is_identity_and_adapters_round_trip() {
         tch::manual_seed(1);
         for (name, mut t) in lm.transformer().adapter_state() {
             if name.contains("lora_B") {
-                let _ = t.copy_(&(Tensor::randn_like(&t) * 0.01));
+                t.copy_(&(Tensor::randn_like(&t) * 0.01));
             }
         }
     }

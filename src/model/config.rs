@@ -168,12 +168,12 @@ impl ModelConfig {
         }
         let n_h = raw.num_attention_heads;
         let n_kv = raw.num_key_value_heads.unwrap_or(n_h);
-        if n_h == 0 || n_kv == 0 || n_h % n_kv != 0 {
+        if n_h == 0 || n_kv == 0 || !n_h.is_multiple_of(n_kv) {
             return Err(Error::Model(format!("{n_h} attention heads is not a positive multiple of {n_kv} key/value heads")));
         }
         let head_dim = match raw.head_dim {
             Some(d) => d,
-            None if raw.hidden_size % n_h == 0 => raw.hidden_size / n_h,
+            None if raw.hidden_size.is_multiple_of(n_h) => raw.hidden_size / n_h,
             None => return Err(Error::Model(format!("hidden_size {} is not a multiple of {n_h} heads", raw.hidden_size))),
         };
         if head_dim % 2 != 0 {

@@ -418,7 +418,7 @@ impl GgufFile {
         let (per_block, block_bytes) =
             t.ggml_type.block_layout().ok_or_else(|| gguf_err(format!("tensor {}: unsupported ggml type {:?}", t.name, t.ggml_type)))?;
         let n = t.n_elements();
-        if n % per_block as u64 != 0 {
+        if !n.is_multiple_of(per_block as u64) {
             return Err(gguf_err(format!("tensor {}: {n} elements is not a multiple of the block size {per_block}", t.name)));
         }
         let len = n / per_block as u64 * block_bytes as u64;
@@ -451,7 +451,7 @@ impl GgufFile {
 /// [`Error::Model`] when the type is not supported or `data` is not a whole number of blocks.
 pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>> {
     let (per_block, block_bytes) = ty.block_layout().ok_or_else(|| gguf_err(format!("unsupported ggml type {ty:?}")))?;
-    if data.len() % block_bytes != 0 {
+    if !data.len().is_multiple_of(block_bytes) {
         return Err(gguf_err(format!("{} bytes is not a whole number of {ty:?} blocks of {block_bytes} bytes", data.len())));
     }
     let mut out = vec![0f32; data.len() / block_bytes * per_block];

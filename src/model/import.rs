@@ -98,12 +98,12 @@ impl Hparams {
         let hidden = g.get_u64(&k("embedding_length"))? as usize;
         let n_heads = g.get_u64(&k("attention.head_count"))? as usize;
         let n_kv_heads = g.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).map(|v| v as usize).unwrap_or(n_heads);
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(Error::Model(format!("gguf: {n_heads} attention heads is not a multiple of {n_kv_heads} key/value heads")));
         }
         let head_dim = match g.get(&k("attention.key_length")).and_then(|v| v.as_u64()) {
             Some(d) => d as usize,
-            None if hidden % n_heads == 0 => hidden / n_heads,
+            None if hidden.is_multiple_of(n_heads) => hidden / n_heads,
             None => return Err(Error::Model(format!("gguf: hidden size {hidden} is not a multiple of {n_heads} heads"))),
         };
         if let Some(t) = g.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
@@ -178,8 +178,8 @@ pub fn hf_tensor_name(gguf_name: &str) -> Result<Option<String>> {
 /// # Errors
 /// [`Error::Model`] when the row count is not `n_head·head_dim` with an even `head_dim`.
 pub fn unpermute_rows(data: &[f32], n_head: usize, cols: usize) -> Result<Vec<f32>> {
-    let rows = if cols == 0 { 0 } else { data.len() / cols };
-    if n_head == 0 || cols == 0 || data.len() % cols != 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+    let rows = data.len().checked_div(cols).unwrap_or(0);
+    if n_head == 0 || cols == 0 || !data.len().is_multiple_of(cols) || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         return Err(Error::Model(format!("cannot un-permute {} values as {n_head} heads × even head_dim × {cols} columns", data.len())));
     }
     let hd = rows / n_head;

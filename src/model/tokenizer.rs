@@ -320,7 +320,7 @@ impl ChatTemplate {
             }
         }
         let tmpl = self.env.get_template("chat").map_err(|e| Error::Internal(format!("chat template: {e}")))?;
-        tmpl.render(JValue::from_serialize(&Value::Object(ctx))).map_err(|e| Error::InvalidInput(format!("chat template: {e:#}")))
+        tmpl.render(JValue::from_serialize(Value::Object(ctx))).map_err(|e| Error::InvalidInput(format!("chat template: {e:#}")))
     }
 }
 

@@ -137,8 +137,8 @@ fn prepare(lm: &LanguageModel, job: &Job) -> std::result::Result<GenerationReque
     Ok(req)
 }
 
-fn run_batch(lm: &LanguageModel, version: i64, jobs: Vec<Box<Job>>, shared: &Shared) {
-    let mut ready: Vec<(Box<Job>, GenerationRequest)> = Vec::with_capacity(jobs.len());
+fn run_batch(lm: &LanguageModel, version: i64, jobs: Vec<Job>, shared: &Shared) {
+    let mut ready: Vec<(Job, GenerationRequest)> = Vec::with_capacity(jobs.len());
     for job in jobs {
         match prepare(lm, &job) {
             Ok(req) => {
@@ -212,11 +212,11 @@ fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std::sync::mpsc
                 let _ = ack.send(old);
             }
             WorkerMsg::Job(job) => {
-                let mut batch = vec![job];
+                let mut batch = vec![*job];
                 // Take every job already queued, but never across a swap (order is kept).
                 while batch.len() < max_batch {
                     match rx.try_recv() {
-                        Ok(WorkerMsg::Job(j)) => batch.push(j),
+                        Ok(WorkerMsg::Job(j)) => batch.push(*j),
                         Ok(other) => {
                             pending.push_back(other);
                             break;
