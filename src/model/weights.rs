@@ -37,8 +37,19 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
     for (name, view) in st.iter() {
         let kind = kind_of(view.dtype()).ok_or_else(|| st_err(path, format!("tensor {name} has unsupported dtype {:?}", view.dtype())))?;
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(view.data(), &shape, kind)?;
+        let data = view.data();
+        let t = Tensor::f_from_data_size(data, &shape, kind)?;
         out.push((name.to_string(), t));
+        // The bytes are copied: drop their pages now so loading peaks at about one copy of the
+        // weights, not two (mapped file + tensors).
+        #[cfg(unix)]
+        {
+            let offset = data.as_ptr() as usize - map.as_ptr() as usize;
+            // SAFETY: a private, read-only file mapping; MADV_DONTNEED only drops clean pages, which
+            // fault back in unchanged from the file if touched again, so no Rust reference observes a
+            // change.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, data.len()) };
+        }
     }
     Ok(out)
 }
