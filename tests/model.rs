@@ -110,6 +110,9 @@ fn batched_generation_and_scoring_match_single() {
     let p1 = chat(&lm, "What is the capital of Germany?");
     let p2 = lm.encode("The capital of France is").unwrap();
     assert_ne!(p1.len(), p2.len());
+    // A tiny cache step makes the batched run grow its cache (and padding mask) several times; results
+    // must not depend on it.
+    nextstate::model::generate::set_kv_cache_step(3);
     let params = SamplingParams::greedy(12);
     let both = lm.generate(&[p1.clone(), p2.clone()], &params).unwrap();
     let one = lm.generate(std::slice::from_ref(&p1), &params).unwrap();
@@ -286,4 +289,28 @@ fn imported_tokenizer_splits_digits_and_knows_special_tokens() {
     // Round trip of mixed text, including non-ASCII.
     let text = "Grüße, 東京! 3.14 café\n\tend";
     assert_eq!(tok.decode(&tok.encode(text).unwrap(), false).unwrap(), text);
+}
+
+#[test]
+fn kv_cache_decoding_and_growth_match_a_full_forward() {
+    let Some(lm) = load(Trainable::Frozen) else { return };
+    let _g = tch::no_grad_guard();
+    let t = lm.transformer();
+    let ids: Vec<i64> = lm.encode("One, two, three, four").unwrap().iter().map(|&x| x as i64).collect();
+    let n = ids.len() as i64;
+    let full = t.forward_logits(&Tensor::from_slice(&ids).view([1, n])).unwrap();
+    // Prefill all but the last token into a cache with no spare room, grow it, then decode the last.
+    let mut cache = nextstate::model::KvCache::new(&t.config, 1, (n - 1) as usize, t.dtype(), t.device()).unwrap();
+    let pre = Tensor::from_slice(&ids[..(n - 1) as usize]).view([1, n - 1]);
+    let pos = Tensor::arange(n - 1, (Kind::Int64, tch::Device::Cpu)).view([1, n - 1]);
+    let _ = t.forward_hidden(&pre, &pos, nextstate::model::AttnMask::Causal, Some(&mut cache)).unwrap();
+    assert!(t.forward_hidden(&pre.narrow(1, 0, 1), &pos.narrow(1, 0, 1), nextstate::model::AttnMask::Causal, Some(&mut cache)).is_err(), "a full cache refuses more tokens");
+    cache.reserve(n as usize + 3).unwrap();
+    assert_eq!((cache.len(), cache.capacity()), ((n - 1) as usize, n as usize + 3));
+    let mask = Tensor::ones([1, 1, 1, n], (Kind::Bool, tch::Device::Cpu));
+    let last = Tensor::from_slice(&ids[(n - 1) as usize..]).view([1, 1]);
+    let h = t.forward_hidden(&last, &Tensor::from_slice(&[n - 1]).view([1, 1]), nextstate::model::AttnMask::Explicit(&mask), Some(&mut cache)).unwrap();
+    let step = t.logits(&h).unwrap().to_kind(Kind::Float);
+    let diff = (step.get(0).get(0) - full.get(0).get(n - 1)).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "cached decode vs full forward: {diff}");
 }

@@ -23,6 +23,15 @@ use super::tokenizer::TextTokenizer;
 use super::transformer::{AttnMask, KvCache, Transformer};
 use crate::{Error, Result};
 
+/// Positions added to the KV cache at a time during generation (see [`set_kv_cache_step`]).
+static CACHE_STEP: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(256);
+
+/// Sets how many positions the generation KV cache grows by at a time (default 256). Only memory
+/// use and allocation count depend on it, never the results.
+pub fn set_kv_cache_step(positions: usize) {
+    CACHE_STEP.store(positions.max(1) as i64, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Which distribution [`Generation::logprobs`] refers to for sampled (temperature > 0) tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogprobMode {
@@ -402,7 +411,11 @@ pub fn generate(
 
     let b = rows.len() as i64;
     let p = rows.iter().map(|r| r.prompt_len).max().unwrap_or(1) as i64;
-    let cap = p + rows.iter().map(|r| r.max_new).max().unwrap_or(1) as i64;
+    // The cache starts with room for CACHE_STEP new tokens and grows by CACHE_STEP as needed, so a
+    // large max_new_tokens does not allocate memory that short answers never use.
+    let step = CACHE_STEP.load(std::sync::atomic::Ordering::Relaxed);
+    let max_len = p + rows.iter().map(|r| r.max_new).max().unwrap_or(1) as i64;
+    let cap = max_len.min(p + step);
     let mut ids = vec![0i64; (b * p) as usize];
     let mut valid = vec![false; (b * cap) as usize];
     let mut pos = vec![0i64; (b * p) as usize];
@@ -508,6 +521,12 @@ pub fn generate(
         let poss: Vec<i64> = rows.iter().map(|r| (r.prompt_len + r.ids.len() - 1) as i64).collect();
         let toks = Tensor::f_from_slice(&toks)?.f_view([bb, 1])?.f_to_device(device)?;
         let poss = Tensor::f_from_slice(&poss)?.f_view([bb, 1])?.f_to_device(device)?;
+        if col + 1 > cache.capacity() as i64 {
+            let grown = (cache.capacity() as i64 + step).min(max_len);
+            cache.reserve(grown as usize)?;
+            let extra = Tensor::f_zeros([bb, grown - valid.size()[1]], (Kind::Bool, device))?;
+            valid = Tensor::f_cat(&[&valid, &extra], 1)?;
+        }
         let _ = valid.f_narrow(1, col, 1)?.f_fill_(1)?;
         let mask = valid.f_narrow(1, 0, col + 1)?.f_view([bb, 1, 1, col + 1])?;
         let hidden = model.forward_hidden(&toks, &poss, AttnMask::Explicit(&mask), Some(&mut cache))?;

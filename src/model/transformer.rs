@@ -339,6 +339,23 @@ impl KvCache {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+    /// Grows the capacity to at least `needed` positions (filled positions are kept).
+    ///
+    /// # Errors
+    /// [`Error::Torch`] when the allocation fails.
+    pub fn reserve(&mut self, needed: usize) -> Result<()> {
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut size = t.size();
+            size[2] = (needed - self.capacity) as i64;
+            let extra = Tensor::f_zeros(&size, (t.kind(), t.device()))?;
+            *t = Tensor::f_cat(&[&*t, &extra], 2)?;
+        }
+        self.capacity = needed;
+        Ok(())
+    }
     /// Keeps only the batch rows `rows` (int64 `[B']`, on the cache's device), e.g. after some
     /// sequences finished.
     ///
