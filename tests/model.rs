@@ -147,6 +147,10 @@ fn one_token_response_aligns_with_last_prompt_position() {
     let want_london = logp.double_value(&[0, last, london[0] as i64]) as f32;
     assert!((s[0].logprobs[0] - want_paris).abs() < 1e-4, "{} vs {want_paris}", s[0].logprobs[0]);
     assert!((s[1].logprobs[0] - want_london).abs() < 1e-4);
+    // Cross-implementation check: HF transformers 5.24 (PyTorch 2.11, f32, SDPA) loading the same
+    // imported directory gives log p(" Paris" | "The capital of France is") = −0.258072
+    // (benches/peer_model.py prints it).
+    assert!((s[0].logprobs[0] - (-0.258072)).abs() < 1e-4, "log p(Paris) = {}", s[0].logprobs[0]);
     // A response whose first token differs gets a different (here much lower) score.
     assert!(s[0].logprobs[0] > s[1].logprobs[0] + 1.0);
     // Top-K at that position: " Paris" is the most likely token, sorted descending.
