@@ -734,20 +734,12 @@ impl Transformer {
                     (kv.k[i].f_narrow(2, 0, start + l)?, kv.v[i].f_narrow(2, 0, start + l)?)
                 }
             };
-            let s = k_all.size()[2];
-            // GQA: each key/value head serves n_h / n_kv consecutive query heads (HF `repeat_kv`).
-            let rep = nh / nkv;
-            let (k_all, v_all) = if rep == 1 {
-                (k_all, v_all)
-            } else {
-                (
-                    k_all.f_unsqueeze(2)?.f_expand([b, nkv, rep, s, d], false)?.f_reshape([b, nh, s, d])?,
-                    v_all.f_unsqueeze(2)?.f_expand([b, nkv, rep, s, d], false)?.f_reshape([b, nh, s, d])?,
-                )
-            };
+            // GQA: each key/value head serves n_h / n_kv consecutive query heads (HF `repeat_kv`);
+            // SDPA's enable_gqa does that without materialising the repeated keys/values.
+            let gqa = nh != nkv;
             let attn = match mask {
-                AttnMask::Causal => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k_all, &v_all, None, 0.0, l > 1, None, false)?,
-                AttnMask::Explicit(m) => Tensor::f_scaled_dot_product_attention(&q, &k_all, &v_all, Some(m), 0.0, false, None, false)?,
+                AttnMask::Causal => Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &k_all, &v_all, None, 0.0, l > 1, None, gqa)?,
+                AttnMask::Explicit(m) => Tensor::f_scaled_dot_product_attention(&q, &k_all, &v_all, Some(m), 0.0, false, None, gqa)?,
             };
             let attn = attn.f_transpose(1, 2)?.f_reshape([b, l, nh * d])?;
             x = x.f_add(&a.o.forward(&attn)?)?;
