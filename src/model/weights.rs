@@ -147,3 +147,29 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
     }
     std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_and_reads_single_and_sharded_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([2, 2]);
+        let b = Tensor::from_slice(&[0.5f32, -0.5]).to_kind(Kind::BFloat16);
+        // Sharded: two files and an index naming them.
+        write_safetensors(&dir.path().join("model-00001-of-00002.safetensors"), &[("x.weight".into(), a.shallow_clone())]).unwrap();
+        write_safetensors(&dir.path().join("model-00002-of-00002.safetensors"), &[("y.bias".into(), b.shallow_clone())]).unwrap();
+        let index = serde_json::json!({"metadata": {}, "weight_map": {"x.weight": "model-00001-of-00002.safetensors", "y.bias": "model-00002-of-00002.safetensors"}});
+        std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+        let w = read_checkpoint(dir.path()).unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!(Vec::<Vec<f32>>::try_from(&w["x.weight"]).unwrap(), vec![vec![1.0, 2.0], vec![3.0, 4.0]]);
+        assert_eq!(w["y.bias"].kind(), Kind::BFloat16);
+        assert_eq!(Vec::<f32>::try_from(&w["y.bias"].to_kind(Kind::Float)).unwrap(), vec![0.5, -0.5]);
+        // A single model.safetensors takes precedence over an index.
+        write_safetensors(&dir.path().join("model.safetensors"), &[("z".into(), a)]).unwrap();
+        assert_eq!(checkpoint_files(dir.path()).unwrap(), vec![dir.path().join("model.safetensors")]);
+        assert!(checkpoint_files(&dir.path().join("missing")).is_err());
+    }
+}
