@@ -318,3 +318,26 @@ fn kv_cache_decoding_and_growth_match_a_full_forward() {
     let diff = (step.get(0).get(0) - full.get(0).get(n - 1)).abs().max().double_value(&[]);
     assert!(diff < 1e-4, "cached decode vs full forward: {diff}");
 }
+
+/// Qwen2 architecture check (QKV bias, untied head, qwen2 pre-tokenizer, Q4_K/Q5_0/Q6_K blocks)
+/// against values from HF transformers 5.24 on the same import of the optional Qwen2.5-Coder-0.5B GGUF
+/// (see ../shared/docs/MODELS.md). Runs only when `NEXTSTATE_TEST_QWEN` names the imported directory.
+#[test]
+fn qwen2_import_matches_transformers() {
+    let Some(dir) = std::env::var("NEXTSTATE_TEST_QWEN").ok().map(PathBuf::from) else {
+        eprintln!("SKIPPED: set NEXTSTATE_TEST_QWEN to an imported Qwen2.5-Coder-0.5B directory");
+        return;
+    };
+    threads();
+    let lm = LanguageModel::load(&dir, &LoadOptions::default()).unwrap();
+    let tricky = "x = 12345 + 0.5;\n\n  it's DONE's   ok\t\r\n🙂 naïve";
+    assert_eq!(
+        lm.encode(tricky).unwrap(),
+        vec![87, 284, 220, 16, 17, 18, 19, 20, 488, 220, 15, 13, 20, 401, 220, 432, 594, 54685, 594, 256, 5394, 4474, 145080, 94880, 586]
+    );
+    let prompt = lm.encode(include_str!("data/chat_templates/qwen2.5_tools.expected")).unwrap();
+    assert_eq!(prompt.len(), 266);
+    let g = lm.generate(&[prompt], &SamplingParams::greedy(12)).unwrap();
+    assert_eq!(g[0].token_ids, vec![2610, 2299, 10565, 0, 1416, 498, 614, 894, 1008, 4755, 11, 2666]);
+    assert!((g[0].logprobs[0] - (-0.004_678_612_6)).abs() < 1e-4);
+}

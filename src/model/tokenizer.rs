@@ -359,6 +359,30 @@ mod tests {
         assert!(e.contains("no bad roles"), "{e}");
     }
 
+    /// Qwen2.5's template (tools, tool calls, tool responses) rendered by HF transformers 5.24
+    /// `apply_chat_template` (Jinja2) is reproduced byte for byte.
+    #[test]
+    fn qwen25_tool_template_matches_transformers() {
+        let src = include_str!("../../tests/data/chat_templates/qwen2.5.jinja");
+        let want = include_str!("../../tests/data/chat_templates/qwen2.5_tools.expected");
+        let t = ChatTemplate::new(src, Default::default()).unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}}]);
+        let mut call = Message::text("assistant", "");
+        call.tool_calls.push(crate::schema::ToolCall { id: None, name: "get_weather".into(), arguments: json!({"city": "Paris", "unit": "c"}), arguments_raw: None });
+        let messages = vec![
+            Message::text("user", "What's the weather in Paris?"),
+            call,
+            Message::text("tool", "{\"temp\": 21}"),
+            Message::text("assistant", "It is 21 °C in Paris."),
+            Message::text("user", "Thanks!"),
+        ];
+        assert_eq!(t.render(&messages, Some(&tools), true, None).unwrap(), want);
+        let plain = include_str!("../../tests/data/chat_templates/qwen2.5_plain.expected");
+        assert_eq!(t.render(&messages[..1], None, true, None).unwrap(), plain);
+    }
+
     #[test]
     fn tojson_indent_matches_python() {
         let mut out = String::new();
