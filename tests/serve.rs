@@ -39,6 +39,7 @@ async fn start(api_key: Option<&str>) -> Option<Running> {
         api_key: api_key.map(str::to_string),
         max_body_bytes: 1 << 20,
         max_batch: 8,
+        batch_window: Duration::from_millis(10),
         default_max_tokens: 64,
         logprobs_mode: LogprobMode::Sampling,
         load: LoadOptions::default(),

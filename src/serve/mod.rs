@@ -49,6 +49,9 @@ pub struct ServeArgs {
     /// Most concurrent requests generated together in one batch.
     #[arg(long, default_value_t = 8)]
     pub max_batch: usize,
+    /// Milliseconds the worker waits for more requests to join a batch.
+    #[arg(long, default_value_t = 10)]
+    pub batch_window_ms: u64,
     /// Token limit for requests that set none.
     #[arg(long, default_value_t = 1024)]
     pub default_max_tokens: usize,
@@ -97,6 +100,7 @@ impl ServeArgs {
             api_key: self.api_key.clone(),
             max_body_bytes: self.max_body_bytes,
             max_batch: self.max_batch,
+            batch_window: std::time::Duration::from_millis(self.batch_window_ms),
             default_max_tokens: self.default_max_tokens,
             logprobs_mode,
             load,

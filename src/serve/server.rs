@@ -51,6 +51,9 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// Most requests generated together in one batch.
     pub max_batch: usize,
+    /// How long the worker waits for more requests to join a batch once it has one (a few ms costs
+    /// little next to a decoding step and lets near-simultaneous requests share the batch).
+    pub batch_window: std::time::Duration,
     /// Token limit when a request sets none.
     pub default_max_tokens: usize,
     /// Default distribution of returned log-probs (requests may override with `logprobs_mode`).
@@ -213,9 +216,12 @@ fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std::sync::mpsc
             }
             WorkerMsg::Job(job) => {
                 let mut batch = vec![*job];
-                // Take every job already queued, but never across a swap (order is kept).
+                // Take the jobs queued now or arriving within the batching window, but never across a
+                // swap (order is kept).
+                let deadline = std::time::Instant::now() + shared.opts.batch_window;
                 while batch.len() < max_batch {
-                    match rx.try_recv() {
+                    let wait = deadline.saturating_duration_since(std::time::Instant::now());
+                    match rx.recv_timeout(wait) {
                         Ok(WorkerMsg::Job(j)) => batch.push(*j),
                         Ok(other) => {
                             pending.push_back(other);
