@@ -45,7 +45,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").eval()
 
     with torch.no_grad():
         # Cross-check of the import: plain-text greedy continuation and the log-prob of " Paris".

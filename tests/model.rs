@@ -13,11 +13,10 @@ fn model_dir() -> Option<PathBuf> {
     let candidates = [
         std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from),
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct")),
-        Some(PathBuf::from("/work/main/models/smollm2-135m-instruct")),
     ];
     let found = candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file());
     if found.is_none() {
-        eprintln!("SKIPPED: model directory models/smollm2-135m-instruct not found (run scripts/setup.sh)");
+        eprintln!("SKIPPED: model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
     }
     found
 }
