@@ -46,6 +46,10 @@ impl DataArgs {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Import, run and inspect models (GGUF import, generation).
+    Model(nextstate::model::cli::ModelArgs),
+    /// Run the policy server (OpenAI-compatible chat completions with weight hot-swap).
+    Serve(nextstate::serve::ServeArgs),
     /// Print the Arrow schema of every table as JSON, or write them to schemas/<table>.json.
     Schema {
         /// Write one file per table into this folder instead of printing.
@@ -116,9 +120,16 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // These two manage their own runtime and threads.
+    let cli = match cli.command {
+        Command::Model(args) => return Ok(args.run()?),
+        Command::Serve(args) => return Ok(args.run()?),
+        other => Cli { command: other },
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cli.command {
+            Command::Model(_) | Command::Serve(_) => unreachable!("handled above"),
             Command::Schema { write } => {
                 for (name, s) in nextstate::schema::all_schemas() {
                     let json = serde_json::to_string_pretty(&nextstate::schema::schema_json(&s))?;

@@ -1,0 +1,48 @@
+//! The model runtime: GGUF import, a decoder-only transformer in tch (Llama, Qwen2, Qwen3) with
+//! optional LoRA, the tokenizer and chat template, batched generation with a KV cache, and scoring
+//! of responses (one alignment convention shared by the teacher stage and the trainer).
+//!
+//! ```no_run
+//! use nextstate::model::{LanguageModel, LoadOptions, SamplingParams};
+//! use nextstate::schema::Message;
+//! # fn main() -> nextstate::Result<()> {
+//! let lm = LanguageModel::load("models/smollm2-135m-instruct".as_ref(), &LoadOptions::default())?;
+//! let prompt = lm.chat_prompt_ids(&[Message::text("user", "What is the capital of Germany?")], None, true)?;
+//! let out = lm.generate(&[prompt.clone()], &SamplingParams::greedy(32))?;
+//! // Re-scoring the sampled tokens gives the same log-probs (greedy: plain log-softmax).
+//! let scored = lm.score(&[(prompt, out[0].token_ids.clone())], 0)?;
+//! assert_eq!(scored[0].logprobs.len(), out[0].token_ids.len());
+//! # Ok(()) }
+//! ```
+
+pub mod cli;
+pub mod config;
+pub mod generate;
+pub mod gguf;
+pub mod import;
+pub mod lm;
+pub mod score;
+pub mod tokenizer;
+pub mod transformer;
+pub mod weights;
+
+pub use config::{Architecture, ModelConfig};
+pub use generate::{FinishReason, Generation, GenerationRequest, LogprobMode, SamplingParams, TokenEvent};
+pub use lm::LanguageModel;
+pub use score::{PackedBatch, ResponseLogits, ScoredResponse};
+pub use tokenizer::{ChatTemplate, TextTokenizer};
+pub use transformer::{AttnMask, KvCache, LoadOptions, LoraConfig, LoraTarget, Trainable, Transformer};
+
+use crate::{Error, Result};
+
+/// Sets libtorch's intra-op thread count (`--threads` / `NEXTSTATE_THREADS`).
+///
+/// # Errors
+/// [`Error::Config`] when `n` is not positive.
+pub fn set_threads(n: i32) -> Result<()> {
+    if n <= 0 {
+        return Err(Error::Config(format!("threads must be positive, got {n}")));
+    }
+    tch::set_num_threads(n);
+    Ok(())
+}
