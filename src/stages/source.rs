@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use futures::future::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
@@ -121,12 +122,12 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
                     Item::Record(IngestItem::Interaction(i)) => {
                         report.interactions += 1;
                         let p = producer.clone();
-                        inflight.push(async move { p.send(i.as_ref(), None).await });
+                        inflight.push(async move { p.send(i.as_ref(), None).await }.boxed());
                     }
                     Item::Record(IngestItem::DeadLetter(d)) => {
                         *report.dead_letters.entry(d.reason_code.clone()).or_default() += 1;
                         let p = producer.clone();
-                        inflight.push(async move { p.send(d.as_ref(), None).await });
+                        inflight.push(async move { p.send(d.as_ref(), None).await }.boxed());
                     }
                 }
                 while inflight.len() >= 1000 {
