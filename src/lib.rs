@@ -24,5 +24,6 @@ pub mod schema;
 pub mod signals;
 pub mod sql;
 pub mod stages;
+pub mod trainer;
 
 pub use error::{Error, Result};

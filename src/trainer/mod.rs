@@ -1,0 +1,2 @@
+//! The trainer (METHOD.md §6).
+pub mod loss;
