@@ -503,7 +503,7 @@ impl<P: Policy> Trainer<P> {
             seconds,
             created_time: now_ms(),
         };
-        let checkpoint = if step as u64 % self.cfg.checkpoint_every == 0 { self.checkpoint()? } else { None };
+        let checkpoint = if (step as u64).is_multiple_of(self.cfg.checkpoint_every) { self.checkpoint()? } else { None };
         Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped: packed.dropped, checkpoint })
     }
 

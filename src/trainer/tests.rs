@@ -311,3 +311,70 @@ fn kl_needs_a_reference_and_uses_it() {
     let r2 = t.train_step(&samples).unwrap().train_step.unwrap();
     assert!(r2.kl > 0.0, "{r2:?}");
 }
+
+/// Timing at the real vocabulary size (SmolLM2's 49,152): a 16-sample batch of 64 prompt + 128 response
+/// tokens through an embedding+linear policy (H = 64, 6.3 M parameters), top-K 20, combined method.
+/// `cargo test --lib trainer::tests::timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn timing_at_real_vocabulary_size() {
+    const BIG_V: i64 = 49_152;
+    struct Big {
+        vs: VarStore,
+        emb: nn::Embedding,
+        head: nn::Linear,
+    }
+    impl Policy for Big {
+        fn var_store(&self) -> &VarStore {
+            &self.vs
+        }
+        fn vocab_size(&self) -> usize {
+            BIG_V as usize
+        }
+        fn response_logprobs(&self, b: &PackedBatch) -> Result<PolicyOut> {
+            let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
+            let idx = b.predict_positions.f_unsqueeze(-1)?.f_expand([bs, t, 64], false)?;
+            let at = self.emb.forward(&b.input_ids).f_gather(1, &idx, false)?;
+            let full = self.head.forward(&at).f_log_softmax(-1, Kind::Float)?;
+            let lp = full.f_gather(2, &b.response_ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
+            Ok(PolicyOut { logprobs: lp, log_probs_full: full })
+        }
+    }
+    fn big() -> Big {
+        let vs = VarStore::new(Device::Cpu);
+        let emb = nn::embedding(vs.root() / "emb", BIG_V, 64, Default::default());
+        let head = nn::linear(vs.root() / "head", 64, BIG_V, Default::default());
+        Big { vs, emb, head }
+    }
+    let samples: Vec<Sample> = (0..16)
+        .map(|i| {
+            let prompt: Vec<i32> = (0..64).map(|j| (i * 997 + j * 31) % 49_152).collect();
+            let resp: Vec<i32> = (0..128).map(|j| (i * 7919 + j * 131) % 49_152).collect();
+            let mut s = sample(&format!("s{i}"), SampleType::CombinedBoth, &prompt, &resp, &[-10.8; 128], 1.0);
+            s.teacher_logprobs = Some(vec![-10.5; 128]);
+            s.topk_ids = Some((0..128).map(|j| (0..20).map(|k| (j * 20 + k) % 49_152).collect()).collect());
+            s.topk_logprobs = Some(vec![(1..=20).map(|k| -(k as f32)).collect(); 128]);
+            s
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    for opd_loss in [OpdLoss::Ppo, OpdLoss::Both] {
+        let c = TrainerConfig { opd_loss, checkpoint_every: 2, ..TrainerConfig::default() };
+        let mut t = Trainer::new(big(), Method::Combined, c, CheckpointWriter::new(dir.path(), opd_loss.as_str())).unwrap();
+        let mut secs = Vec::new();
+        for _ in 0..4 {
+            let started = Instant::now();
+            let out = t.train_step(&samples).unwrap();
+            secs.push(started.elapsed().as_secs_f64());
+            assert!(out.train_step.unwrap().loss.is_finite());
+        }
+        let started = Instant::now();
+        let packed = pack_samples(&samples, &t.pack_options()).unwrap();
+        let pack_s = started.elapsed().as_secs_f64();
+        let b = packed.batch.unwrap();
+        let started = Instant::now();
+        let _ = tch::no_grad(|| t.policy().response_logprobs(&b).unwrap());
+        let fwd_s = started.elapsed().as_secs_f64();
+        eprintln!("opd_loss={}: step seconds {secs:.3?} (steps 2 and 4 also write a 75 MB checkpoint: 25 MB weights, 50 MB moments); pack {pack_s:.4} s; forward alone {fwd_s:.3} s", opd_loss.as_str());
+    }
+}
