@@ -26,5 +26,6 @@ pub mod serve;
 pub mod signals;
 pub mod sql;
 pub mod stages;
+pub mod trainer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,391 @@
+//! Batch assembly: [`Sample`] rows → padded tensors for one optimizer step (METHOD.md §5–§6).
+//!
+//! **Alignment** (the model runtime's scoring convention, METHOD.md §4): a row is read as
+//! `x = prompt ++ response`; response token `t` is predicted by the hidden state at input position
+//! `P − 1 + t` ([`PackedBatch::predict_positions`]), so `logprobs[t]` scores `response[t]` and lines up
+//! with `rollout_logprobs[t]`, `teacher_logprobs[t]`, `loss_mask[t]` and `topk_*[t]`.
+//!
+//! **Validation**: a row that cannot be trained is dropped with a [`DropReason`] (never silently):
+//! empty prompt or response, a per-token series of the wrong length, a non-finite value at a trained
+//! position (METHOD.md §4), a token id outside the vocabulary, a sample type that does not belong to the
+//! method, missing teacher log-probs, inconsistent or (when required) missing top-K lists, or a policy
+//! version too old ([`TrainerConfig::staleness_weight`]). Non-finite values at positions with loss mask 0
+//! are replaced by 0 (they are never trained).
+
+use tch::{Device, Tensor};
+
+use super::config::TrainerConfig;
+use super::loss::OpdLoss;
+use crate::config::Method;
+use crate::schema::{Sample, SampleType};
+use crate::Result;
+
+/// Why a sample was left out of a batch (counted by the wiring under [`DropReason::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DropReason {
+    /// The prompt has no token (the first response token needs a context).
+    EmptyPrompt,
+    /// The response has no token.
+    EmptyResponse,
+    /// `loss_mask`, `rollout_logprobs`, `teacher_logprobs` or a top-K list is not one per response token.
+    LengthMismatch,
+    /// A non-finite log-prob at a trained position.
+    NonFinite,
+    /// A token id (prompt, response or top-K) outside `0..vocab_size`.
+    TokenOutOfVocab,
+    /// The sample type does not belong to the trainer's method (e.g. a binary sample for `combined`).
+    WrongMethod,
+    /// OPD/combined sample without teacher log-probs.
+    MissingTeacher,
+    /// The top-K loss is the only teacher loss (`opd_loss = topk`) and a sample with a hint has no top-K lists.
+    MissingTopk,
+    /// Top-K rows of different widths, or narrower than `topk_k`.
+    TopkWidth,
+    /// Produced by a policy version more than `max_staleness` versions behind (drop mode).
+    Stale,
+}
+
+impl DropReason {
+    /// Snake-case name for counters and dead letters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::EmptyPrompt => "empty_prompt",
+            DropReason::EmptyResponse => "empty_response",
+            DropReason::LengthMismatch => "length_mismatch",
+            DropReason::NonFinite => "non_finite",
+            DropReason::TokenOutOfVocab => "token_out_of_vocab",
+            DropReason::WrongMethod => "wrong_method",
+            DropReason::MissingTeacher => "missing_teacher",
+            DropReason::MissingTopk => "missing_topk",
+            DropReason::TopkWidth => "topk_width",
+            DropReason::Stale => "stale",
+        }
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One sample left out, with the numbers behind the reason.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Dropped {
+    /// Index in the input slice.
+    pub index: usize,
+    /// The sample's id.
+    pub sample_id: String,
+    /// Why.
+    #[serde(serialize_with = "ser_reason")]
+    pub reason: DropReason,
+    /// Details with numbers (lengths, position, id, versions).
+    pub detail: String,
+}
+
+fn ser_reason<S: serde::Serializer>(r: &DropReason, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(r.as_str())
+}
+
+/// How to pack: the method, the tokenizer's facts and the staleness rule.
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    /// Training method: decides which sample types are accepted and whether teacher log-probs are required.
+    pub method: Method,
+    /// Vocabulary size V: every token id must be in `0..V`.
+    pub vocab_size: usize,
+    /// Id used to right-pad `input_ids` (never attended to under a causal mask).
+    pub pad_id: i64,
+    /// The trainer's current policy version (for staleness).
+    pub current_version: i64,
+    /// Device of the tensors.
+    pub device: Device,
+    /// Trainer settings used here: `topk_k`, `opd_loss`, `max_staleness`, `staleness`, `staleness_decay`.
+    pub config: TrainerConfig,
+}
+
+/// Padded tensors of one batch. B = rows kept, L = longest prompt + response, T = longest response
+/// (Tmax), K = top-K width. The first six fields follow the model runtime's `PackedBatch` exactly.
+#[derive(Debug)]
+pub struct PackedBatch {
+    /// `[B, L]` int64: prompt ++ response, right-padded with `pad_id`.
+    pub input_ids: Tensor,
+    /// `[B, T]` int64: response ids, right-padded with 0.
+    pub response_ids: Tensor,
+    /// `[B, T]` f32: 1 on real response tokens, 0 on padding.
+    pub response_mask: Tensor,
+    /// `[B, T]` int64: input position whose hidden state predicts response token t (`P_b − 1 + t`; 0 on padding).
+    pub predict_positions: Tensor,
+    /// Prompt length P_b of each row.
+    pub prompt_lens: Vec<usize>,
+    /// Response length T_b of each row.
+    pub response_lens: Vec<usize>,
+    /// `[B, T]` f32: trained tokens = `response_mask` × the sample's loss mask.
+    pub loss_mask: Tensor,
+    /// `[B, T]` f32: rollout log-probs (nats), 0 on padding.
+    pub old_logprobs: Tensor,
+    /// `[B, T]` f32: teacher log-probs (nats), 0 on padding; `Some` for OPD and combined.
+    pub teacher_logprobs: Option<Tensor>,
+    /// `[B]` f32: reward r.
+    pub reward: Tensor,
+    /// `[B]` f32: aggregation weight (1, or the staleness weight).
+    pub sample_weight: Tensor,
+    /// `[B, T, K]` int64: teacher top-K ids (0 where absent); `Some` when any row has top-K lists.
+    pub topk_ids: Option<Tensor>,
+    /// `[B, T, K]` f32: teacher top-K log-probs (0 where absent).
+    pub topk_logprobs: Option<Tensor>,
+    /// `[B, T]` f32: `loss_mask` of the rows that carry top-K lists (0 elsewhere).
+    pub topk_mask: Option<Tensor>,
+    /// Sample type of each row.
+    pub sample_types: Vec<SampleType>,
+    /// Sample id of each row.
+    pub sample_ids: Vec<String>,
+    /// Reward of each row.
+    pub rewards: Vec<f32>,
+    /// Weight of each row.
+    pub weights: Vec<f64>,
+    /// Index of each row in the input slice.
+    pub source_index: Vec<usize>,
+}
+
+impl PackedBatch {
+    /// Number of rows B.
+    pub fn batch_size(&self) -> usize {
+        self.prompt_lens.len()
+    }
+    /// Longest response Tmax.
+    pub fn max_response_len(&self) -> usize {
+        self.response_lens.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// The result of [`pack_samples`]: the batch of kept rows (none when every sample was dropped) and the
+/// dropped ones.
+#[derive(Debug)]
+pub struct Packed {
+    /// The batch, `None` when nothing was kept.
+    pub batch: Option<PackedBatch>,
+    /// Samples left out, with reasons, in input order.
+    pub dropped: Vec<Dropped>,
+}
+
+fn allowed(method: Method, t: SampleType) -> bool {
+    match method {
+        Method::Binary => t == SampleType::Binary,
+        Method::Opd => t == SampleType::Opd,
+        Method::Combined => matches!(t, SampleType::CombinedBoth | SampleType::CombinedHintOnly | SampleType::CombinedScoreOnly),
+    }
+}
+
+fn has_hint(t: SampleType) -> bool {
+    matches!(t, SampleType::Opd | SampleType::CombinedBoth | SampleType::CombinedHintOnly)
+}
+
+/// A row that passed validation, with its top-K width (0 = none) and weight.
+struct Checked<'a> {
+    index: usize,
+    sample: &'a Sample,
+    weight: f64,
+    topk: usize,
+}
+
+type Check = std::result::Result<(), (DropReason, String)>;
+
+fn check_series(what: &str, got: usize, want: usize) -> Check {
+    if got != want {
+        return Err((DropReason::LengthMismatch, format!("{what}: {got} values for {want} response tokens")));
+    }
+    Ok(())
+}
+
+fn check_finite(what: &str, values: &[f32], mask: &[i32]) -> Check {
+    match values.iter().zip(mask).position(|(v, m)| *m != 0 && !v.is_finite()) {
+        Some(p) => Err((DropReason::NonFinite, format!("{what} {} at trained position {p}", values[p]))),
+        None => Ok(()),
+    }
+}
+
+fn check_ids(what: &str, ids: &[i32], vocab: usize) -> Check {
+    match ids.iter().position(|&t| t < 0 || t as usize >= vocab) {
+        Some(p) => Err((DropReason::TokenOutOfVocab, format!("{what} id {} at position {p} outside 0..{vocab}", ids[p]))),
+        None => Ok(()),
+    }
+}
+
+/// Validates one sample; `Ok(top-K width)` (0 when the row has no top-K lists).
+fn check_sample(s: &Sample, opts: &PackOptions) -> std::result::Result<usize, (DropReason, String)> {
+    let t = s.response_token_ids.len();
+    if !allowed(opts.method, s.sample_type) {
+        return Err((DropReason::WrongMethod, format!("sample type {} under method {}", s.sample_type.as_str(), opts.method.as_str())));
+    }
+    if s.prompt_token_ids.is_empty() {
+        return Err((DropReason::EmptyPrompt, "0 prompt tokens".into()));
+    }
+    if t == 0 {
+        return Err((DropReason::EmptyResponse, "0 response tokens".into()));
+    }
+    check_series("loss_mask", s.loss_mask.len(), t)?;
+    check_series("rollout_logprobs", s.rollout_logprobs.len(), t)?;
+    check_ids("prompt token", &s.prompt_token_ids, opts.vocab_size)?;
+    check_ids("response token", &s.response_token_ids, opts.vocab_size)?;
+    check_finite("rollout log-prob", &s.rollout_logprobs, &s.loss_mask)?;
+    if !s.reward.is_finite() {
+        return Err((DropReason::NonFinite, format!("reward {}", s.reward)));
+    }
+    if opts.method.uses_hints() {
+        let teacher = s.teacher_logprobs.as_ref().ok_or((DropReason::MissingTeacher, format!("{} sample without teacher log-probs", s.sample_type.as_str())))?;
+        check_series("teacher_logprobs", teacher.len(), t)?;
+        check_finite("teacher log-prob", teacher, &s.loss_mask)?;
+    }
+    let k = match (&s.topk_ids, &s.topk_logprobs) {
+        (Some(ids), Some(lps)) => {
+            check_series("topk_ids", ids.len(), t)?;
+            check_series("topk_logprobs", lps.len(), t)?;
+            let k = ids.first().map_or(0, Vec::len);
+            if k == 0 {
+                return Err((DropReason::TopkWidth, "top-K lists of width 0".into()));
+            }
+            for (p, (row_ids, row_lps)) in ids.iter().zip(lps).enumerate() {
+                if row_ids.len() != k || row_lps.len() != k {
+                    return Err((DropReason::TopkWidth, format!("top-K width {} / {} at position {p}, {k} at position 0", row_ids.len(), row_lps.len())));
+                }
+                check_ids("top-K", row_ids, opts.vocab_size).map_err(|(r, d)| (r, format!("{d} (response position {p})")))?;
+                if s.loss_mask[p] != 0 {
+                    if let Some(j) = row_lps.iter().position(|v| !v.is_finite()) {
+                        return Err((DropReason::NonFinite, format!("top-K log-prob {} at trained position {p}, column {j}", row_lps[j])));
+                    }
+                }
+            }
+            let want = opts.config.topk_k;
+            if want > 0 && k < want {
+                return Err((DropReason::TopkWidth, format!("top-K width {k} below topk_k = {want}")));
+            }
+            if want > 0 { want } else { k }
+        }
+        (None, None) => 0,
+        _ => return Err((DropReason::LengthMismatch, "top-K ids and log-probs: one present, the other absent".into())),
+    };
+    if k == 0 && opts.method.uses_hints() && opts.config.opd_loss == OpdLoss::Topk && has_hint(s.sample_type) {
+        return Err((DropReason::MissingTopk, format!("{} sample without top-K lists and opd_loss = topk", s.sample_type.as_str())));
+    }
+    Ok(k)
+}
+
+/// Packs `samples` into one right-padded batch on `opts.device`, dropping (with reasons) the rows that
+/// cannot be trained. All rows with top-K lists must share one width K (after `topk_k`); the first
+/// kept row with top-K lists sets it and later rows of another width are dropped with
+/// [`DropReason::TopkWidth`].
+///
+/// # Errors
+/// [`crate::Error::Torch`] when a tensor cannot be built or moved to the device. Bad samples are not
+/// errors: they are in [`Packed::dropped`].
+pub fn pack_samples(samples: &[Sample], opts: &PackOptions) -> Result<Packed> {
+    let mut dropped = Vec::new();
+    let mut kept: Vec<Checked<'_>> = Vec::new();
+    let mut batch_k = 0usize;
+    for (index, s) in samples.iter().enumerate() {
+        let mut reject = |reason: DropReason, detail: String| dropped.push(Dropped { index, sample_id: s.sample_id.clone(), reason, detail });
+        let weight = match opts.config.staleness_weight(opts.current_version, s.policy_version) {
+            Some(w) => w,
+            None => {
+                let age = opts.current_version - s.policy_version.unwrap_or(opts.current_version);
+                reject(DropReason::Stale, format!("policy version {:?} is {age} versions behind {} (max_staleness {:?})", s.policy_version, opts.current_version, opts.config.max_staleness));
+                continue;
+            }
+        };
+        match check_sample(s, opts) {
+            Ok(k) => {
+                if k > 0 && batch_k > 0 && k != batch_k {
+                    reject(DropReason::TopkWidth, format!("top-K width {k}, the batch's is {batch_k}"));
+                    continue;
+                }
+                if k > 0 {
+                    batch_k = k;
+                }
+                kept.push(Checked { index, sample: s, weight, topk: k });
+            }
+            Err((reason, detail)) => reject(reason, detail),
+        }
+    }
+    if kept.is_empty() {
+        return Ok(Packed { batch: None, dropped });
+    }
+    Ok(Packed { batch: Some(build(&kept, batch_k, opts)?), dropped })
+}
+
+fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBatch> {
+    let b = rows.len();
+    let l = rows.iter().map(|r| r.sample.prompt_token_ids.len() + r.sample.response_token_ids.len()).max().unwrap_or(0);
+    let t = rows.iter().map(|r| r.sample.response_token_ids.len()).max().unwrap_or(0);
+    let mut input = vec![opts.pad_id; b * l];
+    let mut resp = vec![0i64; b * t];
+    let mut rmask = vec![0f32; b * t];
+    let mut lmask = vec![0f32; b * t];
+    let mut pred = vec![0i64; b * t];
+    let mut old = vec![0f32; b * t];
+    let with_teacher = opts.method.uses_hints();
+    let mut teacher = if with_teacher { vec![0f32; b * t] } else { Vec::new() };
+    let with_topk = k > 0;
+    let mut tk_ids = if with_topk { vec![0i64; b * t * k] } else { Vec::new() };
+    let mut tk_lps = if with_topk { vec![0f32; b * t * k] } else { Vec::new() };
+    let mut tk_mask = if with_topk { vec![0f32; b * t] } else { Vec::new() };
+    // Only values at trained positions are used; anything else (possibly non-finite) becomes 0.
+    let clean = |v: f32, trained: bool| if trained && v.is_finite() { v } else { 0.0 };
+    for (i, row) in rows.iter().enumerate() {
+        let s = row.sample;
+        let p = s.prompt_token_ids.len();
+        for (j, &id) in s.prompt_token_ids.iter().chain(&s.response_token_ids).enumerate() {
+            input[i * l + j] = i64::from(id);
+        }
+        for (j, &id) in s.response_token_ids.iter().enumerate() {
+            let at = i * t + j;
+            let trained = s.loss_mask[j] != 0;
+            resp[at] = i64::from(id);
+            rmask[at] = 1.0;
+            lmask[at] = if trained { 1.0 } else { 0.0 };
+            pred[at] = (p - 1 + j) as i64;
+            old[at] = clean(s.rollout_logprobs[j], trained);
+            if let (true, Some(tl)) = (with_teacher, &s.teacher_logprobs) {
+                teacher[at] = clean(tl[j], trained);
+            }
+            if let (true, Some(ids), Some(lps)) = (row.topk > 0, &s.topk_ids, &s.topk_logprobs) {
+                for c in 0..k {
+                    tk_ids[at * k + c] = i64::from(ids[j][c]);
+                    tk_lps[at * k + c] = clean(lps[j][c], trained);
+                }
+                tk_mask[at] = lmask[at];
+            }
+        }
+    }
+    let dev = opts.device;
+    let (bi, li, ti, ki) = (b as i64, l as i64, t as i64, k as i64);
+    let f2 = |v: &[f32]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view([bi, ti])?.f_to_device(dev)?) };
+    let i2 = |v: &[i64], cols: i64| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view([bi, cols])?.f_to_device(dev)?) };
+    let rewards: Vec<f32> = rows.iter().map(|r| r.sample.reward).collect();
+    let weights: Vec<f64> = rows.iter().map(|r| r.weight).collect();
+    let weights_f32: Vec<f32> = weights.iter().map(|&w| w as f32).collect();
+    Ok(PackedBatch {
+        input_ids: i2(&input, li)?,
+        response_ids: i2(&resp, ti)?,
+        response_mask: f2(&rmask)?,
+        predict_positions: i2(&pred, ti)?,
+        prompt_lens: rows.iter().map(|r| r.sample.prompt_token_ids.len()).collect(),
+        response_lens: rows.iter().map(|r| r.sample.response_token_ids.len()).collect(),
+        loss_mask: f2(&lmask)?,
+        old_logprobs: f2(&old)?,
+        teacher_logprobs: if with_teacher { Some(f2(&teacher)?) } else { None },
+        reward: Tensor::f_from_slice(&rewards)?.f_to_device(dev)?,
+        sample_weight: Tensor::f_from_slice(&weights_f32)?.f_to_device(dev)?,
+        topk_ids: if with_topk { Some(Tensor::f_from_slice(&tk_ids)?.f_view([bi, ti, ki])?.f_to_device(dev)?) } else { None },
+        topk_logprobs: if with_topk { Some(Tensor::f_from_slice(&tk_lps)?.f_view([bi, ti, ki])?.f_to_device(dev)?) } else { None },
+        topk_mask: if with_topk { Some(f2(&tk_mask)?) } else { None },
+        sample_types: rows.iter().map(|r| r.sample.sample_type).collect(),
+        sample_ids: rows.iter().map(|r| r.sample.sample_id.clone()).collect(),
+        rewards,
+        weights,
+        source_index: rows.iter().map(|r| r.index).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,399 @@
+//! Checkpoints: `checkpoints/<run>/<version>/` folders with the weights, the optimizer state and a
+//! `manifest.json` (version, parent, step, method, config hash, metrics, lineage).
+//!
+//! Layout of one checkpoint (version N, written by [`CheckpointWriter::write`]):
+//!
+//! ```text
+//! checkpoints/<run>/N/
+//!   model.safetensors | adapter.safetensors (+ whatever the policy writes, e.g. config.json)
+//!   optimizer.safetensors   AdamW moments exp_avg/<name>, exp_avg_sq/<name>
+//!   manifest.json           written last
+//! ```
+//!
+//! Atomicity: everything is written into `checkpoints/<run>/.tmp-N-<uuid>/`, each file fsynced, then the
+//! folder is renamed to `N` and the run folder fsynced. A folder named by a number with a readable
+//! manifest of that version is complete; temporary folders and anything else are ignored by
+//! [`scan`] and [`latest_complete`].
+//!
+//! Exactly-once into the trainer: every sample the trainer consumed (trained or dropped) between a
+//! checkpoint's parent and the checkpoint is in its manifest's lineage, so after a restart from the
+//! newest complete checkpoint [`consumed_sample_ids`] over its [`ancestry`] is the set to skip; samples
+//! consumed after that checkpoint are trained again, since their updates were lost with the process.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::loss::LossMetrics;
+use crate::schema::{Checkpoint, Table};
+use crate::{Error, Result};
+
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The optimizer state's file name.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// Version of the manifest format.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// One consumed sample and where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LineageEntry {
+    /// Sample id.
+    pub sample_id: String,
+    /// The turn.
+    pub interaction_id: String,
+    /// Kafka topic of the interaction row.
+    pub source_topic: Option<String>,
+    /// Kafka partition of the interaction row.
+    pub source_partition: Option<i32>,
+    /// Kafka offset of the interaction row.
+    pub source_offset: Option<i64>,
+    /// Policy version that produced the response.
+    pub policy_version: Option<i64>,
+    /// Optimizer step that consumed it.
+    pub step: i64,
+    /// False when the sample was dropped (see `drop_reason`).
+    pub trained: bool,
+    /// Why it was dropped (`DropReason::as_str`).
+    pub drop_reason: Option<String>,
+}
+
+/// Metrics of one optimizer step, as kept in the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Step number (1-based).
+    pub step: i64,
+    /// Loss metrics.
+    pub metrics: LossMetrics,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Mean |rollout − current| log-prob over trained tokens (nats).
+    pub rollout_logprob_abs_diff: f64,
+    /// Samples dropped from the step's input.
+    pub dropped: i64,
+    /// Wall time (seconds).
+    pub seconds: f64,
+}
+
+/// Optimizer state recorded in the manifest (the moments are in [`OPTIMIZER_FILE`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerRecord {
+    /// `adamw`.
+    pub kind: String,
+    /// Steps taken (Adam's t, for bias correction).
+    pub step: i64,
+    /// Learning rate.
+    pub lr: f64,
+    /// (β1, β2).
+    pub betas: (f64, f64),
+    /// ε.
+    pub eps: f64,
+    /// Weight decay.
+    pub weight_decay: f64,
+    /// File holding the moments, relative to the checkpoint folder.
+    pub file: String,
+}
+
+/// `manifest.json` of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`MANIFEST_FORMAT`].
+    pub format: u32,
+    /// Training run id (the run folder's name).
+    pub run_id: String,
+    /// Policy version of these weights (1, 2, ...; 0 is the initial weights and has no checkpoint).
+    pub version: i64,
+    /// Version trained from.
+    pub parent_version: i64,
+    /// Optimizer steps taken in total.
+    pub step: i64,
+    /// Method (`binary`, `opd`, `combined`).
+    pub method: String,
+    /// `TrainerConfig::hash`.
+    pub config_hash: String,
+    /// `full` (all trainable weights) or `lora` (adapter tensors only).
+    pub weights_format: String,
+    /// Weight files written by the policy, relative to the folder.
+    pub weight_files: Vec<String>,
+    /// Optimizer state.
+    pub optimizer: OptimizerRecord,
+    /// Per-step metrics since the parent.
+    pub metrics: Vec<StepRecord>,
+    /// Samples consumed since the parent.
+    pub lineage: Vec<LineageEntry>,
+    /// When written (ms since the Unix epoch).
+    pub created_time: i64,
+}
+
+impl Manifest {
+    /// Reads `dir/manifest.json`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when unreadable, [`Error::Json`] when malformed.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = fs::read_to_string(&path).map_err(|e| Error::io("read", &path, e))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The `checkpoints` table row for this manifest, stored at `path`: metrics and lineage as JSON text.
+    ///
+    /// # Errors
+    /// [`Error::Json`] if serialisation fails (not expected).
+    pub fn to_row(&self, path: &Path) -> Result<Checkpoint> {
+        Ok(Checkpoint {
+            schema_version: Checkpoint::SCHEMA_VERSION,
+            checkpoint_id: format!("{}/{}", self.run_id, self.version),
+            run_id: self.run_id.clone(),
+            version: self.version,
+            parent_version: self.parent_version,
+            step: self.step,
+            method: self.method.clone(),
+            config_hash: self.config_hash.clone(),
+            path: path.display().to_string(),
+            weights_format: self.weights_format.clone(),
+            samples: self.lineage.iter().filter(|l| l.trained).count() as i64,
+            metrics: serde_json::to_string(&self.metrics)?,
+            lineage: serde_json::to_string(&self.lineage)?,
+            created_time: self.created_time,
+        })
+    }
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io("fsync folder", dir, e))
+}
+
+fn fsync_tree(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
+        let path = entry.map_err(|e| Error::io("list", dir, e))?.path();
+        if path.is_dir() {
+            fsync_tree(&path)?;
+        } else {
+            File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io("fsync", &path, e))?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+/// Writes the checkpoints of one run into `<checkpoints dir>/<run id>/`.
+#[derive(Debug, Clone)]
+pub struct CheckpointWriter {
+    run_dir: PathBuf,
+    run_id: String,
+}
+
+impl CheckpointWriter {
+    /// A writer for run `run_id` under `checkpoints_dir` (created on the first write).
+    pub fn new(checkpoints_dir: &Path, run_id: &str) -> CheckpointWriter {
+        CheckpointWriter { run_dir: checkpoints_dir.join(run_id), run_id: run_id.to_string() }
+    }
+
+    /// `<checkpoints dir>/<run id>`.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// The run id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Writes checkpoint `manifest.version`: `write_files` fills the temporary folder (weights and
+    /// optimizer state) and returns the weight files' names, which are stored in the manifest; then the
+    /// manifest is written, everything fsynced, and the folder renamed to `<version>`. Returns the final
+    /// folder. On failure the temporary folder is removed (or left to be ignored).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when version `N` already exists (checkpoints are never overwritten);
+    /// [`Error::Io`] on a file-system failure; whatever `write_files` returns.
+    pub fn write(&self, manifest: &mut Manifest, write_files: impl FnOnce(&Path) -> Result<Vec<String>>) -> Result<PathBuf> {
+        let final_dir = self.run_dir.join(manifest.version.to_string());
+        if final_dir.exists() {
+            return Err(crate::config_err!("checkpoint {} already exists; refusing to overwrite it", final_dir.display()));
+        }
+        fs::create_dir_all(&self.run_dir).map_err(|e| Error::io("create folder", &self.run_dir, e))?;
+        let tmp = self.run_dir.join(format!(".tmp-{}-{}", manifest.version, uuid::Uuid::new_v4().simple()));
+        fs::create_dir(&tmp).map_err(|e| Error::io("create folder", &tmp, e))?;
+        let result = (|| {
+            manifest.weight_files = write_files(&tmp)?;
+            let json = serde_json::to_vec_pretty(&*manifest)?;
+            let mpath = tmp.join(MANIFEST_FILE);
+            fs::write(&mpath, json).map_err(|e| Error::io("write", &mpath, e))?;
+            fsync_tree(&tmp)?;
+            fs::rename(&tmp, &final_dir).map_err(|e| Error::io("rename", &final_dir, e))?;
+            fsync_dir(&self.run_dir)
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        Ok(final_dir)
+    }
+}
+
+/// What [`scan`] found in a run folder.
+#[derive(Debug, Default)]
+pub struct CheckpointScan {
+    /// Complete checkpoints `(folder, manifest)`, ascending by version.
+    pub complete: Vec<(PathBuf, Manifest)>,
+    /// Folders that are not complete checkpoints, with the reason (temporary folders, unreadable or
+    /// mismatched manifests).
+    pub ignored: Vec<(PathBuf, String)>,
+}
+
+/// Lists the checkpoints of a run folder (`checkpoints/<run>`); a missing folder has none.
+///
+/// # Errors
+/// [`Error::Io`] when the folder exists but cannot be listed.
+pub fn scan(run_dir: &Path) -> Result<CheckpointScan> {
+    let mut out = CheckpointScan::default();
+    let entries = match fs::read_dir(run_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io("list", run_dir, e)),
+    };
+    for entry in entries {
+        let path = entry.map_err(|e| Error::io("list", run_dir, e))?.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let Ok(version) = name.parse::<i64>() else {
+            out.ignored.push((path, "not a version folder (temporary or foreign)".into()));
+            continue;
+        };
+        match Manifest::read(&path) {
+            Ok(m) if m.version == version => out.complete.push((path, m)),
+            Ok(m) => out.ignored.push((path, format!("manifest says version {}, folder {version}", m.version))),
+            Err(e) => out.ignored.push((path, format!("no readable manifest: {e}"))),
+        }
+    }
+    out.complete.sort_by_key(|(_, m)| m.version);
+    Ok(out)
+}
+
+/// The newest complete checkpoint of a run folder (for `--resume`), or `None`.
+///
+/// # Errors
+/// As [`scan`].
+pub fn latest_complete(run_dir: &Path) -> Result<Option<(PathBuf, Manifest)>> {
+    Ok(scan(run_dir)?.complete.pop())
+}
+
+/// The manifests on the path from `version` back to the initial weights (following `parent_version`),
+/// newest first. Stops at the first missing parent.
+pub fn ancestry(manifests: &[Manifest], version: i64) -> Vec<&Manifest> {
+    let mut chain = Vec::new();
+    let mut seen = HashSet::new();
+    let mut v = version;
+    while let Some(m) = manifests.iter().find(|m| m.version == v) {
+        if !seen.insert(v) {
+            break;
+        }
+        chain.push(m);
+        v = m.parent_version;
+    }
+    chain
+}
+
+/// Every sample id in the lineage of the given manifests (trained or dropped): the samples to skip
+/// after resuming (pass the [`ancestry`] of the checkpoint resumed from).
+pub fn consumed_sample_ids<'a>(manifests: impl IntoIterator<Item = &'a Manifest>) -> HashSet<String> {
+    manifests.into_iter().flat_map(|m| m.lineage.iter().map(|l| l.sample_id.clone())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(version: i64, parent: i64, ids: &[&str]) -> Manifest {
+        Manifest {
+            format: MANIFEST_FORMAT,
+            run_id: "run".into(),
+            version,
+            parent_version: parent,
+            step: version,
+            method: "binary".into(),
+            config_hash: "h".into(),
+            weights_format: "full".into(),
+            weight_files: vec![],
+            optimizer: OptimizerRecord { kind: "adamw".into(), step: version, lr: 1e-5, betas: (0.9, 0.98), eps: 1e-8, weight_decay: 0.1, file: OPTIMIZER_FILE.into() },
+            metrics: vec![],
+            lineage: ids
+                .iter()
+                .map(|id| LineageEntry {
+                    sample_id: id.to_string(),
+                    interaction_id: format!("i-{id}"),
+                    source_topic: Some("interactions".into()),
+                    source_partition: Some(1),
+                    source_offset: Some(7),
+                    policy_version: Some(parent),
+                    step: version,
+                    trained: true,
+                    drop_reason: None,
+                })
+                .collect(),
+            created_time: 0,
+        }
+    }
+
+    #[test]
+    fn writes_atomically_and_finds_the_newest_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = CheckpointWriter::new(dir.path(), "run");
+        let mut m1 = manifest(1, 0, &["a", "b"]);
+        let p1 = w
+            .write(&mut m1, |tmp| {
+                fs::write(tmp.join("model.safetensors"), b"w1").unwrap();
+                Ok(vec!["model.safetensors".into()])
+            })
+            .unwrap();
+        assert_eq!(p1, dir.path().join("run").join("1"));
+        assert_eq!(Manifest::read(&p1).unwrap().weight_files, vec!["model.safetensors".to_string()]);
+        let mut m2 = manifest(2, 1, &["c"]);
+        w.write(&mut m2, |_| Ok(vec![])).unwrap();
+        // A crashed write: a temporary folder with files but no rename; a numbered folder without manifest.
+        fs::create_dir_all(dir.path().join("run/.tmp-3-abc")).unwrap();
+        fs::write(dir.path().join("run/.tmp-3-abc/manifest.json"), serde_json::to_vec(&manifest(3, 2, &["d"])).unwrap()).unwrap();
+        fs::create_dir_all(dir.path().join("run/4")).unwrap();
+        let s = scan(w.run_dir()).unwrap();
+        assert_eq!(s.complete.iter().map(|(_, m)| m.version).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(s.ignored.len(), 2);
+        let (path, latest) = latest_complete(w.run_dir()).unwrap().unwrap();
+        assert_eq!((latest.version, path), (2, dir.path().join("run/2")));
+        // Never overwritten.
+        assert!(w.write(&mut manifest(2, 1, &[]), |_| Ok(vec![])).unwrap_err().to_string().contains("already exists"));
+        // A failing writer leaves no folder behind.
+        assert!(w.write(&mut manifest(5, 2, &[]), |_| Err(Error::Internal("disk full".into()))).is_err());
+        assert!(!dir.path().join("run/5").exists());
+        assert_eq!(fs::read_dir(w.run_dir()).unwrap().count(), 4);
+        // Missing run folder: nothing.
+        assert!(latest_complete(&dir.path().join("nope")).unwrap().is_none());
+    }
+
+    #[test]
+    fn consumed_ids_follow_the_ancestry() {
+        // 1 ← 2 ← 3, and a sibling 4 whose parent is 2 (e.g. written by another run after a resume).
+        let ms = vec![manifest(1, 0, &["a", "b"]), manifest(2, 1, &["c"]), manifest(3, 2, &["d"]), manifest(4, 2, &["x"])];
+        let chain: Vec<i64> = ancestry(&ms, 3).iter().map(|m| m.version).collect();
+        assert_eq!(chain, vec![3, 2, 1]);
+        let ids = consumed_sample_ids(ancestry(&ms, 3));
+        assert_eq!(ids, ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect());
+        assert_eq!(consumed_sample_ids(&ms).len(), 5);
+    }
+
+    #[test]
+    fn manifest_becomes_a_checkpoints_row() {
+        let mut m = manifest(2, 1, &["a", "b"]);
+        m.lineage[1].trained = false;
+        m.lineage[1].drop_reason = Some("stale".into());
+        let row = m.to_row(Path::new("/c/run/2")).unwrap();
+        assert_eq!((row.checkpoint_id.as_str(), row.version, row.parent_version, row.samples), ("run/2", 2, 1, 1));
+        let lineage: Vec<LineageEntry> = serde_json::from_str(&row.lineage).unwrap();
+        assert_eq!(lineage, m.lineage);
+        assert_eq!(row.path, "/c/run/2");
+    }
+}

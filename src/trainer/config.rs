@@ -1,0 +1,279 @@
+//! Trainer configuration: a pipeline's `[trainer]` table (defaults from the reference scripts,
+//! METHOD.md §6). Unknown keys are an error.
+
+use serde::{Deserialize, Serialize};
+
+use super::loss::{LossConfig, OpdLoss};
+use crate::config::Method;
+use crate::schema::content_hash;
+use crate::{config_err, Result};
+
+/// What happens to a sample produced by a policy version older than `max_staleness` versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Staleness {
+    /// The sample is dropped (counted with reason `stale`).
+    #[default]
+    Drop,
+    /// The sample is kept with weight `staleness_decay^(age − max_staleness)` in the aggregation.
+    Weight,
+}
+
+/// LoRA settings (`[trainer.lora]`). The model runtime attaches the adapters; the trainer then trains
+/// and checkpoints only the adapter tensors (METHOD.md §6: rank 16, alpha 32 on q,k,v,o,gate,up,down).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSettings {
+    /// Train LoRA adapters instead of all weights (default false).
+    pub enabled: bool,
+    /// Adapter rank r (16).
+    pub rank: usize,
+    /// Scaling alpha; the adapter output is multiplied by alpha / r (32).
+    pub alpha: f64,
+    /// Projections that get adapters: any of `q`, `k`, `v`, `o`, `gate`, `up`, `down` (all seven).
+    pub targets: Vec<String>,
+}
+
+/// The LoRA target names [`LoraSettings::targets`] accepts.
+pub const LORA_TARGETS: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
+
+impl Default for LoraSettings {
+    fn default() -> Self {
+        LoraSettings { enabled: false, rank: 16, alpha: 32.0, targets: LORA_TARGETS.iter().map(|s| s.to_string()).collect() }
+    }
+}
+
+/// The `[trainer]` table. Every field has a default; see each field for its unit and source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerConfig {
+    /// Samples per optimizer step (16). The wiring collects this many samples, then calls
+    /// `Trainer::train_step` once.
+    pub batch_size: usize,
+    /// AdamW learning rate, constant (1e-5).
+    pub lr: f64,
+    /// AdamW decoupled weight decay (0.1), applied to every trainable tensor.
+    pub weight_decay: f64,
+    /// AdamW (β1, β2) = (0.9, 0.98); TOML `betas = [0.9, 0.98]`.
+    pub betas: (f64, f64),
+    /// AdamW ε in the denominator (1e-8, PyTorch's default).
+    pub adam_eps: f64,
+    /// Maximum global L2 norm of the gradient (1.0); 0 disables clipping.
+    pub grad_clip: f64,
+    /// PPO lower clip ε (0.2): the ratio is clipped below at 1 − ε.
+    pub eps_clip: f64,
+    /// PPO upper clip ε_high (0.28): the ratio is clipped above at 1 + ε_high.
+    pub eps_clip_high: f64,
+    /// Weight of the reward in the combined advantage (1).
+    pub w_rl: f64,
+    /// Weight of the teacher term in the combined advantage (1).
+    pub w_opd: f64,
+    /// Weight of the k3 KL to a reference policy (0; > 0 needs a reference policy).
+    pub kl_coef: f64,
+    /// Weight of the entropy bonus (0; the entropy is reported either way).
+    pub entropy_coef: f64,
+    /// Weight of the top-K reverse-KL term when `opd_loss` is `topk` or `both` (1).
+    pub topk_coef: f64,
+    /// Use only the first `topk_k` of the teacher's top-K columns (0 = all the samples carry).
+    pub topk_k: usize,
+    /// How the teacher signal enters the loss: `ppo` (advantage `teacher − old`), `topk` (top-K
+    /// reverse KL only) or `both`.
+    pub opd_loss: OpdLoss,
+    /// LoRA settings.
+    pub lora: LoraSettings,
+    /// Write a checkpoint every this many optimizer steps (1).
+    pub checkpoint_every: u64,
+    /// Use the current policy's log-probs (computed in the same forward pass, without gradient) as
+    /// `old` instead of the rollout log-probs (false). The mean |rollout − current| is reported either way.
+    pub recompute_old_logprobs: bool,
+    /// Samples whose policy version is more than this many versions behind the trainer's are dropped or
+    /// down-weighted (see `staleness`); none = no limit.
+    pub max_staleness: Option<u64>,
+    /// `drop` or `weight` for samples beyond `max_staleness`.
+    pub staleness: Staleness,
+    /// Weight mode: a sample `a` versions old (a > max_staleness) gets weight
+    /// `staleness_decay^(a − max_staleness)` (0.5).
+    pub staleness_decay: f64,
+    /// Seed for libtorch's generator (42).
+    pub seed: u64,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            batch_size: 16,
+            lr: 1e-5,
+            weight_decay: 0.1,
+            betas: (0.9, 0.98),
+            adam_eps: 1e-8,
+            grad_clip: 1.0,
+            eps_clip: 0.2,
+            eps_clip_high: 0.28,
+            w_rl: 1.0,
+            w_opd: 1.0,
+            kl_coef: 0.0,
+            entropy_coef: 0.0,
+            topk_coef: 1.0,
+            topk_k: 0,
+            opd_loss: OpdLoss::Ppo,
+            lora: LoraSettings::default(),
+            checkpoint_every: 1,
+            recompute_old_logprobs: false,
+            max_staleness: None,
+            staleness: Staleness::Drop,
+            staleness_decay: 0.5,
+            seed: 42,
+        }
+    }
+}
+
+fn finite_in(name: &str, x: f64, lo: f64, hi: f64) -> Result<()> {
+    if !x.is_finite() || x < lo || x > hi {
+        return Err(config_err!("trainer.{name} = {x} must be in [{lo}, {hi}]"));
+    }
+    Ok(())
+}
+
+impl TrainerConfig {
+    /// Checks every value's range.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] naming the key and the value.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 {
+            return Err(config_err!("trainer.batch_size must be at least 1"));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(config_err!("trainer.lr = {} must be a positive number", self.lr));
+        }
+        finite_in("weight_decay", self.weight_decay, 0.0, f64::MAX)?;
+        finite_in("betas[0]", self.betas.0, 0.0, 0.999_999)?;
+        finite_in("betas[1]", self.betas.1, 0.0, 0.999_999)?;
+        if !(self.adam_eps.is_finite() && self.adam_eps > 0.0) {
+            return Err(config_err!("trainer.adam_eps = {} must be a positive number", self.adam_eps));
+        }
+        finite_in("grad_clip", self.grad_clip, 0.0, f64::MAX)?;
+        finite_in("eps_clip", self.eps_clip, 0.0, 0.999_999)?;
+        finite_in("eps_clip_high", self.eps_clip_high, 0.0, f64::MAX)?;
+        for (name, x) in [("w_rl", self.w_rl), ("w_opd", self.w_opd), ("kl_coef", self.kl_coef), ("entropy_coef", self.entropy_coef), ("topk_coef", self.topk_coef)] {
+            finite_in(name, x, f64::MIN, f64::MAX)?;
+        }
+        if self.checkpoint_every == 0 {
+            return Err(config_err!("trainer.checkpoint_every must be at least 1"));
+        }
+        if !(self.staleness_decay > 0.0 && self.staleness_decay <= 1.0) {
+            return Err(config_err!("trainer.staleness_decay = {} must be in (0, 1]", self.staleness_decay));
+        }
+        if self.lora.enabled {
+            if self.lora.rank == 0 {
+                return Err(config_err!("trainer.lora.rank must be at least 1"));
+            }
+            finite_in("lora.alpha", self.lora.alpha, f64::MIN_POSITIVE, f64::MAX)?;
+            if self.lora.targets.is_empty() {
+                return Err(config_err!("trainer.lora.targets must name at least one projection"));
+            }
+        }
+        if let Some(bad) = self.lora.targets.iter().find(|t| !LORA_TARGETS.contains(&t.as_str())) {
+            return Err(config_err!("trainer.lora.targets: unknown projection {bad:?} (expected one of {LORA_TARGETS:?})"));
+        }
+        Ok(())
+    }
+
+    /// The loss coefficients for `method` (METHOD.md §6).
+    pub fn loss_config(&self, method: Method) -> LossConfig {
+        LossConfig {
+            method,
+            eps_clip: self.eps_clip,
+            eps_clip_high: self.eps_clip_high,
+            w_rl: self.w_rl,
+            w_opd: self.w_opd,
+            kl_coef: self.kl_coef,
+            entropy_coef: self.entropy_coef,
+            topk_coef: self.topk_coef,
+            opd_loss: self.opd_loss,
+        }
+    }
+
+    /// Stable hash of this configuration and the method (32 hex characters), stored in every
+    /// checkpoint manifest.
+    ///
+    /// # Errors
+    /// [`crate::Error::Json`] if the configuration cannot be serialised (not expected).
+    pub fn hash(&self, method: Method) -> Result<String> {
+        let json = serde_json::to_string(self)?;
+        Ok(content_hash(&[method.as_str().as_bytes(), json.as_bytes()]))
+    }
+
+    /// The aggregation weight of a sample produced by `sample_version` when the trainer is at
+    /// `current_version`: `Some(1.0)` when fresh enough (or its version is unknown), `None` to drop it,
+    /// or `Some(staleness_decay^(age − max_staleness))` in weight mode.
+    pub fn staleness_weight(&self, current_version: i64, sample_version: Option<i64>) -> Option<f64> {
+        let (Some(max), Some(v)) = (self.max_staleness, sample_version) else {
+            return Some(1.0);
+        };
+        let age = current_version.saturating_sub(v).max(0) as u64;
+        if age <= max {
+            return Some(1.0);
+        }
+        match self.staleness {
+            Staleness::Drop => None,
+            Staleness::Weight => Some(self.staleness_decay.powf((age - max) as f64)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_reference_scripts() {
+        let c = TrainerConfig::default();
+        assert_eq!((c.batch_size, c.lr, c.weight_decay, c.betas, c.grad_clip), (16, 1e-5, 0.1, (0.9, 0.98), 1.0));
+        assert_eq!((c.eps_clip, c.eps_clip_high, c.w_rl, c.w_opd, c.kl_coef, c.entropy_coef), (0.2, 0.28, 1.0, 1.0, 0.0, 0.0));
+        assert_eq!((c.lora.enabled, c.lora.rank, c.lora.alpha, c.lora.targets.len()), (false, 16, 32.0, 7));
+        assert_eq!((c.checkpoint_every, c.recompute_old_logprobs, c.opd_loss), (1, false, OpdLoss::Ppo));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn parses_a_trainer_table_and_rejects_unknown_keys() {
+        let c: TrainerConfig = toml::from_str(
+            "batch_size = 4\nbetas = [0.8, 0.9]\nopd_loss = \"both\"\nmax_staleness = 2\nstaleness = \"weight\"\n[lora]\nenabled = true\ntargets = [\"q\", \"v\"]\n",
+        )
+        .unwrap();
+        assert_eq!((c.batch_size, c.betas, c.opd_loss, c.max_staleness, c.staleness), (4, (0.8, 0.9), OpdLoss::Both, Some(2), Staleness::Weight));
+        assert_eq!((c.lora.enabled, c.lora.rank, c.lora.targets.clone()), (true, 16, vec!["q".to_string(), "v".to_string()]));
+        let e = toml::from_str::<TrainerConfig>("learning_rate = 1.0\n").unwrap_err().to_string();
+        assert!(e.contains("learning_rate"), "{e}");
+        let bad = TrainerConfig { lora: LoraSettings { targets: vec!["qkv".into()], ..Default::default() }, ..Default::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("qkv"));
+        let bad = TrainerConfig { eps_clip: 1.5, ..Default::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("eps_clip = 1.5"));
+    }
+
+    #[test]
+    fn staleness_drop_and_weight() {
+        let dropping = TrainerConfig { max_staleness: Some(2), ..Default::default() };
+        // Trainer at version 5: versions 3..=5 are within 2; version 2 is 3 old → dropped.
+        assert_eq!(dropping.staleness_weight(5, Some(3)), Some(1.0));
+        assert_eq!(dropping.staleness_weight(5, Some(2)), None);
+        assert_eq!(dropping.staleness_weight(5, None), Some(1.0));
+        let weight = TrainerConfig { staleness: Staleness::Weight, staleness_decay: 0.5, ..dropping };
+        // 3 old: 0.5^1; 5 old: 0.5^3 = 0.125.
+        assert_eq!(weight.staleness_weight(5, Some(2)), Some(0.5));
+        assert_eq!(weight.staleness_weight(5, Some(0)), Some(0.125));
+        // No limit: always 1.
+        assert_eq!(TrainerConfig::default().staleness_weight(100, Some(0)), Some(1.0));
+    }
+
+    #[test]
+    fn hash_changes_with_config_and_method() {
+        let c = TrainerConfig::default();
+        let h = c.hash(Method::Combined).unwrap();
+        assert_eq!(h.len(), 32);
+        assert_eq!(h, c.hash(Method::Combined).unwrap());
+        assert_ne!(h, c.hash(Method::Binary).unwrap());
+        assert_ne!(h, TrainerConfig { lr: 2e-5, ..c }.hash(Method::Combined).unwrap());
+    }
+}

@@ -1,0 +1,459 @@
+//! Hand-computed checks of the METHOD.md §6 loss math (f64 tensors on CPU).
+
+use proptest::prelude::*;
+use tch::{Kind, Tensor};
+
+use super::*;
+
+fn t1(v: &[f64]) -> Tensor {
+    Tensor::from_slice(v)
+}
+
+fn t2(rows: &[&[f64]]) -> Tensor {
+    let b = rows.len() as i64;
+    let t = rows.first().map_or(0, |r| r.len()) as i64;
+    let flat: Vec<f64> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+    Tensor::from_slice(&flat).view([b, t])
+}
+
+fn t3(rows: &[&[&[f64]]]) -> Tensor {
+    let b = rows.len() as i64;
+    let t = rows[0].len() as i64;
+    let k = rows[0][0].len() as i64;
+    let flat: Vec<f64> = rows.iter().flat_map(|r| r.iter().flat_map(|c| c.iter().copied())).collect();
+    Tensor::from_slice(&flat).view([b, t, k])
+}
+
+fn v2(t: &Tensor) -> Vec<Vec<f64>> {
+    Vec::<Vec<f64>>::try_from(&t.to_kind(Kind::Double)).unwrap()
+}
+
+fn v1(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(&t.to_kind(Kind::Double)).unwrap()
+}
+
+fn assert_close(got: f64, want: f64, tol: f64) {
+    assert!((got - want).abs() <= tol, "got {got}, want {want} (tol {tol})");
+}
+
+fn assert_all_close(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "lengths differ: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= tol, "got {got:?}, want {want:?}");
+    }
+}
+
+fn ln(x: f64) -> f64 {
+    x.ln()
+}
+
+// ---------- advantages ----------
+
+#[test]
+fn binary_advantage_is_the_reward_on_masked_tokens() {
+    let cfg = LossConfig::new(Method::Binary);
+    let r = t1(&[1.0, -1.0]);
+    let old = t2(&[&[-0.3, -0.7, -1.1], &[-0.2, -0.4, 0.0]]);
+    let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
+    let a = advantages(&cfg, &r, &old, None, &[SampleType::Binary, SampleType::Binary], &mask).unwrap();
+    // A_t = r on every masked token, 0 on the padded third token of row 2.
+    assert_eq!(v2(&a), vec![vec![1.0, 1.0, 1.0], vec![-1.0, -1.0, 0.0]]);
+}
+
+#[test]
+fn opd_advantage_is_teacher_minus_old() {
+    let cfg = LossConfig::new(Method::Opd);
+    let old = t2(&[&[-1.0, -0.25, -2.0]]);
+    let teacher = t2(&[&[-0.5, -1.0, -2.0]]);
+    let mask = t2(&[&[1.0, 1.0, 1.0]]);
+    let a = advantages(&cfg, &t1(&[0.0]), &old, Some(&teacher), &[SampleType::Opd], &mask).unwrap();
+    // −0.5 − (−1) = 0.5; −1 − (−0.25) = −0.75; −2 − (−2) = 0.
+    assert_all_close(&v2(&a)[0], &[0.5, -0.75, 0.0], 1e-12);
+    // OPD needs the teacher.
+    assert!(advantages(&cfg, &t1(&[0.0]), &old, None, &[SampleType::Opd], &mask).is_err());
+    // With the top-K loss only, the PPO advantage of OPD is 0.
+    let topk = LossConfig { opd_loss: OpdLoss::Topk, ..cfg };
+    let a = advantages(&topk, &t1(&[0.0]), &old, Some(&teacher), &[SampleType::Opd], &mask).unwrap();
+    assert_eq!(v2(&a)[0], vec![0.0, 0.0, 0.0]);
+}
+
+#[test]
+fn combined_advantage_weights_reward_and_teacher_term() {
+    let old = t2(&[&[-1.0, -0.25], &[-1.0, -0.25], &[-1.0, -0.25]]);
+    let teacher = t2(&[&[-0.5, -1.0], &[-0.5, -1.0], &[-3.0, -3.0]]);
+    let mask = t2(&[&[1.0, 1.0], &[1.0, 0.0], &[1.0, 1.0]]);
+    let r = t1(&[1.0, 0.0, -1.0]);
+    let types = [SampleType::CombinedBoth, SampleType::CombinedHintOnly, SampleType::CombinedScoreOnly];
+    let cfg = LossConfig::new(Method::Combined);
+    let a = advantages(&cfg, &r, &old, Some(&teacher), &types, &mask).unwrap();
+    // Row 1: 1·1 + 1·(0.5) = 1.5; 1 + 1·(−0.75) = 0.25.
+    // Row 2: r = 0: 0.5, then masked → 0.
+    // Row 3: score-only: the teacher term is 0 by construction, A = r = −1 on both tokens.
+    let a = v2(&a);
+    assert_all_close(&a[0], &[1.5, 0.25], 1e-12);
+    assert_all_close(&a[1], &[0.5, 0.0], 1e-12);
+    assert_all_close(&a[2], &[-1.0, -1.0], 1e-12);
+    // w_rl = 2, w_opd = 0.5: 2 + 0.5·0.5 = 2.25; 2 + 0.5·(−0.75) = 1.625.
+    let w = LossConfig { w_rl: 2.0, w_opd: 0.5, ..cfg };
+    let a = advantages(&w, &r, &old, Some(&teacher), &types, &mask).unwrap();
+    assert_all_close(&v2(&a)[0], &[2.25, 1.625], 1e-12);
+    // opd_loss = topk: only w_rl·r remains: 2·1 = 2 on row 1.
+    let tk = LossConfig { opd_loss: OpdLoss::Topk, ..w };
+    let a = advantages(&tk, &r, &old, Some(&teacher), &types, &mask).unwrap();
+    assert_all_close(&v2(&a)[0], &[2.0, 2.0], 1e-12);
+}
+
+#[test]
+fn advantages_are_constants() {
+    let old = t2(&[&[-1.0, -0.5]]).set_requires_grad(true);
+    let teacher = t2(&[&[-0.5, -1.0]]).set_requires_grad(true);
+    let a = advantages(&LossConfig::new(Method::Combined), &t1(&[1.0]), &old, Some(&teacher), &[SampleType::CombinedBoth], &t2(&[&[1.0, 1.0]])).unwrap();
+    assert!(!a.requires_grad());
+}
+
+#[test]
+fn advantage_shape_errors_name_the_shapes() {
+    let cfg = LossConfig::new(Method::Binary);
+    let e = advantages(&cfg, &t1(&[1.0, 1.0, 1.0]), &t2(&[&[0.0, 0.0]]), None, &[SampleType::Binary], &t2(&[&[1.0, 1.0]])).unwrap_err();
+    assert!(e.to_string().contains("[3]") && e.to_string().contains("[1]"), "{e}");
+}
+
+proptest! {
+    /// METHOD.md §6: with teacher = old and r = 0, the combined advantage is exactly 0 (any weights,
+    /// any sample type, any mask).
+    #[test]
+    fn combined_advantage_is_zero_when_teacher_equals_old_and_no_reward(
+        old in proptest::collection::vec(-30.0f64..0.0, 1..24),
+        w_rl in -3.0f64..3.0,
+        w_opd in -3.0f64..3.0,
+        mask_bits in proptest::collection::vec(any::<bool>(), 24),
+        type_idx in 0usize..3,
+    ) {
+        let t = old.len() as i64;
+        let old_t = Tensor::from_slice(&old).view([1, t]);
+        let mask: Vec<f64> = mask_bits[..old.len()].iter().map(|&b| if b { 1.0 } else { 0.0 }).collect();
+        let mask = Tensor::from_slice(&mask).view([1, t]);
+        let ty = [SampleType::CombinedBoth, SampleType::CombinedHintOnly, SampleType::CombinedScoreOnly][type_idx];
+        let cfg = LossConfig { w_rl, w_opd, ..LossConfig::new(Method::Combined) };
+        let a = advantages(&cfg, &t1(&[0.0]), &old_t, Some(&old_t.copy()), &[ty], &mask).unwrap();
+        for x in v2(&a)[0].iter() {
+            prop_assert_eq!(*x, 0.0);
+        }
+    }
+}
+
+// ---------- PPO ----------
+
+#[test]
+fn ppo_clip_in_both_directions_of_advantage_and_ratio() {
+    // Six tokens, ε = 0.2, ε_high = 0.28 (ratio clipped to [0.8, 1.28]):
+    //  1. A=+1, log r=+0.5 → r=1.648721: −r·A=−1.648721, −1.28·A=−1.28 → max −1.28, clipped, grad 0.
+    //  2. A=+1, log r=−0.5 → r=0.606531: −0.606531 vs −0.8 → max −0.606531, unclipped, grad −A·r = −0.606531.
+    //  3. A=−1, log r=+0.5: 1.648721 vs 1.28 → 1.648721, unclipped, grad −A·r = 1.648721.
+    //  4. A=−1, log r=−0.5: 0.606531 vs 0.8 → 0.8, clipped, grad 0.
+    //  5. A=+2, log r=+0.1 → r=1.105171 inside the range: −2.210342 both, unclipped, grad −2.210342.
+    //  6. A=0: both terms 0, not clipped (0 > 0 is false), grad 0.
+    let old = t2(&[&[-1.0; 6]]);
+    let new = t2(&[&[-0.5, -1.5, -0.5, -1.5, -0.9, -1.0]]).set_requires_grad(true);
+    let adv = t2(&[&[1.0, 1.0, -1.0, -1.0, 2.0, 0.0]]);
+    let p = ppo_clipped_loss(&new, &old, &adv, 0.2, 0.28).unwrap();
+    let e05 = 0.5f64.exp();
+    let em05 = (-0.5f64).exp();
+    let e01 = 0.1f64.exp();
+    assert_all_close(&v2(&p.loss)[0], &[-1.28, -em05, e05, 0.8, -2.0 * e01, 0.0], 1e-12);
+    assert_eq!(v2(&p.clipped)[0], vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
+    p.loss.sum(Kind::Double).backward();
+    assert_all_close(&v2(&new.grad())[0], &[0.0, -em05, e05, 0.0, -2.0 * e01, 0.0], 1e-12);
+}
+
+#[test]
+fn clip_fraction_and_ppo_kl_over_masked_tokens() {
+    // Binary advantage is r per row; two rows give both signs: row 1 r=+1, row 2 r=−1.
+    let old2 = t2(&[&[-1.0, -1.0, -1.0], &[-1.0, -1.0, -1.0]]);
+    let new2 = t2(&[&[-0.5, -1.5, -0.9], &[-0.5, -1.5, -1.0]]);
+    let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 1.0]]);
+    let types = [SampleType::Binary, SampleType::Binary];
+    let reward = t1(&[1.0, -1.0]);
+    let inp = LossInputs {
+        new_logprobs: &new2,
+        old_logprobs: &old2,
+        teacher_logprobs: None,
+        reward: &reward,
+        mask: &mask,
+        sample_types: &types,
+        sample_weights: None,
+        ref_logprobs: None,
+        entropy: None,
+        topk: None,
+    };
+    let out = compute_loss(&LossConfig::new(Method::Binary), &inp).unwrap();
+    // Row 1 (A=+1): log r = 0.5 clipped, −0.5 unclipped, 0.1 unclipped.
+    // Row 2 (A=−1): log r = 0.5 unclipped, −0.5 clipped, 0 unclipped. → 2 of 6.
+    assert_close(out.metrics.clip_fraction, 2.0 / 6.0, 1e-12);
+    // ppo_kl = mean(old − new) = mean(−0.5, 0.5, −0.1, −0.5, 0.5, 0) = −0.1/6.
+    assert_close(out.metrics.ppo_kl, -0.1 / 6.0, 1e-12);
+    // pg per row: row 1: (−1.28 − e^−0.5 − e^0.1)/3; row 2: (e^0.5 + 0.8 + 1)/3.
+    let row1 = (-1.28 - (-0.5f64).exp() - 0.1f64.exp()) / 3.0;
+    let row2 = (0.5f64.exp() + 0.8 + 1.0) / 3.0;
+    assert_close(out.metrics.pg_loss, row1 + row2, 1e-12);
+    assert_close(out.metrics.loss, row1 + row2, 1e-12);
+    assert_all_close(&v1(&out.per_sample.clip_fraction), &[1.0 / 3.0, 1.0 / 3.0], 1e-12);
+    assert_eq!(out.metrics.tokens, 6);
+    assert_eq!(out.metrics.samples, 2);
+    // Masking the clipped token of row 2 out: 1 clipped of 5 masked tokens.
+    let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 0.0, 1.0]]);
+    let out = compute_loss(&LossConfig::new(Method::Binary), &LossInputs { mask: &mask, ..inp }).unwrap();
+    assert_close(out.metrics.clip_fraction, 1.0 / 5.0, 1e-12);
+}
+
+// ---------- k3 KL ----------
+
+#[test]
+fn k3_kl_values_and_clamp() {
+    // d = ref − new: 0 → e^0 − 1 − 0 = 0; 1 → e − 2 = 0.718281828; −1 → e^−1 − 1 + 1 = 0.367879441;
+    // 3 → e^3 − 4 = 16.0855 → clamped to 10; −20 → e^−20 + 19 = 19.000000002 → clamped to 10.
+    let new = t2(&[&[-1.0, -1.0, -1.0, -4.0, -1.0]]);
+    let reference = t2(&[&[-1.0, 0.0, -2.0, -1.0, -21.0]]);
+    let kl = k3_kl(&new, &reference).unwrap();
+    assert_all_close(&v2(&kl)[0], &[0.0, std::f64::consts::E - 2.0, (-1.0f64).exp(), 10.0, 10.0], 1e-12);
+}
+
+#[test]
+fn k3_kl_gradient_is_zero_when_clamped() {
+    // d/dnew of e^(ref−new) − 1 − (ref−new) = 1 − e^(ref−new): d=1 → 1 − e = −1.718281828; clamped → 0.
+    let new = t2(&[&[-1.0, -4.0]]).set_requires_grad(true);
+    let reference = t2(&[&[0.0, -1.0]]);
+    k3_kl(&new, &reference).unwrap().sum(Kind::Double).backward();
+    assert_all_close(&v2(&new.grad())[0], &[1.0 - std::f64::consts::E, 0.0], 1e-12);
+}
+
+#[test]
+fn kl_term_enters_the_loss_with_its_coefficient() {
+    // One binary row, r = 0 (pg = 0), one token with ref − new = 1: kl = e − 2 = 0.718281828.
+    let new = t2(&[&[-1.0]]);
+    let reference = t2(&[&[0.0]]);
+    let mask = t2(&[&[1.0]]);
+    let reward = t1(&[0.0]);
+    let types = [SampleType::Binary];
+    let inp = LossInputs {
+        new_logprobs: &new,
+        old_logprobs: &new,
+        teacher_logprobs: None,
+        reward: &reward,
+        mask: &mask,
+        sample_types: &types,
+        sample_weights: None,
+        ref_logprobs: Some(&reference),
+        entropy: None,
+        topk: None,
+    };
+    let cfg = LossConfig { kl_coef: 0.5, ..LossConfig::new(Method::Binary) };
+    let out = compute_loss(&cfg, &inp).unwrap();
+    let kl = std::f64::consts::E - 2.0;
+    assert_close(out.metrics.kl, kl, 1e-12);
+    assert_close(out.metrics.loss, 0.5 * kl, 1e-12);
+    // Weight 0: reported, not in the loss.
+    let out = compute_loss(&LossConfig::new(Method::Binary), &inp).unwrap();
+    assert_close(out.metrics.kl, kl, 1e-12);
+    assert_close(out.metrics.loss, 0.0, 1e-12);
+    // kl_coef ≠ 0 without a reference is an error.
+    assert!(compute_loss(&cfg, &LossInputs { ref_logprobs: None, ..inp }).is_err());
+}
+
+// ---------- entropy ----------
+
+#[test]
+fn entropy_of_known_distributions() {
+    // Uniform over 4: ln 4 = 1.386294361; (0.5, 0.25, 0.25, 0): −(0.5 ln 0.5 + 2·0.25 ln 0.25) = 1.039720771
+    // (0·ln 0 would be NaN with a true −inf; use a tiny probability instead: 1e−300·ln(1e−300) ≈ 0).
+    let full = t3(&[&[&[ln(0.25), ln(0.25), ln(0.25), ln(0.25)], &[ln(0.5), ln(0.25), ln(0.25 - 1e-300), ln(1e-300)]]]);
+    let h = entropy(&full).unwrap();
+    assert_all_close(&v2(&h)[0], &[4f64.ln(), 1.5 * 2f64.ln()], 1e-12);
+}
+
+// ---------- top-K reverse KL ----------
+
+#[test]
+fn topk_reverse_kl_k1_with_tail_bin() {
+    // K = 1: student p = 0.5 → tail 0.5; teacher p = 0.25 → tail 0.75.
+    // KL = 0.5·ln(0.5/0.25) + 0.5·ln(0.5/0.75) = 0.5·ln(4/3) = 0.143841036.
+    let s = t3(&[&[&[ln(0.5)]]]);
+    let t = t3(&[&[&[ln(0.25)]]]);
+    let tail = add_tail_bin(&t).unwrap();
+    assert_all_close(&Vec::<Vec<Vec<f64>>>::try_from(&tail).unwrap()[0][0], &[ln(0.25), ln(0.75)], 1e-12);
+    let kl = topk_reverse_kl(&s, &t).unwrap();
+    assert_close(v2(&kl)[0][0], 0.5 * (4.0f64 / 3.0).ln(), 1e-12);
+}
+
+#[test]
+fn topk_reverse_kl_k3_with_tail_bin() {
+    // Student top-3 (at the teacher's ids) 0.4, 0.2, 0.1 → tail 0.3; teacher 0.5, 0.1, 0.2 → tail 0.2.
+    // KL = 0.4 ln(0.4/0.5) + 0.2 ln(0.2/0.1) + 0.1 ln(0.1/0.2) + 0.3 ln(0.3/0.2)
+    //    = −0.089257421 + 0.138629436 − 0.069314718 + 0.121639532 = 0.101696829.
+    let s = t3(&[&[&[ln(0.4), ln(0.2), ln(0.1)]]]);
+    let t = t3(&[&[&[ln(0.5), ln(0.1), ln(0.2)]]]);
+    let want = 0.4 * ln(0.4 / 0.5) + 0.2 * ln(2.0) + 0.1 * ln(0.5) + 0.3 * ln(1.5);
+    assert_close(want, 0.101696829, 1e-9);
+    assert_close(v2(&topk_reverse_kl(&s, &t).unwrap())[0][0], want, 1e-12);
+    // Identical distributions: 0.
+    assert_close(v2(&topk_reverse_kl(&s, &s.copy()).unwrap())[0][0], 0.0, 1e-12);
+}
+
+#[test]
+fn topk_tail_clamp_keeps_a_full_mass_teacher_finite() {
+    // Teacher top-2 0.6 + 0.4 = 1: logsumexp = 0 → clamped to −1e−7, tail = ln(1 − e^−1e−7) = ln(9.9999995e−8)
+    // = −16.118095700. Student 0.5, 0.3 → tail 0.2.
+    // KL = 0.5 ln(0.5/0.6) + 0.3 ln(0.3/0.4) + 0.2 (ln 0.2 + 16.1180957) = −0.091160778 − 0.086304622 + 2.901731558
+    //    = 2.724266158.
+    let s = t3(&[&[&[ln(0.5), ln(0.3)]]]);
+    let t = t3(&[&[&[ln(0.6), ln(0.4)]]]);
+    let tail_t = (-(-1e-7f64).exp_m1()).ln();
+    assert_close(tail_t, -16.1180957, 1e-6);
+    let want = 0.5 * ln(0.5 / 0.6) + 0.3 * ln(0.75) + 0.2 * (ln(0.2) - tail_t);
+    assert_close(want, 2.724266158, 1e-8);
+    assert_close(v2(&topk_reverse_kl(&s, &t).unwrap())[0][0], want, 1e-9);
+}
+
+#[test]
+fn topk_reverse_kl_gradient_flows_to_the_student_only() {
+    let logits = Tensor::from_slice(&[0.3f64, -0.2, 1.0, 0.0]).set_requires_grad(true);
+    let full = logits.log_softmax(-1, Kind::Double).view([1, 1, 4]);
+    let ids = Tensor::from_slice(&[2i64, 0]).view([1, 1, 2]);
+    let s = full.gather(2, &ids, false);
+    let t = t3(&[&[&[ln(0.5), ln(0.2)]]]).set_requires_grad(true);
+    topk_reverse_kl(&s, &t).unwrap().sum(Kind::Double).backward();
+    let g = Vec::<f64>::try_from(&logits.grad()).unwrap();
+    assert!(g.iter().all(|x| x.is_finite()) && g.iter().any(|x| x.abs() > 1e-6), "{g:?}");
+    assert!(!t.grad().defined() || v2(&t.grad().view([1, 2])).iter().flatten().all(|x| *x == 0.0));
+}
+
+// ---------- aggregation ----------
+
+#[test]
+fn sum_of_sample_means_with_uneven_lengths_and_masks() {
+    // Row 1: tokens 1, 2, 3 (4 is padding) → mean 2. Row 2: 10, 20 → 15. Row 3: no masked token → 0.
+    // Row 4: mask with a hole: 1, 3, 4 (2 excluded by the loss mask) → 8/3.
+    // Sum = 2 + 15 + 0 + 8/3 = 19.666666667.
+    let x = t2(&[&[1.0, 2.0, 3.0, 4.0], &[10.0, 20.0, 0.0, 0.0], &[5.0, 0.0, 0.0, 0.0], &[1.0, 2.0, 3.0, 4.0]]);
+    let m = t2(&[&[1.0, 1.0, 1.0, 0.0], &[1.0, 1.0, 0.0, 0.0], &[0.0, 0.0, 0.0, 0.0], &[1.0, 0.0, 1.0, 1.0]]);
+    assert_all_close(&v1(&sample_means(&x, &m).unwrap()), &[2.0, 15.0, 0.0, 8.0 / 3.0], 1e-12);
+    assert_close(sum_of_sample_means(&x, &m, None).unwrap().double_value(&[]), 2.0 + 15.0 + 8.0 / 3.0, 1e-12);
+    // Weights 1, 0.5, 1, 0: 2 + 7.5 + 0 + 0 = 9.5.
+    let w = t1(&[1.0, 0.5, 1.0, 0.0]);
+    assert_close(sum_of_sample_means(&x, &m, Some(&w)).unwrap().double_value(&[]), 9.5, 1e-12);
+    // This is not the token mean: (1+2+3+10+20+1+3+4)/8 = 5.5.
+    assert!((sum_of_sample_means(&x, &m, None).unwrap().double_value(&[]) - 5.5).abs() > 1.0);
+}
+
+#[test]
+fn masked_out_non_finite_values_do_not_leak() {
+    let x = t2(&[&[1.0, f64::NAN, f64::INFINITY]]);
+    let m = t2(&[&[1.0, 0.0, 0.0]]);
+    assert_close(sum_of_sample_means(&x, &m, None).unwrap().double_value(&[]), 1.0, 0.0);
+}
+
+#[test]
+fn sum_of_sample_means_gradient_is_mask_over_length() {
+    // d/dx of Σ_b mean_b: 1/3 on row 1's three tokens, 1/2 on row 2's two, 0 on padding.
+    let x = t2(&[&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]]).set_requires_grad(true);
+    let m = t2(&[&[1.0, 1.0, 1.0], &[1.0, 0.0, 1.0]]);
+    sum_of_sample_means(&x, &m, None).unwrap().backward();
+    let g = v2(&x.grad());
+    assert_all_close(&g[0], &[1.0 / 3.0; 3], 1e-12);
+    assert_all_close(&g[1], &[0.5, 0.0, 0.5], 1e-12);
+}
+
+// ---------- the whole loss ----------
+
+#[test]
+fn combined_loss_components_and_identity() {
+    // Row 1 CombinedBoth r=1, two tokens; row 2 CombinedScoreOnly r=−1, one token (second is padding).
+    // new = old everywhere (ratio 1, nothing clipped), so L_t = −A_t.
+    // Row 1: teacher − old = (0.5, −0.25) → A = (1.5, 0.75) → pg mean = −1.125.
+    // Row 2: A = −1 → pg = 1. pg_loss = −0.125.
+    // Entropy given as 2 on row 1's tokens and 1 on row 2's: sum of means = 2 + 1 = 3; entropy_coef 0.1
+    // → loss = −0.125 − 0.3 = −0.425.
+    let old = t2(&[&[-1.0, -0.5], &[-0.7, 0.0]]);
+    let new = old.copy().set_requires_grad(true);
+    let teacher = t2(&[&[-0.5, -0.75], &[-0.7, 0.0]]);
+    let mask = t2(&[&[1.0, 1.0], &[1.0, 0.0]]);
+    let reward = t1(&[1.0, -1.0]);
+    let ent = t2(&[&[2.0, 2.0], &[1.0, 99.0]]);
+    let types = [SampleType::CombinedBoth, SampleType::CombinedScoreOnly];
+    let inp = LossInputs {
+        new_logprobs: &new,
+        old_logprobs: &old,
+        teacher_logprobs: Some(&teacher),
+        reward: &reward,
+        mask: &mask,
+        sample_types: &types,
+        sample_weights: None,
+        ref_logprobs: None,
+        entropy: Some(&ent),
+        topk: None,
+    };
+    let cfg = LossConfig { entropy_coef: 0.1, ..LossConfig::new(Method::Combined) };
+    let out = compute_loss(&cfg, &inp).unwrap();
+    let m = &out.metrics;
+    assert_close(m.pg_loss, -0.125, 1e-12);
+    assert_close(m.entropy, 3.0, 1e-12);
+    assert_close(m.loss, -0.425, 1e-12);
+    assert_close(m.loss, m.pg_loss + cfg.kl_coef * m.kl - cfg.entropy_coef * m.entropy, 1e-12);
+    assert_close(m.clip_fraction, 0.0, 0.0);
+    assert_close(m.advantage_by_type["combined-both"], 1.125, 1e-12);
+    assert_close(m.advantage_by_type["combined-score-only"], -1.0, 1e-12);
+    assert_eq!(m.tokens, 3);
+    assert_all_close(&v1(&out.per_sample.loss), &[-1.125 - 0.2, 1.0 - 0.1], 1e-12);
+    // Staleness weights 1 and 0.5: pg = −1.125 + 0.5 = −0.625; entropy 2 + 0.5 = 2.5 → loss −0.875.
+    let w = t1(&[1.0, 0.5]);
+    let out = compute_loss(&cfg, &LossInputs { sample_weights: Some(&w), ..inp }).unwrap();
+    assert_close(out.metrics.pg_loss, -0.625, 1e-12);
+    assert_close(out.metrics.loss, -0.875, 1e-12);
+    // Gradient wrt new at ratio 1 is −A/len (weights included): row 1: −1.5/2, −0.75/2; row 2: 0.5·1/1.
+    out.loss.backward();
+    let g = v2(&new.grad());
+    assert_all_close(&g[0], &[-0.75, -0.375], 1e-12);
+    assert_all_close(&g[1], &[0.5, 0.0], 1e-12);
+}
+
+#[test]
+fn opd_topk_loss_replaces_or_joins_the_ppo_term() {
+    // One OPD row, one token: old = new = −1, teacher = −0.5 → A = 0.5, pg = −0.5 (ratio 1).
+    // Top-K (K=1): student 0.5, teacher 0.25 → topk_kl = 0.5·ln(4/3) = 0.143841036.
+    let old = t2(&[&[-1.0]]);
+    let teacher = t2(&[&[-0.5]]);
+    let mask = t2(&[&[1.0]]);
+    let reward = t1(&[0.0]);
+    let s = t3(&[&[&[ln(0.5)]]]);
+    let tt = t3(&[&[&[ln(0.25)]]]);
+    let types = [SampleType::Opd];
+    let inp = LossInputs {
+        new_logprobs: &old,
+        old_logprobs: &old,
+        teacher_logprobs: Some(&teacher),
+        reward: &reward,
+        mask: &mask,
+        sample_types: &types,
+        sample_weights: None,
+        ref_logprobs: None,
+        entropy: None,
+        topk: Some(TopkInputs { student: &s, teacher: &tt, mask: &mask }),
+    };
+    let topk = 0.5 * (4.0f64 / 3.0).ln();
+    let base = LossConfig::new(Method::Opd);
+    // ppo: loss = pg only; top-K reported.
+    let out = compute_loss(&base, &inp).unwrap();
+    assert_close(out.metrics.loss, -0.5, 1e-12);
+    assert_close(out.metrics.topk_kl, topk, 1e-12);
+    // topk: A = 0 → pg = 0; loss = 2·topk with topk_coef 2.
+    let out = compute_loss(&LossConfig { opd_loss: OpdLoss::Topk, topk_coef: 2.0, ..base }, &inp).unwrap();
+    assert_close(out.metrics.pg_loss, 0.0, 0.0);
+    assert_close(out.metrics.loss, 2.0 * topk, 1e-12);
+    // both: −0.5 + topk.
+    let out = compute_loss(&LossConfig { opd_loss: OpdLoss::Both, ..base }, &inp).unwrap();
+    assert_close(out.metrics.loss, -0.5 + topk, 1e-12);
+    // topk without top-K inputs is an error.
+    assert!(compute_loss(&LossConfig { opd_loss: OpdLoss::Topk, ..base }, &LossInputs { topk: None, ..inp }).is_err());
+    // The binary method never uses the top-K term.
+    assert!(!LossConfig { opd_loss: OpdLoss::Both, ..LossConfig::new(Method::Binary) }.uses_topk());
+}

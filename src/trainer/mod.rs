@@ -1,0 +1,682 @@
+//! The trainer: METHOD.md §6 losses, one AdamW step per batch of samples, checkpoints with lineage.
+//!
+//! Layers:
+//! - [`loss`]: the loss math on tensors (advantages, PPO clip, k3 KL, entropy, top-K reverse KL,
+//!   "sum of sample means"); pure and unit-tested with hand-computed values.
+//! - [`batch`]: [`Sample`] rows → padded tensors ([`PackedBatch`]), dropping bad rows with reasons.
+//! - [`optim`]: AdamW with checkpointable state.
+//! - [`checkpoint`]: `checkpoints/<run>/<version>/` folders, manifests, resume, consumed sample ids.
+//! - this module: the [`Policy`] trait the model runtime implements, the [`Trainer`] (one optimizer step
+//!   per batch, `train_steps` rows, checkpoints every K steps) and the [`loss_report`] (every loss
+//!   component per sample, without updating weights).
+//!
+//! The wiring (Kafka, SQL, CLI) is not here: it collects `batch_size` samples, skips those in
+//! [`checkpoint::consumed_sample_ids`] after a resume, calls [`Trainer::train_step`], writes the
+//! returned `TrainStep` row, dead-letters the dropped samples and publishes the `Checkpoint` row of each
+//! checkpoint written.
+
+pub mod batch;
+pub mod checkpoint;
+pub mod config;
+pub mod loss;
+pub mod optim;
+#[cfg(test)]
+mod test_util;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use tch::nn::VarStore;
+use tch::{Kind, Tensor};
+
+pub use batch::{pack_samples, DropReason, Dropped, PackOptions, Packed, PackedBatch};
+pub use checkpoint::{ancestry, consumed_sample_ids, latest_complete, scan, CheckpointScan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
+pub use config::{LoraSettings, Staleness, TrainerConfig};
+pub use loss::{LossConfig, LossMetrics, OpdLoss};
+pub use optim::{AdamW, AdamWConfig};
+
+use crate::config::Method;
+use crate::schema::{now_ms, Checkpoint, Sample, Table, TrainStep};
+use crate::{config_err, input_err, Error, Result};
+
+/// What a policy returns for a [`PackedBatch`] (the model runtime's `ResponseLogits` has these fields).
+#[derive(Debug)]
+pub struct PolicyOut {
+    /// `[B, T]` float: `log π(response_t | prompt, response_<t)` (nats) at the alignment of
+    /// [`PackedBatch::predict_positions`]; any value on padding. Carries gradients to the trainable
+    /// tensors when called outside `no_grad`.
+    pub logprobs: Tensor,
+    /// `[B, T, V]` float: the full log-softmax over the vocabulary at each response position (entropy
+    /// and the student's log-probs at the teacher's top-K ids), differentiable like `logprobs`.
+    pub log_probs_full: Tensor,
+}
+
+/// How the trainable weights are checkpointed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightsFormat {
+    /// All trainable weights (`model.safetensors`).
+    Full,
+    /// Only the LoRA adapter tensors (`adapter.safetensors`).
+    Lora,
+}
+
+impl WeightsFormat {
+    /// `full` or `lora` (the `checkpoints.weights_format` column).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightsFormat::Full => "full",
+            WeightsFormat::Lora => "lora",
+        }
+    }
+    /// File written by the default [`Policy::save_weights`]: `model.safetensors` or `adapter.safetensors`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            WeightsFormat::Full => "model.safetensors",
+            WeightsFormat::Lora => "adapter.safetensors",
+        }
+    }
+}
+
+/// A trainable policy: what the trainer needs from the model runtime. Kept minimal; the real
+/// transformer implements it with its scoring function (`response_logprobs`) and, for checkpoints a
+/// server can load directly, its own `save_weights`/`load_weights`.
+pub trait Policy {
+    /// The parameters. The trainer optimizes the tensors with `requires_grad` (all weights, or only the
+    /// LoRA adapters when the base is frozen).
+    fn var_store(&self) -> &VarStore;
+
+    /// Vocabulary size V (token ids must be below it).
+    fn vocab_size(&self) -> usize;
+
+    /// Id used to right-pad `input_ids` (0 by default; never attended to under a causal mask).
+    fn pad_id(&self) -> i64 {
+        0
+    }
+
+    /// Per-token log-probs of the response tokens of `batch` (see [`PolicyOut`]).
+    ///
+    /// # Errors
+    /// [`Error::Torch`] on a tensor failure, or any error of the model.
+    fn response_logprobs(&self, batch: &PackedBatch) -> Result<PolicyOut>;
+
+    /// Writes the trainable weights into `dir` and returns the names of the files written. Default: the
+    /// trainable tensors of [`Policy::var_store`] under their names, in `format`'s file (safetensors).
+    ///
+    /// # Errors
+    /// [`Error::Torch`] when the file cannot be written.
+    fn save_weights(&mut self, dir: &Path, format: WeightsFormat) -> Result<Vec<String>> {
+        save_trainable(self.var_store(), dir, format)
+    }
+
+    /// Loads weights written by [`Policy::save_weights`] from `dir` into the trainable tensors.
+    ///
+    /// # Errors
+    /// [`Error::Model`] when a tensor is missing, extra or of another shape; [`Error::Torch`] when the
+    /// file cannot be read.
+    fn load_weights(&mut self, dir: &Path, format: WeightsFormat) -> Result<()> {
+        load_trainable(self.var_store(), dir, format)
+    }
+}
+
+/// Writes the trainable tensors of `vs` (by name, on the CPU) to `dir/<format's file>`; returns the
+/// file name.
+///
+/// # Errors
+/// [`Error::Torch`] when the file cannot be written.
+pub fn save_trainable(vs: &VarStore, dir: &Path, format: WeightsFormat) -> Result<Vec<String>> {
+    let named = optim::trainable_named(vs)
+        .into_iter()
+        .map(|(n, t)| Ok((n, t.f_detach()?.f_to_device(tch::Device::Cpu)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::write_safetensors(&named, dir.join(format.file_name()))?;
+    Ok(vec![format.file_name().to_string()])
+}
+
+/// Copies `dir/<format's file>` into the trainable tensors of `vs`; every trainable tensor must be in the
+/// file with its shape, and the file must hold nothing else.
+///
+/// # Errors
+/// [`Error::Model`] naming the missing, extra or mis-shaped tensor; [`Error::Torch`] on read failure.
+pub fn load_trainable(vs: &VarStore, dir: &Path, format: WeightsFormat) -> Result<()> {
+    let path = dir.join(format.file_name());
+    let mut file: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&path)?.into_iter().collect();
+    let _guard = tch::no_grad_guard();
+    for (name, mut t) in optim::trainable_named(vs) {
+        let src = file.remove(&name).ok_or_else(|| Error::Model(format!("{}: no tensor {name}", path.display())))?;
+        if src.size() != t.size() {
+            return Err(Error::Model(format!("{}: {name} has shape {:?}, the model's is {:?}", path.display(), src.size(), t.size())));
+        }
+        t.f_copy_(&src)?;
+    }
+    if let Some(extra) = file.keys().next() {
+        return Err(Error::Model(format!("{}: tensor {extra} is not a trainable tensor of the model", path.display())));
+    }
+    Ok(())
+}
+
+/// The loss of one packed batch and the rollout/current log-prob gap.
+struct Evaluated {
+    out: loss::LossOutput,
+    rollout_abs_diff: f64,
+}
+
+fn check_out(out: &PolicyOut, b: i64, t: i64) -> Result<()> {
+    let lp = out.logprobs.size();
+    let full = out.log_probs_full.size();
+    if lp != [b, t] || full.len() != 3 || full[..2] != [b, t] {
+        return Err(input_err!("policy returned log-probs {lp:?} and log-softmax {full:?} for a batch of [{b}, {t}]"));
+    }
+    Ok(())
+}
+
+/// Forward pass and loss for `batch` (METHOD.md §6); differentiable unless called under `no_grad`.
+fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg: &TrainerConfig, lcfg: &LossConfig, batch: &PackedBatch) -> Result<Evaluated> {
+    let (b, t) = (batch.batch_size() as i64, batch.max_response_len() as i64);
+    let out = policy.response_logprobs(batch)?;
+    check_out(&out, b, t)?;
+    let new = &out.logprobs;
+    let kind = new.kind();
+    let mask = batch.loss_mask.f_to_kind(kind)?;
+    let rollout = batch.old_logprobs.f_to_kind(kind)?;
+    let new_const = new.f_detach()?;
+    let tokens = mask.f_sum(Kind::Double)?.f_double_value(&[])?;
+    let rollout_abs_diff = if tokens > 0.0 {
+        let d = rollout.f_sub(&new_const)?.f_abs()?;
+        d.f_where_self(&mask.f_gt(0.0)?, &d.f_zeros_like()?)?.f_sum(Kind::Double)?.f_double_value(&[])? / tokens
+    } else {
+        0.0
+    };
+    let old = if cfg.recompute_old_logprobs { new_const } else { rollout };
+    let teacher = batch.teacher_logprobs.as_ref().map(|x| x.f_to_kind(kind)).transpose()?;
+    let entropy = if lcfg.entropy_coef != 0.0 {
+        loss::entropy(&out.log_probs_full)?
+    } else {
+        let _guard = tch::no_grad_guard();
+        loss::entropy(&out.log_probs_full.f_detach()?)?
+    };
+    let ref_lp = match reference {
+        Some(r) => {
+            let _guard = tch::no_grad_guard();
+            let ro = r.response_logprobs(batch)?;
+            check_out(&ro, b, t)?;
+            Some(ro.logprobs.f_detach()?.f_to_kind(kind)?)
+        }
+        None => None,
+    };
+    let topk = match (&batch.topk_ids, &batch.topk_logprobs, &batch.topk_mask) {
+        (Some(ids), Some(lps), Some(m)) => {
+            let student = out.log_probs_full.f_gather(2, ids, false)?;
+            let student = if lcfg.uses_topk() { student } else { student.f_detach()? };
+            Some((student, lps.f_to_kind(kind)?, m.f_to_kind(kind)?))
+        }
+        _ => None,
+    };
+    let weights = batch.sample_weight.f_to_kind(kind)?;
+    let inputs = loss::LossInputs {
+        new_logprobs: new,
+        old_logprobs: &old,
+        teacher_logprobs: teacher.as_ref(),
+        reward: &batch.reward,
+        mask: &mask,
+        sample_types: &batch.sample_types,
+        sample_weights: Some(&weights),
+        ref_logprobs: ref_lp.as_ref(),
+        entropy: Some(&entropy),
+        topk: topk.as_ref().map(|(s, t, m)| loss::TopkInputs { student: s, teacher: t, mask: m }),
+    };
+    Ok(Evaluated { out: loss::compute_loss(lcfg, &inputs)?, rollout_abs_diff })
+}
+
+/// A checkpoint the trainer wrote.
+#[derive(Debug, Clone)]
+pub struct WrittenCheckpoint {
+    /// Its folder (`checkpoints/<run>/<version>`).
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// The `checkpoints` table row to publish.
+    pub row: Checkpoint,
+}
+
+/// What one [`Trainer::train_step`] did.
+#[derive(Debug)]
+pub struct StepOutcome {
+    /// The `train_steps` row; `None` when every sample was dropped (no optimizer step was taken).
+    pub train_step: Option<TrainStep>,
+    /// The step's loss metrics (same values as the row).
+    pub metrics: Option<LossMetrics>,
+    /// Samples left out, with reasons (indices into the input slice).
+    pub dropped: Vec<Dropped>,
+    /// The checkpoint written after this step (every `checkpoint_every` steps).
+    pub checkpoint: Option<WrittenCheckpoint>,
+}
+
+/// Where [`Trainer::resume`] started from.
+#[derive(Debug)]
+pub struct Resumed {
+    /// The checkpoint loaded (`None`: no complete checkpoint, fresh start at version 0).
+    pub from: Option<(PathBuf, Manifest)>,
+    /// Sample ids consumed on the path to it: skip these (exactly-once into the trainer).
+    pub consumed: HashSet<String>,
+}
+
+/// The training loop's state: the policy, AdamW, the step and version counters, and the lineage and
+/// metrics gathered since the last checkpoint.
+pub struct Trainer<P: Policy> {
+    policy: P,
+    reference: Option<Box<dyn Policy>>,
+    method: Method,
+    cfg: TrainerConfig,
+    loss_cfg: LossConfig,
+    opt: AdamW,
+    writer: CheckpointWriter,
+    config_hash: String,
+    step: i64,
+    version: i64,
+    pending_lineage: Vec<LineageEntry>,
+    pending_steps: Vec<StepRecord>,
+}
+
+impl<P: Policy> std::fmt::Debug for Trainer<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("run_id", &self.writer.run_id())
+            .field("method", &self.method)
+            .field("step", &self.step)
+            .field("version", &self.version)
+            .field("optimizer", &self.opt)
+            .finish()
+    }
+}
+
+impl<P: Policy> Trainer<P> {
+    /// A fresh trainer at version 0 (the policy's current weights), step 0. Seeds libtorch with
+    /// `cfg.seed` (seed before building the policy too if its initialisation is random, e.g. LoRA).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid configuration, a run folder that already has checkpoints (use
+    /// [`Trainer::resume`]) or a policy without trainable tensors; [`Error::Io`] when the run folder
+    /// cannot be listed.
+    pub fn new(policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<Trainer<P>> {
+        if let Some((path, m)) = latest_complete(writer.run_dir())? {
+            return Err(config_err!("run {} already has checkpoints up to version {} ({}); resume it or choose another run id", writer.run_id(), m.version, path.display()));
+        }
+        Self::fresh(policy, method, cfg, writer)
+    }
+
+    fn fresh(policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<Trainer<P>> {
+        cfg.validate()?;
+        tch::manual_seed(cfg.seed as i64);
+        let opt = AdamW::new(
+            policy.var_store(),
+            AdamWConfig { lr: cfg.lr, beta1: cfg.betas.0, beta2: cfg.betas.1, eps: cfg.adam_eps, weight_decay: cfg.weight_decay },
+        )?;
+        Ok(Trainer {
+            config_hash: cfg.hash(method)?,
+            loss_cfg: cfg.loss_config(method),
+            policy,
+            reference: None,
+            method,
+            cfg,
+            opt,
+            writer,
+            step: 0,
+            version: 0,
+            pending_lineage: Vec::new(),
+            pending_steps: Vec::new(),
+        })
+    }
+
+    /// Resumes the run from its newest complete checkpoint ([`latest_complete`]): loads the weights
+    /// ([`Policy::load_weights`]) and the AdamW moments and step, sets the step and version counters,
+    /// and returns the consumed sample ids of its [`ancestry`]. Without a checkpoint: a fresh start.
+    /// A changed configuration hash is allowed (logged); a changed method or weights format is not.
+    ///
+    /// # Errors
+    /// As [`Trainer::new`]; [`Error::Config`] when the checkpoint's method or weights format differs;
+    /// the errors of [`Policy::load_weights`] and [`AdamW::load`].
+    pub fn resume(mut policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<(Trainer<P>, Resumed)> {
+        let found = scan(writer.run_dir())?;
+        let Some((path, manifest)) = found.complete.last().cloned() else {
+            let t = Self::fresh(policy, method, cfg, writer)?;
+            return Ok((t, Resumed { from: None, consumed: HashSet::new() }));
+        };
+        if manifest.method != method.as_str() {
+            return Err(config_err!("checkpoint {} was trained with method {}, not {}", path.display(), manifest.method, method.as_str()));
+        }
+        let format = if cfg.lora.enabled { WeightsFormat::Lora } else { WeightsFormat::Full };
+        if manifest.weights_format != format.as_str() {
+            return Err(config_err!("checkpoint {} holds {} weights, the configuration asks for {}", path.display(), manifest.weights_format, format.as_str()));
+        }
+        policy.load_weights(&path, format)?;
+        let mut t = Self::fresh(policy, method, cfg, writer)?;
+        if manifest.config_hash != t.config_hash {
+            tracing::warn!(checkpoint = %path.display(), old = %manifest.config_hash, new = %t.config_hash, "trainer configuration changed since the checkpoint");
+        }
+        t.opt.load(&path.join(&manifest.optimizer.file), manifest.optimizer.step)?;
+        t.step = manifest.step;
+        t.version = manifest.version;
+        let manifests: Vec<Manifest> = found.complete.into_iter().map(|(_, m)| m).collect();
+        let consumed = consumed_sample_ids(ancestry(&manifests, manifest.version));
+        Ok((t, Resumed { from: Some((path, manifest)), consumed }))
+    }
+
+    /// Adds a frozen reference policy for the k3 KL term (needed when `kl_coef ≠ 0`).
+    pub fn with_reference(mut self, reference: Box<dyn Policy>) -> Trainer<P> {
+        self.reference = Some(reference);
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+    /// The policy, mutably (e.g. to hot-swap into a server).
+    pub fn policy_mut(&mut self) -> &mut P {
+        &mut self.policy
+    }
+    /// Optimizer steps taken.
+    pub fn step(&self) -> i64 {
+        self.step
+    }
+    /// Version of the last checkpoint written or resumed (0 = initial weights).
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.cfg
+    }
+    /// The method.
+    pub fn method(&self) -> Method {
+        self.method
+    }
+    /// The run id.
+    pub fn run_id(&self) -> &str {
+        self.writer.run_id()
+    }
+    /// The optimizer.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    fn weights_format(&self) -> WeightsFormat {
+        if self.cfg.lora.enabled {
+            WeightsFormat::Lora
+        } else {
+            WeightsFormat::Full
+        }
+    }
+
+    fn pack_options(&self) -> PackOptions {
+        PackOptions {
+            method: self.method,
+            vocab_size: self.policy.vocab_size(),
+            pad_id: self.policy.pad_id(),
+            current_version: self.version,
+            device: self.policy.var_store().device(),
+            config: self.cfg.clone(),
+        }
+    }
+
+    fn record_lineage(&mut self, samples: &[Sample], dropped: &[Dropped], step: i64) {
+        for (i, s) in samples.iter().enumerate() {
+            let drop = dropped.iter().find(|d| d.index == i);
+            self.pending_lineage.push(LineageEntry {
+                sample_id: s.sample_id.clone(),
+                interaction_id: s.interaction_id.clone(),
+                source_topic: s.source_topic.clone(),
+                source_partition: s.source_partition,
+                source_offset: s.source_offset,
+                policy_version: s.policy_version,
+                step,
+                trained: drop.is_none(),
+                drop_reason: drop.map(|d| d.reason.as_str().to_string()),
+            });
+        }
+    }
+
+    /// One optimizer step on `samples` (normally `batch_size` of them): pack (dropping bad or stale rows
+    /// with reasons), forward, loss (METHOD.md §6), backward, gradient-norm clipping to `grad_clip`,
+    /// AdamW. Every `checkpoint_every` steps a checkpoint is written ([`Trainer::checkpoint`]). When every
+    /// sample is dropped no step is taken; the dropped samples still enter the lineage.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when the loss or the gradient norm is not finite (the weights are left
+    /// unchanged and the samples are not recorded as consumed); [`Error::Torch`] on a tensor failure;
+    /// the checkpoint's errors.
+    pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
+        let started = Instant::now();
+        let packed = pack_samples(samples, &self.pack_options())?;
+        let Some(batch) = packed.batch else {
+            self.record_lineage(samples, &packed.dropped, self.step);
+            return Ok(StepOutcome { train_step: None, metrics: None, dropped: packed.dropped, checkpoint: None });
+        };
+        let step = self.step + 1;
+        let ev = evaluate(&self.policy, self.reference.as_deref(), &self.cfg, &self.loss_cfg, &batch)?;
+        self.opt.zero_grad()?;
+        let m = ev.out.metrics;
+        if !m.loss.is_finite() {
+            return Err(input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl));
+        }
+        ev.out.loss.f_backward()?;
+        let grad_norm = self.opt.clip_grad_norm(self.cfg.grad_clip)?;
+        if !grad_norm.is_finite() {
+            self.opt.zero_grad()?;
+            return Err(input_err!("step {step}: gradient norm is {grad_norm}; weights not updated"));
+        }
+        self.opt.step()?;
+        self.opt.zero_grad()?;
+        self.step = step;
+        self.record_lineage(samples, &packed.dropped, step);
+        let seconds = started.elapsed().as_secs_f64();
+        self.pending_steps.push(StepRecord {
+            step,
+            metrics: m.clone(),
+            grad_norm,
+            rollout_logprob_abs_diff: ev.rollout_abs_diff,
+            dropped: packed.dropped.len() as i64,
+            seconds,
+        });
+        let run_id = self.writer.run_id().to_string();
+        let row = TrainStep {
+            schema_version: TrainStep::SCHEMA_VERSION,
+            step_id: format!("{run_id}/{step}"),
+            run_id,
+            step,
+            version: self.version + 1,
+            method: self.method.as_str().to_string(),
+            loss: m.loss,
+            pg_loss: m.pg_loss,
+            clip_fraction: m.clip_fraction,
+            ppo_kl: m.ppo_kl,
+            kl: m.kl,
+            entropy: m.entropy,
+            topk_kl: m.topk_kl,
+            rollout_logprob_abs_diff: ev.rollout_abs_diff,
+            grad_norm,
+            advantage_by_type: serde_json::to_string(&m.advantage_by_type)?,
+            samples: m.samples,
+            tokens: m.tokens,
+            seconds,
+            created_time: now_ms(),
+        };
+        let checkpoint = if (step as u64).is_multiple_of(self.cfg.checkpoint_every) { self.checkpoint()? } else { None };
+        Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped: packed.dropped, checkpoint })
+    }
+
+    /// Writes checkpoint `version + 1` now if any optimizer step was taken since the last one (call it at
+    /// shutdown); `None` otherwise. The manifest holds the steps' metrics and the lineage of every sample
+    /// consumed since the parent.
+    ///
+    /// # Errors
+    /// [`Error::Io`] / [`Error::Torch`] when a file cannot be written; [`Error::Config`] when the version
+    /// folder already exists.
+    pub fn checkpoint(&mut self) -> Result<Option<WrittenCheckpoint>> {
+        if self.pending_steps.is_empty() {
+            return Ok(None);
+        }
+        let format = self.weights_format();
+        let oc = self.opt.config();
+        let mut manifest = Manifest {
+            format: checkpoint::MANIFEST_FORMAT,
+            run_id: self.writer.run_id().to_string(),
+            version: self.version + 1,
+            parent_version: self.version,
+            step: self.step,
+            method: self.method.as_str().to_string(),
+            config_hash: self.config_hash.clone(),
+            weights_format: format.as_str().to_string(),
+            weight_files: Vec::new(),
+            optimizer: OptimizerRecord {
+                kind: "adamw".into(),
+                step: self.opt.steps(),
+                lr: oc.lr,
+                betas: (oc.beta1, oc.beta2),
+                eps: oc.eps,
+                weight_decay: oc.weight_decay,
+                file: checkpoint::OPTIMIZER_FILE.into(),
+            },
+            metrics: self.pending_steps.clone(),
+            lineage: self.pending_lineage.clone(),
+            created_time: now_ms(),
+        };
+        let (policy, opt) = (&mut self.policy, &self.opt);
+        let path = self.writer.write(&mut manifest, |dir| {
+            let files = policy.save_weights(dir, format)?;
+            opt.save(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+            Ok(files)
+        })?;
+        self.version = manifest.version;
+        self.pending_steps.clear();
+        self.pending_lineage.clear();
+        let row = manifest.to_row(&path)?;
+        tracing::info!(run = %manifest.run_id, version = manifest.version, step = manifest.step, samples = row.samples, path = %path.display(), "checkpoint written");
+        Ok(Some(WrittenCheckpoint { path, manifest, row }))
+    }
+
+    /// [`loss_report`] with this trainer's policy, reference, method, configuration and version.
+    ///
+    /// # Errors
+    /// As [`loss_report`].
+    pub fn loss_report(&self, samples: &[Sample]) -> Result<LossReport> {
+        let mut r = loss_report(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, samples)?;
+        r.step = self.step;
+        Ok(r)
+    }
+}
+
+/// Every loss component of one sample under the current weights (means over its trained tokens).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SampleLoss {
+    /// Sample id.
+    pub sample_id: String,
+    /// Sample type (kebab-case).
+    pub sample_type: String,
+    /// Policy version that produced the response.
+    pub policy_version: Option<i64>,
+    /// Trained tokens.
+    pub tokens: i64,
+    /// Reward r.
+    pub reward: f64,
+    /// Aggregation weight (staleness).
+    pub weight: f64,
+    /// Mean advantage.
+    pub advantage: f64,
+    /// Mean PPO loss.
+    pub pg_loss: f64,
+    /// Fraction of tokens clipped.
+    pub clip_fraction: f64,
+    /// Mean `old − new` (nats).
+    pub ppo_kl: f64,
+    /// Mean k3 KL to the reference (0 without one).
+    pub kl: f64,
+    /// Mean entropy (nats).
+    pub entropy: f64,
+    /// Mean top-K reverse KL (0 without top-K lists).
+    pub topk_kl: f64,
+    /// The sample's loss `pg + kl_coef·kl − entropy_coef·entropy (+ topk_coef·topk_kl)`, before its weight.
+    pub loss: f64,
+}
+
+/// What [`loss_report`] returns (serialisable to JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct LossReport {
+    /// Method.
+    pub method: String,
+    /// Policy version of the weights evaluated.
+    pub version: i64,
+    /// Optimizer steps taken (0 outside a trainer).
+    pub step: i64,
+    /// Samples per chunk (`batch_size`).
+    pub batch_size: usize,
+    /// One row per kept sample, in input order.
+    pub samples: Vec<SampleLoss>,
+    /// The metrics of each chunk of `batch_size` samples, exactly as a training step would report them.
+    pub batches: Vec<LossMetrics>,
+    /// Samples left out, with reasons (indices into the whole input).
+    pub dropped: Vec<Dropped>,
+}
+
+fn to_vec(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(Vec::<f64>::try_from(&t.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?)?)
+}
+
+/// Computes, without updating weights (under `no_grad`), the advantages and every loss component of each
+/// sample under `policy`'s current weights, in chunks of `cfg.batch_size` (METHOD.md §6). `version` is
+/// the policy version of these weights (for staleness).
+///
+/// # Errors
+/// [`Error::Config`] for an invalid configuration; [`Error::InvalidInput`] when the configuration needs
+/// an input the samples or the reference lack; [`Error::Torch`] on a tensor failure.
+pub fn loss_report<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, method: Method, cfg: &TrainerConfig, version: i64, samples: &[Sample]) -> Result<LossReport> {
+    cfg.validate()?;
+    let _guard = tch::no_grad_guard();
+    let lcfg = cfg.loss_config(method);
+    let opts = PackOptions {
+        method,
+        vocab_size: policy.vocab_size(),
+        pad_id: policy.pad_id(),
+        current_version: version,
+        device: policy.var_store().device(),
+        config: cfg.clone(),
+    };
+    let mut report = LossReport { method: method.as_str().into(), version, step: 0, batch_size: cfg.batch_size, samples: Vec::new(), batches: Vec::new(), dropped: Vec::new() };
+    for (c, chunk) in samples.chunks(cfg.batch_size).enumerate() {
+        let offset = c * cfg.batch_size;
+        let packed = pack_samples(chunk, &opts)?;
+        report.dropped.extend(packed.dropped.into_iter().map(|d| Dropped { index: d.index + offset, ..d }));
+        let Some(batch) = packed.batch else { continue };
+        let ev = evaluate(policy, reference, cfg, &lcfg, &batch)?;
+        let ps = &ev.out.per_sample;
+        let cols = [&ps.advantage, &ps.pg_loss, &ps.clip_fraction, &ps.ppo_kl, &ps.kl, &ps.entropy, &ps.topk_kl, &ps.loss, &ps.tokens].map(to_vec);
+        let [adv, pg, clip, pkl, kl, ent, tk, l, tok] = cols;
+        let (adv, pg, clip, pkl, kl, ent, tk, l, tok) = (adv?, pg?, clip?, pkl?, kl?, ent?, tk?, l?, tok?);
+        for (i, &src) in batch.source_index.iter().enumerate() {
+            let s = &chunk[src];
+            report.samples.push(SampleLoss {
+                sample_id: s.sample_id.clone(),
+                sample_type: s.sample_type.as_str().into(),
+                policy_version: s.policy_version,
+                tokens: tok[i].round() as i64,
+                reward: f64::from(s.reward),
+                weight: batch.weights[i],
+                advantage: adv[i],
+                pg_loss: pg[i],
+                clip_fraction: clip[i],
+                ppo_kl: pkl[i],
+                kl: kl[i],
+                entropy: ent[i],
+                topk_kl: tk[i],
+                loss: l[i],
+            });
+        }
+        report.batches.push(ev.out.metrics);
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests;

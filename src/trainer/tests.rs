@@ -1,0 +1,380 @@
+//! End-to-end trainer tests with a tiny policy (embedding + linear head over a 16-token vocabulary):
+//! overfitting a fixed batch, checkpoints with lineage, bit-exact resume, LoRA-format checkpoints, the
+//! loss report.
+
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use super::test_util::sample;
+use super::*;
+use crate::schema::SampleType;
+
+const V: i64 = 16;
+const H: i64 = 8;
+
+/// A bigram-style policy: the hidden state of a position is the embedding of its token.
+struct Tiny {
+    vs: VarStore,
+    emb: nn::Embedding,
+    head: nn::Linear,
+}
+
+/// Initialised from `seed` with our own generator (libtorch's global one is shared by parallel tests).
+fn tiny(seed: u64) -> Tiny {
+    use rand::{Rng, SeedableRng};
+    let vs = VarStore::new(Device::Cpu);
+    let emb = nn::embedding(vs.root() / "emb", V, H, Default::default());
+    let head = nn::linear(vs.root() / "head", H, V, Default::default());
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    tch::no_grad(|| {
+        for (_, mut t) in optim::trainable_named(&vs) {
+            let vals: Vec<f32> = (0..t.numel()).map(|_| rng.gen_range(-0.5f32..0.5)).collect();
+            t.copy_(&Tensor::from_slice(&vals).view(t.size().as_slice()));
+        }
+    });
+    Tiny { vs, emb, head }
+}
+
+impl Policy for Tiny {
+    fn var_store(&self) -> &VarStore {
+        &self.vs
+    }
+    fn vocab_size(&self) -> usize {
+        V as usize
+    }
+    fn response_logprobs(&self, b: &PackedBatch) -> Result<PolicyOut> {
+        let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
+        let hidden = self.emb.forward(&b.input_ids);
+        let idx = b.predict_positions.f_unsqueeze(-1)?.f_expand([bs, t, H], false)?;
+        let at = hidden.f_gather(1, &idx, false)?;
+        let full = self.head.forward(&at).f_log_softmax(-1, Kind::Float)?;
+        let lp = full.f_gather(2, &b.response_ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?.f_mul(&b.response_mask)?;
+        Ok(PolicyOut { logprobs: lp, log_probs_full: full })
+    }
+}
+
+fn weights(p: &Tiny) -> Vec<(String, Tensor)> {
+    optim::trainable_named(&p.vs).into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+}
+
+fn same_weights(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|((na, ta), (nb, tb))| na == nb && ta.equal(tb))
+}
+
+/// Sets each sample's rollout log-probs to the policy's current ones (on-policy samples), and, when
+/// `teacher_shift` is given, teacher log-probs = rollout + shift.
+fn score(p: &Tiny, samples: &mut [Sample]) {
+    let opts = PackOptions { method: Method::Binary, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: TrainerConfig::default() };
+    let as_binary: Vec<Sample> = samples.iter().map(|s| Sample { sample_type: SampleType::Binary, ..s.clone() }).collect();
+    let batch = pack_samples(&as_binary, &opts).unwrap().batch.unwrap();
+    let lp = tch::no_grad(|| p.response_logprobs(&batch).unwrap().logprobs);
+    let rows = Vec::<Vec<f32>>::try_from(&lp).unwrap();
+    for (s, row) in samples.iter_mut().zip(rows) {
+        s.rollout_logprobs = row[..s.response_token_ids.len()].to_vec();
+    }
+}
+
+fn binary_batch(p: &Tiny) -> Vec<Sample> {
+    let mut v = vec![
+        sample("b1", SampleType::Binary, &[1, 2], &[3, 4, 5], &[0.0; 3], 1.0),
+        sample("b2", SampleType::Binary, &[6], &[7, 8], &[0.0; 2], -1.0),
+        sample("b3", SampleType::Binary, &[9, 10, 11], &[12], &[0.0], 1.0),
+        sample("b4", SampleType::Binary, &[13], &[14, 15, 1, 2], &[0.0; 4], -1.0),
+    ];
+    for (i, s) in v.iter_mut().enumerate() {
+        s.source_offset = Some(100 + i as i64);
+    }
+    score(p, &mut v);
+    v
+}
+
+fn cfg(lr: f64) -> TrainerConfig {
+    TrainerConfig { lr, weight_decay: 0.0, ..TrainerConfig::default() }
+}
+
+#[test]
+fn binary_ppo_overfits_a_fixed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(1);
+    let samples = binary_batch(&p);
+    let mut t = Trainer::new(p, Method::Binary, TrainerConfig { checkpoint_every: 1000, ..cfg(0.05) }, CheckpointWriter::new(dir.path(), "run")).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..20 {
+        let out = t.train_step(&samples).unwrap();
+        assert!(out.dropped.is_empty());
+        losses.push(out.train_step.unwrap().loss);
+    }
+    // Step 1 is on-policy: ratio 1, L_t = −A_t, so loss = −1 + 1 − 1 + 1 = 0 and nothing is clipped.
+    assert!(losses[0].abs() < 1e-6, "{losses:?}");
+    // Then the rewarded samples' ratios rise toward 1.28 and the punished ones' fall toward 0.8: the
+    // loss falls toward 2·(−1.28) + 2·(0.8) = −0.96, its floor under the clip.
+    assert!(losses[19] < -0.5, "{losses:?}");
+    assert!(losses[19] >= -0.96 - 1e-4, "{losses:?}");
+    assert!(losses.windows(2).filter(|w| w[1] > w[0] + 1e-6).count() <= 2, "mostly decreasing: {losses:?}");
+}
+
+#[test]
+fn opd_topk_distillation_overfits_a_fixed_batch() {
+    // Teacher top-3 at every position: ids 3, 4, 5 with probabilities 0.6, 0.2, 0.1 (tail 0.1).
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(2);
+    let mut samples = vec![
+        sample("o1", SampleType::Opd, &[1, 2], &[3, 4, 5], &[0.0; 3], 0.0),
+        sample("o2", SampleType::Opd, &[6], &[7, 8], &[0.0; 2], 0.0),
+    ];
+    score(&p, &mut samples);
+    for s in &mut samples {
+        let t = s.response_token_ids.len();
+        s.teacher_logprobs = Some(s.rollout_logprobs.clone());
+        s.topk_ids = Some(vec![vec![3, 4, 5]; t]);
+        s.topk_logprobs = Some(vec![vec![0.6f32.ln(), 0.2f32.ln(), 0.1f32.ln()]; t]);
+    }
+    let c = TrainerConfig { opd_loss: OpdLoss::Topk, checkpoint_every: 1000, ..cfg(0.02) };
+    let mut t = Trainer::new(p, Method::Opd, c, CheckpointWriter::new(dir.path(), "run")).unwrap();
+    let mut kls = Vec::new();
+    for _ in 0..20 {
+        let row = t.train_step(&samples).unwrap().train_step.unwrap();
+        // opd + topk: A = 0, so the loss is the top-K term alone.
+        assert!((row.loss - row.topk_kl).abs() < 1e-6 && row.pg_loss == 0.0, "{row:?}");
+        kls.push(row.topk_kl);
+    }
+    assert!(kls[19] < 0.2 * kls[0], "top-K KL should fall by > 80 %: {kls:?}");
+    assert!(kls.windows(2).all(|w| w[1] < w[0]), "decreasing: {kls:?}");
+}
+
+#[test]
+fn train_step_row_and_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(3);
+    let mut samples = binary_batch(&p);
+    let mut bad = samples[0].clone();
+    bad.sample_id = "bad".into();
+    bad.response_token_ids = vec![99];
+    bad.loss_mask = vec![1];
+    bad.rollout_logprobs = vec![-1.0];
+    samples.push(bad);
+    let mut t = Trainer::new(p, Method::Binary, TrainerConfig { checkpoint_every: 1000, ..cfg(0.01) }, CheckpointWriter::new(dir.path(), "r1")).unwrap();
+    let out = t.train_step(&samples).unwrap();
+    assert_eq!(out.dropped.len(), 1);
+    assert_eq!((out.dropped[0].index, out.dropped[0].reason), (4, DropReason::TokenOutOfVocab));
+    let row = out.train_step.unwrap();
+    assert_eq!((row.step_id.as_str(), row.step, row.version, row.samples, row.tokens), ("r1/1", 1, 1, 4, 10));
+    assert_eq!(row.method, "binary");
+    // On-policy rollout log-probs: |rollout − current| is f32 round-off only, nothing clipped, ppo_kl 0.
+    assert!(row.rollout_logprob_abs_diff < 1e-6 && row.clip_fraction == 0.0 && row.ppo_kl.abs() < 1e-6, "{row:?}");
+    let adv: std::collections::BTreeMap<String, f64> = serde_json::from_str(&row.advantage_by_type).unwrap();
+    // Two samples with A = +1 and two with −1: mean 0.
+    assert_eq!(adv["binary"], 0.0);
+    assert!(row.grad_norm > 0.0 && row.seconds > 0.0);
+    // All dropped: no step.
+    let out = t.train_step(&samples[4..]).unwrap();
+    assert!(out.train_step.is_none() && out.dropped.len() == 1);
+    assert_eq!(t.step(), 1);
+}
+
+#[test]
+fn checkpoints_lineage_and_bit_exact_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(4);
+    let samples = binary_batch(&p);
+    let c = TrainerConfig { checkpoint_every: 2, ..cfg(0.01) };
+    let mut a = Trainer::new(p, Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "run")).unwrap();
+    let mut written = Vec::new();
+    for i in 0..4 {
+        // Steps 1 and 3 take samples b1, b2; steps 2 and 4 take b3, b4 plus an out-of-vocabulary one.
+        let mut batch = if i % 2 == 0 { samples[..2].to_vec() } else { samples[2..].to_vec() };
+        if i % 2 == 1 {
+            let mut bad = samples[0].clone();
+            bad.sample_id = format!("bad{i}");
+            bad.prompt_token_ids = vec![16];
+            batch.push(bad);
+        }
+        let out = a.train_step(&batch).unwrap();
+        assert_eq!(out.checkpoint.is_some(), i % 2 == 1, "checkpoint every 2 steps");
+        written.extend(out.checkpoint);
+    }
+    assert_eq!(written.len(), 2);
+    let m1 = &written[0].manifest;
+    assert_eq!((m1.version, m1.parent_version, m1.step, m1.weights_format.as_str()), (1, 0, 2, "full"));
+    assert_eq!(m1.weight_files, vec!["model.safetensors".to_string()]);
+    assert_eq!(m1.metrics.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2]);
+    let ids: Vec<(&str, bool, Option<i64>)> = m1.lineage.iter().map(|l| (l.sample_id.as_str(), l.trained, l.source_offset)).collect();
+    assert_eq!(ids, vec![("b1", true, Some(100)), ("b2", true, Some(101)), ("b3", true, Some(102)), ("b4", true, Some(103)), ("bad1", false, Some(100))]);
+    assert_eq!(m1.lineage[4].drop_reason.as_deref(), Some("token_out_of_vocab"));
+    assert_eq!(written[0].row.samples, 4);
+    assert_eq!(written[0].row.checkpoint_id, "run/1");
+    assert_eq!((written[1].manifest.version, written[1].manifest.parent_version, written[1].manifest.step), (2, 1, 4));
+    assert!(dir.path().join("run/2/manifest.json").is_file() && dir.path().join("run/2/optimizer.safetensors").is_file());
+    // The TrainStep version of step 3 was 2 (the checkpoint it led to).
+    assert_eq!(a.version(), 2);
+
+    // Resume a differently initialised policy: weights, moments, step and version come back.
+    let at_4 = weights(a.policy());
+    let (mut b, resumed) = Trainer::resume(tiny(99), Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "run")).unwrap();
+    assert_eq!(resumed.from.as_ref().map(|(_, m)| m.version), Some(2));
+    assert_eq!(resumed.consumed, ["b1", "b2", "b3", "b4", "bad1", "bad3"].iter().map(|s| s.to_string()).collect());
+    assert_eq!((b.step(), b.version(), b.optimizer().steps()), (4, 2, 4));
+    assert!(same_weights(&weights(b.policy()), &at_4));
+    // The next step from the resumed trainer equals the next step of the uninterrupted one, bit for bit.
+    let ra = a.train_step(&samples).unwrap().train_step.unwrap();
+    let rb = b.train_step(&samples).unwrap().train_step.unwrap();
+    assert_eq!((ra.loss, ra.grad_norm, ra.step, ra.version), (rb.loss, rb.grad_norm, rb.step, rb.version));
+    assert!(same_weights(&weights(a.policy()), &weights(b.policy())));
+    // A fresh trainer refuses a run that has checkpoints; another method cannot resume it.
+    assert!(Trainer::new(tiny(5), Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "run")).unwrap_err().to_string().contains("resume"));
+    assert!(Trainer::resume(tiny(5), Method::Opd, c, CheckpointWriter::new(dir.path(), "run")).is_err());
+}
+
+#[test]
+fn lora_checkpoints_hold_only_the_trainable_tensors() {
+    // The "base" (embedding) is frozen; the head plays the adapters.
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(6);
+    for (name, mut t) in p.vs.variables() {
+        if name.starts_with("emb") {
+            let _ = t.requires_grad_(false);
+        }
+    }
+    let samples = binary_batch(&p);
+    let emb_before = p.emb.ws.copy();
+    let c = TrainerConfig { lora: LoraSettings { enabled: true, ..Default::default() }, ..cfg(0.01) };
+    let mut t = Trainer::new(p, Method::Binary, c, CheckpointWriter::new(dir.path(), "lora")).unwrap();
+    assert_eq!(t.optimizer().names(), vec!["head.bias", "head.weight"]);
+    let ck = t.train_step(&samples).unwrap().checkpoint.unwrap();
+    assert_eq!((ck.manifest.weights_format.as_str(), ck.row.weights_format.as_str()), ("lora", "lora"));
+    let file = Tensor::read_safetensors(ck.path.join("adapter.safetensors")).unwrap();
+    let mut names: Vec<String> = file.into_iter().map(|(n, _)| n).collect();
+    names.sort();
+    assert_eq!(names, vec!["head.bias", "head.weight"]);
+    assert!(t.policy().emb.ws.equal(&emb_before), "the frozen base does not move");
+}
+
+#[test]
+fn loss_report_matches_hand_values_and_leaves_weights_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(7);
+    let mut samples = binary_batch(&p);
+    samples[3].policy_version = Some(-5);
+    let c = TrainerConfig { batch_size: 3, max_staleness: Some(2), ..cfg(0.01) };
+    let t = Trainer::new(p, Method::Binary, c, CheckpointWriter::new(dir.path(), "rep")).unwrap();
+    let before = weights(t.policy());
+    let report = t.loss_report(&samples).unwrap();
+    assert!(same_weights(&before, &weights(t.policy())));
+    // On-policy samples: ratio 1, so pg = −A = −r per sample; b4 is 5 versions old → dropped as stale.
+    let got: Vec<(&str, f64, f64, i64)> = report.samples.iter().map(|s| (s.sample_id.as_str(), s.advantage, s.pg_loss, s.tokens)).collect();
+    let want = [("b1", 1.0, -1.0, 3), ("b2", -1.0, 1.0, 2), ("b3", 1.0, -1.0, 1)];
+    assert_eq!(got.len(), 3);
+    for (g, w) in got.iter().zip(want) {
+        assert!(g.0 == w.0 && (g.1 - w.1).abs() < 1e-6 && (g.2 - w.2).abs() < 1e-5 && g.3 == w.3, "{got:?}");
+    }
+    assert!(report.samples.iter().all(|s| s.entropy > 0.0 && s.entropy <= (16f64).ln() + 1e-6));
+    assert_eq!((report.dropped.len(), report.dropped[0].index, report.dropped[0].reason), (1, 3, DropReason::Stale));
+    // Chunks of 3: [b1, b2, b3] and [b4] (dropped → no metrics).
+    assert_eq!(report.batches.len(), 1);
+    assert!((report.batches[0].pg_loss - (-1.0)).abs() < 1e-5);
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["dropped"][0]["reason"], "stale");
+    assert_eq!(json["samples"][0]["sample_type"], "binary");
+}
+
+#[test]
+fn recompute_old_logprobs_makes_the_step_on_policy() {
+    // Rollout log-probs far from the policy's (all −0.1): without recomputation the ratios are far from 1
+    // and clip; with it, ratio = 1 everywhere and the gap is reported.
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(8);
+    let mut samples = binary_batch(&p);
+    for s in &mut samples {
+        s.rollout_logprobs = vec![-0.1; s.len()];
+    }
+    let c = TrainerConfig { recompute_old_logprobs: true, checkpoint_every: 1000, ..cfg(0.01) };
+    let mut t = Trainer::new(p, Method::Binary, c, CheckpointWriter::new(dir.path(), "rc")).unwrap();
+    let row = t.train_step(&samples).unwrap().train_step.unwrap();
+    assert_eq!(row.clip_fraction, 0.0);
+    assert!(row.ppo_kl.abs() < 1e-7 && row.loss.abs() < 1e-6, "{row:?}");
+    // The tiny policy's log-probs are around ln(1/16) = −2.77, so the gap is about 2.7 nats.
+    assert!(row.rollout_logprob_abs_diff > 1.5, "{row:?}");
+}
+
+#[test]
+fn kl_needs_a_reference_and_uses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(9);
+    let samples = binary_batch(&p);
+    let c = TrainerConfig { kl_coef: 0.5, checkpoint_every: 1000, ..cfg(0.01) };
+    let mut t = Trainer::new(p, Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "kl")).unwrap();
+    assert!(t.train_step(&samples).unwrap_err().to_string().contains("reference"));
+    // Reference = a copy of the initial policy: KL 0 at step 1 (k3 of identical distributions).
+    let mut t = Trainer::new(tiny(9), Method::Binary, c, CheckpointWriter::new(dir.path(), "kl2")).unwrap().with_reference(Box::new(tiny(9)));
+    let r1 = t.train_step(&samples).unwrap().train_step.unwrap();
+    assert!(r1.kl.abs() < 1e-9, "{r1:?}");
+    let r2 = t.train_step(&samples).unwrap().train_step.unwrap();
+    assert!(r2.kl > 0.0, "{r2:?}");
+}
+
+/// Timing at the real vocabulary size (SmolLM2's 49,152): a 16-sample batch of 64 prompt + 128 response
+/// tokens through an embedding+linear policy (H = 64, 6.3 M parameters), top-K 20, combined method.
+/// `cargo test --lib trainer::tests::timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn timing_at_real_vocabulary_size() {
+    const BIG_V: i64 = 49_152;
+    struct Big {
+        vs: VarStore,
+        emb: nn::Embedding,
+        head: nn::Linear,
+    }
+    impl Policy for Big {
+        fn var_store(&self) -> &VarStore {
+            &self.vs
+        }
+        fn vocab_size(&self) -> usize {
+            BIG_V as usize
+        }
+        fn response_logprobs(&self, b: &PackedBatch) -> Result<PolicyOut> {
+            let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
+            let idx = b.predict_positions.f_unsqueeze(-1)?.f_expand([bs, t, 64], false)?;
+            let at = self.emb.forward(&b.input_ids).f_gather(1, &idx, false)?;
+            let full = self.head.forward(&at).f_log_softmax(-1, Kind::Float)?;
+            let lp = full.f_gather(2, &b.response_ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
+            Ok(PolicyOut { logprobs: lp, log_probs_full: full })
+        }
+    }
+    fn big() -> Big {
+        let vs = VarStore::new(Device::Cpu);
+        let emb = nn::embedding(vs.root() / "emb", BIG_V, 64, Default::default());
+        let head = nn::linear(vs.root() / "head", 64, BIG_V, Default::default());
+        Big { vs, emb, head }
+    }
+    let samples: Vec<Sample> = (0..16)
+        .map(|i| {
+            let prompt: Vec<i32> = (0..64).map(|j| (i * 997 + j * 31) % 49_152).collect();
+            let resp: Vec<i32> = (0..128).map(|j| (i * 7919 + j * 131) % 49_152).collect();
+            let mut s = sample(&format!("s{i}"), SampleType::CombinedBoth, &prompt, &resp, &[-10.8; 128], 1.0);
+            s.teacher_logprobs = Some(vec![-10.5; 128]);
+            s.topk_ids = Some((0..128).map(|j| (0..20).map(|k| (j * 20 + k) % 49_152).collect()).collect());
+            s.topk_logprobs = Some(vec![(1..=20).map(|k| -(k as f32)).collect(); 128]);
+            s
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    for opd_loss in [OpdLoss::Ppo, OpdLoss::Both] {
+        let c = TrainerConfig { opd_loss, checkpoint_every: 2, ..TrainerConfig::default() };
+        let mut t = Trainer::new(big(), Method::Combined, c, CheckpointWriter::new(dir.path(), opd_loss.as_str())).unwrap();
+        let mut secs = Vec::new();
+        for _ in 0..4 {
+            let started = Instant::now();
+            let out = t.train_step(&samples).unwrap();
+            secs.push(started.elapsed().as_secs_f64());
+            assert!(out.train_step.unwrap().loss.is_finite());
+        }
+        let started = Instant::now();
+        let packed = pack_samples(&samples, &t.pack_options()).unwrap();
+        let pack_s = started.elapsed().as_secs_f64();
+        let b = packed.batch.unwrap();
+        let started = Instant::now();
+        let _ = tch::no_grad(|| t.policy().response_logprobs(&b).unwrap());
+        let fwd_s = started.elapsed().as_secs_f64();
+        eprintln!("opd_loss={}: step seconds {secs:.3?} (steps 2 and 4 also write a 75 MB checkpoint: 25 MB weights, 50 MB moments); pack {pack_s:.4} s; forward alone {fwd_s:.3} s", opd_loss.as_str());
+    }
+}
