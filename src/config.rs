@@ -92,6 +92,9 @@ pub struct PipelineConfig {
     /// Hint extraction (METHOD.md §3).
     #[serde(default)]
     pub hint: crate::hint::HintConfig,
+    /// Teacher log-probs (METHOD.md §4).
+    #[serde(default)]
+    pub teacher: crate::stages::teacher::TeacherConfig,
     /// Sample assembly (METHOD.md §5).
     #[serde(default)]
     pub samples: crate::samples::SampleConfig,

@@ -145,6 +145,54 @@ fn check_topk(ids: &[Vec<i32>], lps: &[Vec<f32>], mask: &[i32]) -> Result<()> {
     Ok(())
 }
 
+/// What the METHOD.md §5 table says for a turn, before any tokens are looked at.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decision {
+    /// No sample, and why.
+    NoSample(NoSampleReason),
+    /// A sample of this type with this reward; `uses_teacher`: it needs the teacher row.
+    Emit {
+        /// The §5 case.
+        sample_type: SampleType,
+        /// r.
+        reward: f32,
+        /// Whether the teacher log-probs are part of the sample.
+        uses_teacher: bool,
+    },
+}
+
+/// The METHOD.md §5 decision for a turn (side turns, truncation policy, method × hint × score), so the
+/// wiring can skip model work for turns that yield no sample. [`assemble`] applies the same decision.
+pub fn decide(method: Method, cfg: &SampleConfig, interaction: &Interaction, judgment: Option<&Judgment>, hint: Option<&HintRecord>) -> Decision {
+    use Decision::NoSample as No;
+    if interaction.turn_type == TurnType::Side {
+        return No(NoSampleReason::SideTurn);
+    }
+    if cfg.skip_truncated && interaction.truncated {
+        return No(NoSampleReason::Truncated);
+    }
+    let score = judgment.map(|j| j.score);
+    let scored = matches!(score, Some(1 | -1));
+    let hint_accepted = hint.is_some_and(|h| h.chosen_hint.is_some());
+    let r = score.unwrap_or(0) as f32;
+    let emit = |sample_type, reward, uses_teacher| Decision::Emit { sample_type, reward, uses_teacher };
+    match method {
+        Method::Binary => match score {
+            None => No(NoSampleReason::NoJudgment),
+            Some(0) => No(NoSampleReason::ZeroScore),
+            Some(_) => emit(SampleType::Binary, r, false),
+        },
+        Method::Opd if hint_accepted => emit(SampleType::Opd, 0.0, true),
+        Method::Opd => No(NoSampleReason::NoHint),
+        Method::Combined => match (hint_accepted, scored) {
+            (true, true) => emit(SampleType::CombinedBoth, r, true),
+            (true, false) => emit(SampleType::CombinedHintOnly, 0.0, true),
+            (false, true) => emit(SampleType::CombinedScoreOnly, r, false),
+            (false, false) => No(NoSampleReason::NoSignal),
+        },
+    }
+}
+
 /// Assembles the sample of one turn by the METHOD.md §5 table (see the module docs).
 ///
 /// Inputs: the turn; its judgment, hint record and teacher row when the stages produced them;
@@ -191,36 +239,12 @@ pub fn assemble(
     if let Some(t) = teacher {
         check_same_turn("teacher row", &t.interaction_id, iid)?;
     }
-    let no = |reason| Ok(SampleOutcome::NoSample { reason });
-    if interaction.turn_type == TurnType::Side {
-        return no(NoSampleReason::SideTurn);
+    if response_ids.is_empty() && interaction.turn_type != TurnType::Side && !(cfg.skip_truncated && interaction.truncated) {
+        return Ok(SampleOutcome::NoSample { reason: NoSampleReason::EmptyResponse });
     }
-    if cfg.skip_truncated && interaction.truncated {
-        return no(NoSampleReason::Truncated);
-    }
-    if response_ids.is_empty() {
-        return no(NoSampleReason::EmptyResponse);
-    }
-
-    let score = judgment.map(|j| j.score);
-    let scored = matches!(score, Some(1 | -1));
-    let hint_accepted = hint.is_some_and(|h| h.chosen_hint.is_some());
-    let r = score.unwrap_or(0) as f32;
-    // (type, reward, uses the teacher row)
-    let (sample_type, reward, uses_teacher) = match method {
-        Method::Binary => match score {
-            None => return no(NoSampleReason::NoJudgment),
-            Some(0) => return no(NoSampleReason::ZeroScore),
-            Some(_) => (SampleType::Binary, r, false),
-        },
-        Method::Opd if hint_accepted => (SampleType::Opd, 0.0, true),
-        Method::Opd => return no(NoSampleReason::NoHint),
-        Method::Combined => match (hint_accepted, scored) {
-            (true, true) => (SampleType::CombinedBoth, r, true),
-            (true, false) => (SampleType::CombinedHintOnly, 0.0, true),
-            (false, true) => (SampleType::CombinedScoreOnly, r, false),
-            (false, false) => return no(NoSampleReason::NoSignal),
-        },
+    let (sample_type, reward, uses_teacher) = match decide(method, cfg, interaction, judgment, hint) {
+        Decision::NoSample(reason) => return Ok(SampleOutcome::NoSample { reason }),
+        Decision::Emit { sample_type, reward, uses_teacher } => (sample_type, reward, uses_teacher),
     };
 
     let t = response_ids.len();

@@ -21,6 +21,7 @@ pub mod judge;
 pub mod pending;
 pub mod signals;
 pub mod source;
+pub mod teacher;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -240,7 +241,15 @@ pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &
         }
         "hint" => {
             let hinter = crate::hint::Hinter::new(cfg.hint.clone())?;
-            let render = None;
+            // The teacher context is rendered with the policy's own chat template (when the model is there).
+            let render: Option<hint::TemplateRenderer> = match crate::model::ChatTemplate::from_dir(&cfg.policy.model) {
+                Ok(Some(t)) => Some(std::sync::Arc::new(move |m: &[crate::schema::Message]| t.render(m, None, true, None))),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, model = %cfg.policy.model.display(), "no chat template: teacher_prompt_text stays null");
+                    None
+                }
+            };
             if cfg.method == Method::Combined {
                 let stage = hint::HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
                 Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
@@ -249,6 +258,16 @@ pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &
                 Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
             }
         }
-        other => Err(crate::Error::Config(format!("stage '{other}' is not available in this build"))),
+        "teacher" => {
+            let models = teacher::TeacherModels::load(cfg)?;
+            if cfg.method == Method::Binary {
+                let stage = teacher::TeacherStage::<Judgment>::new(cfg, models);
+                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+            } else {
+                let stage = teacher::TeacherStage::<crate::schema::HintRecord>::new(cfg, models);
+                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+            }
+        }
+        other => Err(crate::Error::Config(format!("unknown stage '{other}'"))),
     }
 }

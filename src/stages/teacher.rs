@@ -1,0 +1,319 @@
+//! Teacher stage wiring: the last stage before training. For each turn it resolves the student's own
+//! tokens, the rollout log-probs, and (when a hint was accepted) the teacher's log-probs of those same
+//! tokens under the hint-enhanced context (METHOD.md §4), then assembles the sample (§5) and publishes
+//! `teacher_logprobs` and `samples`.
+//!
+//! Tokens: the interaction's own prompt/response token ids when the policy server logged them;
+//! otherwise they are made once with the policy's tokenizer and chat template: the prompt is the
+//! request rendered with the generation prompt, the response is what rendering the full conversation
+//! adds after it, cut after the first end-of-turn token; `tokenize(prompt + response)` must start with
+//! the prompt ids (METHOD.md §1), else the turn is dead-lettered. Rollout log-probs: the logged ones,
+//! else recomputed by scoring the response under the policy's initial weights (marked
+//! `rollout_logprobs_recomputed`). Model work runs on a blocking thread, a few turns per forward pass.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Input, Output, StageCounts, StageLogic};
+use crate::config::{Method, PipelineConfig};
+use crate::error::{Error, Result};
+use crate::model::{LanguageModel, LoadOptions};
+use crate::samples::{assemble, decide, Decision, SampleConfig, SampleOutcome};
+use crate::schema::{content_hash, now_ms, DeadLetter, HintRecord, Interaction, Judgment, Message, Table, TeacherLogprobs};
+
+/// The `[teacher]` table of a pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TeacherConfig {
+    /// Teacher model directory. None (default): the policy's initial weights (`[policy] model`), as
+    /// in the reference implementation.
+    pub model: Option<PathBuf>,
+    /// Keep the teacher's top-K token ids and log-probs per response position (0 = off).
+    pub top_k: usize,
+    /// Longest prompt + response accepted, in tokens; longer turns are dead-lettered (`too_long`).
+    pub max_tokens: usize,
+    /// Turns scored per forward pass.
+    pub batch: usize,
+}
+
+impl Default for TeacherConfig {
+    fn default() -> Self {
+        TeacherConfig { model: None, top_k: 0, max_tokens: 8192, batch: 4 }
+    }
+}
+
+/// The models the stage uses: the policy's initial weights (tokenizer, template, rollout recompute) and
+/// the teacher (the same instance unless configured otherwise). The teacher scores the student's own
+/// token ids, so it must share the policy's tokenizer; its prompt is rendered with the policy's
+/// template.
+#[derive(Clone)]
+pub struct TeacherModels {
+    policy: Arc<Mutex<LanguageModel>>,
+    teacher: Arc<Mutex<LanguageModel>>,
+    teacher_id: String,
+}
+
+impl TeacherModels {
+    /// Loads the policy (and a separate teacher when configured), frozen.
+    ///
+    /// # Errors
+    /// Model loading errors.
+    pub fn load(cfg: &PipelineConfig) -> Result<TeacherModels> {
+        let device = LoadOptions::parse_device(&cfg.policy.device)?;
+        let opts = LoadOptions { device, dtype: LoadOptions::parse_dtype(&cfg.policy.dtype, device)?, ..Default::default() };
+        let policy = Arc::new(Mutex::new(LanguageModel::load(&cfg.policy.model, &opts)?));
+        let (teacher, path) = match &cfg.teacher.model {
+            Some(p) if p != &cfg.policy.model => (Arc::new(Mutex::new(LanguageModel::load(p, &opts)?)), p.clone()),
+            _ => (policy.clone(), cfg.policy.model.clone()),
+        };
+        let teacher_id = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
+        Ok(TeacherModels { policy, teacher, teacher_id })
+    }
+}
+
+fn lock(m: &Mutex<LanguageModel>) -> std::sync::MutexGuard<'_, LanguageModel> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The teacher stage over input rows of table `I` (hint records for OPD/combined, judgments for binary).
+pub struct TeacherStage<I> {
+    models: TeacherModels,
+    method: Method,
+    pipeline: String,
+    cfg: TeacherConfig,
+    samples: SampleConfig,
+    _in: std::marker::PhantomData<fn() -> I>,
+}
+
+impl<I> TeacherStage<I> {
+    /// A teacher stage for `cfg`.
+    pub fn new(cfg: &PipelineConfig, models: TeacherModels) -> TeacherStage<I> {
+        TeacherStage {
+            models,
+            method: cfg.method,
+            pipeline: cfg.name.clone(),
+            cfg: cfg.teacher.clone(),
+            samples: cfg.samples.clone(),
+            _in: std::marker::PhantomData,
+        }
+    }
+}
+
+/// One turn's model work.
+struct Job {
+    interaction: Interaction,
+    judgment: Option<Judgment>,
+    hint: Option<HintRecord>,
+    prompt_ids: Vec<u32>,
+    response_ids: Vec<u32>,
+    rollout: Option<Vec<f32>>,
+    teacher_prompt: Option<Vec<u32>>,
+    lineage: crate::schema::Lineage,
+}
+
+/// Resolves the prompt and response token ids of a turn (see module docs).
+///
+/// # Errors
+/// [`Error::InvalidInput`] when the ids cannot be made consistently (the reason is the dead letter's).
+pub fn turn_tokens(lm: &LanguageModel, i: &Interaction) -> Result<(Vec<u32>, Vec<u32>)> {
+    if let (Some(p), Some(r)) = (&i.prompt_token_ids, &i.response_token_ids) {
+        if !p.is_empty() && !r.is_empty() {
+            let to_u32 = |v: &Vec<i32>| v.iter().map(|&x| u32::try_from(x).map_err(|_| Error::InvalidInput(format!("negative token id {x}")))).collect::<Result<Vec<u32>>>();
+            return Ok((to_u32(p)?, to_u32(r)?));
+        }
+    }
+    let messages = i.messages()?;
+    let tools: Option<serde_json::Value> = match &i.tools {
+        Some(t) => Some(serde_json::from_str(t)?),
+        None => None,
+    };
+    let prompt_text = lm.render_chat(&messages, tools.as_ref(), true)?;
+    let mut full = messages.clone();
+    full.push(i.response_message()?);
+    let full_text = lm.render_chat(&full, tools.as_ref(), false)?;
+    let added = full_text
+        .strip_prefix(&prompt_text)
+        .ok_or_else(|| Error::InvalidInput("the chat template does not render the response as a continuation of the prompt".into()))?;
+    let prompt_ids = lm.encode(&prompt_text)?;
+    let joint = lm.encode(&format!("{prompt_text}{added}"))?;
+    if !joint.starts_with(&prompt_ids) {
+        return Err(Error::InvalidInput("tokenize(prompt + response) does not start with tokenize(prompt): unstable token boundary".into()));
+    }
+    let mut response_ids = joint[prompt_ids.len()..].to_vec();
+    if let Some(pos) = response_ids.iter().position(|t| lm.eos_token_ids().contains(t)) {
+        response_ids.truncate(pos + 1);
+    }
+    Ok((prompt_ids, response_ids))
+}
+
+fn to_i32(v: &[u32]) -> Vec<i32> {
+    v.iter().map(|&x| x as i32).collect()
+}
+
+impl<I: Table> StageLogic for TeacherStage<I> {
+    type In = I;
+    fn name(&self) -> &'static str {
+        "teacher"
+    }
+    async fn handle(&mut self, batch: Vec<Input<I>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
+        // 1. decide and tokenise (cheap), 2. score in one blocking call, 3. assemble and publish.
+        let mut jobs: Vec<Job> = vec![];
+        for input in batch {
+            let Some(interaction) = input.carry.interaction.clone() else {
+                counts.add("dead_letter: missing_context", 1);
+                let payload = serde_json::to_vec(&input.row).unwrap_or_default();
+                out.dead(DeadLetter::new("teacher", "missing_context", "record carries no interaction", &payload, input.lineage.clone())).await?;
+                continue;
+            };
+            let judgment = input.carry.judgment.clone();
+            let hint = input.carry.hint.clone();
+            let uses_teacher = match decide(self.method, &self.samples, &interaction, judgment.as_ref(), hint.as_ref()) {
+                Decision::NoSample(reason) => {
+                    counts.add(&format!("no_sample: {}", reason.as_str()), 1);
+                    continue;
+                }
+                Decision::Emit { uses_teacher, .. } => uses_teacher,
+            };
+            let dead = |code: &str, why: String| {
+                DeadLetter::new("teacher", code, why, &serde_json::to_vec(&interaction).unwrap_or_default(), input.lineage.clone())
+                    .with_keys(&interaction.session_id, Some(&interaction.interaction_id))
+            };
+            let prepared = {
+                let lm = lock(&self.models.policy);
+                turn_tokens(&lm, &interaction).and_then(|(p, r)| {
+                    let teacher_prompt = if uses_teacher {
+                        let h = hint.as_ref().and_then(|h| h.teacher_messages.as_ref()).ok_or_else(|| Error::InvalidInput("accepted hint without teacher context".into()))?;
+                        let msgs: Vec<Message> = serde_json::from_str(h)?;
+                        let tools: Option<serde_json::Value> = match &interaction.tools {
+                            Some(t) => Some(serde_json::from_str(t)?),
+                            None => None,
+                        };
+                        Some(lm.chat_prompt_ids(&msgs, tools.as_ref(), true)).transpose()
+                    } else {
+                        Ok(None)
+                    }?;
+                    Ok((p, r, teacher_prompt))
+                })
+            };
+            let (prompt_ids, response_ids, teacher_prompt) = match prepared {
+                Ok(x) => x,
+                Err(e) => {
+                    counts.add("dead_letter: tokenization", 1);
+                    out.dead(dead("tokenization", e.to_string())).await?;
+                    continue;
+                }
+            };
+            let longest = prompt_ids.len().max(teacher_prompt.as_ref().map_or(0, Vec::len)) + response_ids.len();
+            if longest > self.cfg.max_tokens {
+                counts.add("dead_letter: too_long", 1);
+                out.dead(dead("too_long", format!("{longest} tokens exceed teacher.max_tokens = {}", self.cfg.max_tokens))).await?;
+                continue;
+            }
+            let rollout = interaction.rollout_logprobs.clone().filter(|r| r.len() == response_ids.len());
+            jobs.push(Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, teacher_prompt, lineage: input.lineage });
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        // Model work on a blocking thread.
+        let models = self.models.clone();
+        let (top_k, per_pass) = (self.cfg.top_k, self.cfg.batch.max(1));
+        let work: Vec<(Option<(Vec<u32>, Vec<u32>)>, Option<(Vec<u32>, Vec<u32>)>)> = jobs
+            .iter()
+            .map(|j| {
+                let rollout = j.rollout.is_none().then(|| (j.prompt_ids.clone(), j.response_ids.clone()));
+                let teacher = j.teacher_prompt.clone().map(|tp| (tp, j.response_ids.clone()));
+                (rollout, teacher)
+            })
+            .collect();
+        let scored = tokio::task::spawn_blocking(move || -> Result<Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)>> {
+            let rollout_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|(r, _)| r.clone()).collect();
+            let teacher_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|(_, t)| t.clone()).collect();
+            let mut rollout_out = vec![];
+            for chunk in rollout_items.chunks(per_pass) {
+                rollout_out.extend(lock(&models.policy).score(chunk, 0)?.into_iter().map(|s| s.logprobs));
+            }
+            let mut teacher_out = vec![];
+            for chunk in teacher_items.chunks(per_pass) {
+                teacher_out.extend(lock(&models.teacher).score(chunk, top_k)?);
+            }
+            let (mut ri, mut ti) = (rollout_out.into_iter(), teacher_out.into_iter());
+            Ok(work.iter().map(|(r, t)| (r.as_ref().and_then(|_| ri.next()), t.as_ref().and_then(|_| ti.next()))).collect())
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("teacher worker: {e}")))??;
+
+        for (job, (recomputed, teacher)) in jobs.into_iter().zip(scored) {
+            let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teacher_prompt } = job;
+            let was_recomputed = recomputed.is_some();
+            let rollout = rollout.or(recomputed).unwrap_or_default();
+            let teacher_row = match (teacher, teacher_prompt) {
+                (Some(t), Some(tp)) => {
+                    let teacher_id = content_hash(&[
+                        interaction.interaction_id.as_bytes(),
+                        self.models.teacher_id.as_bytes(),
+                        &serde_json::to_vec(&tp).unwrap_or_default(),
+                        &top_k.to_le_bytes(),
+                    ]);
+                    let row = TeacherLogprobs {
+                        schema_version: TeacherLogprobs::SCHEMA_VERSION,
+                        teacher_id,
+                        pipeline: self.pipeline.clone(),
+                        interaction_id: interaction.interaction_id.clone(),
+                        session_id: interaction.session_id.clone(),
+                        turn_index: interaction.turn_index,
+                        teacher_model: self.models.teacher_id.clone(),
+                        teacher_version: 0,
+                        teacher_prompt_token_ids: to_i32(&tp),
+                        response_token_ids: to_i32(&response_ids),
+                        teacher_logprobs: t.logprobs,
+                        topk_ids: t.topk_ids.map(|rows| rows.iter().map(|r| to_i32(r)).collect()),
+                        topk_logprobs: t.topk_logprobs,
+                        event_time: interaction.event_time,
+                        processed_time: now_ms(),
+                    };
+                    Some(row)
+                }
+                _ => None,
+            };
+            let outcome = assemble(
+                self.method,
+                &self.samples,
+                &interaction,
+                judgment.as_ref(),
+                hint.as_ref(),
+                teacher_row.as_ref(),
+                &to_i32(&prompt_ids),
+                &to_i32(&response_ids),
+                &rollout,
+                &self.pipeline,
+            );
+            match outcome {
+                Ok(SampleOutcome::Sample(mut s)) => {
+                    s.rollout_logprobs_recomputed = was_recomputed;
+                    if let Some(t) = &teacher_row {
+                        out.emit(t, None).await?;
+                        counts.add("teacher_logprobs", 1);
+                    }
+                    counts.add(&format!("sample: {}", s.sample_type.as_str()), 1);
+                    out.emit(&s, None).await?;
+                }
+                Ok(SampleOutcome::NoSample { reason }) => counts.add(&format!("no_sample: {}", reason.as_str()), 1),
+                Err(e) => {
+                    let code = match &e {
+                        Error::NonFinite { .. } => "non_finite_logprob",
+                        Error::LogprobLenMismatch { .. } => "logprob_length_mismatch",
+                        _ => "invalid_sample",
+                    };
+                    counts.add(&format!("dead_letter: {code}"), 1);
+                    let d = DeadLetter::new("teacher", code, e.to_string(), &serde_json::to_vec(&interaction).unwrap_or_default(), lineage)
+                        .with_keys(&interaction.session_id, Some(&interaction.interaction_id));
+                    out.dead(d).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
