@@ -357,7 +357,8 @@ fn preference_columns(r: &DemoReport) -> Vec<String> {
     cols
 }
 
-/// The series of the two panels: (score, per-preference rates and accuracy), x = interactions seen.
+/// The series of the two panels: (score, per-preference rates and accuracy unless `correct_answer` is a
+/// rate already), x = interactions seen.
 fn plot_series(r: &DemoReport) -> (Vec<NamedSeries>, Vec<NamedSeries>) {
     let x = |c: &CheckpointEval| c.interactions as f64;
     let score = vec![(
@@ -371,7 +372,10 @@ fn plot_series(r: &DemoReport) -> (Vec<NamedSeries>, Vec<NamedSeries>) {
             (name, pts)
         })
         .collect();
-    rates.push(("correct final number (accuracy)".to_string(), r.checkpoints.iter().map(|c| (x(c), c.score.accuracy)).collect()));
+    // With `correct_answer` among the rates, accuracy is the same line.
+    if !rates.iter().any(|(name, _)| name == "correct_answer") {
+        rates.push(("correct final number (accuracy)".to_string(), r.checkpoints.iter().map(|c| (x(c), c.score.accuracy)).collect()));
+    }
     (score, rates)
 }
 
@@ -430,7 +434,7 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
             s,
             "Note: no plot font was found ({}; Debian package `fonts-dejavu-core`), so the plot has no title, tick \
              labels or legend. Left panel: personalization score; right panel: per-preference rates in the table's \
-             column order, then accuracy; x = interactions seen, y = 0 to 1.\n",
+             column order (then accuracy when `correct_answer` is not among them); x = interactions seen, y = 0 to 1.\n",
             FONT_PATHS.join(", ")
         );
     }
@@ -458,7 +462,8 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
 
 /// Writes `report.md` and [`PLOT_FILE`] into `dir` (created if missing). The plot has two panels against
 /// the student interactions the pipeline had seen: the personalization score per policy version (line with
-/// markers, each labelled `v<version>`), and each preference's rate plus accuracy.
+/// markers, each labelled `v<version>`), and each preference's rate (plus accuracy when `correct_answer` is
+/// off).
 ///
 /// # Errors
 /// [`Error::Io`] when the folder or the markdown cannot be written; [`Error::InvalidInput`] when a rate

@@ -144,7 +144,8 @@ mod tests {
             ("no_markdown", 0.5),      // 1 and 3 use bold
             ("concise", 0.75),         // 3 is 90 words
             ("plain_sentences", 0.75), // 3 has a label
-            ("answer_at_end", 0.5),    // 2 and 3 are wrong
+            ("answer_at_end", 1.0),    // every last number is in the last sentence
+            ("correct_answer", 0.5),   // 2 and 3 are wrong
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -154,10 +155,10 @@ mod tests {
 
     #[test]
     fn disabled_preferences_are_not_rated() {
-        let prefs = Preferences { no_markdown: false, answer_at_end: false, ..Preferences::default() };
+        let prefs = Preferences { no_markdown: false, correct_answer: false, ..Preferences::default() };
         let s = personalization_score(&four(), &prefs);
         assert_eq!(s.fraction_all_satisfied, 0.75);
-        assert_eq!(s.per_preference_rate.keys().collect::<Vec<_>>(), vec!["concise", "plain_sentences"]);
+        assert_eq!(s.per_preference_rate.keys().collect::<Vec<_>>(), vec!["answer_at_end", "concise", "plain_sentences"]);
         assert_eq!(s.accuracy, 0.5);
     }
 
@@ -173,7 +174,7 @@ mod tests {
         let rows = eval_rows("run1", "combined", 3, 36, &four(), &Preferences::default(), 1_700_000_000_000);
         assert_eq!(rows.len(), 4);
         assert_eq!(rows[1].violations, vec!["no_markdown: bold text: `**5**`".to_string()]);
-        assert_eq!(rows[2].violations, vec!["answer_at_end: wrong answer: last number is 8, expected 7".to_string()]);
+        assert_eq!(rows[2].violations, vec!["correct_answer: wrong answer: last number is 8, expected 7".to_string()]);
         assert!(rows[0].satisfied && rows[0].correct && rows[0].violations.is_empty());
         assert_eq!((rows[3].policy_version, rows[3].interactions_seen, rows[3].problem_id), (3, 36, 3));
         assert_eq!(rows[0].eval_id, EvalScore::id_for("run1", "combined", 3, 0));

@@ -9,7 +9,12 @@
 //! | `no_markdown` | use no markdown or LaTeX | bold (`**x**`, `__x__`, a bare `**`/`__`), italics (`*x*`, `_x_`), a header line (`# x`), a list line (`- x`, `* x`, `+ x`, `1. x`, `1) x`), LaTeX (`\(`, `\[`, `\boxed`, `\frac`, `\dfrac`, `\times`, `\cdot`, `\div`, `\text{`, `\left`, `\right`, `$$`), a code fence (a line starting with three backticks or `~~~`) |
 //! | `concise` | have at most `max_words` words (default 80) | a word is a whitespace-separated token with at least one letter or digit (so `**`, `-`, `=` are not words) |
 //! | `plain_sentences` | read as casual sentences | a label (`Step 1:` / `Step 1)` anywhere; `Solution:`, `Answer:`, `Final answer:`, `Explanation:`, `Given:`, `Result:`, `Calculation(s):`, `Conclusion:`, `Summary:`, `Therefore:`, `Note:`, `Problem:`, `Question:`, `Reasoning:`, `Total:`, `Verification:`, `Check:` at the start of a line or sentence); a bullet-like line start (`•`, `·`, `▪`, `◦`, `→`, `->`, `=>`, `>`, `–`, `—`, `✓`, `✔`, `a)`, `(a)`) |
-//! | `answer_at_end` | state the correct final number at the end | the last number differs from the answer (wrong answer), there is no number, or the last number is not in the last sentence |
+//! | `answer_at_end` | end with its final number | there is no number, or the last number is not in the last sentence |
+//! | `correct_answer` | get the answer right | the last number differs from the answer, or there is no number |
+//!
+//! Together `answer_at_end` and `correct_answer` are "the correct final number stated at the end". They are
+//! two preferences so that each has its own rate, and so that a demo whose policy is too small to solve
+//! GSM8K can switch correctness off and measure style alone (accuracy is reported either way).
 //!
 //! The text checked is the **visible** text: `<think>…</think>` blocks (and an unclosed `<think>` to the end)
 //! are removed first. Numbers are found by `-?$?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?` (a `-` counts only when not
@@ -22,10 +27,10 @@
 //!
 //! # Replies
 //!
-//! The student thanks ("thanks, that's perfect", "great, thanks!") only when every enabled preference is
-//! met and the answer is correct. Otherwise the reply names at most two things to change, in this order:
-//! a wrong answer or a missing number first ("hmm, I don't think that's right, can you check it again?"),
-//! then the violations in the order of the table above. Every correction is one sentence that carries one
+//! The student reacts to the enabled preferences only. It thanks ("thanks, that's perfect", "great,
+//! thanks!") when every one is met. Otherwise the reply names at most two things to change, in this order:
+//! a missing number ("you forgot the final number…") or a wrong answer ("hmm, I don't think that's right,
+//! can you check it again?") first, then the other violations in the order of the table above. Every correction is one sentence that carries one
 //! of the pipeline's correction cues ([`crate::signals::features::CORRECTION_CUES`]: "instead", "again",
 //! "that's wrong", "that's not right", "you forgot") wherever it sits in the reply, so the rule-based
 //! judge scores it −1 and the rule-based hint judge takes the whole reply (at most two sentences) as the
@@ -56,23 +61,31 @@ pub enum Preference {
     Concise,
     /// Plain casual sentences: no labels, no bullet-like line starts.
     PlainSentences,
-    /// The correct final number stated at the end.
+    /// The final number stated at the end (the last number is in the last sentence).
     AnswerAtEnd,
+    /// The last number is the correct answer.
+    CorrectAnswer,
 }
 
 impl Preference {
     /// Every preference, in check and reply order.
-    pub const ALL: [Preference; 4] =
-        [Preference::NoMarkdown, Preference::Concise, Preference::PlainSentences, Preference::AnswerAtEnd];
+    pub const ALL: [Preference; 5] = [
+        Preference::NoMarkdown,
+        Preference::Concise,
+        Preference::PlainSentences,
+        Preference::AnswerAtEnd,
+        Preference::CorrectAnswer,
+    ];
 
     /// The name used in reports and `eval_scores` rows (`no_markdown`, `concise`, `plain_sentences`,
-    /// `answer_at_end`).
+    /// `answer_at_end`, `correct_answer`).
     pub fn name(self) -> &'static str {
         match self {
             Preference::NoMarkdown => "no_markdown",
             Preference::Concise => "concise",
             Preference::PlainSentences => "plain_sentences",
             Preference::AnswerAtEnd => "answer_at_end",
+            Preference::CorrectAnswer => "correct_answer",
         }
     }
 
@@ -88,7 +101,8 @@ impl fmt::Display for Preference {
     }
 }
 
-/// Which preferences the student holds (the default: all of them, 80 words).
+/// Which preferences the student holds (the default: all of them, 80 words). The student reacts to the
+/// enabled ones only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Preferences {
@@ -100,13 +114,15 @@ pub struct Preferences {
     pub max_words: usize,
     /// Plain casual sentences.
     pub plain_sentences: bool,
-    /// The correct final number at the end.
+    /// The final number at the end.
     pub answer_at_end: bool,
+    /// The correct answer.
+    pub correct_answer: bool,
 }
 
 impl Default for Preferences {
     fn default() -> Self {
-        Preferences { no_markdown: true, concise: true, max_words: 80, plain_sentences: true, answer_at_end: true }
+        Preferences { no_markdown: true, concise: true, max_words: 80, plain_sentences: true, answer_at_end: true, correct_answer: true }
     }
 }
 
@@ -123,6 +139,7 @@ impl Preferences {
             Preference::Concise => self.concise,
             Preference::PlainSentences => self.plain_sentences,
             Preference::AnswerAtEnd => self.answer_at_end,
+            Preference::CorrectAnswer => self.correct_answer,
         }
     }
 
@@ -136,7 +153,8 @@ impl Preferences {
                 Preference::PlainSentences => {
                     "plain_sentences: casual sentences, no `Step 1:` / `Answer:` labels or bullet-like lines".to_string()
                 }
-                Preference::AnswerAtEnd => "answer_at_end: the correct final number is the last number, in the last sentence".to_string(),
+                Preference::AnswerAtEnd => "answer_at_end: the final number is stated in the last sentence".to_string(),
+                Preference::CorrectAnswer => "correct_answer: the last number is the correct answer".to_string(),
             })
             .collect()
     }
@@ -164,11 +182,11 @@ pub enum ViolationKind {
     Label,
     /// A line starting with a bullet-like symbol.
     BulletLike,
-    /// The last number is not the answer.
+    /// The last number is not the answer, or there is no number.
     WrongAnswer,
     /// No number at all.
     NoNumber,
-    /// The answer is the last number but not in the last sentence.
+    /// The last number is not in the last sentence.
     AnswerNotAtEnd,
 }
 
@@ -180,7 +198,8 @@ impl ViolationKind {
             Bold | Italics | Header | List | Latex | CodeFence => Preference::NoMarkdown,
             TooLong => Preference::Concise,
             Label | BulletLike => Preference::PlainSentences,
-            WrongAnswer | NoNumber | AnswerNotAtEnd => Preference::AnswerAtEnd,
+            NoNumber | AnswerNotAtEnd => Preference::AnswerAtEnd,
+            WrongAnswer => Preference::CorrectAnswer,
         }
     }
 
@@ -199,7 +218,7 @@ impl ViolationKind {
             BulletLike => "bullet-like line",
             WrongAnswer => "wrong answer",
             NoNumber => "no number",
-            AnswerNotAtEnd => "answer not at the end",
+            AnswerNotAtEnd => "final number not at the end",
         }
     }
 }
@@ -234,7 +253,8 @@ impl Violation {
 /// The student's verdict on one response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
-    /// Violations of enabled preferences, at most one per kind, in [`ViolationKind`] order.
+    /// Violations of enabled preferences, at most one per kind, in [`ViolationKind`] order except that
+    /// a wrong answer comes before a missing number.
     pub violations: Vec<Violation>,
     /// No enabled preference is violated.
     pub satisfied: bool,
@@ -385,9 +405,14 @@ pub fn check(response: &str, problem: &Problem, prefs: &Preferences) -> Verdict 
         _ => false,
     };
     match &last {
-        None => push(ViolationKind::NoNumber, format!("no number in the response, expected {}", problem.answer)),
-        Some((_, s)) if !correct => push(ViolationKind::WrongAnswer, format!("last number is {s}, expected {}", problem.answer)),
-        Some((at, _)) => {
+        None => {
+            push(ViolationKind::WrongAnswer, format!("no number, expected {}", problem.answer));
+            push(ViolationKind::NoNumber, "no number in the response".to_string());
+        }
+        Some((at, s)) => {
+            if !correct {
+                push(ViolationKind::WrongAnswer, format!("last number is {s}, expected {}", problem.answer));
+            }
             if let Some(&(s, e)) = sentence_spans(&text).last() {
                 if !(s..e).contains(at) {
                     push(ViolationKind::AnswerNotAtEnd, format!("last sentence has no number: {}", evidence(&text[s..e])));
@@ -485,13 +510,13 @@ fn corrections(kind: ViolationKind) -> &'static [&'static str] {
 pub struct StudentReply {
     /// What the student says (the next state of the agent's turn).
     pub text: String,
-    /// The student is happy: every enabled preference met and the answer correct (the reply is a thanks).
+    /// The student is happy: every enabled preference met (the reply is a thanks).
     pub satisfied: bool,
     /// The last number equals the answer.
     pub correct: bool,
     /// Every violation found ([`check`]), also those not mentioned in the reply.
     pub violations: Vec<Violation>,
-    /// The violations the reply mentions (at most two; a wrong answer or missing number first).
+    /// The violations the reply mentions (at most two; a missing number or a wrong answer first).
     pub mentioned: Vec<ViolationKind>,
     /// 1-based number of this reply within the problem's session.
     pub turn: u32,
@@ -577,12 +602,15 @@ impl Student {
     /// (a pure function of seed, preferences, `max_turns`, problem, response and turn).
     pub fn reply_at(&self, response: &str, problem: &Problem, turn: u32) -> StudentReply {
         let verdict = check(response, problem, &self.prefs);
-        let satisfied = verdict.satisfied && verdict.correct;
+        let satisfied = verdict.satisfied;
         let mut rng = self.rng("reply", problem.id, turn, response);
+        let has = |k: ViolationKind| verdict.violations.iter().any(|v| v.kind == k);
+        // The answer first: "you forgot the number" covers a wrong answer when there is no number at all.
         let mut mentioned: Vec<(ViolationKind, String)> = vec![];
-        if !verdict.correct {
-            let kind = if verdict.last_number.is_none() { ViolationKind::NoNumber } else { ViolationKind::WrongAnswer };
-            mentioned.push((kind, String::new()));
+        if has(ViolationKind::NoNumber) || (has(ViolationKind::WrongAnswer) && verdict.last_number.is_none()) {
+            mentioned.push((ViolationKind::NoNumber, String::new()));
+        } else if has(ViolationKind::WrongAnswer) {
+            mentioned.push((ViolationKind::WrongAnswer, String::new()));
         }
         for v in &verdict.violations {
             let covered = matches!(v.kind, ViolationKind::NoNumber | ViolationKind::WrongAnswer);

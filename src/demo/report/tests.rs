@@ -1,7 +1,13 @@
 use super::*;
 
 fn score(all: f64, md: f64, concise: f64, plain: f64, end: f64, acc: f64) -> Score {
-    let per_preference_rate = [("no_markdown", md), ("concise", concise), ("plain_sentences", plain), ("answer_at_end", end)]
+    let per_preference_rate = [
+        ("no_markdown", md),
+        ("concise", concise),
+        ("plain_sentences", plain),
+        ("answer_at_end", end),
+        ("correct_answer", acc),
+    ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
@@ -49,10 +55,10 @@ fn report_files_are_written() {
     assert!(md.starts_with("# Personal-agent demo\n"), "{md}");
     assert!(md.contains("Personalization score: **0.170 → 0.810** (policy v0 → v3, after 36 student interactions; 100 held-out responses per version)."), "{md}");
     assert!(md.contains(
-        "| policy version | interactions seen | held-out responses | personalization score | no_markdown | concise | plain_sentences | answer_at_end | accuracy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| policy version | interactions seen | held-out responses | personalization score | no_markdown | concise | plain_sentences | answer_at_end | correct_answer | accuracy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     ), "{md}");
-    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 |\n"), "{md}");
-    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 |\n"), "{md}");
+    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 | 0.450 |\n"), "{md}");
+    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 | 0.470 |\n"), "{md}");
     assert!(md.contains("| stage | counter | count |\n|---|---|---:|\n| judge | judgments | 140 |\n| judge | votes | 420 |\n| signals | paired | 144 |\n"), "{md}");
     assert!(md.contains("](personalization.png)"));
     assert!(md.contains("- concise: at most 80 words"));

@@ -110,16 +110,23 @@ fn wrong_missing_and_misplaced_answers() {
     let v = check("The answer is 36, out of 100.", &carol(), &p);
     assert_eq!(shown(&v), vec!["wrong answer: last number is 100, expected 36"]);
     let v = check("I am not sure.", &carol(), &p);
-    assert_eq!(shown(&v), vec!["no number: no number in the response, expected 36"]);
+    assert_eq!(shown(&v), vec!["wrong answer: no number, expected 36", "no number: no number in the response"]);
+    assert_eq!(v.violations.iter().map(|x| x.preference).collect::<Vec<_>>(), vec![Preference::CorrectAnswer, Preference::AnswerAtEnd]);
     let v = check("They need 36 more signatures. Hope that helps!", &carol(), &p);
-    assert_eq!(shown(&v), vec!["answer not at the end: last sentence has no number: `Hope that helps!`"]);
+    assert_eq!(shown(&v), vec!["final number not at the end: last sentence has no number: `Hope that helps!`"]);
     assert!(v.correct);
     // An emoji after the answer is not a sentence.
     assert!(check("They need 36 more. 🙂", &carol(), &p).satisfied);
-    // With answer_at_end off a wrong answer is not a violation, but still not correct.
-    let off = Preferences { answer_at_end: false, ..p };
+    // Wrong and not at the end: two preferences violated.
+    let v = check("It is 34. Hope that helps!", &carol(), &p);
+    assert_eq!(kinds(&v), vec![ViolationKind::WrongAnswer, ViolationKind::AnswerNotAtEnd]);
+    // With correct_answer off a wrong answer is not a violation, but still not correct.
+    let off = Preferences { correct_answer: false, ..p.clone() };
     let v = check("They need 34 more signatures.", &carol(), &off);
     assert!(v.satisfied && !v.correct);
+    let off = Preferences { answer_at_end: false, ..p };
+    let v = check("They need 36 more signatures. Hope that helps!", &carol(), &off);
+    assert!(v.satisfied && v.correct);
 }
 
 #[test]
@@ -189,11 +196,16 @@ fn corrections_name_the_first_two_problems() {
     // A list and bullet-like lines get one correction between them.
     let r = s.reply_at("- 64\n• so 36", &carol(), 1);
     assert_eq!(r.mentioned, vec![ViolationKind::List]);
-    // answer_at_end off: a wrong answer still gets "that's wrong", never thanks.
-    let off = Student::new(1, Preferences { answer_at_end: false, ..Preferences::default() }, 3).unwrap();
+    let r = s.reply_at("It is 34. Hope that helps!", &carol(), 1);
+    assert_eq!(r.mentioned, vec![ViolationKind::WrongAnswer, ViolationKind::AnswerNotAtEnd]);
+    // The student reacts to enabled preferences only: with correct_answer off a wrong answer gets thanks.
+    let off = Student::new(1, Preferences { correct_answer: false, ..Preferences::default() }, 3).unwrap();
     let r = off.reply_at("They need 34.", &carol(), 1);
-    assert!(!r.satisfied && r.violations.is_empty());
-    assert_eq!(r.mentioned, vec![ViolationKind::WrongAnswer]);
+    assert!(r.satisfied && !r.correct && r.violations.is_empty() && r.mentioned.is_empty());
+    assert!(THANKS.contains(&r.text.as_str()));
+    // With answer_at_end off a missing number is still "you forgot the number" (correct_answer).
+    let off = Student::new(1, Preferences { answer_at_end: false, ..Preferences::default() }, 3).unwrap();
+    assert_eq!(off.reply_at("no idea", &carol(), 1).mentioned, vec![ViolationKind::NoNumber]);
 }
 
 #[test]
@@ -316,4 +328,5 @@ fn real_replies_on_real_problems_are_read_as_intended() {
     }
     assert_eq!((thanks_seen, corrections_seen), (40, 200));
 }
+
 
