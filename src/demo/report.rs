@@ -1,0 +1,509 @@
+//! The demo report: `report.md` (score per checkpoint, pipeline counts) and `personalization.png`
+//! (personalization score and per-preference rates against the student interactions the pipeline had seen),
+//! plus two generic chart helpers the ablation report reuses: [`line_chart`] and [`histogram`].
+//!
+//! Plots are drawn with `plotters` into PNG files. Text needs a TrueType font: DejaVu Sans (Debian package
+//! `fonts-dejavu-core`, installed by `scripts/setup.sh`) is loaded once with `ab_glyph` from
+//! [`FONT_PATHS`]. Without it the charts are drawn without any text (no title, tick labels or legend) and
+//! [`font_loaded`] is false; [`write_report`] then says so in the report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::score::Score;
+use super::student::Preferences;
+use crate::{config_err, input_err, Error, Result};
+
+/// One named line of a chart: (legend name, points (x, y)).
+pub type NamedSeries = (String, Vec<(f64, f64)>);
+
+/// Where the plot font is looked for, in order (DejaVu Sans on Debian, Arch and Fedora).
+pub const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+];
+
+/// The font family name the plot font is registered under (only our own text uses it).
+const FAMILY: &str = "nextstate-sans";
+
+/// Colour-blind-safe palette (Okabe–Ito), one colour per series in order.
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 0, 0),
+    RGBColor(153, 153, 153),
+];
+
+fn color(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Loads the plot font on first call (the first readable file of [`FONT_PATHS`] that `ab_glyph` parses);
+/// true when charts can draw text.
+pub fn font_loaded() -> bool {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    *LOADED.get_or_init(|| {
+        FONT_PATHS.iter().any(|p| match std::fs::read(p) {
+            // plotters keeps fonts for the life of the process and needs 'static bytes: leaked once.
+            Ok(bytes) => plotters::style::register_font(FAMILY, FontStyle::Normal, Box::leak(bytes.into_boxed_slice())).is_ok(),
+            Err(_) => false,
+        })
+    })
+}
+
+/// A tick label: integers without a fraction, other values with up to 3 decimals (trailing zeros cut).
+fn tick(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as i64)
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// A markdown table cell: `|` escaped, line breaks as spaces.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("plot {}: {e}", path.display()))
+}
+
+/// Axis range covering `values` with 5% padding; `[v − 1, v + 1]` for a single value, `[0, 1]` for none.
+fn padded_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    if hi - lo < 1e-12 {
+        return (lo - 1.0, hi + 1.0);
+    }
+    let pad = 0.05 * (hi - lo);
+    (lo - pad, hi + pad)
+}
+
+fn check_finite(series: &[NamedSeries]) -> Result<()> {
+    for (name, pts) in series {
+        if let Some(i) = pts.iter().position(|(x, y)| !x.is_finite() || !y.is_finite()) {
+            return Err(input_err!("series {name:?}: point {i} is not finite ({:?})", pts[i]));
+        }
+    }
+    Ok(())
+}
+
+/// Everything one line panel needs.
+struct Panel<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    series: &'a [NamedSeries],
+    /// Fixed y range (rates: 0–1); `None` = from the data.
+    y_range: Option<(f64, f64)>,
+    /// Text drawn next to each point of the first series (policy versions).
+    point_labels: Option<&'a [String]>,
+    /// Integer tick labels on x (counts).
+    x_integer: bool,
+}
+
+fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel, text: bool) -> std::result::Result<(), String> {
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let (x0, x1) = padded_range(p.series.iter().flat_map(|(_, s)| s.iter().map(|(x, _)| *x)));
+    let (y0, y1) = p.y_range.unwrap_or_else(|| padded_range(p.series.iter().flat_map(|(_, s)| s.iter().map(|(_, y)| *y))));
+    let mut builder = ChartBuilder::on(area);
+    builder.margin(16);
+    if text {
+        builder.caption(p.title, (FAMILY, 22)).x_label_area_size(48).y_label_area_size(64);
+    } else {
+        builder.x_label_area_size(8).y_label_area_size(8);
+    }
+    let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1).map_err(|x| e(&x))?;
+    let x_fmt = |v: &f64| if p.x_integer { format!("{}", v.round() as i64) } else { tick(*v) };
+    let mut mesh = chart.configure_mesh();
+    mesh.light_line_style(RGBColor(235, 235, 235));
+    if text {
+        mesh.x_desc(p.x_label)
+            .y_desc(p.y_label)
+            .label_style((FAMILY, 14))
+            .axis_desc_style((FAMILY, 16))
+            .x_label_formatter(&x_fmt)
+            .y_label_formatter(&|v: &f64| tick(*v));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw().map_err(|x| e(&x))?;
+    for (i, (name, pts)) in p.series.iter().enumerate() {
+        let c = color(i);
+        let style = c.stroke_width(3);
+        let line = chart.draw_series(LineSeries::new(pts.iter().copied(), style)).map_err(|x| e(&x))?;
+        if text {
+            line.label(name.as_str()).legend(move |(x, y)| {
+                EmptyElement::at((x, y)) + PathElement::new(vec![(-6, 0), (14, 0)], c.stroke_width(3)) + Circle::new((4, 0), 4, c.filled())
+            });
+        }
+        chart.draw_series(pts.iter().map(|&pt| Circle::new(pt, 5, c.filled()))).map_err(|x| e(&x))?;
+        if text && i == 0 {
+            if let Some(labels) = p.point_labels {
+                chart
+                    .draw_series(pts.iter().zip(labels).map(|(&pt, l)| {
+                        EmptyElement::at(pt) + Text::new(l.clone(), (-8, -24), (FAMILY, 14).into_font().color(&c))
+                    }))
+                    .map_err(|x| e(&x))?;
+            }
+        }
+    }
+    if text && !p.series.is_empty() {
+        chart
+            .configure_series_labels()
+            .label_font((FAMILY, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(|x| e(&x))?;
+    }
+    Ok(())
+}
+
+fn draw_panels(path: &Path, size: (u32, u32), panels: &[Panel], text: bool) -> Result<()> {
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| plot_err(path, x))?;
+    let areas = root.split_evenly((1, panels.len().max(1)));
+    for (area, p) in areas.iter().zip(panels) {
+        draw_panel(area, p, text).map_err(|x| plot_err(path, x))?;
+    }
+    root.present().map_err(|x| plot_err(path, x))
+}
+
+/// A line chart with one line (with circle markers) per series and a legend, written as a PNG of
+/// 1000×600 pixels. Axis ranges cover the data with 5% padding. Text needs the plot font
+/// ([`font_loaded`]); without it the chart has no text.
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the series and point when a coordinate is not finite;
+/// [`Error::Internal`] naming the file when drawing or writing fails.
+pub fn line_chart(path: impl AsRef<Path>, title: &str, x_label: &str, y_label: &str, series: &[NamedSeries]) -> Result<()> {
+    check_finite(series)?;
+    let panel = Panel { title, x_label, y_label, series, y_range: None, point_labels: None, x_integer: false };
+    draw_panels(path.as_ref(), (1000, 600), &[panel], font_loaded())
+}
+
+/// Bin edges: `bins` equal-width bins over the range of all `values` (a single value `v` gets `[v − 0.5,
+/// v + 0.5]`), and each series' count per bin (the maximum goes into the last bin).
+fn bin_counts(series: &[(String, Vec<f64>)], bins: usize) -> (f64, f64, Vec<Vec<u64>>) {
+    let (mut lo, mut hi) = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if !lo.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    } else if hi - lo < 1e-12 {
+        (lo, hi) = (lo - 0.5, hi + 0.5);
+    }
+    let width = (hi - lo) / bins as f64;
+    let counts = series
+        .iter()
+        .map(|(_, vals)| {
+            let mut c = vec![0u64; bins];
+            for v in vals {
+                let b = (((v - lo) / width).floor() as usize).min(bins - 1);
+                c[b] += 1;
+            }
+            c
+        })
+        .collect();
+    (lo, hi, counts)
+}
+
+/// A histogram of one or more series over shared bins (`bins` equal-width bins covering all values),
+/// drawn as semi-transparent bars per series with a legend; y is the count per bin. PNG of 1000×600
+/// pixels. Text needs the plot font ([`font_loaded`]).
+///
+/// # Errors
+/// [`Error::Config`] when `bins` is 0; [`Error::InvalidInput`] naming the series and index when a value
+/// is not finite; [`Error::Internal`] naming the file when drawing or writing fails.
+pub fn histogram(path: impl AsRef<Path>, title: &str, x_label: &str, series: &[(String, Vec<f64>)], bins: usize) -> Result<()> {
+    let path = path.as_ref();
+    if bins == 0 {
+        return Err(config_err!("histogram {}: bins must be at least 1, got 0", path.display()));
+    }
+    for (name, vals) in series {
+        if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
+            return Err(input_err!("series {name:?}: value {i} is not finite ({})", vals[i]));
+        }
+    }
+    let (lo, hi, counts) = bin_counts(series, bins);
+    let width = (hi - lo) / bins as f64;
+    let ymax = counts.iter().flatten().copied().max().unwrap_or(0).max(1) as f64 * 1.1;
+    let text = font_loaded();
+    let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
+    let draw = || -> std::result::Result<(), String> {
+        let e = |x: &dyn std::fmt::Display| x.to_string();
+        root.fill(&WHITE).map_err(|x| e(&x))?;
+        let mut builder = ChartBuilder::on(&root);
+        builder.margin(16);
+        if text {
+            builder.caption(title, (FAMILY, 22)).x_label_area_size(48).y_label_area_size(64);
+        } else {
+            builder.x_label_area_size(8).y_label_area_size(8);
+        }
+        let mut chart = builder.build_cartesian_2d(lo..hi, 0f64..ymax).map_err(|x| e(&x))?;
+        let mut mesh = chart.configure_mesh();
+        mesh.light_line_style(RGBColor(235, 235, 235));
+        if text {
+            mesh.x_desc(x_label)
+                .y_desc("count (values per bin)")
+                .label_style((FAMILY, 14))
+                .axis_desc_style((FAMILY, 16))
+                .x_label_formatter(&|v: &f64| tick(*v))
+                // Counts are integers: ticks between them get no label.
+                .y_label_formatter(&|v: &f64| if (v - v.round()).abs() < 1e-9 { tick(*v) } else { String::new() });
+        } else {
+            mesh.x_labels(0).y_labels(0);
+        }
+        mesh.draw().map_err(|x| e(&x))?;
+        for (i, ((name, _), c)) in series.iter().zip(&counts).enumerate() {
+            let col = color(i);
+            let bars = c.iter().enumerate().filter(|(_, n)| **n > 0).map(move |(b, n)| {
+                let x0 = lo + b as f64 * width;
+                Rectangle::new([(x0, 0.0), (x0 + width, *n as f64)], col.mix(0.4).filled())
+            });
+            let drawn = chart.draw_series(bars).map_err(|x| e(&x))?;
+            if text {
+                drawn.label(name.as_str()).legend(move |(x, y)| Rectangle::new([(x - 6, y - 6), (x + 6, y + 6)], col.mix(0.6).filled()));
+            }
+            let outlines = c.iter().enumerate().filter(|(_, n)| **n > 0).map(move |(b, n)| {
+                let x0 = lo + b as f64 * width;
+                Rectangle::new([(x0, 0.0), (x0 + width, *n as f64)], col.stroke_width(1))
+            });
+            chart.draw_series(outlines).map_err(|x| e(&x))?;
+        }
+        if text && !series.is_empty() {
+            chart
+                .configure_series_labels()
+                .label_font((FAMILY, 14))
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(180, 180, 180))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(|x| e(&x))?;
+        }
+        root.present().map_err(|x| e(&x))
+    };
+    draw().map_err(|x| plot_err(path, x))
+}
+
+/// The evaluation of one policy version on the held-out problems.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointEval {
+    /// Policy version (0 = the initial weights).
+    pub version: i64,
+    /// Student interactions (agent turns) the pipeline had seen when this version was published.
+    pub interactions: u64,
+    /// The score on the held-out problems.
+    pub score: Score,
+}
+
+/// What the demo report shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DemoReport {
+    /// Report title (first heading).
+    pub title: String,
+    /// Demo run id.
+    pub run_id: String,
+    /// Arm / method (`combined`, ...).
+    pub arm: String,
+    /// The student's hidden preferences.
+    pub preferences: Preferences,
+    /// One evaluation per policy version, in publication order.
+    pub checkpoints: Vec<CheckpointEval>,
+    /// Per pipeline stage, its counters (rows in/out, drops by reason, ...), as the orchestration passes them.
+    pub pipeline_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Free-form lines added to the report's notes.
+    pub notes: Vec<String>,
+}
+
+/// The files [`write_report`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportFiles {
+    /// `report.md`.
+    pub markdown: PathBuf,
+    /// `personalization.png`.
+    pub plot: PathBuf,
+    /// Whether the plot has text (the font was found).
+    pub plot_has_text: bool,
+}
+
+/// File name of the plot next to `report.md`.
+pub const PLOT_FILE: &str = "personalization.png";
+
+/// Column names of the per-preference rates: the enabled preferences in check order, then any other name
+/// found in the scores.
+fn preference_columns(r: &DemoReport) -> Vec<String> {
+    let mut cols: Vec<String> = r.preferences.enabled().iter().map(|p| p.name().to_string()).collect();
+    let extra: BTreeSet<&String> = r.checkpoints.iter().flat_map(|c| c.score.per_preference_rate.keys()).filter(|k| !cols.contains(k)).collect();
+    cols.extend(extra.into_iter().cloned());
+    cols
+}
+
+/// The series of the two panels: (score, per-preference rates and accuracy unless `correct_answer` is a
+/// rate already), x = interactions seen.
+fn plot_series(r: &DemoReport) -> (Vec<NamedSeries>, Vec<NamedSeries>) {
+    let x = |c: &CheckpointEval| c.interactions as f64;
+    let score = vec![(
+        "all preferences met (personalization score)".to_string(),
+        r.checkpoints.iter().map(|c| (x(c), c.score.fraction_all_satisfied)).collect(),
+    )];
+    let mut rates: Vec<NamedSeries> = preference_columns(r)
+        .into_iter()
+        .map(|name| {
+            let pts = r.checkpoints.iter().filter_map(|c| c.score.per_preference_rate.get(&name).map(|v| (x(c), *v))).collect();
+            (name, pts)
+        })
+        .collect();
+    // With `correct_answer` among the rates, accuracy is the same line.
+    if !rates.iter().any(|(name, _)| name == "correct_answer") {
+        rates.push(("correct final number (accuracy)".to_string(), r.checkpoints.iter().map(|c| (x(c), c.score.accuracy)).collect()));
+    }
+    (score, rates)
+}
+
+/// `report.md`'s text. `plot_has_text` false adds a note that the plot has no text (font missing).
+pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# {}\n", r.title);
+    let _ = writeln!(s, "Run `{}`, arm `{}`. A simulated student (`src/demo/student.rs`) does GSM8K homework with the agent and holds these hidden preferences:\n", r.run_id, r.arm);
+    for line in r.preferences.describe() {
+        let _ = writeln!(s, "- {line}");
+    }
+    let _ = writeln!(
+        s,
+        "\nThe **personalization score** is the fraction of responses to held-out problems that meet all of them \
+         (METHOD.md §7); the per-preference columns are each preference's own rate, and accuracy is the fraction \
+         whose last number is the correct answer. All values are fractions from 0 to 1.\n"
+    );
+    match (r.checkpoints.first(), r.checkpoints.last()) {
+        (Some(a), Some(b)) if r.checkpoints.len() > 1 => {
+            let _ = writeln!(
+                s,
+                "Personalization score: **{:.3} → {:.3}** (policy v{} → v{}, after {} student interactions; {} held-out responses per version).\n",
+                a.score.fraction_all_satisfied, b.score.fraction_all_satisfied, a.version, b.version, b.interactions, b.score.n
+            );
+        }
+        (Some(a), _) => {
+            let _ = writeln!(s, "Personalization score: **{:.3}** (policy v{}, {} held-out responses; one version only).\n", a.score.fraction_all_satisfied, a.version, a.score.n);
+        }
+        _ => {
+            let _ = writeln!(s, "No evaluation results were recorded.\n");
+        }
+    }
+    let _ = writeln!(s, "## Score per policy version\n");
+    let cols = preference_columns(r);
+    let _ = write!(s, "| policy version | interactions seen | held-out responses | personalization score |");
+    for c in &cols {
+        let _ = write!(s, " {c} |");
+    }
+    let _ = writeln!(s, " accuracy |");
+    let _ = writeln!(s, "|---:|---:|---:|---:|{}---:|", "---:|".repeat(cols.len()));
+    for c in &r.checkpoints {
+        let _ = write!(s, "| {} | {} | {} | {:.3} |", c.version, c.interactions, c.score.n, c.score.fraction_all_satisfied);
+        for name in &cols {
+            match c.score.per_preference_rate.get(name) {
+                Some(v) => {
+                    let _ = write!(s, " {v:.3} |");
+                }
+                None => s.push_str(" – |"),
+            }
+        }
+        let _ = writeln!(s, " {:.3} |", c.score.accuracy);
+    }
+    let _ = writeln!(s, "\n![personalization score and per-preference rates against student interactions]({plot_file})\n");
+    if !plot_has_text {
+        let _ = writeln!(
+            s,
+            "Note: no plot font was found ({}; Debian package `fonts-dejavu-core`), so the plot has no title, tick \
+             labels or legend. Left panel: personalization score; right panel: per-preference rates in the table's \
+             column order (then accuracy when `correct_answer` is not among them); x = interactions seen, y = 0 to 1.\n",
+            FONT_PATHS.join(", ")
+        );
+    }
+    let _ = writeln!(s, "## Pipeline counts\n");
+    if r.pipeline_counts.is_empty() {
+        let _ = writeln!(s, "No pipeline counts were recorded.\n");
+    } else {
+        let _ = writeln!(s, "| stage | counter | count |\n|---|---|---:|");
+        for (stage, counts) in &r.pipeline_counts {
+            for (k, v) in counts {
+                let _ = writeln!(s, "| {} | {} | {v} |", cell(stage), cell(k));
+            }
+        }
+        s.push('\n');
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(s, "## Notes\n");
+        for n in &r.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Writes `report.md` and [`PLOT_FILE`] into `dir` (created if missing). The plot has two panels against
+/// the student interactions the pipeline had seen: the personalization score per policy version (line with
+/// markers, each labelled `v<version>`), and each preference's rate (plus accuracy when `correct_answer` is
+/// off).
+///
+/// # Errors
+/// [`Error::Io`] when the folder or the markdown cannot be written; [`Error::InvalidInput`] when a rate
+/// is not finite; [`Error::Internal`] when drawing the plot fails.
+pub fn write_report(dir: impl AsRef<Path>, report: &DemoReport) -> Result<ReportFiles> {
+    let dir = dir.as_ref();
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    let plot = dir.join(PLOT_FILE);
+    let text = font_loaded();
+    let (score, rates) = plot_series(report);
+    check_finite(&score)?;
+    check_finite(&rates)?;
+    let labels: Vec<String> = report.checkpoints.iter().map(|c| format!("v{}", c.version)).collect();
+    let x_label = "student interactions seen by the pipeline (count)";
+    let panels = [
+        Panel {
+            title: "Personalization score by policy version",
+            x_label,
+            y_label: "held-out responses meeting all preferences (fraction)",
+            series: &score,
+            y_range: Some((0.0, 1.05)),
+            point_labels: Some(&labels),
+            x_integer: true,
+        },
+        Panel {
+            title: "Each preference's satisfaction rate",
+            x_label,
+            y_label: "held-out responses meeting it (fraction)",
+            series: &rates,
+            y_range: Some((0.0, 1.05)),
+            point_labels: None,
+            x_integer: true,
+        },
+    ];
+    draw_panels(&plot, (1600, 640), &panels, text)?;
+    let markdown = dir.join("report.md");
+    let md = render_markdown(report, PLOT_FILE, text);
+    std::fs::write(&markdown, md).map_err(|e| Error::io("write", &markdown, e))?;
+    Ok(ReportFiles { markdown, plot, plot_has_text: text })
+}
+
+#[cfg(test)]
+mod tests;

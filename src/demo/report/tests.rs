@@ -1,0 +1,133 @@
+use super::*;
+
+fn score(all: f64, md: f64, concise: f64, plain: f64, end: f64, acc: f64) -> Score {
+    let per_preference_rate = [
+        ("no_markdown", md),
+        ("concise", concise),
+        ("plain_sentences", plain),
+        ("answer_at_end", end),
+        ("correct_answer", acc),
+    ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    Score { n: 100, fraction_all_satisfied: all, per_preference_rate, accuracy: acc }
+}
+
+fn report() -> DemoReport {
+    DemoReport {
+        title: "Personal-agent demo".into(),
+        run_id: "run-1".into(),
+        arm: "combined".into(),
+        preferences: Preferences::default(),
+        checkpoints: vec![
+            CheckpointEval { version: 0, interactions: 0, score: score(0.17, 0.30, 0.55, 0.60, 0.40, 0.45) },
+            CheckpointEval { version: 1, interactions: 12, score: score(0.33, 0.52, 0.70, 0.71, 0.48, 0.46) },
+            CheckpointEval { version: 2, interactions: 24, score: score(0.58, 0.80, 0.85, 0.83, 0.61, 0.47) },
+            CheckpointEval { version: 3, interactions: 36, score: score(0.81, 0.95, 0.93, 0.94, 0.86, 0.47) },
+        ],
+        pipeline_counts: BTreeMap::from([
+            ("judge".to_string(), BTreeMap::from([("judgments".to_string(), 140u64), ("votes".to_string(), 420)])),
+            ("signals".to_string(), BTreeMap::from([("paired".to_string(), 144u64)])),
+        ]),
+        notes: vec!["policy: SmolLM2-135M-Instruct".into()],
+    }
+}
+
+/// Width and height from a PNG's IHDR chunk.
+fn png_size(bytes: &[u8]) -> (u32, u32) {
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    (w, h)
+}
+
+#[test]
+fn report_files_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_report(dir.path().join("out"), &report()).unwrap();
+    assert_eq!(files.markdown, dir.path().join("out/report.md"));
+    let png = std::fs::read(&files.plot).unwrap();
+    assert!(png.len() > 10_000, "{} bytes", png.len());
+    assert_eq!(png_size(&png), (1600, 640));
+    assert_eq!(files.plot_has_text, font_loaded());
+    let md = std::fs::read_to_string(&files.markdown).unwrap();
+    assert!(md.starts_with("# Personal-agent demo\n"), "{md}");
+    assert!(md.contains("Personalization score: **0.170 → 0.810** (policy v0 → v3, after 36 student interactions; 100 held-out responses per version)."), "{md}");
+    assert!(md.contains(
+        "| policy version | interactions seen | held-out responses | personalization score | no_markdown | concise | plain_sentences | answer_at_end | correct_answer | accuracy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    ), "{md}");
+    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 | 0.450 |\n"), "{md}");
+    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 | 0.470 |\n"), "{md}");
+    assert!(md.contains("| stage | counter | count |\n|---|---|---:|\n| judge | judgments | 140 |\n| judge | votes | 420 |\n| signals | paired | 144 |\n"), "{md}");
+    assert!(md.contains("](personalization.png)"));
+    assert!(md.contains("- concise: at most 80 words"));
+    assert!(md.contains("- policy: SmolLM2-135M-Instruct"));
+    // The machine these tests run on has DejaVu (scripts/setup.sh installs it): the note is absent.
+    assert_eq!(md.contains("no plot font was found"), !font_loaded());
+}
+
+#[test]
+fn markdown_notes_a_missing_font_and_empty_results() {
+    let mut r = report();
+    let md = render_markdown(&r, "p.png", false);
+    assert!(md.contains("Note: no plot font was found (/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"), "{md}");
+    r.checkpoints.clear();
+    r.pipeline_counts.clear();
+    let md = render_markdown(&r, "p.png", true);
+    assert!(md.contains("No evaluation results were recorded."));
+    assert!(md.contains("No pipeline counts were recorded."));
+    assert!(!md.contains("no plot font"));
+}
+
+#[test]
+fn panels_draw_without_text() {
+    // No text at all: plotters' default label font ("sans-serif") is never registered, so any text drawn
+    // by accident would fail here with a font error.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain.png");
+    let (score, rates) = plot_series(&report());
+    let panel = |series| Panel { title: "t", x_label: "x", y_label: "y", series, y_range: Some((0.0, 1.05)), point_labels: None, x_integer: true };
+    draw_panels(&path, (800, 300), &[panel(&score), panel(&rates)], false).unwrap();
+    assert_eq!(png_size(&std::fs::read(&path).unwrap()), (800, 300));
+}
+
+#[test]
+fn line_chart_and_histogram_helpers() {
+    let dir = tempfile::tempdir().unwrap();
+    let series = vec![
+        ("combined".to_string(), vec![(0.0, 0.17), (12.0, 0.4), (36.0, 0.81)]),
+        ("binary".to_string(), vec![(0.0, 0.17), (12.0, 0.2), (36.0, 0.25)]),
+    ];
+    let p = dir.path().join("arms.png");
+    line_chart(&p, "Arms", "interactions (count)", "score (fraction)", &series).unwrap();
+    assert_eq!(png_size(&std::fs::read(&p).unwrap()), (1000, 600));
+    let bad = vec![("x".to_string(), vec![(0.0, f64::NAN)])];
+    let e = line_chart(&p, "t", "x", "y", &bad).unwrap_err();
+    assert!(e.to_string().contains("series \"x\": point 0 is not finite"), "{e}");
+    // Empty input still draws axes.
+    line_chart(dir.path().join("empty.png"), "t", "x", "y", &[]).unwrap();
+
+    let h = dir.path().join("hist.png");
+    let hs = vec![("a".to_string(), vec![0.0, 1.0, 2.0, 3.0, 4.0]), ("b".to_string(), vec![2.5, 2.5])];
+    histogram(&h, "Rewards", "reward (−1 to 1)", &hs, 4).unwrap();
+    assert_eq!(png_size(&std::fs::read(&h).unwrap()), (1000, 600));
+    assert!(histogram(&h, "t", "x", &hs, 0).unwrap_err().to_string().contains("bins must be at least 1, got 0"));
+    assert!(histogram(&h, "t", "x", &[("n".to_string(), vec![1.0, f64::INFINITY])], 3).unwrap_err().to_string().contains("value 1 is not finite"));
+}
+
+#[test]
+fn bins_and_ranges() {
+    let (lo, hi, c) = bin_counts(&[("a".to_string(), vec![0.0, 1.0, 2.0, 3.0, 4.0]), ("b".to_string(), vec![2.5])], 2);
+    assert_eq!((lo, hi), (0.0, 4.0));
+    assert_eq!(c, vec![vec![2, 3], vec![0, 1]]); // the maximum goes into the last bin
+    let (lo, hi, c) = bin_counts(&[("a".to_string(), vec![7.0, 7.0])], 3);
+    assert_eq!((lo, hi), (6.5, 7.5));
+    assert_eq!(c, vec![vec![0, 2, 0]]);
+    assert_eq!(padded_range([0.0, 10.0].into_iter()), (-0.5, 10.5));
+    assert_eq!(padded_range([3.0].into_iter()), (2.0, 4.0));
+    assert_eq!(padded_range(std::iter::empty()), (0.0, 1.0));
+    assert_eq!((tick(5.0), tick(0.25), tick(0.1 + 0.2), tick(-2.0)), ("5".into(), "0.25".into(), "0.3".into(), "-2".into()));
+    assert_eq!(cell("a|b\nc"), "a\\|b c");
+}
+

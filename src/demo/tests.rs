@@ -1,0 +1,75 @@
+//! The GSM8K loader on the real file, number parsing, and the seeded split.
+
+use proptest::prelude::*;
+
+use super::*;
+
+#[test]
+fn loads_the_real_gsm8k_test_file() {
+    let ps = load_gsm8k(default_gsm8k_path()).unwrap();
+    assert_eq!(ps.len(), 1319);
+    assert_eq!(ps[0].answer, "36"); // Carol and Jennifer: 100 - (20 + 44)
+    assert!(ps[0].question.starts_with("Carol and Jennifer are sisters"));
+    assert_eq!(ps[1].answer, "189"); // 4 painters, 3/8 of a day for 3 weeks: 24 * 3/8 * 21
+    // "65,960" in the file: separators removed.
+    assert_eq!(ps.iter().filter(|p| p.answer == "65960").count(), 1);
+    assert_eq!(ps.iter().filter(|p| p.answer.starts_with('-')).count(), 2);
+    assert!(ps.iter().enumerate().all(|(i, p)| p.id == i && !p.answer.contains(',')));
+    assert!(ps.iter().all(|p| parse_number(&p.answer).is_some_and(|v| v.fract() == 0.0)));
+}
+
+#[test]
+fn loader_takes_the_number_after_hashes_and_rejects_bad_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("g.json");
+    std::fs::write(&p, r#"[{"question": "q1", "ground_truth_answer": "She has 3 + 4 = 7.\n#### 1,007"}, {"question": "q2", "ground_truth_answer": "$12.50"}]"#).unwrap();
+    let ps = load_gsm8k(&p).unwrap();
+    assert_eq!(ps.iter().map(|p| p.answer.as_str()).collect::<Vec<_>>(), vec!["1007", "12.5"]);
+    std::fs::write(&p, r#"[{"question": "q", "ground_truth_answer": "seven"}]"#).unwrap();
+    let e = load_gsm8k(&p).unwrap_err();
+    assert!(e.to_string().contains("problem 0: ground_truth_answer \"seven\" is not a number"), "{e}");
+    std::fs::write(&p, r#"[{"question": "q", "answer": "7"}]"#).unwrap();
+    assert!(matches!(load_gsm8k(&p), Err(Error::Json(_))));
+    assert!(matches!(load_gsm8k(dir.path().join("missing.json")), Err(Error::Io { .. })));
+}
+
+#[test]
+fn numbers_parse_and_canonicalise() {
+    assert_eq!(parse_number("1,234"), Some(1234.0));
+    assert_eq!(parse_number(" $1234.0 "), Some(1234.0));
+    assert_eq!(parse_number("-3"), Some(-3.0));
+    for bad in ["", "-", "inf", "NaN", "1e5", ".5", "12a", "$"] {
+        assert_eq!(parse_number(bad), None, "{bad}");
+    }
+    assert_eq!(canonical_answer("1,234.00").as_deref(), Some("1234"));
+    assert_eq!(canonical_answer("2.50").as_deref(), Some("2.5"));
+    assert_eq!(canonical_answer("-10").as_deref(), Some("-10"));
+    assert!(same_number(0.1 + 0.2, 0.3));
+    assert!(!same_number(36.0, 36.01));
+}
+
+#[test]
+fn split_is_seeded_and_disjoint() {
+    let ps = load_gsm8k(default_gsm8k_path()).unwrap();
+    let a = split_problems(&ps, 100, 42).unwrap();
+    assert_eq!((a.eval.len(), a.train.len()), (100, 1219));
+    assert_eq!(a, split_problems(&ps, 100, 42).unwrap());
+    assert_ne!(a.eval, split_problems(&ps, 100, 43).unwrap().eval);
+    let e = split_problems(&ps, 1320, 1).unwrap_err();
+    assert!(e.to_string().contains("1320 evaluation problems requested but only 1319 exist"), "{e}");
+}
+
+proptest! {
+    #[test]
+    fn split_partitions_every_problem(n in 0usize..60, k in 0usize..60, seed: u64) {
+        let ps: Vec<Problem> = (0..n).map(|id| Problem { id, question: format!("q{id}"), answer: "1".into() }).collect();
+        let k = k.min(n);
+        let s = split_problems(&ps, k, seed).unwrap();
+        prop_assert_eq!(s.eval.len(), k);
+        let mut ids: Vec<usize> = s.eval.iter().chain(&s.train).map(|p| p.id).collect();
+        let eval_ids: std::collections::BTreeSet<usize> = s.eval.iter().map(|p| p.id).collect();
+        prop_assert!(s.train.iter().all(|p| !eval_ids.contains(&p.id)));
+        ids.sort();
+        prop_assert_eq!(ids, (0..n).collect::<Vec<_>>());
+    }
+}
