@@ -98,6 +98,9 @@ pub struct PipelineConfig {
     /// Sample assembly (METHOD.md §5).
     #[serde(default)]
     pub samples: crate::samples::SampleConfig,
+    /// Trainer (METHOD.md §6).
+    #[serde(default)]
+    pub trainer: crate::trainer::TrainerConfig,
     /// Max records a stage handles per batch.
     #[serde(default = "default_stage_batch")]
     pub stage_batch: usize,
@@ -141,6 +144,7 @@ impl PipelineConfig {
         }
         self.judge.validate()?;
         self.hint.validate()?;
+        self.trainer.validate()?;
         if self.bus.partitions < 1 {
             return Err(Error::Config("bus.partitions must be at least 1".into()));
         }

@@ -88,6 +88,57 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Train the policy on samples from the `samples` topic (default) or a SQL query over the lake.
+    Train {
+        /// Pipeline file (method, [trainer], [policy]).
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        /// Read samples with this query instead of the topic, e.g.
+        /// "SELECT * FROM samples WHERE pipeline = 'combined' ORDER BY event_time".
+        #[arg(long, conflicts_with = "from_topic")]
+        sql: Option<String>,
+        /// Read samples from the `samples` topic (the default).
+        #[arg(long)]
+        from_topic: bool,
+        /// Continue from the newest complete checkpoint of the run.
+        #[arg(long)]
+        resume: bool,
+        /// Run id (checkpoint folder name; default: the pipeline name).
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Checkpoints folder.
+        #[arg(long, default_value = "checkpoints")]
+        checkpoints: PathBuf,
+        /// Stop after this many optimizer steps.
+        #[arg(long)]
+        max_steps: Option<i64>,
+        /// Exit once the topic is drained (topic source).
+        #[arg(long)]
+        until_idle: bool,
+        #[command(flatten)]
+        data: DataArgs,
+    },
+    /// Compute per-sample advantages and every loss component for selected samples under the current
+    /// weights, without updating them ("is it learning, and from what?").
+    Loss {
+        /// Pipeline file ([trainer], [policy]).
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        /// Query returning full samples rows.
+        #[arg(long)]
+        sql: String,
+        /// Method whose advantage to use (default: the pipeline's).
+        #[arg(long, value_enum)]
+        method: Option<nextstate::config::Method>,
+        /// Weights to evaluate: a checkpoint folder (default: the pipeline's policy model).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        data: DataArgs,
+    },
     /// Run the pipeline's stages and lake sinks (all, or --only a subset).
     Run {
         /// Pipeline file (pipelines/*.toml). Default: the built-in combined pipeline.
@@ -174,6 +225,38 @@ fn main() -> Result<()> {
                 );
                 for (t, s) in &r.sinks {
                     println!("sink {t}: rows_written={} duplicate_keys={} files={}", s.rows_written, s.duplicate_keys, s.files);
+                }
+            }
+            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data } => {
+                let cfg = load_pipeline(&pipeline, &data)?;
+                let stop = Stop::default();
+                stop.on_signals();
+                let source = match sql {
+                    Some(q) => nextstate::stages::train::TrainSource::Sql(q),
+                    None => nextstate::stages::train::TrainSource::Topic,
+                };
+                let opts = nextstate::stages::train::TrainOptions { source, resume, run_id, checkpoints_dir: checkpoints, max_steps };
+                let r = nextstate::stages::train::train_command(&cfg, &opts, until_idle, stop).await.context("training failed")?;
+                println!(
+                    "train: steps={} samples_trained={} skipped_already_trained={} skipped_other_pipeline={} dropped={:?} resumed_from={:?} last_loss={:?}",
+                    r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_other_pipeline, r.dropped, r.resumed_from, r.last_loss
+                );
+                for (v, p) in &r.checkpoints {
+                    println!("checkpoint v{v}: {p}");
+                }
+            }
+            Command::Loss { pipeline, sql, method, checkpoint, json, data } => {
+                let mut cfg = load_pipeline(&pipeline, &data)?;
+                if let Some(m) = method {
+                    cfg.method = m;
+                }
+                let lake = Lake::open(&cfg.lake)?;
+                let samples = nextstate::stages::train::query_samples(&lake, &sql).await?;
+                let report = nextstate::stages::train::loss_command(&cfg, checkpoint.as_deref(), &samples)?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    print!("{}", nextstate::stages::train::render_loss_report(&report));
                 }
             }
             Command::Run { pipeline, only, until_idle, data } => {

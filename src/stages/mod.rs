@@ -22,6 +22,7 @@ pub mod pending;
 pub mod signals;
 pub mod source;
 pub mod teacher;
+pub mod train;
 
 use std::collections::HashMap;
 use std::future::Future;

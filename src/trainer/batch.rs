@@ -43,6 +43,8 @@ pub enum DropReason {
     TopkWidth,
     /// Produced by a policy version more than `max_staleness` versions behind (drop mode).
     Stale,
+    /// Prompt + response longer than `max_sequence_tokens`.
+    TooLong,
 }
 
 impl DropReason {
@@ -59,6 +61,7 @@ impl DropReason {
             DropReason::MissingTopk => "missing_topk",
             DropReason::TopkWidth => "topk_width",
             DropReason::Stale => "stale",
+            DropReason::TooLong => "too_long",
         }
     }
 }
@@ -223,6 +226,10 @@ fn check_sample(s: &Sample, opts: &PackOptions) -> std::result::Result<usize, (D
     }
     if t == 0 {
         return Err((DropReason::EmptyResponse, "0 response tokens".into()));
+    }
+    let total = s.prompt_token_ids.len() + t;
+    if total > opts.config.max_sequence_tokens {
+        return Err((DropReason::TooLong, format!("{total} tokens exceed trainer.max_sequence_tokens = {}", opts.config.max_sequence_tokens)));
     }
     check_series("loss_mask", s.loss_mask.len(), t)?;
     check_series("rollout_logprobs", s.rollout_logprobs.len(), t)?;

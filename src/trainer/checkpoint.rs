@@ -52,6 +52,15 @@ pub struct LineageEntry {
     pub source_offset: Option<i64>,
     /// Policy version that produced the response.
     pub policy_version: Option<i64>,
+    /// Where the trainer read the sample: `samples` topic (null when read with SQL from the lake).
+    #[serde(default)]
+    pub sample_topic: Option<String>,
+    /// Partition of the `samples` topic.
+    #[serde(default)]
+    pub sample_partition: Option<i32>,
+    /// Offset in the `samples` topic.
+    #[serde(default)]
+    pub sample_offset: Option<i64>,
     /// Optimizer step that consumed it.
     pub step: i64,
     /// False when the sample was dropped (see `drop_reason`).
@@ -331,6 +340,9 @@ mod tests {
                     source_partition: Some(1),
                     source_offset: Some(7),
                     policy_version: Some(parent),
+                    sample_topic: Some("samples".into()),
+                    sample_partition: Some(0),
+                    sample_offset: Some(version),
                     step: version,
                     trained: true,
                     drop_reason: None,

@@ -96,6 +96,13 @@ pub struct TrainerConfig {
     pub staleness_decay: f64,
     /// Seed for libtorch's generator (42).
     pub seed: u64,
+    /// Token budget of one forward/backward pass (4096): a step's samples are split into micro-batches
+    /// of at most this many padded tokens (samples × longest prompt + response), and gradients are
+    /// accumulated over them. The loss is a sum of sample means, so the step equals one pass over the
+    /// whole batch, with activation memory bounded by the budget.
+    pub micro_batch_tokens: usize,
+    /// Samples with more prompt + response tokens are dropped (`too_long`) (4096).
+    pub max_sequence_tokens: usize,
 }
 
 impl Default for TrainerConfig {
@@ -123,6 +130,8 @@ impl Default for TrainerConfig {
             staleness: Staleness::Drop,
             staleness_decay: 0.5,
             seed: 42,
+            micro_batch_tokens: 4096,
+            max_sequence_tokens: 4096,
         }
     }
 }

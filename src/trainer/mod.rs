@@ -19,11 +19,12 @@ pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod loss;
+pub mod model_policy;
 pub mod optim;
 #[cfg(test)]
 mod test_util;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -229,6 +230,64 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
     Ok(Evaluated { out: loss::compute_loss(lcfg, &inputs)?, rollout_abs_diff })
 }
 
+/// Splits `samples` into consecutive ranges whose padded size (count × longest prompt + response) stays
+/// within `budget` tokens; a single sample over the budget gets a range of its own.
+pub fn micro_batches(samples: &[Sample], budget: usize) -> Vec<(usize, usize)> {
+    let mut out = vec![];
+    let (mut start, mut longest) = (0, 0usize);
+    for (i, s) in samples.iter().enumerate() {
+        let len = s.prompt_token_ids.len() + s.response_token_ids.len();
+        let grown = longest.max(len);
+        if i > start && grown * (i - start + 1) > budget {
+            out.push((start, i));
+            start = i;
+            longest = len;
+        } else {
+            longest = grown;
+        }
+    }
+    if start < samples.len() {
+        out.push((start, samples.len()));
+    }
+    out
+}
+
+/// Combines the metrics of a step's micro-batches: sums stay sums (loss, pg_loss, kl, entropy, top-K,
+/// tokens, samples: "sum of sample means" is additive over samples), token means are token-weighted
+/// (clip fraction, PPO KL, |rollout − new|), per-type advantage means are sample-weighted.
+fn merge_metrics(parts: &[(LossMetrics, f64, BTreeMap<String, i64>)]) -> (LossMetrics, f64) {
+    let tokens: i64 = parts.iter().map(|(m, _, _)| m.tokens).sum();
+    let tw = |f: &dyn Fn(&LossMetrics, f64) -> f64| -> f64 {
+        if tokens == 0 {
+            0.0
+        } else {
+            parts.iter().map(|(m, d, _)| f(m, *d) * m.tokens as f64).sum::<f64>() / tokens as f64
+        }
+    };
+    let mut adv: BTreeMap<String, (f64, i64)> = BTreeMap::new();
+    for (m, _, counts) in parts {
+        for (k, v) in &m.advantage_by_type {
+            let n = counts.get(k).copied().unwrap_or(0);
+            let e = adv.entry(k.clone()).or_insert((0.0, 0));
+            e.0 += v * n as f64;
+            e.1 += n;
+        }
+    }
+    let merged = LossMetrics {
+        loss: parts.iter().map(|(m, _, _)| m.loss).sum(),
+        pg_loss: parts.iter().map(|(m, _, _)| m.pg_loss).sum(),
+        clip_fraction: tw(&|m, _| m.clip_fraction),
+        ppo_kl: tw(&|m, _| m.ppo_kl),
+        kl: parts.iter().map(|(m, _, _)| m.kl).sum(),
+        entropy: parts.iter().map(|(m, _, _)| m.entropy).sum(),
+        topk_kl: parts.iter().map(|(m, _, _)| m.topk_kl).sum(),
+        advantage_by_type: adv.into_iter().filter(|(_, (_, n))| *n > 0).map(|(k, (s, n))| (k, s / n as f64)).collect(),
+        tokens,
+        samples: parts.iter().map(|(m, _, _)| m.samples).sum(),
+    };
+    (merged, tw(&|_, d| d))
+}
+
 /// A checkpoint the trainer wrote.
 #[derive(Debug, Clone)]
 pub struct WrittenCheckpoint {
@@ -277,6 +336,8 @@ pub struct Trainer<P: Policy> {
     version: i64,
     pending_lineage: Vec<LineageEntry>,
     pending_steps: Vec<StepRecord>,
+    /// Positions of samples read from the `samples` topic, by sample id (see [`Trainer::note_positions`]).
+    positions: std::collections::HashMap<String, (String, i32, i64)>,
 }
 
 impl<P: Policy> std::fmt::Debug for Trainer<P> {
@@ -326,6 +387,7 @@ impl<P: Policy> Trainer<P> {
             version: 0,
             pending_lineage: Vec::new(),
             pending_steps: Vec::new(),
+            positions: std::collections::HashMap::new(),
         })
     }
 
@@ -361,6 +423,12 @@ impl<P: Policy> Trainer<P> {
         let manifests: Vec<Manifest> = found.complete.into_iter().map(|(_, m)| m).collect();
         let consumed = consumed_sample_ids(ancestry(&manifests, manifest.version));
         Ok((t, Resumed { from: Some((path, manifest)), consumed }))
+    }
+
+    /// Records where samples were read (`samples` topic, partition, offset) so the checkpoint lineage
+    /// names those positions (exactly-once into the trainer is checked against them).
+    pub fn note_positions(&mut self, positions: impl IntoIterator<Item = (String, (String, i32, i64))>) {
+        self.positions.extend(positions);
     }
 
     /// Adds a frozen reference policy for the k3 KL term (needed when `kl_coef ≠ 0`).
@@ -431,6 +499,9 @@ impl<P: Policy> Trainer<P> {
                 source_partition: s.source_partition,
                 source_offset: s.source_offset,
                 policy_version: s.policy_version,
+                sample_topic: self.positions.get(&s.sample_id).map(|p| p.0.clone()),
+                sample_partition: self.positions.get(&s.sample_id).map(|p| p.1),
+                sample_offset: self.positions.get(&s.sample_id).map(|p| p.2),
                 step,
                 trained: drop.is_none(),
                 drop_reason: drop.map(|d| d.reason.as_str().to_string()),
@@ -449,19 +520,38 @@ impl<P: Policy> Trainer<P> {
     /// the checkpoint's errors.
     pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
         let started = Instant::now();
-        let packed = pack_samples(samples, &self.pack_options())?;
-        let Some(batch) = packed.batch else {
-            self.record_lineage(samples, &packed.dropped, self.step);
-            return Ok(StepOutcome { train_step: None, metrics: None, dropped: packed.dropped, checkpoint: None });
-        };
         let step = self.step + 1;
-        let ev = evaluate(&self.policy, self.reference.as_deref(), &self.cfg, &self.loss_cfg, &batch)?;
+        // Micro-batches: forward + backward each, gradients accumulate (the loss is a sum of sample
+        // means, so this equals one pass over the whole batch).
+        let mut dropped: Vec<Dropped> = vec![];
+        let mut parts: Vec<(LossMetrics, f64, BTreeMap<String, i64>)> = vec![];
         self.opt.zero_grad()?;
-        let m = ev.out.metrics;
-        if !m.loss.is_finite() {
-            return Err(input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl));
+        for (start, end) in micro_batches(samples, self.cfg.micro_batch_tokens) {
+            let chunk = &samples[start..end];
+            let packed = pack_samples(chunk, &self.pack_options())?;
+            dropped.extend(packed.dropped.into_iter().map(|mut d| {
+                d.index += start;
+                d
+            }));
+            let Some(batch) = packed.batch else { continue };
+            let mut type_counts: BTreeMap<String, i64> = BTreeMap::new();
+            for t in &batch.sample_types {
+                *type_counts.entry(t.as_str().to_string()).or_default() += 1;
+            }
+            let ev = evaluate(&self.policy, self.reference.as_deref(), &self.cfg, &self.loss_cfg, &batch)?;
+            let m = ev.out.metrics;
+            if !m.loss.is_finite() {
+                self.opt.zero_grad()?;
+                return Err(input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl));
+            }
+            ev.out.loss.f_backward()?;
+            parts.push((m, ev.rollout_abs_diff, type_counts));
         }
-        ev.out.loss.f_backward()?;
+        if parts.is_empty() {
+            self.record_lineage(samples, &dropped, self.step);
+            return Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None });
+        }
+        let (m, rollout_abs_diff) = merge_metrics(&parts);
         let grad_norm = self.opt.clip_grad_norm(self.cfg.grad_clip)?;
         if !grad_norm.is_finite() {
             self.opt.zero_grad()?;
@@ -470,14 +560,14 @@ impl<P: Policy> Trainer<P> {
         self.opt.step()?;
         self.opt.zero_grad()?;
         self.step = step;
-        self.record_lineage(samples, &packed.dropped, step);
+        self.record_lineage(samples, &dropped, step);
         let seconds = started.elapsed().as_secs_f64();
         self.pending_steps.push(StepRecord {
             step,
             metrics: m.clone(),
             grad_norm,
-            rollout_logprob_abs_diff: ev.rollout_abs_diff,
-            dropped: packed.dropped.len() as i64,
+            rollout_logprob_abs_diff: rollout_abs_diff,
+            dropped: dropped.len() as i64,
             seconds,
         });
         let run_id = self.writer.run_id().to_string();
@@ -495,7 +585,7 @@ impl<P: Policy> Trainer<P> {
             kl: m.kl,
             entropy: m.entropy,
             topk_kl: m.topk_kl,
-            rollout_logprob_abs_diff: ev.rollout_abs_diff,
+            rollout_logprob_abs_diff: rollout_abs_diff,
             grad_norm,
             advantage_by_type: serde_json::to_string(&m.advantage_by_type)?,
             samples: m.samples,
@@ -504,7 +594,7 @@ impl<P: Policy> Trainer<P> {
             created_time: now_ms(),
         };
         let checkpoint = if (step as u64).is_multiple_of(self.cfg.checkpoint_every) { self.checkpoint()? } else { None };
-        Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped: packed.dropped, checkpoint })
+        Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint })
     }
 
     /// Writes checkpoint `version + 1` now if any optimizer step was taken since the last one (call it at
