@@ -148,7 +148,8 @@ pub struct ProxyStats {
 }
 
 impl ProxyStats {
-    fn of(m: &Metrics) -> ProxyStats {
+    /// Reads the counters from a proxy's metrics ([`Proxy::metrics`]).
+    pub fn of(m: &Metrics) -> ProxyStats {
         ProxyStats {
             turns_captured: m.turns_of("captured"),
             dead_letters: m.turns_of("dead_letter"),
