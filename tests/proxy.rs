@@ -662,3 +662,84 @@ async fn proxy_overhead_measurement() {
     let (direct, proxied) = results[&1];
     assert!(proxied.2 < direct.2 + Duration::from_millis(50), "added p99 {:?}", proxied.2.saturating_sub(direct.2));
 }
+
+fn model_dir() -> Option<std::path::PathBuf> {
+    let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(std::path::PathBuf::from), Some(common::root().join("models/smollm2-135m-instruct"))];
+    candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file())
+}
+
+/// Our policy server (SmolLM2-135M-Instruct, in-process) behind the proxy: the official Python client
+/// (tests/python/openai_client.py) passes through it unchanged, and the events carry the server's
+/// own token ids and log-probs, which re-scoring (prompt ids, response ids) reproduces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_policy_server_behind_the_proxy() {
+    use nextstate::model::{LanguageModel, LoadOptions, LogprobMode};
+    use nextstate::serve::{PolicyServer, ServerOptions};
+    let Some(dir) = model_dir() else {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+        return;
+    };
+    tch::set_num_threads(1);
+    let lm = LanguageModel::load(&dir, &LoadOptions::default()).unwrap();
+    let sopts = ServerOptions {
+        model_name: "smollm2".into(),
+        api_key: None,
+        max_body_bytes: 1 << 20,
+        max_batch: 4,
+        batch_window: Duration::from_millis(5),
+        default_max_tokens: 32,
+        logprobs_mode: LogprobMode::Sampling,
+        load: LoadOptions::default(),
+        base_dir: dir.clone(),
+    };
+    let server = PolicyServer::start(lm, 7, sopts).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", l.local_addr().unwrap());
+    let (stx, srx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.serve(l, async {
+        let _ = srx.await;
+    }));
+    let bus = embedded().await;
+    let mut input = interactions_input(&bus);
+    let spool = tempfile::tempdir().unwrap();
+    let p = start_proxy(opts(&up, spool.path()), &bus).await;
+
+    let mut turns = 0;
+    if let Some(py) = python_with_openai() {
+        let script = common::root().join("tests/python/openai_client.py");
+        let url = format!("{}/v1", p.url);
+        let out = tokio::task::spawn_blocking(move || std::process::Command::new(py).arg(script).args(["--base-url", &url]).output().unwrap()).await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stdout.contains("3 passed, 0 failed"), "openai_client.py through the proxy");
+        turns += 2;
+    } else {
+        eprintln!("SKIPPED (part): no python with the openai package");
+    }
+    // One streamed turn through reqwest, no log-probs asked: the client gets none, the event has them.
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0,
+        "max_tokens": 12, "stream": true});
+    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "ours").json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("\"top_logprobs\""), "log-probs stripped for the client");
+    turns += 1;
+    let rows = consume(&mut input, turns, Duration::from_secs(60), Duration::from_millis(300)).await;
+    assert_eq!(rows.len(), turns);
+    let lm = LanguageModel::load(&dir, &LoadOptions::default()).unwrap();
+    for row in &rows {
+        assert_eq!(row.policy_version, Some(7));
+        let ids = row.response_token_ids.clone().expect("response ids");
+        let lps = row.rollout_logprobs.clone().expect("rollout log-probs");
+        let prompt = row.prompt_token_ids.clone().expect("prompt ids");
+        assert_eq!(ids.len(), lps.len());
+        let scored = lm.score(&[(prompt.iter().map(|&x| x as u32).collect(), ids.iter().map(|&x| x as u32).collect())], 0).unwrap();
+        for (got, want) in lps.iter().zip(&scored[0].logprobs) {
+            assert!((got - want).abs() < 1e-4, "{got} vs {want}");
+        }
+    }
+    let ours = rows.iter().find(|r| r.session_id == "ours").unwrap();
+    assert!(ours.response_text.contains("Paris"), "{}", ours.response_text);
+    p.shutdown().await;
+    let _ = stx.send(());
+}

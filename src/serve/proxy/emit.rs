@@ -360,7 +360,7 @@ impl Worker {
         self.metrics.spool_events.set(self.spool.events() as i64);
     }
 
-    async fn to_spool(&mut self, o: Outgoing) {
+    async fn spool_event(&mut self, o: Outgoing) {
         match self.spool.append(&o).await {
             Ok(true) => {
                 self.metrics.spooled.inc();
@@ -450,12 +450,12 @@ impl Worker {
                             self.metrics.kafka_up.set(0);
                             retry.as_mut().reset(tokio::time::Instant::now() + backoff);
                         }
-                        self.to_spool(o).await;
+                        self.spool_event(o).await;
                     }
                 },
                 msg = rx.recv(), if inflight.len() < self.cfg.max_in_flight => match msg {
                     None => break,
-                    Some(o) if degraded => self.to_spool(o).await,
+                    Some(o) if degraded => self.spool_event(o).await,
                     Some(o) => inflight.push(send_one(self.producer.clone(), o, self.cfg.send_timeout)),
                 },
                 _ = &mut retry, if degraded && inflight.is_empty() && !stopping => {
@@ -488,7 +488,7 @@ impl Worker {
                 Ok(()) => {
                     self.metrics.emitted.inc();
                 }
-                Err(_) => self.to_spool(o).await,
+                Err(_) => self.spool_event(o).await,
             }
         }
         if let Err(e) = self.spool.seal().await {
