@@ -364,6 +364,27 @@ async fn streams_are_forwarded_incrementally_and_captured() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_makes_no_event() {
+    let (up, _fake) = start_fake(Duration::from_millis(200)).await;
+    let bus = embedded().await;
+    let mut input = interactions_input(&bus);
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", p.url))
+        .json(&chat("fake", "a long enough story to leave early", json!({"stream": true})))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = r.bytes_stream();
+    assert!(stream.next().await.unwrap().is_ok(), "first chunk");
+    drop(stream);
+    wait_for("the disconnect to be noticed", Duration::from_secs(10), || p.metrics.turns_of("client_disconnected") == 1).await;
+    assert!(consume(&mut input, 1, Duration::from_secs(2), Duration::ZERO).await.is_empty());
+    assert_eq!(p.shutdown().await.turns_captured, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_token_data_is_dropped_with_a_note_and_counted() {
     let (up, _fake) = start_fake(Duration::ZERO).await;
     let bus = embedded().await;

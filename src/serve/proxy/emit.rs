@@ -48,7 +48,7 @@ impl PartialEq for Outgoing {
 }
 
 impl Outgoing {
-    /// Wraps `row` in a bus envelope for table `T`'s topic on `producer`'s bus.
+    /// Wraps `row` in a bus envelope (no carry) for `topic` (full name), keyed by its session id.
     ///
     /// # Errors
     /// [`Error::Json`] when the row cannot be serialised.
@@ -391,8 +391,13 @@ impl Worker {
         }
         match tokio::time::timeout(self.cfg.send_timeout, self.bus.ensure_topics(&self.topics)).await {
             Ok(Ok(())) => self.topics_ready = true,
-            Ok(Err(e)) => tracing::warn!(error = %e, "proxy: cannot create topics yet"),
-            Err(_) => tracing::warn!("proxy: creating topics timed out"),
+            Ok(Err(e)) => {
+                // The cluster answered (e.g. no permission to create topics, which may exist already):
+                // let the sends decide.
+                tracing::warn!(error = %e, "proxy: cannot create topics; sending anyway");
+                self.topics_ready = true;
+            }
+            Err(_) => tracing::debug!("proxy: creating topics timed out (Kafka unreachable?)"),
         }
         self.topics_ready
     }

@@ -12,7 +12,8 @@
 //!   turn type is configurable and `main` by default (METHOD.md §1: the reference's `side` default
 //!   trains nothing).
 //! - `turn_index`: explicit (`X-Turn-Index`) when given; else, for an explicit session, the number of
-//!   turns (main and side) of that session this proxy process has seen — **a proxy restart resets it**
+//!   turns (main and side) of that session this proxy process has seen, in the order their responses
+//!   finished (failed turns do not count) — **a proxy restart resets it**
 //!   (clients that need stable indices across restarts send `X-Turn-Index`); for an inferred session,
 //!   the number of assistant messages in the request (restart-proof).
 //! - Log-probs: the proxy sets `logprobs: true` when the client did not, and then nulls
@@ -30,6 +31,16 @@
 //! - Upstream error status → passed through (status and body), no event, counted; upstream
 //!   unreachable → 502 with a JSON error; invalid request JSON → 400; body over the limit → 413;
 //!   missing/wrong bearer key → 401 (compared in constant time; `/health` is open).
+//!
+//! Rows (`interactions`, `source_format = "proxy"`): request messages normalised
+//! ([`crate::ingest::normalize`]), tools, response text / reasoning (`<think>` split or
+//! `reasoning_content`) / tool calls, finish reason, `truncated` (finish reason `length` or an
+//! unclosed reasoning block), `policy_version` (body field, else the `X-Policy-Version` header),
+//! prompt and response token ids and rollout log-probs when the upstream returns them (validated:
+//! ids are non-negative `i32`s, log-probs finite, one per response token; anything invalid is dropped
+//! with a note and counted in `token_capture_total{kind="rejected"}`), `event_time` = when the
+//! request arrived, `ingest_time` = when the row was built. The `source_*` lineage columns stay null:
+//! the row is itself the Kafka record.
 //!
 //! Events: see [`emit`] (bounded channel → emitter task → Kafka, or a bounded local spool while Kafka
 //! is down, replayed later; at-least-once). Requests whose messages cannot be normalised (unknown
