@@ -50,6 +50,8 @@ enum Command {
     Model(nextstate::model::cli::ModelArgs),
     /// Run the policy server (OpenAI-compatible chat completions with weight hot-swap).
     Serve(nextstate::serve::ServeArgs),
+    /// Run the capture proxy: OpenAI-compatible, in front of any policy server; emits interactions.
+    Proxy(nextstate::serve::proxy::ProxyArgs),
     /// Print the Arrow schema of every table as JSON, or write them to schemas/<table>.json.
     Schema {
         /// Write one file per table into this folder instead of printing.
@@ -171,16 +173,17 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    // These two manage their own runtime and threads.
+    // These manage their own runtime and threads.
     let cli = match cli.command {
         Command::Model(args) => return Ok(args.run()?),
         Command::Serve(args) => return Ok(args.run()?),
+        Command::Proxy(args) => return Ok(args.run()?),
         other => Cli { command: other },
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cli.command {
-            Command::Model(_) | Command::Serve(_) => unreachable!("handled above"),
+            Command::Model(_) | Command::Serve(_) | Command::Proxy(_) => unreachable!("handled above"),
             Command::Schema { write } => {
                 for (name, s) in nextstate::schema::all_schemas() {
                     let json = serde_json::to_string_pretty(&nextstate::schema::schema_json(&s))?;

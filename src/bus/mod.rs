@@ -147,6 +147,27 @@ impl Bus {
         }
     }
 
+    /// Like [`Bus::connect`] but never contacts a real cluster: for a process that must start while
+    /// the cluster may be down (the capture proxy). The source id is then a hash of the bootstrap
+    /// string, not the cluster id. Starts the embedded mock cluster when `cfg.brokers` is `None`.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the mock cluster cannot start.
+    pub fn connect_lazy(cfg: BusConfig) -> Result<Bus> {
+        match cfg.brokers.clone() {
+            None => {
+                let mock = MockCluster::new(1)?;
+                let bootstrap = mock.bootstrap_servers();
+                let source_id = format!("mock-{}", uuid::Uuid::new_v4().simple());
+                Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))), flow: Some(Arc::new(flow::Flow::default())) })
+            }
+            Some(brokers) => {
+                let source_id = crate::schema::content_hash(&[brokers.as_bytes()]);
+                Ok(Bus { cfg, bootstrap: brokers, source_id, mock: None, flow: None })
+            }
+        }
+    }
+
     /// True when running on the embedded mock cluster.
     pub fn is_embedded(&self) -> bool {
         self.mock.is_some()
@@ -237,15 +258,26 @@ impl Bus {
     /// # Errors
     /// [`Error::Kafka`] on an invalid configuration.
     pub fn producer(&self) -> Result<BusProducer> {
+        self.producer_with_timeout(Duration::from_secs(300), Duration::from_secs(300))
+    }
+
+    /// Like [`Bus::producer`], but a delivery fails after `message_timeout` (librdkafka's
+    /// `message.timeout.ms`, at least 1 ms) instead of 300 s, and a send waits at most `queue_timeout`
+    /// for room in librdkafka's local queue: for callers that must not wait on an unavailable
+    /// cluster (the capture proxy spools instead).
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] on an invalid configuration.
+    pub fn producer_with_timeout(&self, message_timeout: Duration, queue_timeout: Duration) -> Result<BusProducer> {
         let p: FutureProducer = self
             .base_config()
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "5")
-            .set("message.timeout.ms", "300000")
+            .set("message.timeout.ms", message_timeout.as_millis().max(1).to_string())
             .set("message.max.bytes", self.cfg.max_message_bytes.to_string())
             .create()?;
-        Ok(BusProducer { inner: p, bus: self.clone() })
+        Ok(BusProducer { inner: p, bus: self.clone(), queue_timeout })
     }
 
     /// A consumer in group `group` subscribed to `topics` (full names), reading from the earliest offset
@@ -344,6 +376,7 @@ impl ConsumerContext for BusContext {
 pub struct BusProducer {
     inner: FutureProducer,
     bus: Bus,
+    queue_timeout: Duration,
 }
 
 impl BusProducer {
@@ -374,7 +407,7 @@ impl BusProducer {
             f.sending(topic, bytes);
         }
         let rec = FutureRecord::to(topic).key(key).payload(payload);
-        let r = self.inner.send(rec, Duration::from_secs(300)).await.map_err(|(e, _)| Error::Kafka(e));
+        let r = self.inner.send(rec, self.queue_timeout).await.map_err(|(e, _)| Error::Kafka(e));
         if let Some(f) = &self.bus.flow {
             f.sent(topic, bytes, r.as_ref().ok().map(|d| (d.partition, d.offset)));
         }

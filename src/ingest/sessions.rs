@@ -32,7 +32,7 @@ pub const DEFAULT_CAPACITY: usize = 100_000;
 
 /// A least-recently-used map of bounded size.
 #[derive(Debug)]
-struct Lru<K, V> {
+pub(crate) struct Lru<K, V> {
     cap: usize,
     tick: u64,
     map: HashMap<K, (V, u64)>,
@@ -40,10 +40,10 @@ struct Lru<K, V> {
 }
 
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Lru { cap: cap.max(1), tick: 0, map: HashMap::new(), order: BTreeMap::new() }
     }
-    fn get(&mut self, k: &K) -> Option<&V> {
+    pub(crate) fn get(&mut self, k: &K) -> Option<&V> {
         self.tick += 1;
         let t = self.tick;
         let (_, old) = self.map.get(k)?;
@@ -54,7 +54,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         e.1 = t;
         Some(&e.0)
     }
-    fn put(&mut self, k: K, v: V) {
+    pub(crate) fn put(&mut self, k: K, v: V) {
         self.tick += 1;
         if let Some((_, old)) = self.map.insert(k.clone(), (v, self.tick)) {
             self.order.remove(&old);
@@ -65,7 +65,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
             self.map.remove(&oldest);
         }
     }
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 }

@@ -1,7 +1,9 @@
 //! Serving: the policy server (OpenAI-compatible chat completions over the model runtime, with
-//! weight hot-swap) — [`server`] — and the OpenAI wire types it shares with the proxy — [`openai`].
+//! weight hot-swap) — [`server`] —, the capture proxy in front of any OpenAI-compatible server —
+//! [`proxy`] — and the OpenAI wire types they share — [`openai`].
 
 pub mod openai;
+pub mod proxy;
 pub mod server;
 
 use std::path::PathBuf;

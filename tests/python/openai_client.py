@@ -5,9 +5,11 @@ Usage:
     python3 tests/python/openai_client.py --base-url http://127.0.0.1:30000/v1 [--api-key KEY]
     python3 tests/python/openai_client.py --start --model models/smollm2-135m-instruct
 
-With --start the script launches `target/debug/nextstate serve` on a free loopback port itself, waits
-for /health, runs the checks and stops the server. Needs `pip install openai` (a test dependency; e.g.
-`python3 -m venv .cache/pytest-venv && .cache/pytest-venv/bin/pip install openai`).
+With --start the script launches `$CARGO_TARGET_DIR/debug/nextstate serve` (default target/) on a free
+loopback port itself, waits for /health, runs the checks and stops the server. Needs `pip install openai`
+(a test dependency: `python3 -m venv .cache/venv-openai && .cache/venv-openai/bin/pip install openai`,
+then run it with `.cache/venv-openai/bin/python`). tests/proxy.rs also runs it through the capture proxy
+(`--base-url` of the proxy; its /health answers like the server's).
 Exits non-zero on the first failed check; prints "N passed, 0 failed" at the end.
 """
 
@@ -103,7 +105,7 @@ def main():
     ap.add_argument("--api-key", default=os.environ.get("NEXTSTATE_API_KEY", "none"))
     ap.add_argument("--start", action="store_true", help="start target/debug/nextstate serve on a free port")
     ap.add_argument("--model", default="models/smollm2-135m-instruct")
-    ap.add_argument("--binary", default="target/debug/nextstate")
+    ap.add_argument("--binary", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "debug", "nextstate"))
     args = ap.parse_args()
     proc = None
     if args.start:
