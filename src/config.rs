@@ -63,6 +63,76 @@ impl Default for PolicyConfig {
     }
 }
 
+/// The policy server run by `nextstate run` (`[serve]`), or the external one to reload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0 = any free port).
+    pub port: u16,
+    /// Most concurrent requests generated together.
+    pub max_batch: usize,
+    /// Milliseconds the worker waits for more requests to join a batch.
+    pub batch_window_ms: u64,
+    /// Token limit of requests that set none.
+    pub default_max_tokens: usize,
+    /// Returned log-probs: `raw` (the policy's own log-softmax, what the trainer's forward pass
+    /// computes: PPO ratios start at 1) or `sampling` (the tempered/truncated distribution).
+    pub logprobs_mode: String,
+    /// When `serve` is not run in-process: how to make the external server load each checkpoint —
+    /// `nextstate` (`POST {url}/v1/reload`), `sglang` (`POST {url}/update_weights_from_disk`) or `none`.
+    pub reload: String,
+    /// URL of the external policy server (for the proxy's upstream and for reloads).
+    pub url: Option<String>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            host: "127.0.0.1".into(),
+            port: 30001,
+            max_batch: 8,
+            batch_window_ms: 10,
+            default_max_tokens: 512,
+            logprobs_mode: "raw".into(),
+            reload: "nextstate".into(),
+            url: None,
+        }
+    }
+}
+
+/// The capture proxy run by `nextstate run` (`[proxy]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0 = any free port).
+    pub port: u16,
+    /// Turn type of requests that do not say (METHOD.md §1: the reference's `side` trains nothing).
+    pub default_turn_type: String,
+    /// Spool folder for events while Kafka is unavailable.
+    pub spool_dir: PathBuf,
+    /// Spool bound, bytes.
+    pub spool_max_bytes: u64,
+    /// Environment variable holding the bearer key clients must send (none: open).
+    pub api_key_env: Option<String>,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            default_turn_type: "main".into(),
+            spool_dir: PathBuf::from(".cache/proxy-spool"),
+            spool_max_bytes: 256 << 20,
+            api_key_env: None,
+        }
+    }
+}
+
 /// A pipeline file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +168,12 @@ pub struct PipelineConfig {
     /// Sample assembly (METHOD.md §5).
     #[serde(default)]
     pub samples: crate::samples::SampleConfig,
+    /// Policy server.
+    #[serde(default)]
+    pub serve: ServeConfig,
+    /// Capture proxy.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
     /// Trainer (METHOD.md §6).
     #[serde(default)]
     pub trainer: crate::trainer::TrainerConfig,

@@ -141,17 +141,69 @@ enum Command {
         #[command(flatten)]
         data: DataArgs,
     },
+    /// The main job: a simulated student uses the agent for homework while the whole pipeline judges,
+    /// extracts hints, trains and hot-swaps the served policy; prints the personalization score before
+    /// and after, and writes a report.
+    Demo {
+        /// Pipeline file (default: pipelines/demo.toml when present, else built-in defaults).
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        /// Output folder (lake, checkpoints, report.md, personalization.png); its lake and checkpoints
+        /// are replaced.
+        #[arg(long, default_value = "demo-out")]
+        out: PathBuf,
+        /// GSM8K problems.
+        #[arg(long, default_value = "data/gsm8k_test.json")]
+        gsm8k: PathBuf,
+        /// Student turns answered by the agent before the students stop.
+        #[arg(long, default_value_t = 48)]
+        interactions: usize,
+        /// Students working at once.
+        #[arg(long, default_value_t = 4)]
+        students: usize,
+        /// Most agent turns per homework session.
+        #[arg(long, default_value_t = 3)]
+        max_turns: u32,
+        /// Held-out problems the personalization score is measured on.
+        #[arg(long, default_value_t = 16)]
+        eval_problems: usize,
+        /// Response length limit, tokens.
+        #[arg(long, default_value_t = 160)]
+        max_tokens: usize,
+        /// Sampling temperature of the students' sessions (evaluation is greedy).
+        #[arg(long, default_value_t = 0.6)]
+        temperature: f32,
+        /// Seed.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// The student's word limit.
+        #[arg(long, default_value_t = 80)]
+        max_words: usize,
+        /// The student also requires the right answer (SmolLM2-135M almost never has it).
+        #[arg(long)]
+        require_correct: bool,
+    },
     /// Run the pipeline's stages and lake sinks (all, or --only a subset).
     Run {
         /// Pipeline file (pipelines/*.toml). Default: the built-in combined pipeline.
         #[arg(long)]
         pipeline: Option<PathBuf>,
-        /// Comma-separated subset of: signals, judge, hint, teacher, sinks.
+        /// Comma-separated subset of: serve, proxy, signals, judge, hint, teacher, train, sinks.
+        /// Default: all of them; with --until-idle, all but serve and proxy (unbounded inputs).
         #[arg(long, value_delimiter = ',')]
         only: Option<Vec<String>>,
         /// Exit once every input is processed (batch use and tests).
         #[arg(long)]
         until_idle: bool,
+        /// Checkpoints folder of the trainer.
+        #[arg(long, default_value = "checkpoints")]
+        checkpoints: PathBuf,
+        /// Trainer run id (default: the pipeline name).
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Resume the trainer from its newest checkpoint (and serve that checkpoint).
+        #[arg(long)]
+        resume: bool,
         #[command(flatten)]
         data: DataArgs,
     },
@@ -262,11 +314,48 @@ fn main() -> Result<()> {
                     print!("{}", nextstate::stages::train::render_loss_report(&report));
                 }
             }
-            Command::Run { pipeline, only, until_idle, data } => {
+            Command::Demo { pipeline, out, gsm8k, interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct } => {
+                let pipeline = pipeline.or_else(|| Some(PathBuf::from("pipelines/demo.toml")).filter(|p| p.exists()));
+                let cfg = load_pipeline(&pipeline, &DataArgs::default())?;
+                let prefs = nextstate::demo::Preferences { max_words, correct_answer: require_correct, ..Default::default() };
+                let opts = nextstate::demo::run::DemoOptions {
+                    pipeline: cfg,
+                    out: out.clone(),
+                    gsm8k,
+                    interactions,
+                    students,
+                    max_turns,
+                    eval_problems,
+                    max_tokens,
+                    temperature,
+                    seed,
+                    preferences: prefs,
+                };
+                let stop = Stop::default();
+                stop.on_signals();
+                let s = nextstate::demo::run::run_demo(opts, stop).await.context("demo failed")?;
+                println!("\nnextstate demo — {} interactions in {} sessions, {:.0} s, {} failed requests", s.interactions, s.sessions, s.seconds, s.failed_requests);
+                println!("personalization score (held-out problems, all preferences met):");
+                for e in &s.evaluations {
+                    println!("  version {:>2} after {:>3} interactions: {:.3}   (accuracy {:.3})", e.version, e.interactions, e.score.fraction_all_satisfied, e.score.accuracy);
+                }
+                println!("before {:.3} → after {:.3}", s.before.fraction_all_satisfied, s.after.fraction_all_satisfied);
+                for (n, c) in &s.run.stages {
+                    println!("stage {n}: {}", c.line());
+                }
+                if let Some(t) = &s.run.train {
+                    println!("train: steps={} samples_trained={} checkpoints={} reloads by the server={:?}", t.steps, t.samples_trained, t.checkpoints.len(), s.run.reloads);
+                }
+                println!("report: {}", s.report.display());
+            }
+            Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let stop = Stop::default();
                 stop.on_signals();
-                let opts = nextstate::stages::run::RunOptions { only, until_idle };
+                let only = only.or_else(|| {
+                    until_idle.then(|| ["signals", "judge", "hint", "teacher", "train", "sinks"].iter().map(|s| s.to_string()).collect())
+                });
+                let opts = nextstate::stages::run::RunOptions { only, until_idle, checkpoints_dir: Some(checkpoints), run_id, resume };
                 let report = nextstate::stages::run::run_pipeline(&cfg, &opts, stop).await.context("pipeline run failed")?;
                 for (n, c) in &report.republished {
                     eprintln!("republished from lake for {n}: {c}");
@@ -279,6 +368,12 @@ fn main() -> Result<()> {
                         "sink {t}: rows_written={} files={} already_in_lake={} duplicate_keys={} dead_letters={}",
                         s.rows_written, s.files, s.already_in_lake, s.duplicate_keys, s.dead_letters
                     );
+                }
+                if let Some(t) = &report.train {
+                    println!("train: steps={} samples_trained={} checkpoints={:?} dropped={:?}", t.steps, t.samples_trained, t.checkpoints.iter().map(|c| c.0).collect::<Vec<_>>(), t.dropped);
+                }
+                if let Some(p) = &report.proxy {
+                    println!("proxy: {p:?}");
                 }
             }
         }

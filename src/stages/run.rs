@@ -1,7 +1,11 @@
-//! `nextstate run`: the configured stages and lake sinks as tasks of one process — all of them on the
-//! embedded defaults, or any subset (`--only`) against a real cluster. The same code either way.
+//! `nextstate run`: the pipeline as tasks of one process — policy server, capture proxy, every stage,
+//! the trainer and the lake sinks on the embedded defaults, or any subset (`--only`) against a real
+//! cluster. The same code either way. Nothing waits for anything else: serving, judging and training
+//! run concurrently, and each checkpoint the trainer publishes is loaded by the server while it serves.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::task::JoinSet;
 
@@ -12,17 +16,25 @@ use crate::lake::sink::{run_sink, SinkStats};
 use crate::lake::Lake;
 use crate::runtime::{DoneFlag, Stop, TaskCtl};
 use crate::schema;
+use crate::serve::PolicyHandle;
 
 /// The task names `--only` accepts.
-pub const TASKS: &[&str] = &["signals", "judge", "hint", "teacher", "sinks"];
+pub const TASKS: &[&str] = &["serve", "proxy", "signals", "judge", "hint", "teacher", "train", "sinks"];
 
 /// What `nextstate run` should start.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// Subset of [`TASKS`] (None = every stage of the method, and the sinks).
+    /// Subset of [`TASKS`] (None = every task).
     pub only: Option<Vec<String>>,
-    /// Exit once every input is processed.
+    /// Exit once every input is processed (the proxy, when run, is an unbounded input: it ends on a
+    /// stop request or [`RunningPipeline::close_sources`]).
     pub until_idle: bool,
+    /// Checkpoints folder of the trainer.
+    pub checkpoints_dir: Option<PathBuf>,
+    /// Trainer run id (default: the pipeline name).
+    pub run_id: Option<String>,
+    /// Resume the trainer (and serve its newest checkpoint) instead of starting fresh.
+    pub resume: bool,
 }
 
 /// The result of a run: counts per stage and per sink.
@@ -34,6 +46,12 @@ pub struct RunReport {
     pub sinks: BTreeMap<String, SinkStats>,
     /// Rows re-published from the lake per stage (embedded catch-up).
     pub republished: BTreeMap<String, u64>,
+    /// The trainer's report, when it ran.
+    pub train: Option<crate::stages::train::TrainReport>,
+    /// The proxy's counters, when it ran.
+    pub proxy: Option<crate::serve::proxy::ProxyStats>,
+    /// Checkpoint versions the in-process server loaded.
+    pub reloads: Vec<i64>,
 }
 
 /// The stages of `method`, in chain order.
@@ -46,18 +64,60 @@ pub fn chain(method: Method) -> Vec<&'static str> {
 }
 
 /// Every table a sink is run for.
-pub const SINK_TABLES: &[&str] = &["interactions", "signals", "judgments", "hints", "teacher_logprobs", "samples", "dead_letters"];
+pub const SINK_TABLES: &[&str] =
+    &["interactions", "signals", "judgments", "hints", "teacher_logprobs", "samples", "train_steps", "checkpoints", "dead_letters"];
 
 enum Done {
     Stage(String, crate::stages::StageCounts),
     Sink(String, SinkStats),
+    Train(crate::stages::train::TrainReport),
+    Proxy(crate::serve::proxy::ProxyStats),
+    Serve,
 }
 
-/// Runs the pipeline. `stages` builds the stage tasks (see [`crate::stages::build`]).
+/// A started pipeline: addresses of its servers and the handle to finish it.
+pub struct RunningPipeline {
+    set: JoinSet<Result<Done>>,
+    report: RunReport,
+    stop: Stop,
+    source_stop: Stop,
+    /// The in-process policy server (reload handle), if `serve` runs.
+    pub policy: Option<PolicyHandle>,
+    /// `http://host:port` of the in-process policy server.
+    pub serve_url: Option<String>,
+    /// `http://host:port` of the in-process proxy.
+    pub proxy_url: Option<String>,
+    reloads: Arc<std::sync::Mutex<Vec<i64>>>,
+    producer: BusProducer,
+    keep_serving: bool,
+    idle: DoneFlag,
+    /// The bus the pipeline runs on.
+    pub bus: Bus,
+    /// The lake.
+    pub lake: Lake,
+}
+
+/// Runs the pipeline until idle (`opts.until_idle`) or stopped.
 ///
 /// # Errors
 /// Configuration errors (unknown task names), Kafka and lake errors, and the first task error.
 pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -> Result<RunReport> {
+    start_pipeline(cfg, opts, stop).await?.finish().await
+}
+
+async fn bind(host: &str, port: u16) -> Result<(tokio::net::TcpListener, String)> {
+    let addr = format!("{host}:{port}");
+    let l = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::io("bind", &addr, e))?;
+    let local = l.local_addr().map_err(|e| Error::io("local address", &addr, e))?;
+    Ok((l, format!("http://{local}")))
+}
+
+/// Starts every selected task and returns once the servers listen and the embedded catch-up is
+/// published.
+///
+/// # Errors
+/// As [`run_pipeline`].
+pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -> Result<RunningPipeline> {
     let selected: Vec<String> = match &opts.only {
         Some(list) => {
             for t in list {
@@ -67,30 +127,84 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
             }
             list.clone()
         }
-        None => chain(cfg.method).into_iter().map(String::from).chain(["sinks".to_string()]).collect(),
+        None => TASKS.iter().map(|s| s.to_string()).collect(),
     };
+    let has = |t: &str| selected.iter().any(|s| s == t);
     let lake = Lake::open(&cfg.lake)?;
     let bus = Bus::connect(cfg.bus.clone()).await?;
     bus.ensure_topics(&schema_tables()).await?;
     let producer = bus.producer()?;
     let mut report = RunReport::default();
+    let checkpoints_dir = opts.checkpoints_dir.clone().unwrap_or_else(|| PathBuf::from("checkpoints"));
+    let run_id = opts.run_id.clone().unwrap_or_else(|| cfg.name.clone());
+    let source_stop = Stop::default();
+    {
+        // a global stop also closes the sources
+        let (mut g, s) = (stop.clone(), source_stop.clone());
+        tokio::spawn(async move {
+            g.wait().await;
+            s.request();
+        });
+    }
 
-    let stage_chain: Vec<&'static str> = chain(cfg.method).into_iter().filter(|n| selected.iter().any(|s| s == n)).collect();
-    let run_sinks = selected.iter().any(|s| s == "sinks");
+    let stage_chain: Vec<&'static str> = chain(cfg.method).into_iter().filter(|n| has(n)).collect();
+    let run_sinks = has("sinks");
+    let run_train = has("train");
     // Every consumer is declared before anything is produced (the embedded bus's flow control waits
     // for declared consumers; see bus::flow).
     for &name in &stage_chain {
         bus.expect_consumer(&crate::stages::stage_group(&bus, cfg, name), crate::stages::stage_input(cfg, name));
+    }
+    if run_train {
+        bus.expect_consumer(&bus.group(&format!("nextstate.{}.trainer", cfg.name)), "samples");
     }
     if run_sinks {
         for &table in SINK_TABLES {
             bus.expect_consumer(&sink_group(&bus, &cfg.sink, table), table);
         }
     }
+    let mut set: JoinSet<Result<Done>> = JoinSet::new();
+    let reloads = Arc::new(std::sync::Mutex::new(Vec::new()));
+
+    // 1. The policy server (serving the newest checkpoint when resuming).
+    let mut policy = None;
+    let mut serve_url = cfg.serve.url.clone();
+    if has("serve") {
+        let (handle, url, fut) = start_server(cfg, opts.resume.then(|| checkpoints_dir.join(&run_id)), stop.clone()).await?;
+        policy = Some(handle);
+        serve_url = Some(url);
+        set.spawn(async move { fut.await.map(|_| Done::Serve) });
+    }
+    // 2. The capture proxy in front of it.
+    let proxy_done = DoneFlag::default();
+    let mut proxy_url = None;
+    if has("proxy") {
+        let upstream = serve_url.clone().ok_or_else(|| Error::Config("the proxy needs an upstream: run `serve` too, or set [serve] url".into()))?;
+        let mut popts = crate::serve::proxy::ProxyOptions::new(upstream);
+        popts.default_turn_type = schema::TurnType::parse(&cfg.proxy.default_turn_type)
+            .ok_or_else(|| Error::Config(format!("proxy.default_turn_type must be main or side, got {}", cfg.proxy.default_turn_type)))?;
+        popts.spool = crate::serve::proxy::emit::SpoolConfig::new(&cfg.proxy.spool_dir, cfg.proxy.spool_max_bytes);
+        if let Some(env) = &cfg.proxy.api_key_env {
+            popts.api_key = Some(std::env::var(env).map_err(|_| Error::Config(format!("proxy.api_key_env: ${env} is not set")))?);
+        }
+        let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port).await?;
+        tracing::info!(%url, "capture proxy listening");
+        proxy_url = Some(url);
+        let proxy = crate::serve::proxy::Proxy::start(popts, &bus).await?;
+        let (mut s, flag) = (source_stop.clone(), proxy_done.clone());
+        set.spawn(async move {
+            let r = proxy.serve(listener, async move { s.wait().await }).await;
+            flag.set();
+            r.map(Done::Proxy)
+        });
+    } else {
+        proxy_done.set();
+    }
+
+    // 3. The stages.
     let republish_done = DoneFlag::default();
     let mut flags: BTreeMap<&str, DoneFlag> = BTreeMap::new();
-    let mut set: JoinSet<Result<Done>> = JoinSet::new();
-    let mut prev: Option<DoneFlag> = None;
+    let mut prev: Option<DoneFlag> = if has("proxy") { Some(proxy_done.clone()) } else { None };
     for &name in &stage_chain {
         let mut ctl = TaskCtl::new(name, opts.until_idle, stop.clone()).after(&republish_done);
         if let Some(p) = &prev {
@@ -102,10 +216,29 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
         let n = name.to_string();
         set.spawn(async move { fut.await.map(|c| Done::Stage(n, c)) });
     }
+    // 4. The trainer, whose checkpoints the server loads as they are published.
+    if run_train {
+        let mut ctl = TaskCtl::new("train", opts.until_idle, stop.clone()).after(&republish_done);
+        if let Some(p) = &prev {
+            ctl = ctl.after(p);
+        }
+        flags.insert("train", ctl.done.clone());
+        let topts = crate::stages::train::TrainOptions {
+            source: crate::stages::train::TrainSource::Topic,
+            resume: opts.resume,
+            run_id: Some(run_id.clone()),
+            checkpoints_dir: checkpoints_dir.clone(),
+            max_steps: None,
+        };
+        let on_checkpoint = reloader(cfg, policy.clone(), serve_url.clone(), reloads.clone());
+        let (cfg2, bus2) = (cfg.clone(), bus.clone());
+        set.spawn(async move { crate::stages::train::run_train(&cfg2, &topts, &bus2, &ctl, Some(on_checkpoint)).await.map(Done::Train) });
+    }
+    // 5. The lake sinks.
     if run_sinks {
         for &table in SINK_TABLES {
             let mut ctl = TaskCtl::new(&format!("sink:{table}"), opts.until_idle, stop.clone()).after(&republish_done);
-            for f in producers_of(table, &flags) {
+            for f in producers_of(table, &flags, &proxy_done) {
                 ctl = ctl.after(&f);
             }
             let (bus, lake, sink_cfg) = (bus.clone(), lake.clone(), cfg.sink.clone());
@@ -113,10 +246,19 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
             set.spawn(async move { spawn_sink(table, &bus, &lake, &sink_cfg, &ctl, dl.as_ref()).await.map(|s| Done::Sink(table.to_string(), s)) });
         }
     }
-    // Embedded default: re-publish each stage's pending input from the lake (the mock cluster is new).
+    // 6. Embedded default: re-publish each stage's pending input from the lake (the mock cluster is new).
     if bus.is_embedded() {
-        for &name in &stage_chain {
-            match republish(&lake, &producer, cfg, name).await {
+        let mut todo: Vec<&str> = stage_chain.clone();
+        if run_train {
+            todo.push("train");
+        }
+        for name in todo {
+            let r = if name == "train" {
+                crate::stages::train::republish_untrained(&lake, &producer, cfg, &checkpoints_dir.join(&run_id)).await
+            } else {
+                republish(&lake, &producer, cfg, name).await
+            };
+            match r {
                 Ok(n) => {
                     report.republished.insert(name.to_string(), n);
                 }
@@ -129,31 +271,198 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
         }
     }
     republish_done.set();
-    let mut first_err: Option<Error> = None;
-    while let Some(res) = set.join_next().await {
-        match res {
-            Ok(Ok(Done::Stage(n, c))) => {
-                report.stages.insert(n, c);
+    Ok(RunningPipeline { set, report, stop, source_stop, policy, serve_url, proxy_url, reloads, producer, keep_serving: false, idle: DoneFlag::default(), bus, lake })
+}
+
+/// Lets an orchestrator close a pipeline's sources and learn when everything but the policy server has
+/// finished (see [`RunningPipeline::keep_serving_when_idle`]).
+#[derive(Clone, Debug)]
+pub struct IdleHandle {
+    source_stop: Stop,
+    idle: DoneFlag,
+}
+
+impl IdleHandle {
+    /// Stops the unbounded sources (the proxy).
+    pub fn close_sources(&self) {
+        self.source_stop.request();
+    }
+    /// Whether every task but the policy server has finished.
+    pub fn is_set(&self) -> bool {
+        self.idle.is_set()
+    }
+}
+
+impl RunningPipeline {
+    /// Keep the policy server running after every other task finished (until-idle), until a stop
+    /// request: the caller can still query the final weights. [`IdleHandle::is_set`] tells when.
+    pub fn keep_serving_when_idle(&mut self) {
+        self.keep_serving = true;
+    }
+
+    /// A handle to close the sources and watch for idleness.
+    pub fn idle_flag(&self) -> IdleHandle {
+        IdleHandle { source_stop: self.source_stop.clone(), idle: self.idle.clone() }
+    }
+
+    /// Stops the unbounded sources (the proxy, after it has flushed its events); an until-idle pipeline
+    /// then drains and finishes.
+    pub fn close_sources(&self) {
+        self.source_stop.request();
+    }
+
+    /// Stops every task.
+    pub fn stop(&self) {
+        self.stop.request();
+    }
+
+    /// Waits for the tasks (until idle, or until stopped) and returns the report. The first task error
+    /// stops the others and is returned.
+    ///
+    /// # Errors
+    /// The first task error.
+    pub async fn finish(mut self) -> Result<RunReport> {
+        let mut first_err: Option<Error> = None;
+        let only_servers_left = |set: &JoinSet<Result<Done>>, serving: bool| serving && set.len() == 1;
+        let serving = self.policy.is_some();
+        while let Some(res) = self.set.join_next().await {
+            match res {
+                Ok(Ok(Done::Stage(n, c))) => {
+                    self.report.stages.insert(n, c);
+                }
+                Ok(Ok(Done::Sink(t, s))) => {
+                    self.report.sinks.insert(t, s);
+                }
+                Ok(Ok(Done::Train(r))) => self.report.train = Some(r),
+                Ok(Ok(Done::Proxy(p))) => self.report.proxy = Some(p),
+                Ok(Ok(Done::Serve)) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "task failed; stopping the others");
+                    self.stop.request();
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    self.stop.request();
+                    first_err.get_or_insert(Error::Internal(format!("task panicked: {e}")));
+                }
             }
-            Ok(Ok(Done::Sink(t, s))) => {
-                report.sinks.insert(t, s);
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "task failed; stopping the others");
-                stop.request();
-                first_err.get_or_insert(e);
-            }
-            Err(e) => {
-                stop.request();
-                first_err.get_or_insert(Error::Internal(format!("task panicked: {e}")));
+            // Everything but the server has finished (until-idle): stop serving too, unless asked to keep
+            // serving (then only mark the pipeline idle).
+            if only_servers_left(&self.set, serving) && !self.stop.requested() {
+                self.idle.set();
+                if !self.keep_serving {
+                    self.stop.request();
+                }
             }
         }
+        self.producer.flush()?;
+        self.report.reloads = self.reloads.lock().map(|r| r.clone()).unwrap_or_default();
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(self.report),
+        }
     }
-    producer.flush()?;
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(report),
+}
+
+/// Loads the policy (or the newest checkpoint under `resume_run`) and starts the server; returns its
+/// reload handle, URL and the future serving it until `stop`.
+async fn start_server(
+    cfg: &PipelineConfig,
+    resume_run: Option<PathBuf>,
+    stop: Stop,
+) -> Result<(PolicyHandle, String, std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>)> {
+    use crate::model::{LanguageModel, LoadOptions, LogprobMode, Trainable};
+    let device = LoadOptions::parse_device(&cfg.policy.device)?;
+    let load = LoadOptions { device, dtype: LoadOptions::parse_dtype(&cfg.policy.dtype, device)?, trainable: Trainable::Frozen };
+    let latest = match &resume_run {
+        Some(dir) => crate::trainer::latest_complete(dir)?,
+        None => None,
+    };
+    let (lm, version) = {
+        let (load, base) = (load.clone(), cfg.policy.model.clone());
+        let latest = latest.clone();
+        tokio::task::spawn_blocking(move || -> Result<(LanguageModel, i64)> {
+            match latest {
+                Some((path, m)) => {
+                    let mut lm = LanguageModel::load_checkpoint(&path, Some(&base), &load)?;
+                    lm.transformer_mut().merge_lora()?;
+                    Ok((lm, m.version))
+                }
+                None => Ok((LanguageModel::load(&base, &load)?, 0)),
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("model load task: {e}")))??
+    };
+    let logprobs_mode = match cfg.serve.logprobs_mode.as_str() {
+        "raw" => LogprobMode::Raw,
+        "sampling" => LogprobMode::Sampling,
+        other => return Err(Error::Config(format!("serve.logprobs_mode = {other:?} (raw or sampling)"))),
+    };
+    let opts = crate::serve::ServerOptions {
+        model_name: cfg.policy.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "policy".into()),
+        api_key: None,
+        max_body_bytes: 16 << 20,
+        max_batch: cfg.serve.max_batch,
+        batch_window: std::time::Duration::from_millis(cfg.serve.batch_window_ms),
+        default_max_tokens: cfg.serve.default_max_tokens,
+        logprobs_mode,
+        load,
+        base_dir: cfg.policy.model.clone(),
+    };
+    let server = crate::serve::PolicyServer::start(lm, version, opts)?;
+    let handle = server.handle();
+    let (listener, url) = bind(&cfg.serve.host, cfg.serve.port).await?;
+    tracing::info!(%url, version, "policy server listening");
+    let mut s = stop;
+    let fut = Box::pin(async move { server.serve(listener, async move { s.wait().await }).await });
+    Ok((handle, url, fut))
+}
+
+/// The trainer's checkpoint callback: the in-process server reloads in place; an external server is told
+/// through its reload endpoint (`[serve] reload`).
+fn reloader(cfg: &PipelineConfig, policy: Option<PolicyHandle>, url: Option<String>, log: Arc<std::sync::Mutex<Vec<i64>>>) -> crate::stages::train::OnCheckpoint {
+    let kind = cfg.serve.reload.clone();
+    Box::new(move |row: &schema::Checkpoint| {
+        let (path, version) = (PathBuf::from(&row.path), row.version);
+        let (policy, url, kind, log) = (policy.clone(), url.clone(), kind.clone(), log.clone());
+        tokio::spawn(async move {
+            let r = match (&policy, url.as_deref(), kind.as_str()) {
+                (Some(h), _, _) => h.reload(path.clone(), version).await.map(|_| ()),
+                (None, _, "none") | (None, None, _) => Ok(()),
+                (None, Some(u), k) => reload_external(u, k, &path, version).await,
+            };
+            match r {
+                Ok(()) => {
+                    if policy.is_some() || kind != "none" {
+                        if let Ok(mut l) = log.lock() {
+                            l.push(version);
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(version, error = %e, "the policy server could not load the checkpoint"),
+            }
+        });
+    })
+}
+
+/// Asks an external server to load a checkpoint folder.
+///
+/// # Errors
+/// [`Error::Http`] when the call fails or is refused; [`Error::Config`] for an unknown `kind`.
+pub async fn reload_external(url: &str, kind: &str, path: &std::path::Path, version: i64) -> Result<()> {
+    let client = reqwest::Client::new();
+    let base = url.trim_end_matches('/');
+    let req = match kind {
+        "nextstate" => client.post(format!("{base}/v1/reload")).json(&serde_json::json!({"path": path, "version": version})),
+        "sglang" => client.post(format!("{base}/update_weights_from_disk")).json(&serde_json::json!({"model_path": path})),
+        other => return Err(Error::Config(format!("serve.reload = {other:?} (nextstate, sglang or none)"))),
+    };
+    let resp = req.send().await.map_err(|e| Error::Http(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(Error::Http(format!("reload returned {}: {}", resp.status(), resp.text().await.unwrap_or_default())));
     }
+    Ok(())
 }
 
 fn schema_tables() -> Vec<&'static str> {
@@ -161,16 +470,21 @@ fn schema_tables() -> Vec<&'static str> {
 }
 
 /// In-process tasks whose output lands in `table` (a sink waits for them in until-idle mode).
-fn producers_of(table: &str, flags: &BTreeMap<&str, DoneFlag>) -> Vec<DoneFlag> {
+fn producers_of(table: &str, flags: &BTreeMap<&str, DoneFlag>, proxy_done: &DoneFlag) -> Vec<DoneFlag> {
     let names: &[&str] = match table {
         "signals" => &["signals"],
         "judgments" => &["judge"],
         "hints" => &["hint"],
         "teacher_logprobs" | "samples" => &["teacher"],
-        "dead_letters" => &["signals", "judge", "hint", "teacher"],
+        "train_steps" | "checkpoints" => &["train"],
+        "dead_letters" => &["signals", "judge", "hint", "teacher", "train"],
         _ => &[],
     };
-    names.iter().filter_map(|n| flags.get(n).cloned()).collect()
+    let mut out: Vec<DoneFlag> = names.iter().filter_map(|n| flags.get(n).cloned()).collect();
+    if matches!(table, "interactions" | "dead_letters") {
+        out.push(proxy_done.clone());
+    }
+    out
 }
 
 async fn republish(lake: &Lake, producer: &BusProducer, cfg: &PipelineConfig, stage: &str) -> Result<u64> {
