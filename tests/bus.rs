@@ -140,3 +140,39 @@ async fn consumer_started_before_the_producer_reads_from_the_beginning() {
         assert_eq!(got.len(), 300, "embedded={} first offsets {:?}", bus.is_embedded(), &offs[..offs.len().min(5)]);
     }
 }
+
+/// A consumer that dies without leaving its group (a crash) must not stall the next one. Measures the
+/// time until a new member gets partitions, with dynamic and with static membership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_member_does_not_stall_its_group() {
+    for instance in [Some("host-a".to_string()), None] {
+        let prefix = common::prefix();
+        let bus = Bus::connect(BusConfig {
+            brokers: Some(common::brokers()),
+            topic_prefix: prefix.clone(),
+            partitions: 2,
+            max_poll_interval_ms: 10_000,
+            instance_id: instance.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        bus.ensure_topics(&["dead_letters"]).await.unwrap();
+        let topic = bus.topic("dead_letters");
+        let group = format!("{prefix}g");
+        let mut a = InputLoop::new(&bus, &group, &topic).unwrap();
+        let t0 = std::time::Instant::now();
+        while a.assigned().is_empty() && t0.elapsed() < Duration::from_secs(60) {
+            a.next_batch(10, Duration::from_millis(200)).await.unwrap();
+        }
+        assert!(!a.assigned().is_empty());
+        std::mem::forget(a); // a crash: no LeaveGroup
+        let mut b = InputLoop::new(&bus, &group, &topic).unwrap();
+        let t1 = std::time::Instant::now();
+        while b.assigned().is_empty() && t1.elapsed() < Duration::from_secs(90) {
+            b.next_batch(10, Duration::from_millis(200)).await.unwrap();
+        }
+        eprintln!("membership {:?}: new member assigned after {:.1} s", instance, t1.elapsed().as_secs_f64());
+        assert!(!b.assigned().is_empty(), "membership {instance:?}: the group stalled after a crash");
+    }
+}

@@ -53,7 +53,7 @@ fn interaction(i: usize) -> Interaction {
 fn spawn_sinks(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, until_idle: bool) -> Child {
     let mut c = Command::new(common::bin());
     c.args(["run", "--only", "sinks", "--pipeline"]).arg(pipeline);
-    c.args(["--brokers", brokers, "--topic-prefix", prefix, "--lake"]).arg(lake);
+    c.args(["--brokers", brokers, "--topic-prefix", prefix, "--instance-id", "sinks-1", "--lake"]).arg(lake);
     if until_idle {
         c.arg("--until-idle");
     }
@@ -68,7 +68,7 @@ async fn sinks_killed_repeatedly_lose_nothing_and_duplicate_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let pipeline = dir.path().join("p.toml");
-    std::fs::write(&pipeline, "name = \"eo\"\nmethod = \"combined\"\n[bus]\npartitions = 3\n[sink]\nroll_ms = 250\nbatch = 200\n").unwrap();
+    std::fs::write(&pipeline, "name = \"eo\"\nmethod = \"combined\"\n[bus]\npartitions = 3\nmax_poll_interval_ms = 10000\n[sink]\nroll_ms = 250\nbatch = 200\n").unwrap();
 
     let bus = Bus::connect(BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 3, ..Default::default() }).await.unwrap();
     bus.ensure_topics(&["interactions", "signals", "judgments", "hints", "teacher_logprobs", "samples", "dead_letters"]).await.unwrap();

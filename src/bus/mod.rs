@@ -45,6 +45,11 @@ pub struct BusConfig {
     pub session_timeout_ms: u32,
     /// Producer message size limit in bytes (`message.max.bytes`).
     pub max_message_bytes: u32,
+    /// Static group membership (KIP-345): consumers set `group.instance.id = <instance_id>.<group>`, so a
+    /// restarted process with the same id takes its partitions back at once instead of waiting for the
+    /// broker to expire the dead member. Give every process of a group its own id (e.g. the host name
+    /// plus a slot number). None: dynamic membership.
+    pub instance_id: Option<String>,
     /// Consumer `max.poll.interval.ms`: a member that does not poll for this long leaves its group;
     /// it is also the time a broker may wait for a dead member during a rebalance. The embedded
     /// cluster (one process) uses 24 h.
@@ -61,6 +66,7 @@ impl Default for BusConfig {
             session_timeout_ms: 6000,
             max_message_bytes: 64 << 20,
             max_poll_interval_ms: 300_000,
+            instance_id: None,
         }
     }
 }
@@ -289,8 +295,11 @@ impl Bus {
     pub fn consumer(&self, group: &str, topics: &[String]) -> Result<(StreamConsumer<BusContext>, RebalanceFlag)> {
         let flag = RebalanceFlag::default();
         let ctx = BusContext { flag: flag.clone() };
-        let c: StreamConsumer<BusContext> = self
-            .base_config()
+        let mut cfg = self.base_config();
+        if let Some(id) = &self.cfg.instance_id {
+            cfg.set("group.instance.id", format!("{id}.{group}"));
+        }
+        let c: StreamConsumer<BusContext> = cfg
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")

@@ -64,6 +64,9 @@ pub struct DemoSummary {
     pub sessions: u64,
     /// Requests that failed (should be 0, reloads included).
     pub failed_requests: u64,
+    /// Policy versions that answered the students' requests (more than one: the server swapped weights
+    /// while the students were working).
+    pub versions_seen: Vec<i64>,
     /// `report.md`.
     pub report: PathBuf,
     /// Pipeline counts.
@@ -80,6 +83,7 @@ struct Shared {
     answered: AtomicU64,
     sessions: AtomicU64,
     failed: AtomicU64,
+    versions: std::sync::Mutex<std::collections::BTreeSet<i64>>,
     next_session: AtomicUsize,
     opts: DemoOptions,
 }
@@ -119,7 +123,7 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
                 "seed": sh.opts.seed.wrapping_add(worker as u64 * 1000 + turn as u64 + problem.id as u64 * 7),
             });
             let headers = [("X-Session-Id", session.clone()), ("X-Turn-Type", "main".to_string())];
-            let (text, _version) = match chat(&sh.client, &sh.proxy, body, &headers).await {
+            let (text, version) = match chat(&sh.client, &sh.proxy, body, &headers).await {
                 Ok(r) => r,
                 Err(e) => {
                     sh.failed.fetch_add(1, Ordering::SeqCst);
@@ -128,6 +132,9 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
                 }
             };
             sh.answered.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut v) = sh.versions.lock() {
+                v.insert(version);
+            }
             let reply = sh.student.reply_at(&text, &problem, turn);
             messages.push(json!({"role": "assistant", "content": text}));
             messages.push(json!({"role": "user", "content": reply.text}));
@@ -215,6 +222,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         answered: AtomicU64::new(0),
         sessions: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        versions: std::sync::Mutex::new(Default::default()),
         next_session: AtomicUsize::new(0),
         opts: opts.clone(),
     });
@@ -328,6 +336,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         interactions: sh.answered.load(Ordering::SeqCst),
         sessions: sh.sessions.load(Ordering::SeqCst),
         failed_requests: sh.failed.load(Ordering::SeqCst),
+        versions_seen: sh.versions.lock().map(|v| v.iter().copied().collect()).unwrap_or_default(),
         report: files.markdown,
         run,
         seconds: started.elapsed().as_secs_f64(),

@@ -235,9 +235,10 @@ impl Hinter {
         )
     }
 
-    /// `hint_id` of a turn: hash of the interaction id and [`Hinter::config_fingerprint`].
-    pub fn hint_id(&self, interaction_id: &str) -> String {
-        content_hash(&[interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
+    /// `hint_id` of a turn in `pipeline`: hash of the pipeline name, the interaction id and
+    /// [`Hinter::config_fingerprint`].
+    pub fn hint_id(&self, pipeline: &str, interaction_id: &str) -> String {
+        content_hash(&[pipeline.as_bytes(), interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
     }
 }
 
@@ -274,7 +275,7 @@ pub async fn hint_turn(hinter: &Hinter, pipeline: &str, turn: &TurnContext) -> H
     let cache_hits = candidates.iter().filter(|c| c.cached).count() as i32;
     HintRecord {
         schema_version: HintRecord::SCHEMA_VERSION,
-        hint_id: hinter.hint_id(&turn.interaction_id),
+        hint_id: hinter.hint_id(pipeline, &turn.interaction_id),
         pipeline: pipeline.to_string(),
         interaction_id: turn.interaction_id.clone(),
         session_id: turn.session_id.clone(),

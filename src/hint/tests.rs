@@ -166,7 +166,7 @@ async fn hint_record_from_scripted_votes() {
     assert_eq!(rec.template_id, "nextstate-hint-v1");
     assert_eq!(rec.template_hash, HINT_TEMPLATE.hash());
     assert_ne!(rec.template_hash, crate::judge::JUDGE_TEMPLATE.hash());
-    assert_eq!(rec.hint_id, hinter.hint_id("i1"));
+    assert_eq!(rec.hint_id, hinter.hint_id("demo", "i1"));
     assert_eq!(rec.teacher_prompt_text, None);
     assert_eq!(rec.cache_hits, 0);
     let teacher: Vec<Message> = serde_json::from_str(rec.teacher_messages.as_deref().unwrap()).unwrap();
@@ -200,7 +200,7 @@ fn config_table_and_ids() {
     assert!(e.to_string().contains("unknown field `hint_len`"), "{e}");
     let a = Hinter::new(HintConfig::default()).unwrap();
     let b = Hinter::new(HintConfig { strategy: Strategy::Shortest, ..HintConfig::default() }).unwrap();
-    assert_ne!(a.hint_id("x"), b.hint_id("x"));
+    assert_ne!(a.hint_id("p", "x"), b.hint_id("p", "x"));
     assert_eq!(a.voter().backend().model(), "hint-rules-v1");
     let e = Hinter::new(HintConfig { concurrency: 0, ..HintConfig::default() }).unwrap_err();
     assert_eq!(e.to_string(), "config: [hint] concurrency = 0: must be >= 1");

@@ -212,9 +212,10 @@ impl Judge {
         )
     }
 
-    /// `judgment_id` of a turn: hash of the interaction id and [`Judge::config_fingerprint`].
-    pub fn judgment_id(&self, interaction_id: &str) -> String {
-        content_hash(&[interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
+    /// `judgment_id` of a turn in `pipeline`: hash of the pipeline name, the interaction id and
+    /// [`Judge::config_fingerprint`] (two pipelines judging the same turn keep one row each).
+    pub fn judgment_id(&self, pipeline: &str, interaction_id: &str) -> String {
+        content_hash(&[pipeline.as_bytes(), interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
     }
 }
 
@@ -249,7 +250,7 @@ pub async fn judge_turn(judge: &Judge, pipeline: &str, turn: &TurnContext) -> Ju
     let cache_hits = votes.iter().filter(|v| v.cached).count() as i32;
     Judgment {
         schema_version: Judgment::SCHEMA_VERSION,
-        judgment_id: judge.judgment_id(&turn.interaction_id),
+        judgment_id: judge.judgment_id(pipeline, &turn.interaction_id),
         pipeline: pipeline.to_string(),
         interaction_id: turn.interaction_id.clone(),
         session_id: turn.session_id.clone(),

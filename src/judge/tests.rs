@@ -67,7 +67,7 @@ async fn judgment_row_from_three_votes() {
     assert_eq!((j.score, j.valid_votes, j.tie, j.m), (1, 3, false, 3));
     assert_eq!(j.votes[1].raw, "\\boxed{-1} hmm, no: \\boxed{1}");
     assert_eq!(j.votes.iter().map(|v| v.index).collect::<Vec<_>>(), [0, 1, 2]);
-    assert_eq!(j.judgment_id, judge.judgment_id("i1"));
+    assert_eq!(j.judgment_id, judge.judgment_id("demo", "i1"));
     assert_eq!(j.pipeline, "demo");
     assert_eq!((j.interaction_id.as_str(), j.session_id.as_str(), j.turn_index), ("i1", "s1", 0));
     assert_eq!(j.policy_version, Some(3));
@@ -180,9 +180,9 @@ fn config_table_parses_with_defaults_and_rejects_unknown_fields() {
 fn judgment_id_depends_on_config() {
     let a = Judge::new(JudgeConfig::default()).unwrap();
     let b = Judge::new(JudgeConfig { m: 5, ..JudgeConfig::default() }).unwrap();
-    assert_eq!(a.judgment_id("x"), Judge::new(JudgeConfig::default()).unwrap().judgment_id("x"));
-    assert_ne!(a.judgment_id("x"), b.judgment_id("x"));
-    assert_ne!(a.judgment_id("x"), a.judgment_id("y"));
+    assert_eq!(a.judgment_id("p", "x"), Judge::new(JudgeConfig::default()).unwrap().judgment_id("p", "x"));
+    assert_ne!(a.judgment_id("p", "x"), b.judgment_id("p", "x"));
+    assert_ne!(a.judgment_id("p", "x"), a.judgment_id("p", "y"));
 }
 
 /// Sleeps, tracking how many calls are in flight at once.

@@ -1,0 +1,54 @@
+//! A short `nextstate demo` (few turns, tiny settings) against the real broker: every stage produces rows,
+//! checkpoints are published and loaded by the server while the students are being served, and no request
+//! fails during the reloads.
+mod common;
+
+use nextstate::config::PipelineConfig;
+use nextstate::lake::Lake;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_demo_against_the_real_broker() {
+    let model = common::root().join("models/smollm2-135m-instruct");
+    if !model.join("model.safetensors").exists() {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    }
+    let _ = nextstate::model::set_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = PipelineConfig::load(&common::root().join("pipelines/demo.toml")).unwrap();
+    cfg.bus.brokers = Some(common::brokers());
+    cfg.bus.topic_prefix = common::prefix();
+    cfg.bus.partitions = 2;
+    cfg.bus.max_poll_interval_ms = 10_000;
+    cfg.policy.model = model;
+    cfg.policy.threads = 1;
+    cfg.proxy.spool_dir = dir.path().join("spool");
+    cfg.trainer.batch_size = 2;
+    cfg.sink.roll_ms = 500;
+    let opts = nextstate::demo::run::DemoOptions {
+        pipeline: cfg,
+        out: dir.path().join("out"),
+        gsm8k: common::root().join("data/gsm8k_test.json"),
+        interactions: 8,
+        students: 2,
+        max_turns: 2,
+        eval_problems: 2,
+        max_tokens: 24,
+        temperature: 0.6,
+        seed: 11,
+        preferences: nextstate::demo::Preferences { correct_answer: false, ..Default::default() },
+    };
+    let s = nextstate::demo::run::run_demo(opts, nextstate::runtime::Stop::default()).await.unwrap();
+    eprintln!("versions seen by the students: {:?}; reloads: {:?}; evaluations: {:?}", s.versions_seen, s.run.reloads, s.evaluations.iter().map(|e| e.version).collect::<Vec<_>>());
+    assert_eq!(s.failed_requests, 0, "no request failed, reloads included");
+    assert!(s.interactions >= 8);
+    assert!(!s.run.reloads.is_empty(), "the server loaded at least one checkpoint");
+    assert!(s.versions_seen.len() >= 2, "the weights changed while the students were being served: {:?}", s.versions_seen);
+    assert!(s.evaluations.iter().any(|e| e.version >= 1), "a trained version was evaluated");
+    let lake = Lake::open(dir.path().join("out/lake")).unwrap();
+    for table in ["interactions", "signals", "judgments", "hints", "samples", "train_steps", "checkpoints", "eval_scores"] {
+        let n = nextstate::sql::scalar_i64(&lake, &format!("SELECT count(*) FROM {table}")).await.unwrap();
+        assert!(n > 0, "{table} is empty");
+    }
+    assert!(s.report.exists());
+}

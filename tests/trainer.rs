@@ -1,0 +1,242 @@
+//! The trainer on the real model (SmolLM2): overfitting a fixed batch, checkpoint → `nextstate loss` and
+//! `nextstate serve` see the weights the trainer saw, and kill -9 / `--resume` against the real broker
+//! consumes every sample exactly once.
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nextstate::config::{Method, PipelineConfig};
+use nextstate::model::{LanguageModel, LoadOptions, Trainable};
+use nextstate::schema::{content_hash, Message, Sample, SampleType};
+use nextstate::trainer::{CheckpointWriter, Trainer, TrainerConfig};
+
+fn model_dir() -> Option<PathBuf> {
+    let d = common::root().join("models/smollm2-135m-instruct");
+    d.join("model.safetensors").exists().then_some(d)
+}
+
+/// Short chat samples: prompt = a question rendered with the chat template; response = a fixed answer
+/// with the end-of-turn token; rollout log-probs scored under the initial weights.
+fn samples(lm: &LanguageModel, n: usize, pipeline: &str) -> Vec<Sample> {
+    let mut out = vec![];
+    for i in 0..n {
+        let msgs = vec![Message::text("user", format!("What is {i} plus {i}? Answer briefly."))];
+        let prompt = lm.chat_prompt_ids(&msgs, None, true).unwrap();
+        let mut response = lm.encode(&format!("{i} plus {i} is {}.", 2 * i)).unwrap();
+        response.push(lm.eos_token_ids()[0]);
+        let rollout = lm.score(&[(prompt.clone(), response.clone())], 0).unwrap().remove(0).logprobs;
+        let t = response.len();
+        let id = content_hash(&[pipeline.as_bytes(), &(i as u64).to_le_bytes()]);
+        out.push(Sample {
+            schema_version: 1,
+            sample_id: id.clone(),
+            pipeline: pipeline.into(),
+            method: "binary".into(),
+            sample_type: SampleType::Binary,
+            interaction_id: format!("i-{id}"),
+            session_id: format!("s{i}"),
+            turn_index: 0,
+            prompt_token_ids: prompt.iter().map(|&x| x as i32).collect(),
+            response_token_ids: response.iter().map(|&x| x as i32).collect(),
+            loss_mask: vec![1; t],
+            rollout_logprobs: rollout,
+            rollout_logprobs_recomputed: true,
+            reward: if i % 2 == 0 { 1.0 } else { -1.0 },
+            teacher_logprobs: None,
+            topk_ids: None,
+            topk_logprobs: None,
+            policy_version: Some(0),
+            judgment_id: None,
+            hint_id: None,
+            teacher_id: None,
+            source_topic: None,
+            source_partition: None,
+            source_offset: None,
+            event_time: 1_764_000_000_000 + i as i64,
+            processed_time: 0,
+        });
+    }
+    out
+}
+
+fn items(s: &[Sample]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    s.iter()
+        .map(|s| (s.prompt_token_ids.iter().map(|&x| x as u32).collect(), s.response_token_ids.iter().map(|&x| x as u32).collect()))
+        .collect()
+}
+
+fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() {
+    let Some(model) = model_dir() else {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    };
+    let _ = nextstate::model::set_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let lm = LanguageModel::load(&model, &LoadOptions { trainable: Trainable::Full, ..Default::default() }).unwrap();
+    let batch = samples(&lm, 4, "overfit");
+    let cfg = TrainerConfig { batch_size: 4, lr: 1e-5, checkpoint_every: 20, ..Default::default() };
+    let mut trainer = Trainer::new(lm, Method::Binary, cfg.clone(), CheckpointWriter::new(dir.path(), "overfit")).unwrap();
+    let mut losses = vec![];
+    let mut checkpoint = None;
+    for _ in 0..20 {
+        let out = trainer.train_step(&batch).unwrap();
+        losses.push(out.train_step.unwrap().loss);
+        if let Some(c) = out.checkpoint {
+            checkpoint = Some(c);
+        }
+    }
+    eprintln!("losses: {losses:?}");
+    // PPO on a fixed batch with fixed rollout log-probs: the surrogate falls until the ratios reach the
+    // clip range (−Σ clip(ratio)·A over 2 positive and 2 negative samples → at most −(1.28 + 1 − 0.8)).
+    assert!(losses[19] < losses[0] - 0.05, "loss did not decrease: {losses:?}");
+    let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
+    let last: f64 = losses[15..].iter().sum::<f64>() / 5.0;
+    assert!(last < first, "{losses:?}");
+    let ck = checkpoint.expect("a checkpoint at step 20");
+    assert_eq!(ck.row.version, 1);
+    assert_eq!(ck.manifest.lineage.len(), 80, "20 steps × 4 samples in the lineage");
+
+    // What the trainer sees now, per token.
+    let seen: Vec<Vec<f32>> = trainer.policy().score(&items(&batch), 0).unwrap().into_iter().map(|s| s.logprobs).collect();
+    // `nextstate loss` on the checkpoint folder.
+    let mut pcfg = PipelineConfig::embedded_default();
+    pcfg.method = Method::Binary;
+    pcfg.policy.model = model.clone();
+    pcfg.trainer = cfg;
+    let report = nextstate::stages::train::loss_command(&pcfg, Some(&ck.path), &batch).unwrap();
+    let d = max_abs_diff(&seen, &report.token_logprobs);
+    eprintln!("loss command vs trainer: max |Δ log-prob| = {d:e}");
+    assert!(d < 1e-5, "loss command vs trainer: {d}");
+    assert_eq!(report.report.version, 1);
+
+    // `nextstate serve`: start on the initial weights, reload the checkpoint, score the greedy answer.
+    let base = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let opts = nextstate::serve::ServerOptions {
+        model_name: "m".into(),
+        api_key: None,
+        max_body_bytes: 1 << 20,
+        max_batch: 4,
+        batch_window: Duration::from_millis(5),
+        default_max_tokens: 16,
+        logprobs_mode: nextstate::model::LogprobMode::Raw,
+        load: LoadOptions::default(),
+        base_dir: model.clone(),
+    };
+    let server = nextstate::serve::PolicyServer::start(base, 0, opts).unwrap();
+    let handle = server.handle();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    handle.reload(ck.path.clone(), 1).await.unwrap();
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "What is 1 plus 1? Answer briefly."}],
+        "max_tokens": 12, "temperature": 0.0, "logprobs": true});
+    let v: serde_json::Value = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["policy_version"], 1);
+    let prompt: Vec<u32> = v["prompt_token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let toks: Vec<u32> = v["choices"][0]["token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let served: Vec<f32> = v["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|c| c["logprob"].as_f64().unwrap() as f32).collect();
+    let trained = trainer.policy().score(&[(prompt, toks)], 0).unwrap().remove(0).logprobs;
+    let d = max_abs_diff(&[served], &[trained]);
+    eprintln!("server (KV-cache decoding) vs trainer: max |Δ log-prob| = {d:e}");
+    assert!(d < 1e-5, "server vs trainer: {d}");
+}
+
+fn write_pipeline(path: &std::path::Path, name: &str, model: &std::path::Path) {
+    std::fs::write(
+        path,
+        format!(
+            "name = \"{name}\"\nmethod = \"binary\"\n[bus]\npartitions = 2\nmax_poll_interval_ms = 10000\n[policy]\nmodel = \"{}\"\nthreads = 1\n\
+             [trainer]\nbatch_size = 2\ncheckpoint_every = 1\nlr = 1e-4\n[trainer.lora]\nenabled = true\nrank = 4\nalpha = 8\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+}
+
+fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, ck: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    Command::new(common::bin())
+        .args(["train", "--pipeline"])
+        .arg(pipeline)
+        .args(["--brokers", brokers, "--topic-prefix", prefix, "--lake"])
+        .arg(lake)
+        .arg("--checkpoints")
+        .arg(ck)
+        .args(["--instance-id", "trainer-1"])
+        .args(extra)
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
+    let Some(model) = model_dir() else {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    };
+    const N: usize = 12;
+    let brokers = common::brokers();
+    let prefix = common::prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, ck, pfile) = (dir.path().join("lake"), dir.path().join("ck"), dir.path().join("p.toml"));
+    write_pipeline(&pfile, "resume", &model);
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let all = samples(&lm, N, "resume");
+    drop(lm);
+    let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 2, ..Default::default() })
+        .await
+        .unwrap();
+    bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await.unwrap();
+    let p = bus.producer().unwrap();
+    for s in &all {
+        p.send(s, None).await.unwrap();
+    }
+    p.flush().unwrap();
+
+    // First run: killed with SIGKILL once two checkpoints exist (between later checkpoints).
+    let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &[]);
+    let run_dir = ck.join("resume");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let v = nextstate::trainer::latest_complete(&run_dir).unwrap().map(|(_, m)| m.version).unwrap_or(0);
+        if v >= 2 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = nextstate::trainer::scan(&run_dir).unwrap().complete.len();
+    assert!(before >= 2, "two checkpoints before the kill");
+    assert!(before < N / 2, "killed before the end ({before} checkpoints)");
+
+    // Resume: starts from the newest checkpoint, skips what it consumed, trains the rest.
+    let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &["--resume", "--until-idle"]);
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
+    assert!(status.success());
+    let scan = nextstate::trainer::scan(&run_dir).unwrap();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (_, m) in &scan.complete {
+        for l in &m.lineage {
+            *seen.entry(l.sample_id.clone()).or_default() += 1;
+            assert_eq!(l.sample_topic.as_deref(), Some(format!("{prefix}samples").as_str()), "lineage names the samples topic");
+        }
+    }
+    assert_eq!(seen.len(), N, "every sample consumed: {seen:?}");
+    assert!(seen.values().all(|&c| c == 1), "no sample consumed twice: {seen:?}");
+    let versions: Vec<i64> = scan.complete.iter().map(|(_, m)| m.version).collect();
+    assert_eq!(versions, (1..=versions.len() as i64).collect::<Vec<_>>(), "one unbroken lineage of versions");
+    for w in scan.complete.windows(2) {
+        assert_eq!(w[1].1.parent_version, w[0].1.version);
+    }
+}
