@@ -189,6 +189,8 @@ enum Command {
         /// The student also requires the right answer (SmolLM2-135M almost never has it).
         #[arg(long)]
         require_correct: bool,
+        #[command(flatten)]
+        data: DataArgs,
     },
     /// Run the pipeline's stages and lake sinks (all, or --only a subset).
     Run {
@@ -321,9 +323,9 @@ fn main() -> Result<()> {
                     print!("{}", nextstate::stages::train::render_loss_report(&report));
                 }
             }
-            Command::Demo { pipeline, out, gsm8k, interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct } => {
+            Command::Demo { pipeline, out, gsm8k, interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, data } => {
                 let pipeline = pipeline.or_else(|| Some(PathBuf::from("pipelines/demo.toml")).filter(|p| p.exists()));
-                let cfg = load_pipeline(&pipeline, &DataArgs::default())?;
+                let cfg = load_pipeline(&pipeline, &data)?;
                 let prefs = nextstate::demo::Preferences { max_words, correct_answer: require_correct, ..Default::default() };
                 let opts = nextstate::demo::run::DemoOptions {
                     pipeline: cfg,
