@@ -531,14 +531,16 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
     let lake = Lake::open(lay.lake())?;
     let samples = query_samples(&lake, &sql).await?;
     if samples.is_empty() {
-        return Err(input_err!("arm {}: no training samples in data pipeline {}", arm.name, arm.data_pipeline));
+        // Reported with its initial weights only (e.g. OPD on data where no hint was accepted).
+        eprintln!("[ablate] arm {}: no training samples in data pipeline {}; only v0 is evaluated", arm.name, arm.data_pipeline);
+    } else {
+        eprintln!("[ablate] arm {}: training on {} samples (batch {}, method {})", arm.name, samples.len(), cfg.shared.batch_size, arm.pipeline.method.as_str());
+        let opts = TrainOptions { source: TrainSource::Sql(sql.clone()), resume: true, run_id: Some(arm.name.clone()), checkpoints_dir: lay.checkpoints(&arm.name), max_steps: None };
+        let report = train_command(&arm.pipeline, &opts, true, stop.clone()).await?;
+        check_stop(stop)?;
+        eprintln!("[ablate] arm {}: {} steps this run, last loss {:?}", arm.name, report.steps, report.last_loss);
     }
-    eprintln!("[ablate] arm {}: training on {} samples (batch {}, method {})", arm.name, samples.len(), cfg.shared.batch_size, arm.pipeline.method.as_str());
-    let opts = TrainOptions { source: TrainSource::Sql(sql.clone()), resume: true, run_id: Some(arm.name.clone()), checkpoints_dir: lay.checkpoints(&arm.name), max_steps: None };
-    let report = train_command(&arm.pipeline, &opts, true, stop.clone()).await?;
-    check_stop(stop)?;
     let steps = crate::trainer::latest_complete(&lay.checkpoints(&arm.name).join(&arm.name))?.map(|(_, m)| m.step).unwrap_or(0);
-    eprintln!("[ablate] arm {}: {} steps ({} this run), last loss {:?}", arm.name, steps, report.steps, report.last_loss);
     let m = TrainMarker {
         config_hash: arm.config_hash.clone(),
         train_sql: sql,
@@ -767,10 +769,11 @@ pub(crate) async fn gather(arms: &[ResolvedArm], stream: &Stream, lay: &Layout, 
         };
         let vs = versions(lay, &arm.name, &stream.rank)?;
         let mut evals = vec![];
+        let mut eval_times = vec![];
         for (version, ..) in &vs {
             match read_marker::<EvalMarker>(&dir.join("eval").join(format!("v{version}.json")))? {
                 Some(m) => {
-                    g.timings.push(TimingRow { phase: "eval".into(), name: format!("{} v{version}", arm.name), seconds: m.seconds });
+                    eval_times.push(TimingRow { phase: "eval".into(), name: format!("{} v{version}", arm.name), seconds: m.seconds });
                     evals.push(m.eval);
                 }
                 None => break,
@@ -781,6 +784,7 @@ pub(crate) async fn gather(arms: &[ResolvedArm], stream: &Stream, lay: &Layout, 
             continue;
         }
         g.timings.push(TimingRow { phase: "train".into(), name: arm.name.clone(), seconds: t.seconds });
+        g.timings.extend(eval_times);
         let p = &arm.pipeline;
         g.arms.push(ArmRow {
             arm: arm.name.clone(),
