@@ -11,6 +11,7 @@
 //! ([`sql`]). Record types and their Arrow schemas are in [`schema`].
 #![warn(missing_docs)]
 
+pub mod ablate;
 pub mod bus;
 pub mod config;
 pub mod demo;

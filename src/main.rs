@@ -192,6 +192,44 @@ enum Command {
         #[command(flatten)]
         data: DataArgs,
     },
+    /// Re-publish rows selected with SQL (interactions, signals, judgments, hints, teacher_logprobs or
+    /// samples), keeping their ids and a lineage note: to the pipeline's topics on a real cluster, or into
+    /// a fresh lake where the pipeline's stages run on them (votes and teacher log-probs come from the
+    /// source lake's caches where the key matches).
+    Replay {
+        /// Query over the source lake (--lake) returning full rows, e.g.
+        /// "SELECT * FROM interactions WHERE session_id LIKE 'student-%'".
+        #[arg(long)]
+        sql: String,
+        /// Table of the rows, and the topic they are published to.
+        #[arg(long, default_value = "interactions")]
+        to_topic: String,
+        /// Pipeline file (bus settings; the stages run with --lake-out). Default: built-in.
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        /// Write the rows into this fresh lake and run the pipeline's stages there until idle.
+        #[arg(long)]
+        lake_out: Option<PathBuf>,
+        /// With --lake-out: the stages to run (default: the method's chain for interactions, none for
+        /// other tables).
+        #[arg(long, value_delimiter = ',')]
+        only: Option<Vec<String>>,
+        #[command(flatten)]
+        data: DataArgs,
+    },
+    /// Compare methods offline on the same data: binary, OPD, combined, top-K OPD and sweeps, every arm
+    /// from the same weights, samples, order and seeds; writes report.md, plots and Parquet results.
+    Ablate {
+        /// Ablation file (ablations/<name>.toml).
+        #[arg(long)]
+        config: PathBuf,
+        /// Output folder (default: ablation-out/<name>); re-running resumes it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Only these arms in this process (run others in parallel processes with the same --out).
+        #[arg(long, value_delimiter = ',')]
+        arms: Option<Vec<String>>,
+    },
     /// Run the pipeline's stages and lake sinks (all, or --only a subset).
     Run {
         /// Pipeline file (pipelines/*.toml). Default: the built-in combined pipeline.
@@ -356,6 +394,43 @@ fn main() -> Result<()> {
                     println!("train: steps={} samples_trained={} checkpoints={} reloads by the server={:?}", t.steps, t.samples_trained, t.checkpoints.len(), s.run.reloads);
                 }
                 println!("report: {}", s.report.display());
+            }
+            Command::Replay { sql, to_topic, pipeline, lake_out, only, data } => {
+                let cfg = load_pipeline(&pipeline, &data)?;
+                let stop = Stop::default();
+                stop.on_signals();
+                let target = match lake_out {
+                    Some(dir) => nextstate::ablate::ReplayTarget::Lake { dir, pipeline: cfg.clone(), stages: only },
+                    None => nextstate::ablate::ReplayTarget::Bus { pipeline: cfg.clone() },
+                };
+                let opts = nextstate::ablate::ReplayOptions { source_lake: cfg.lake.clone(), sql, table: to_topic, target };
+                let r = nextstate::ablate::replay(&opts, stop).await.context("replay failed")?;
+                println!(
+                    "replay: table={} rows={} published={} written={} vote_cache_files={} teacher_cache_rows={} votes_cached={} teacher_cache_hits={}",
+                    r.table, r.rows, r.published, r.written, r.vote_cache_files, r.teacher_cache_rows, r.votes_cached(), r.teacher_cache_hits()
+                );
+                if let Some(run) = &r.run {
+                    for (n, c) in &run.stages {
+                        println!("stage {n}: {}", c.line());
+                    }
+                }
+            }
+            Command::Ablate { config, out, arms } => {
+                let config = nextstate::ablate::AblationConfig::load(&config)?;
+                let out = out.unwrap_or_else(|| PathBuf::from("ablation-out").join(&config.name));
+                let stop = Stop::default();
+                stop.on_signals();
+                let opts = nextstate::ablate::AblateOptions { config, out, arms };
+                let s = nextstate::ablate::run_ablation(&opts, stop).await.context("ablation failed")?;
+                println!("\nnextstate ablate — {:.0} s; personalization score per version (interactions trained on):", s.seconds);
+                for arm in &s.reported {
+                    let line: Vec<String> = s.checkpoints.iter().filter(|c| &c.arm == arm).map(|c| format!("v{}@{}: {:.3}", c.version, c.interactions_seen, c.score)).collect();
+                    println!("  {arm:<24} {}", line.join("  "));
+                }
+                if !s.missing.is_empty() {
+                    println!("not finished: {}", s.missing.join(", "));
+                }
+                println!("report: {}\nresults: {}", s.report.display(), s.results.display());
             }
             Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data } => {
                 let cfg = load_pipeline(&pipeline, &data)?;

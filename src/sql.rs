@@ -1,5 +1,7 @@
 //! SQL over the lake: every table is registered in DataFusion (Hive `date` partition column included)
-//! with its declared schema, so a table with no files yet is queryable (and empty).
+//! with its declared schema, so a table with no files yet is queryable (and empty). Any other folder of
+//! the lake root holding Parquet files directly (e.g. an ablation's `results/<table>/`) is registered
+//! too, under the folder's name, with the schema of its files.
 
 use std::sync::Arc;
 
@@ -30,10 +32,29 @@ pub enum OutputFormat {
 /// [`Error::Sql`] when a table cannot be registered.
 pub async fn session(lake: &Lake) -> Result<SessionContext> {
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_information_schema(true));
-    for (name, schema) in all_schemas() {
+    let known = all_schemas();
+    for (name, schema) in &known {
         register(&ctx, lake, name, Arc::new(schema.as_ref().clone())).await?;
     }
+    for name in lake.tables() {
+        if known.iter().any(|(k, _)| *k == name) || !has_direct_parquet(&lake.table_dir(&name)) {
+            continue;
+        }
+        let path = format!("{}/", lake.table_dir(&name).display());
+        ctx.register_parquet(&name, &path, ParquetReadOptions::default()).await?;
+    }
     Ok(ctx)
+}
+
+/// Whether `dir` holds a (non-hidden) `.parquet` file directly.
+fn has_direct_parquet(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).map(|rd| {
+        rd.flatten().any(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.ends_with(".parquet") && !n.starts_with('.') && e.path().is_file()
+        })
+    })
+    .unwrap_or(false)
 }
 
 async fn register(ctx: &SessionContext, lake: &Lake, name: &str, schema: Arc<Schema>) -> Result<()> {

@@ -265,7 +265,9 @@ pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &
                 let stage = teacher::TeacherStage::<Judgment>::new(cfg, models);
                 Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
             } else {
-                let stage = teacher::TeacherStage::<crate::schema::HintRecord>::new(cfg, models);
+                let cache = teacher::TeacherCache::load(lake)?;
+                tracing::info!(rows = cache.len(), "teacher cache loaded");
+                let stage = teacher::TeacherStage::<crate::schema::HintRecord>::new(cfg, models).with_cache(cache);
                 Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
             }
         }

@@ -10,6 +10,12 @@
 //! the prompt ids (METHOD.md §1), else the turn is dead-lettered. Rollout log-probs: the logged ones,
 //! else recomputed by scoring the response under the policy's initial weights (marked
 //! `rollout_logprobs_recomputed`). Model work runs on a blocking thread, a few turns per forward pass.
+//!
+//! Teacher cache: a teacher row is content-addressed (`teacher_id` = hash of the interaction, the teacher
+//! model's name, the teacher prompt's token ids and K), so a turn whose key already has a row in the lake
+//! (`teacher_logprobs`, or the replay cache `_state/teacher_cache/`, see [`TeacherCache`]) is not scored
+//! again: replays and ablation arms that build the same hints pay model time only for what changed
+//! (counted as `teacher_cache_hit`).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -84,6 +90,7 @@ pub struct TeacherStage<I> {
     pipeline: String,
     cfg: TeacherConfig,
     samples: SampleConfig,
+    cache: TeacherCache,
     _in: std::marker::PhantomData<fn() -> I>,
 }
 
@@ -96,9 +103,67 @@ impl<I> TeacherStage<I> {
             pipeline: cfg.name.clone(),
             cfg: cfg.teacher.clone(),
             samples: cfg.samples.clone(),
+            cache: TeacherCache::default(),
             _in: std::marker::PhantomData,
         }
     }
+
+    /// Uses `cache` for teacher rows already computed (see the module docs).
+    pub fn with_cache(mut self, cache: TeacherCache) -> TeacherStage<I> {
+        self.cache = cache;
+        self
+    }
+}
+
+/// Folder (under the lake's `_state/`) of the replay teacher cache: a lake holding only
+/// `teacher_logprobs` rows copied from another lake by `nextstate replay`.
+pub const TEACHER_CACHE_DIR: &str = "teacher_cache";
+
+/// Teacher rows already computed, by `teacher_id` (see the module docs).
+#[derive(Clone, Default, Debug)]
+pub struct TeacherCache {
+    rows: Arc<std::collections::HashMap<String, TeacherLogprobs>>,
+}
+
+impl TeacherCache {
+    /// Loads the lake's `teacher_logprobs` rows and those of its replay cache (`_state/teacher_cache/`).
+    ///
+    /// # Errors
+    /// Lake read errors.
+    pub fn load(lake: &crate::lake::Lake) -> Result<TeacherCache> {
+        let mut rows = std::collections::HashMap::new();
+        let cache_dir = lake.root().join("_state").join(TEACHER_CACHE_DIR);
+        if cache_dir.is_dir() {
+            for r in crate::lake::Lake::open(&cache_dir)?.read_table::<TeacherLogprobs>()? {
+                rows.insert(r.teacher_id.clone(), r);
+            }
+        }
+        for r in lake.read_table::<TeacherLogprobs>()? {
+            rows.insert(r.teacher_id.clone(), r);
+        }
+        Ok(TeacherCache { rows: Arc::new(rows) })
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether it holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The row of `teacher_id` when its teacher prompt and response token ids are exactly these.
+    pub fn get(&self, teacher_id: &str, teacher_prompt: &[i32], response: &[i32]) -> Option<&TeacherLogprobs> {
+        self.rows.get(teacher_id).filter(|r| r.teacher_prompt_token_ids == teacher_prompt && r.response_token_ids == response)
+    }
+}
+
+/// The content-addressed id of a teacher row: hash of the interaction id, the teacher model's name, the
+/// teacher prompt token ids (JSON) and K.
+pub fn teacher_row_id(interaction_id: &str, teacher_model: &str, teacher_prompt: &[u32], top_k: usize) -> String {
+    content_hash(&[interaction_id.as_bytes(), teacher_model.as_bytes(), &serde_json::to_vec(teacher_prompt).unwrap_or_default(), &top_k.to_le_bytes()])
 }
 
 /// One turn's model work.
@@ -110,6 +175,8 @@ struct Job {
     response_ids: Vec<u32>,
     rollout: Option<Vec<f32>>,
     teacher_prompt: Option<Vec<u32>>,
+    /// The teacher row from the cache (no model work for it).
+    cached: Option<TeacherLogprobs>,
     lineage: crate::schema::Lineage,
 }
 
@@ -212,7 +279,14 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 continue;
             }
             let rollout = interaction.rollout_logprobs.clone().filter(|r| r.len() == response_ids.len());
-            jobs.push(Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, teacher_prompt, lineage: input.lineage });
+            let cached = teacher_prompt.as_ref().and_then(|tp| {
+                let id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, tp, self.cfg.top_k);
+                self.cache.get(&id, &to_i32(tp), &to_i32(&response_ids)).cloned()
+            });
+            if cached.is_some() {
+                counts.add("teacher_cache_hit", 1);
+            }
+            jobs.push(Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, teacher_prompt, cached, lineage: input.lineage });
         }
         if jobs.is_empty() {
             return Ok(());
@@ -224,7 +298,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             .iter()
             .map(|j| {
                 let rollout = j.rollout.is_none().then(|| (j.prompt_ids.clone(), j.response_ids.clone()));
-                let teacher = j.teacher_prompt.clone().map(|tp| (tp, j.response_ids.clone()));
+                let teacher = j.teacher_prompt.clone().filter(|_| j.cached.is_none()).map(|tp| (tp, j.response_ids.clone()));
                 (rollout, teacher)
             })
             .collect();
@@ -246,17 +320,17 @@ impl<I: Table> StageLogic for TeacherStage<I> {
         .map_err(|e| Error::Internal(format!("teacher worker: {e}")))??;
 
         for (job, (recomputed, teacher)) in jobs.into_iter().zip(scored) {
-            let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teacher_prompt } = job;
+            let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teacher_prompt, cached } = job;
             let was_recomputed = recomputed.is_some();
             let rollout = rollout.or(recomputed).unwrap_or_default();
-            let teacher_row = match (teacher, teacher_prompt) {
-                (Some(t), Some(tp)) => {
-                    let teacher_id = content_hash(&[
-                        interaction.interaction_id.as_bytes(),
-                        self.models.teacher_id.as_bytes(),
-                        &serde_json::to_vec(&tp).unwrap_or_default(),
-                        &top_k.to_le_bytes(),
-                    ]);
+            let teacher_row = match (teacher, teacher_prompt, cached) {
+                (_, _, Some(mut row)) => {
+                    row.pipeline = self.pipeline.clone();
+                    row.processed_time = now_ms();
+                    Some(row)
+                }
+                (Some(t), Some(tp), None) => {
+                    let teacher_id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp, top_k);
                     let row = TeacherLogprobs {
                         schema_version: TeacherLogprobs::SCHEMA_VERSION,
                         teacher_id,

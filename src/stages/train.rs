@@ -119,6 +119,9 @@ fn start_worker(cfg: &PipelineConfig, opts: &TrainOptions) -> Result<Worker> {
                 let _ = crate::model::set_threads(threads as i32);
             }
             let built = (|| -> Result<(Trainer<LanguageModel>, HashSet<String>, Option<i64>)> {
+                // Fresh LoRA adapters are drawn from libtorch's generator: seed it first, so the same
+                // configuration always starts from the same adapters (runs are repeatable).
+                tch::manual_seed(tcfg.seed as i64);
                 let policy = LanguageModel::load(&model_dir, &load)?;
                 if resume {
                     let (t, r) = Trainer::resume(policy, method, tcfg, writer)?;

@@ -1,0 +1,559 @@
+//! Ablation files (`ablations/<name>.toml`): the data, the shared settings, the arms (and sweeps that
+//! expand into arms) and the evaluation. Every arm's pipeline configuration is *resolved* from layers:
+//!
+//! 1. the base pipeline (`base_pipeline`, a `pipelines/*.toml` file; else `name`/`method` only),
+//! 2. the `[pipeline]` table (any pipeline keys, shared by every arm),
+//! 3. the `[shared]` settings (initial weights, seed, batch size, learning rate, LoRA),
+//! 4. the arm's own `method` and `set` (dotted pipeline keys → values).
+//!
+//! The resolved configurations are compared key by key ([`config_diff`]) so the report and the tests can
+//! show that two arms differ exactly where the file says.
+//!
+//! Paths (`base_pipeline`, `[shared] model`, `[student] gsm8k`, `[data] lake`, judge-agreement logs) are
+//! relative to the working directory, like pipeline files.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Method, PipelineConfig};
+use crate::schema::content_hash;
+use crate::{config_err, Error, Result};
+
+/// An ablation file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AblationConfig {
+    /// Ablation name (run id of the evaluation rows, report title).
+    pub name: String,
+    /// One paragraph for the report.
+    #[serde(default)]
+    pub description: String,
+    /// Base pipeline file; default: built-in defaults.
+    #[serde(default)]
+    pub base_pipeline: Option<PathBuf>,
+    /// Pipeline keys shared by every arm, merged over the base pipeline (any `pipelines/*.toml` key).
+    #[serde(default)]
+    pub pipeline: toml::Table,
+    /// Settings every arm shares.
+    #[serde(default)]
+    pub shared: SharedSettings,
+    /// The simulated student (the `demo`'s environment): data collection and the personalization score.
+    #[serde(default)]
+    pub student: StudentSettings,
+    /// Which interactions every arm replays.
+    #[serde(default)]
+    pub data: DataSettings,
+    /// Evaluation.
+    #[serde(default)]
+    pub eval: EvalSettings,
+    /// The arms.
+    pub arms: Vec<ArmSpec>,
+    /// Sweeps: each value of `key` becomes one more arm derived from `arm`.
+    #[serde(default)]
+    pub sweeps: Vec<SweepSpec>,
+}
+
+/// `[shared]`: what every arm shares (written into every arm's resolved pipeline configuration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedSettings {
+    /// Initial weights of every arm (`policy.model`); None = the pipeline's.
+    pub model: Option<PathBuf>,
+    /// Trainer seed (`trainer.seed`; also seeds the LoRA initialisation) (42).
+    pub seed: u64,
+    /// Samples per optimizer step (`trainer.batch_size`) (8).
+    pub batch_size: usize,
+    /// At most this many optimizer steps per arm (each arm trains on the first `steps × batch_size`
+    /// of its ordered samples) (4).
+    pub steps: usize,
+    /// AdamW learning rate (`trainer.lr`); None = the pipeline's.
+    pub lr: Option<f64>,
+    /// LoRA adapters (`trainer.lora.enabled`); None = the pipeline's.
+    pub lora: Option<bool>,
+    /// Write a checkpoint every this many steps (`trainer.checkpoint_every`) (1): each is evaluated.
+    pub checkpoint_every: u64,
+    /// libtorch threads for every model computation (`policy.threads`; 0 = libtorch's default).
+    pub threads: usize,
+}
+
+impl Default for SharedSettings {
+    fn default() -> Self {
+        SharedSettings { model: None, seed: 42, batch_size: 8, steps: 4, lr: None, lora: None, checkpoint_every: 1, threads: 0 }
+    }
+}
+
+/// `[student]`: the simulated student of `src/demo/` (its preferences, its GSM8K problems).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StudentSettings {
+    /// GSM8K problems file.
+    pub gsm8k: PathBuf,
+    /// Seed of the problem split and the student's phrasing (7).
+    pub seed: u64,
+    /// The student's word limit (80).
+    pub max_words: usize,
+    /// The student also requires the right answer (false: SmolLM2-135M almost never has it).
+    pub require_correct: bool,
+    /// Most agent turns per homework session (3).
+    pub max_turns: u32,
+}
+
+impl Default for StudentSettings {
+    fn default() -> Self {
+        StudentSettings { gsm8k: PathBuf::from("data/gsm8k_test.json"), seed: 7, max_words: 80, require_correct: false, max_turns: 3 }
+    }
+}
+
+impl StudentSettings {
+    /// The student's preferences.
+    pub fn preferences(&self) -> crate::demo::Preferences {
+        crate::demo::Preferences { max_words: self.max_words, correct_answer: self.require_correct, ..Default::default() }
+    }
+}
+
+/// `[data]`: the interactions every arm replays.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSettings {
+    /// Lake the query reads. None: `<out>/work/source`, filled by `[data.collect]`.
+    pub lake: Option<PathBuf>,
+    /// Query over that lake returning full `interactions` rows.
+    pub sql: String,
+    /// The last this many sessions (by first event time, then id) are held out of training; their
+    /// samples measure the held-out loss and the teacher/student gap (4).
+    pub heldout_sessions: usize,
+    /// Collect the interactions first with the simulated student against the frozen initial policy.
+    pub collect: Option<CollectSettings>,
+}
+
+impl Default for DataSettings {
+    fn default() -> Self {
+        DataSettings { lake: None, sql: "SELECT * FROM interactions".into(), heldout_sessions: 4, collect: None }
+    }
+}
+
+/// `[data.collect]`: the student works through training problems with the frozen initial policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CollectSettings {
+    /// Homework sessions (one GSM8K training problem each) (16).
+    pub sessions: usize,
+    /// Sessions generated together (one batch, turn by turn) (8).
+    pub batch: usize,
+    /// Response length limit, tokens (128).
+    pub max_tokens: usize,
+    /// Sampling temperature (0.6, METHOD.md §6 rollout temperature).
+    pub temperature: f32,
+}
+
+impl Default for CollectSettings {
+    fn default() -> Self {
+        CollectSettings { sessions: 16, batch: 8, max_tokens: 128, temperature: 0.6 }
+    }
+}
+
+/// `[eval]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSettings {
+    /// Held-out GSM8K problems of the personalization score (12).
+    pub problems: usize,
+    /// Response length limit of the greedy evaluation answers, tokens (128).
+    pub max_tokens: usize,
+    /// Problems generated together (12).
+    pub batch: usize,
+    /// Judge-vs-outcome agreement on ingested logs with outcome labels.
+    pub judge_agreement: Option<AgreementSettings>,
+}
+
+impl Default for EvalSettings {
+    fn default() -> Self {
+        EvalSettings { problems: 12, max_tokens: 128, batch: 12, judge_agreement: None }
+    }
+}
+
+/// `[eval.judge_agreement]`: logs whose sessions carry an outcome label (`outcome_reward`, e.g.
+/// tau-bench rewards).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgreementSettings {
+    /// Log files to ingest.
+    pub files: Vec<PathBuf>,
+    /// Log format (`auto` or an ingest format name).
+    #[serde(default = "default_auto")]
+    pub format: String,
+    /// A session counts as a success when its outcome reward is at least this (0.5).
+    #[serde(default = "default_threshold")]
+    pub success_threshold: f64,
+}
+
+fn default_auto() -> String {
+    "auto".into()
+}
+
+fn default_threshold() -> f64 {
+    0.5
+}
+
+/// One arm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArmSpec {
+    /// Arm name (folder name and legend; letters, digits, `-`, `_`, `.`, `=`).
+    pub name: String,
+    /// The method (shorthand for `set = { method = ... }`).
+    #[serde(default)]
+    pub method: Option<Method>,
+    /// Pipeline keys this arm changes, dotted (`"trainer.w_opd" = 0.5`, `"hint.strategy" = "shortest"`).
+    #[serde(default)]
+    pub set: toml::Table,
+}
+
+/// A sweep: one arm per value of `key`, each `arm` with `key = value`, named `<arm>.<last key part>=<value>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSpec {
+    /// The arm the sweep starts from.
+    pub arm: String,
+    /// Dotted pipeline key.
+    pub key: String,
+    /// Values.
+    pub values: Vec<toml::Value>,
+}
+
+/// An arm with its resolved pipeline configuration.
+#[derive(Debug, Clone)]
+pub struct ResolvedArm {
+    /// Arm name.
+    pub name: String,
+    /// Every key the arm itself sets (dotted path → value as TOML text), including `method`.
+    pub overrides: BTreeMap<String, String>,
+    /// The arm's pipeline configuration (`name` = its data pipeline, `lake` = the ablation lake).
+    pub pipeline: PipelineConfig,
+    /// Hash of the configuration of the stages that build the arm's samples ([`data_key`]).
+    pub data_hash: String,
+    /// Name of the data pipeline (arms with the same `data_hash` share it and its samples).
+    pub data_pipeline: String,
+    /// Hash of the whole resolved configuration (trainer included) and the step count.
+    pub config_hash: String,
+    /// `trainer.hash(method)`: the hash stored in the arm's checkpoint manifests.
+    pub trainer_hash: String,
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 80 && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '='))
+}
+
+/// Sets `path` (dotted) in `table` to `value`, creating intermediate tables.
+///
+/// # Errors
+/// [`Error::Config`] when a path component is not a table.
+pub fn set_dotted(table: &mut toml::Table, path: &str, value: toml::Value) -> Result<()> {
+    let parts: Vec<&str> = path.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(config_err!("bad key {path:?}: empty component"));
+    }
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry.as_table_mut().ok_or_else(|| config_err!("key {path:?}: {p:?} is not a table"))?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// Deep merge: tables merge key by key, anything else in `over` replaces.
+pub fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Flattens a (possibly nested) table of overrides into dotted keys.
+fn flatten(prefix: &str, t: &toml::Table, out: &mut BTreeMap<String, toml::Value>) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(inner) => flatten(&key, inner, out),
+            other => {
+                out.insert(key, other.clone());
+            }
+        }
+    }
+}
+
+/// The part of a pipeline configuration that decides which samples its stages build: method, policy
+/// model (tokens and teacher), signals, judge, hint, teacher and sample settings — not the trainer, and
+/// not where things run (bus, lake, sink, server, proxy, name).
+pub fn data_key(p: &PipelineConfig) -> serde_json::Value {
+    serde_json::json!({
+        "method": p.method,
+        "policy_model": p.policy.model,
+        "policy_dtype": p.policy.dtype,
+        "signals": p.signals,
+        "judge": p.judge,
+        "hint": p.hint,
+        "teacher": p.teacher,
+        "samples": p.samples,
+    })
+}
+
+/// The dotted keys (leaves of the JSON forms) at which two pipeline configurations differ, sorted;
+/// `name` and `lake` are ignored (they differ by construction).
+pub fn config_diff(a: &PipelineConfig, b: &PipelineConfig) -> Vec<String> {
+    fn leaves(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    leaves(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.clone());
+            }
+        }
+    }
+    let (mut la, mut lb) = (BTreeMap::new(), BTreeMap::new());
+    leaves("", &serde_json::to_value(a).unwrap_or_default(), &mut la);
+    leaves("", &serde_json::to_value(b).unwrap_or_default(), &mut lb);
+    let keys: BTreeSet<&String> = la.keys().chain(lb.keys()).collect();
+    keys.into_iter().filter(|k| *k != "name" && *k != "lake" && la.get(*k) != lb.get(*k)).cloned().collect()
+}
+
+impl AblationConfig {
+    /// Reads and checks an ablation file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when unreadable; [`Error::Config`] naming the bad key, a duplicate or invalid arm
+    /// name, a sweep of an unknown arm, or an arm whose pipeline configuration is invalid.
+    pub fn load(path: &Path) -> Result<AblationConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("read ablation", path, e))?;
+        Self::parse(&text).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses and checks ablation TOML (see [`AblationConfig::load`]).
+    ///
+    /// # Errors
+    /// As [`AblationConfig::load`].
+    pub fn parse(text: &str) -> Result<AblationConfig> {
+        let cfg: AblationConfig = toml::from_str(text).map_err(|e| config_err!("{e}"))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<()> {
+        if !valid_name(&self.name) {
+            return Err(config_err!("ablation name {:?}: use letters, digits, '-', '_', '.'", self.name));
+        }
+        if self.arms.is_empty() {
+            return Err(config_err!("no [[arms]]"));
+        }
+        if self.shared.batch_size == 0 || self.shared.steps == 0 || self.shared.checkpoint_every == 0 {
+            return Err(config_err!("[shared] batch_size, steps and checkpoint_every must be at least 1"));
+        }
+        if self.eval.batch == 0 || self.eval.max_tokens == 0 {
+            return Err(config_err!("[eval] batch and max_tokens must be at least 1"));
+        }
+        if let Some(c) = &self.data.collect {
+            if c.sessions == 0 || c.batch == 0 || c.max_tokens == 0 {
+                return Err(config_err!("[data.collect] sessions, batch and max_tokens must be at least 1"));
+            }
+        }
+        if self.data.lake.is_none() && self.data.collect.is_none() {
+            return Err(config_err!("[data] needs a lake to query or a [data.collect] section"));
+        }
+        for s in &self.sweeps {
+            if !self.arms.iter().any(|a| a.name == s.arm) {
+                return Err(config_err!("sweep of unknown arm {:?}", s.arm));
+            }
+        }
+        let names = self.arm_specs()?.into_iter().map(|a| a.name).collect::<Vec<_>>();
+        let mut seen = BTreeSet::new();
+        for n in &names {
+            if !valid_name(n) {
+                return Err(config_err!("arm name {n:?}: use letters, digits, '-', '_', '.', '='"));
+            }
+            if !seen.insert(n) {
+                return Err(config_err!("two arms are named {n:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The arms with the sweeps expanded (sweep arms follow the declared arms, in file order).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a sweep of an unknown arm or a bad key.
+    pub fn arm_specs(&self) -> Result<Vec<ArmSpec>> {
+        let mut out = self.arms.clone();
+        for s in &self.sweeps {
+            let base = self.arms.iter().find(|a| a.name == s.arm).ok_or_else(|| config_err!("sweep of unknown arm {:?}", s.arm))?;
+            let last = s.key.rsplit('.').next().unwrap_or(&s.key);
+            for v in &s.values {
+                let shown = match v {
+                    toml::Value::String(x) => x.clone(),
+                    other => other.to_string(),
+                };
+                let mut arm = base.clone();
+                arm.name = format!("{}.{last}={shown}", base.name);
+                arm.set.insert(s.key.clone(), v.clone());
+                out.push(arm);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The base pipeline table: the base file, `[pipeline]`, then `[shared]`.
+    fn base_table(&self) -> Result<toml::Table> {
+        let mut t: toml::Table = match &self.base_pipeline {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| Error::io("read base pipeline", p, e))?;
+                toml::from_str(&text).map_err(|e| config_err!("{}: {e}", p.display()))?
+            }
+            None => toml::from_str("name = \"ablation\"\nmethod = \"combined\"\n").map_err(|e| config_err!("{e}"))?,
+        };
+        merge(&mut t, &self.pipeline);
+        let s = &self.shared;
+        if let Some(m) = &s.model {
+            set_dotted(&mut t, "policy.model", toml::Value::String(m.display().to_string()))?;
+        }
+        set_dotted(&mut t, "policy.threads", toml::Value::Integer(s.threads as i64))?;
+        set_dotted(&mut t, "trainer.seed", toml::Value::Integer(s.seed as i64))?;
+        set_dotted(&mut t, "trainer.batch_size", toml::Value::Integer(s.batch_size as i64))?;
+        set_dotted(&mut t, "trainer.checkpoint_every", toml::Value::Integer(s.checkpoint_every as i64))?;
+        if let Some(lr) = s.lr {
+            set_dotted(&mut t, "trainer.lr", toml::Value::Float(lr))?;
+        }
+        if let Some(l) = s.lora {
+            set_dotted(&mut t, "trainer.lora.enabled", toml::Value::Boolean(l))?;
+        }
+        Ok(t)
+    }
+
+    /// Every arm's resolved configuration (see the module docs), with its lake set to `lake`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when a layer does not parse or an arm's configuration is invalid (the arm is
+    /// named).
+    pub fn resolve(&self, lake: &Path) -> Result<Vec<ResolvedArm>> {
+        let base = self.base_table()?;
+        let mut arms = vec![];
+        let mut data_names: BTreeMap<String, String> = BTreeMap::new();
+        for spec in self.arm_specs()? {
+            let mut t = base.clone();
+            let mut sets: BTreeMap<String, toml::Value> = BTreeMap::new();
+            flatten("", &spec.set, &mut sets);
+            if let Some(m) = spec.method {
+                sets.insert("method".into(), toml::Value::String(m.as_str().into()));
+            }
+            for (k, v) in &sets {
+                set_dotted(&mut t, k, v.clone()).map_err(|e| config_err!("arm {}: {e}", spec.name))?;
+            }
+            t.insert("lake".into(), toml::Value::String(lake.display().to_string()));
+            let mut p: PipelineConfig = toml::Value::Table(t).try_into().map_err(|e| config_err!("arm {}: {e}", spec.name))?;
+            p.validate().map_err(|e| config_err!("arm {}: {e}", spec.name))?;
+            let data_hash = content_hash(&[serde_json::to_string(&data_key(&p))?.as_bytes()]);
+            let data_pipeline = data_names.entry(data_hash.clone()).or_insert_with(|| format!("{}-{}", spec.name, &data_hash[..8])).clone();
+            p.name = data_pipeline.clone();
+            let trainer_hash = p.trainer.hash(p.method)?;
+            let config_hash = content_hash(&[serde_json::to_string(&p)?.as_bytes(), &(self.shared.steps as u64).to_le_bytes()]);
+            let overrides = sets.into_iter().map(|(k, v)| (k, v.to_string())).collect();
+            arms.push(ResolvedArm { name: spec.name, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash });
+        }
+        Ok(arms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+name = "t"
+[shared]
+seed = 3
+batch_size = 2
+steps = 2
+lr = 0.001
+lora = true
+[data]
+heldout_sessions = 1
+[data.collect]
+sessions = 2
+[[arms]]
+name = "binary"
+method = "binary"
+[[arms]]
+name = "combined"
+method = "combined"
+[[arms]]
+name = "opd-topk"
+method = "opd"
+set = { "teacher.top_k" = 4, "trainer.opd_loss" = "topk" }
+[[sweeps]]
+arm = "combined"
+key = "trainer.w_opd"
+values = [0.5, 2.0]
+"#;
+
+    #[test]
+    fn arms_differ_exactly_where_configured() {
+        let cfg = AblationConfig::parse(FILE).unwrap();
+        let arms = cfg.resolve(Path::new("/tmp/lake")).unwrap();
+        let names: Vec<&str> = arms.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, vec!["binary", "combined", "opd-topk", "combined.w_opd=0.5", "combined.w_opd=2.0"]);
+        let by = |n: &str| arms.iter().find(|a| a.name == n).unwrap();
+        assert_eq!(config_diff(&by("binary").pipeline, &by("combined").pipeline), vec!["method"]);
+        assert_eq!(config_diff(&by("combined").pipeline, &by("combined.w_opd=0.5").pipeline), vec!["trainer.w_opd"]);
+        assert_eq!(config_diff(&by("combined").pipeline, &by("opd-topk").pipeline), vec!["method", "teacher.top_k", "trainer.opd_loss"]);
+        // shared settings reach every arm
+        for a in &arms {
+            assert_eq!((a.pipeline.trainer.seed, a.pipeline.trainer.batch_size, a.pipeline.trainer.lr), (3, 2, 0.001));
+            assert!(a.pipeline.trainer.lora.enabled);
+            assert_eq!(a.pipeline.lake, PathBuf::from("/tmp/lake"));
+        }
+        // a trainer-only difference shares the data pipeline; a teacher difference does not
+        assert_eq!(by("combined").data_pipeline, by("combined.w_opd=0.5").data_pipeline);
+        assert_ne!(by("combined").config_hash, by("combined.w_opd=0.5").config_hash);
+        assert_ne!(by("combined").data_hash, by("opd-topk").data_hash);
+        assert_eq!(by("combined").data_pipeline, format!("combined-{}", &by("combined").data_hash[..8]));
+        assert_eq!(by("opd-topk").overrides.keys().collect::<Vec<_>>(), vec!["method", "teacher.top_k", "trainer.opd_loss"]);
+    }
+
+    #[test]
+    fn bad_files_name_the_problem() {
+        let dup = format!("{FILE}\n[[arms]]\nname = \"binary\"\nmethod = \"opd\"\n");
+        assert!(AblationConfig::parse(&dup).unwrap_err().to_string().contains("two arms are named \"binary\""));
+        let typo = FILE.replace("heldout_sessions", "heldout_session");
+        assert!(AblationConfig::parse(&typo).unwrap_err().to_string().contains("heldout_session"));
+        let sweep = FILE.replace("arm = \"combined\"", "arm = \"nope\"");
+        assert!(AblationConfig::parse(&sweep).unwrap_err().to_string().contains("unknown arm \"nope\""));
+        let badkey = FILE.replace("\"teacher.top_k\" = 4", "\"teacher.topk\" = 4");
+        let cfg = AblationConfig::parse(&badkey).unwrap();
+        let e = cfg.resolve(Path::new("l")).unwrap_err().to_string();
+        assert!(e.contains("arm opd-topk") && e.contains("topk"), "{e}");
+    }
+
+    #[test]
+    fn set_dotted_and_merge() {
+        let mut t = toml::Table::new();
+        set_dotted(&mut t, "a.b.c", toml::Value::Integer(1)).unwrap();
+        let mut over = toml::Table::new();
+        set_dotted(&mut over, "a.b.d", toml::Value::Integer(2)).unwrap();
+        merge(&mut t, &over);
+        assert_eq!(t["a"]["b"]["c"].as_integer(), Some(1));
+        assert_eq!(t["a"]["b"]["d"].as_integer(), Some(2));
+        assert!(set_dotted(&mut t, "a.b.c.x", toml::Value::Integer(3)).is_err());
+        assert!(set_dotted(&mut t, "a..c", toml::Value::Integer(3)).is_err());
+    }
+}

@@ -1,0 +1,318 @@
+//! Evaluation of one policy version (the initial weights or a checkpoint): the personalization score on
+//! held-out GSM8K problems (greedy answers to the simulated student's first message, scored by
+//! [`crate::demo::personalization_score`]), the held-out loss components of the arm's own held-out
+//! samples ([`crate::trainer::loss_report`]), and the teacher/student log-prob gap on hinted held-out
+//! samples. Also the per-sample advantages of the training samples (no model needed: METHOD.md §6 with
+//! the rollout log-probs as `old`) and judge-vs-outcome agreement.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::results::{AgreementRow, GapRow, HeldoutRow, JudgeSessionRow, ResponseRow};
+use crate::config::{Method, PipelineConfig};
+use crate::demo::{check, personalization_score, Preferences, Problem, Score, Student};
+use crate::error::Result;
+use crate::model::{LanguageModel, LoadOptions, SamplingParams, Trainable};
+use crate::schema::{Interaction, Judgment, Message, Sample, TurnType};
+use crate::trainer::TrainerConfig;
+
+/// Everything measured for one version of one arm (cached as `eval/v<version>.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersionEval {
+    /// Policy version.
+    pub version: i64,
+    /// Optimizer steps behind it.
+    pub step: i64,
+    /// Position of the last trained interaction in the ordered stream (0 for v0).
+    pub interactions_seen: i64,
+    /// Samples trained on.
+    pub samples_seen: i64,
+    /// Personalization score of the greedy answers.
+    pub score: Score,
+    /// The answers and their verdicts.
+    pub responses: Vec<ResponseRow>,
+    /// Held-out loss terms, one row per held-out sample of the arm's data pipeline.
+    pub heldout: Vec<HeldoutRow>,
+    /// Teacher/student gap, one row per hinted held-out sample.
+    pub gaps: Vec<GapRow>,
+}
+
+/// Loads the initial weights (`checkpoint` None) or a checkpoint folder on top of them, frozen, with
+/// LoRA adapters folded in (evaluation runs at base speed).
+///
+/// # Errors
+/// Model loading errors; [`crate::Error::Config`] for a bad device or dtype.
+pub fn load_policy(cfg: &PipelineConfig, checkpoint: Option<&Path>) -> Result<LanguageModel> {
+    let device = LoadOptions::parse_device(&cfg.policy.device)?;
+    let opts = LoadOptions { device, dtype: LoadOptions::parse_dtype(&cfg.policy.dtype, device)?, trainable: Trainable::Frozen };
+    match checkpoint {
+        None => LanguageModel::load(&cfg.policy.model, &opts),
+        Some(dir) => {
+            let mut lm = LanguageModel::load_checkpoint(dir, Some(&cfg.policy.model), &opts)?;
+            lm.transformer_mut().merge_lora()?;
+            Ok(lm)
+        }
+    }
+}
+
+/// Greedy answers (up to `max_tokens` tokens) to the student's first message about each problem, `batch`
+/// problems per generation call, in problem order.
+///
+/// # Errors
+/// Model errors.
+pub fn greedy_answers(lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize) -> Result<Vec<(Problem, String)>> {
+    let mut out = vec![];
+    for chunk in problems.chunks(batch.max(1)) {
+        let prompts = chunk
+            .iter()
+            .map(|p| lm.chat_prompt_ids(&[Message::text("user", student.first_message(p))], None, true))
+            .collect::<Result<Vec<_>>>()?;
+        let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
+        out.extend(chunk.iter().cloned().zip(gens.into_iter().map(|g| g.text)));
+    }
+    Ok(out)
+}
+
+/// The personalization score and the response rows of `answers`.
+pub fn score_answers(arm: &str, version: i64, answers: &[(Problem, String)], prefs: &Preferences) -> (Score, Vec<ResponseRow>) {
+    let rows = answers
+        .iter()
+        .map(|(p, r)| {
+            let v = check(r, p, prefs);
+            ResponseRow {
+                arm: arm.into(),
+                version,
+                problem_id: p.id as i64,
+                satisfied: v.satisfied,
+                correct: v.correct,
+                violations: v.violations.iter().map(|x| x.tagged()).collect(),
+                response_text: r.clone(),
+            }
+        })
+        .collect();
+    (personalization_score(answers, prefs), rows)
+}
+
+/// Every loss term of each held-out sample under `lm`, with the arm's method and trainer settings
+/// (means over each sample's trained tokens; [`crate::trainer::loss_report`]).
+///
+/// # Errors
+/// The errors of [`crate::trainer::loss_report`].
+pub fn heldout_rows(lm: &LanguageModel, arm: &str, version: i64, method: Method, trainer: &TrainerConfig, samples: &[Sample]) -> Result<Vec<HeldoutRow>> {
+    if samples.is_empty() {
+        return Ok(vec![]);
+    }
+    let r = crate::trainer::loss_report(lm, None, method, trainer, version, samples)?;
+    Ok(r.samples
+        .into_iter()
+        .map(|s| HeldoutRow {
+            arm: arm.into(),
+            version,
+            sample_id: s.sample_id,
+            sample_type: s.sample_type,
+            tokens: s.tokens,
+            reward: s.reward,
+            advantage: s.advantage,
+            pg_loss: s.pg_loss,
+            clip_fraction: s.clip_fraction,
+            ppo_kl: s.ppo_kl,
+            entropy: s.entropy,
+            topk_kl: s.topk_kl,
+            loss: s.loss,
+        })
+        .collect())
+}
+
+/// Mean over the masked response tokens of `values` (None when no token is masked in).
+fn masked_mean(values: impl Iterator<Item = f64>, mask: &[i32]) -> Option<f64> {
+    let (mut s, mut n) = (0.0, 0usize);
+    for (v, m) in values.zip(mask) {
+        if *m != 0 {
+            s += v;
+            n += 1;
+        }
+    }
+    (n > 0).then(|| s / n as f64)
+}
+
+/// The teacher/student gap of each sample that has teacher log-probs: mean over its masked response
+/// tokens of `teacher_t − student_t`, where `student_t` is `lm`'s log-prob of the response token
+/// (nats); samples are scored `batch` at a time. Samples without teacher log-probs are skipped.
+///
+/// # Errors
+/// Model errors.
+pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample], batch: usize) -> Result<Vec<GapRow>> {
+    let with: Vec<&Sample> = samples.iter().filter(|s| s.teacher_logprobs.is_some()).collect();
+    let mut out = vec![];
+    for chunk in with.chunks(batch.max(1)) {
+        let items: Vec<(Vec<u32>, Vec<u32>)> = chunk
+            .iter()
+            .map(|s| (s.prompt_token_ids.iter().map(|&x| x as u32).collect(), s.response_token_ids.iter().map(|&x| x as u32).collect()))
+            .collect();
+        for (s, scored) in chunk.iter().zip(lm.score(&items, 0)?) {
+            let teacher = s.teacher_logprobs.as_deref().unwrap_or_default();
+            if teacher.len() != scored.logprobs.len() {
+                continue;
+            }
+            let gap = masked_mean(teacher.iter().zip(&scored.logprobs).map(|(t, st)| f64::from(*t) - f64::from(*st)), &s.loss_mask);
+            let student = masked_mean(scored.logprobs.iter().map(|x| f64::from(*x)), &s.loss_mask);
+            if let (Some(gap), Some(student_logprob)) = (gap, student) {
+                out.push(GapRow { arm: arm.into(), version, sample_id: s.sample_id.clone(), tokens: s.loss_mask.iter().filter(|m| **m != 0).count() as i64, gap, student_logprob });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Each sample's mean advantage over its masked tokens as the arm's loss computes it at the start of
+/// training (METHOD.md §6, [`crate::trainer::loss::advantages`], `old` = the rollout log-probs).
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when a sample lacks what the method needs; tensor errors.
+pub fn sample_advantages(method: Method, trainer: &TrainerConfig, samples: &[Sample]) -> Result<Vec<f64>> {
+    let cfg = trainer.loss_config(method);
+    let mut out = vec![];
+    for s in samples {
+        let t = s.response_token_ids.len() as i64;
+        let old = Tensor::f_from_slice(&s.rollout_logprobs)?.f_reshape([1, t])?;
+        let mask = Tensor::f_from_slice(&s.loss_mask)?.f_to_kind(tch::Kind::Float)?.f_reshape([1, t])?;
+        let reward = Tensor::f_from_slice(&[s.reward])?;
+        let teacher = match &s.teacher_logprobs {
+            Some(v) => Some(Tensor::f_from_slice(v)?.f_reshape([1, t])?),
+            None => None,
+        };
+        let a = crate::trainer::loss::advantages(&cfg, &reward, &old, teacher.as_ref(), &[s.sample_type], &mask)?;
+        let a: Vec<f32> = Vec::<f32>::try_from(&a.f_reshape([t])?)?;
+        out.push(masked_mean(a.iter().map(|x| f64::from(*x)), &s.loss_mask).unwrap_or(0.0));
+    }
+    Ok(out)
+}
+
+/// Judge-vs-outcome agreement of `pipeline`'s judgments: per labelled session (main turns with an
+/// `outcome_reward`), the mean PRM score of its judged turns; a session is predicted a success when that
+/// mean is > 0 and is one when its reward ≥ `threshold`. Sessions without judged turns count in
+/// `sessions` but not in the confusion counts.
+pub fn judge_agreement(pipeline: &str, arms: &str, interactions: &[Interaction], judgments: &[Judgment], threshold: f64) -> (AgreementRow, Vec<JudgeSessionRow>) {
+    let mut reward: BTreeMap<&str, f64> = BTreeMap::new();
+    for i in interactions.iter().filter(|i| i.turn_type == TurnType::Main) {
+        if let Some(r) = i.outcome_reward {
+            reward.insert(&i.session_id, r);
+        }
+    }
+    let mut scores: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for j in judgments.iter().filter(|j| j.pipeline == pipeline) {
+        scores.entry(&j.session_id).or_default().push(j.score);
+    }
+    let mut row = AgreementRow {
+        judge_pipeline: pipeline.into(),
+        arms: arms.into(),
+        sessions: reward.len() as i64,
+        sessions_judged: 0,
+        agree: 0,
+        true_pos: 0,
+        false_pos: 0,
+        true_neg: 0,
+        false_neg: 0,
+        accuracy: None,
+        mean_score_success: None,
+        mean_score_failure: None,
+        turns_judged: 0,
+        turns_pos: 0,
+        turns_zero: 0,
+        turns_neg: 0,
+    };
+    let mut sessions = vec![];
+    let (mut succ, mut fail) = (vec![], vec![]);
+    for (sid, r) in &reward {
+        let s = scores.get(sid).cloned().unwrap_or_default();
+        let mean = (!s.is_empty()).then(|| s.iter().map(|&x| f64::from(x)).sum::<f64>() / s.len() as f64);
+        row.turns_judged += s.len() as i64;
+        row.turns_pos += s.iter().filter(|x| **x > 0).count() as i64;
+        row.turns_zero += s.iter().filter(|x| **x == 0).count() as i64;
+        row.turns_neg += s.iter().filter(|x| **x < 0).count() as i64;
+        if let Some(m) = mean {
+            row.sessions_judged += 1;
+            let (pred, actual) = (m > 0.0, *r >= threshold);
+            match (pred, actual) {
+                (true, true) => row.true_pos += 1,
+                (true, false) => row.false_pos += 1,
+                (false, false) => row.true_neg += 1,
+                (false, true) => row.false_neg += 1,
+            }
+            if actual {
+                succ.push(m);
+            } else {
+                fail.push(m);
+            }
+        }
+        sessions.push(JudgeSessionRow { judge_pipeline: pipeline.into(), session_id: sid.to_string(), outcome_reward: *r, turns_judged: s.len() as i64, mean_score: mean });
+    }
+    row.agree = row.true_pos + row.true_neg;
+    row.accuracy = (row.sessions_judged > 0).then(|| row.agree as f64 / row.sessions_judged as f64);
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    row.mean_score_success = mean(&succ);
+    row.mean_score_failure = mean(&fail);
+    (row, sessions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ablate::fixtures::{interaction, judgment, sample};
+    use crate::schema::SampleType;
+
+    #[test]
+    fn advantages_follow_method_6() {
+        let t = TrainerConfig { w_rl: 0.5, w_opd: 2.0, ..Default::default() };
+        // binary: A = r
+        let b = sample(SampleType::Binary, -1.0, &[-1.0, -2.0], None, &[1, 1]);
+        assert_eq!(sample_advantages(Method::Binary, &t, &[b]).unwrap(), vec![-1.0]);
+        // OPD: mean(teacher − old) over masked tokens: (−0.5 − 1.0)/2 (third token masked out)
+        let o = sample(SampleType::Opd, 0.0, &[-1.0, -1.0, -3.0], Some(&[-1.5, -2.0, 9.0]), &[1, 1, 0]);
+        assert_eq!(sample_advantages(Method::Opd, &t, std::slice::from_ref(&o)).unwrap(), vec![-0.75]);
+        // combined both: 0.5·1 + 2·(teacher − old) = 0.5 + 2·(−0.75) = −1.0
+        let c = sample(SampleType::CombinedBoth, 1.0, &[-1.0, -1.0, -3.0], Some(&[-1.5, -2.0, 9.0]), &[1, 1, 0]);
+        assert_eq!(sample_advantages(Method::Combined, &t, &[c]).unwrap(), vec![-1.0]);
+        // OPD with the top-K loss only: no teacher term in the advantage
+        let topk = TrainerConfig { opd_loss: crate::trainer::OpdLoss::Topk, ..Default::default() };
+        assert_eq!(sample_advantages(Method::Opd, &topk, &[o]).unwrap(), vec![0.0]);
+    }
+
+    #[test]
+    fn agreement_counts_by_hand() {
+        let mut rows = vec![];
+        for (sid, r) in [("a", 1.0), ("b", 0.0), ("c", 1.0), ("d", 0.0), ("e", 1.0)] {
+            let mut i = interaction(sid, 0);
+            i.outcome_reward = Some(r);
+            rows.push(i);
+        }
+        let js = vec![
+            judgment("p", "a", 1),
+            judgment("p", "a", -1),
+            judgment("p", "a", 1),  // a: mean 1/3 > 0, success → TP
+            judgment("p", "b", 1),  // b: 1 > 0, failure → FP
+            judgment("p", "c", 0),  // c: 0, success → FN
+            judgment("p", "d", -1), // d: −1, failure → TN
+            judgment("q", "e", 1),  // other pipeline: e is not judged
+        ];
+        let (row, sessions) = judge_agreement("p", "binary", &rows, &js, 0.5);
+        assert_eq!((row.sessions, row.sessions_judged, row.agree), (5, 4, 2));
+        assert_eq!((row.true_pos, row.false_pos, row.true_neg, row.false_neg), (1, 1, 1, 1));
+        assert_eq!(row.accuracy, Some(0.5));
+        assert_eq!((row.turns_judged, row.turns_pos, row.turns_zero, row.turns_neg), (6, 3, 1, 2));
+        // successes a (1/3) and c (0) → 1/6; failures b (1) and d (−1) → 0
+        assert!((row.mean_score_success.unwrap() - 1.0 / 6.0).abs() < 1e-12);
+        assert_eq!(row.mean_score_failure, Some(0.0));
+        assert_eq!(sessions.len(), 5);
+        assert_eq!(sessions.iter().find(|s| s.session_id == "e").unwrap().mean_score, None);
+    }
+
+    #[test]
+    fn masked_means() {
+        assert_eq!(masked_mean([1.0, 2.0, 4.0].into_iter(), &[1, 0, 1]), Some(2.5));
+        assert_eq!(masked_mean([1.0].into_iter(), &[0]), None);
+    }
+}

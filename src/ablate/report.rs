@@ -1,0 +1,381 @@
+//! The ablation report: `report.md` (a comparison table, a table per arm, the data and judge-agreement
+//! tables, timings) and PNG plots drawn with [`crate::demo::line_chart`] / [`crate::demo::histogram`]:
+//! `score_vs_interactions.png` (every arm on one chart), `teacher_gap.png`, `train_loss.png` and one
+//! `advantages_<arm>.png` per arm (by sample type). Plus the Parquet results ([`super::results`]).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::config::{config_diff, AblationConfig, ResolvedArm};
+use super::results::{CheckpointRow, TABLES};
+use super::run::{gather, write_results, AblationSummary, Gathered, Layout, Stream};
+use crate::demo::{line_chart, Score};
+use crate::error::{Error, Result};
+
+fn f3(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.3}")).unwrap_or_else(|| "–".into())
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// File-name-safe form of an arm name.
+fn file_safe(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+/// Gathers the finished arms, writes `results/`, the plots and `report.md`.
+///
+/// # Errors
+/// I/O, Parquet and plotting errors.
+pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, base: &Score, problems: usize) -> Result<AblationSummary> {
+    let g = gather(arms, stream, lay, problems).await?;
+    write_results(&g, &lay.results())?;
+    let plots = write_plots(&g, &lay.out)?;
+    let md = render(cfg, arms, stream, &g, base, &plots);
+    let report = lay.out.join("report.md");
+    crate::lake::write_atomic(&report, md.as_bytes())?;
+    Ok(AblationSummary {
+        report,
+        results: lay.results(),
+        checkpoints: g.checkpoints.clone(),
+        reported: g.arms.iter().map(|a| a.arm.clone()).collect(),
+        missing: g.missing.clone(),
+        seconds: 0.0,
+    })
+}
+
+/// The plots written (file name, alt text).
+struct Plots {
+    files: Vec<(String, String)>,
+    advantages: BTreeMap<String, String>,
+}
+
+fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    let mut files = vec![];
+    let by_arm = |f: &dyn Fn(&CheckpointRow) -> Option<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
+        g.arms
+            .iter()
+            .map(|a| (a.arm.clone(), g.checkpoints.iter().filter(|c| c.arm == a.arm).filter_map(f).collect::<Vec<_>>()))
+            .filter(|(_, pts)| !pts.is_empty())
+            .collect()
+    };
+    let score = by_arm(&|c| Some((c.interactions_seen as f64, c.score)));
+    if !score.is_empty() {
+        line_chart(
+            dir.join("score_vs_interactions.png"),
+            "Personalization score on held-out problems",
+            "interactions of the stream trained on (count)",
+            "responses meeting every preference (fraction)",
+            &score,
+        )?;
+        files.push(("score_vs_interactions.png".into(), "personalization score against interactions, one line per arm".into()));
+    }
+    let gap = by_arm(&|c| c.teacher_gap.map(|v| (c.interactions_seen as f64, v)));
+    if !gap.is_empty() {
+        line_chart(
+            dir.join("teacher_gap.png"),
+            "Teacher − student log-prob gap on hinted held-out samples",
+            "interactions of the stream trained on (count)",
+            "mean teacher − student log-prob (nats per token)",
+            &gap,
+        )?;
+        files.push(("teacher_gap.png".into(), "teacher minus student log-prob gap against interactions, one line per arm".into()));
+    }
+    let loss: Vec<(String, Vec<(f64, f64)>)> = g
+        .arms
+        .iter()
+        .map(|a| (a.arm.clone(), g.steps.iter().filter(|s| s.arm == a.arm).map(|s| (s.step as f64, s.loss)).collect::<Vec<_>>()))
+        .filter(|(_, p)| !p.is_empty())
+        .collect();
+    if !loss.is_empty() {
+        line_chart(dir.join("train_loss.png"), "Training loss per optimizer step", "optimizer step", "loss (sum of sample means)", &loss)?;
+        files.push(("train_loss.png".into(), "training loss per step, one line per arm".into()));
+    }
+    let heldout = by_arm(&|c| c.heldout_loss.map(|v| (c.interactions_seen as f64, v)));
+    if !heldout.is_empty() {
+        line_chart(
+            dir.join("heldout_loss.png"),
+            "Held-out loss (each arm's own loss on its held-out samples)",
+            "interactions of the stream trained on (count)",
+            "mean per-sample loss",
+            &heldout,
+        )?;
+        files.push(("heldout_loss.png".into(), "held-out loss against interactions, one line per arm".into()));
+    }
+    let mut advantages = BTreeMap::new();
+    for a in &g.arms {
+        let mut by_type: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in g.advantages.iter().filter(|r| r.arm == a.arm) {
+            by_type.entry(r.sample_type.clone()).or_default().push(r.advantage);
+        }
+        if by_type.is_empty() {
+            continue;
+        }
+        let name = format!("advantages_{}.png", file_safe(&a.arm));
+        let series: Vec<(String, Vec<f64>)> = by_type.into_iter().map(|(k, v)| (format!("{k} ({})", v.len()), v)).collect();
+        crate::demo::histogram(dir.join(&name), &format!("Per-sample mean advantage, arm {}", a.arm), "mean advantage over trained tokens", &series, 20)?;
+        advantages.insert(a.arm.clone(), name);
+    }
+    Ok(Plots { files, advantages })
+}
+
+fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, plots: &Plots) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Ablation `{}`\n", cfg.name);
+    if !cfg.description.trim().is_empty() {
+        let _ = writeln!(s, "{}\n", cfg.description.trim());
+    }
+    let first = arms.first().map(|a| &a.pipeline);
+    let _ = writeln!(s, "## Setup\n");
+    if let Some(c) = &g.collect {
+        let _ = writeln!(
+            s,
+            "- **Data**: {} interactions in {} homework sessions, collected once by the simulated student (`src/demo/student.rs`) with the frozen initial policy ({} of them met every preference; {} response tokens), then replayed into the ablation lake ({} rows). Every arm replays these same interactions.",
+            c.interactions, c.sessions, c.satisfied, c.tokens, g.replayed
+        );
+    } else {
+        let _ = writeln!(s, "- **Data**: {} interactions replayed from `{}` with `{}`. Every arm replays these same interactions.", g.replayed, cfg.data.lake.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), cell(&cfg.data.sql));
+    }
+    let _ = writeln!(
+        s,
+        "- **Split**: {} sessions, {} main turns; the last {} sessions ({}) are held out of training: their samples measure the held-out loss and the teacher/student gap. The training stream has {} interactions, ordered by event time.",
+        stream.sessions,
+        stream.main_turns,
+        stream.heldout.len(),
+        stream.heldout.join(", "),
+        stream.order.len()
+    );
+    if let Some(p) = first {
+        let _ = writeln!(
+            s,
+            "- **Shared**: initial weights `{}`; trainer seed {}; batch {} samples; at most {} steps (the first {} samples of each arm's ordered sample stream); lr {}; LoRA {}; a checkpoint every {} step(s). Judge `{}` (m = {}), hint extractor `{}` (m = {}) unless an arm says otherwise.",
+            p.policy.model.display(),
+            cfg.shared.seed,
+            cfg.shared.batch_size,
+            cfg.shared.steps,
+            cfg.shared.steps * cfg.shared.batch_size,
+            p.trainer.lr,
+            if p.trainer.lora.enabled { format!("rank {} alpha {}", p.trainer.lora.rank, p.trainer.lora.alpha) } else { "off".into() },
+            cfg.shared.checkpoint_every,
+            p.judge.backend.as_str(),
+            p.judge.m,
+            p.hint.backend.as_str(),
+            p.hint.m
+        );
+    }
+    let _ = writeln!(
+        s,
+        "- **Evaluation** at every checkpoint: (a) personalization score = fraction of greedy answers (≤ {} tokens) to {} held-out GSM8K problems meeting every preference of the student (one problem = {:.3}); (b) held-out loss components (each arm's own method and settings on its held-out samples) and the mean teacher − student log-prob gap on the hinted held-out samples (nats/token; nearer 0 = the student agrees more with the hint-conditioned teacher); (c) judge vs outcome on labelled logs{}.",
+        cfg.eval.max_tokens,
+        cfg.eval.problems,
+        1.0 / cfg.eval.problems.max(1) as f64,
+        if cfg.eval.judge_agreement.is_some() { "" } else { " (not configured)" }
+    );
+    let _ = writeln!(s, "- Initial weights: personalization score **{:.3}**, accuracy {:.3}.\n", base.fraction_all_satisfied, base.accuracy);
+    if !g.missing.is_empty() {
+        let _ = writeln!(s, "**Not finished yet** (not in the tables): {}.\n", g.missing.join(", "));
+    }
+
+    // Comparison
+    let _ = writeln!(s, "## Comparison\n");
+    let _ = writeln!(s, "| arm | differs from the first arm by | samples trained (types) | steps | score v0 → last (best) | accuracy last | held-out loss v0 → last | t − s gap v0 → last | judge agreement |");
+    let _ = writeln!(s, "|---|---|---|---:|---|---:|---|---|---|");
+    let first_arm = arms.first();
+    for a in &g.arms {
+        let Some(ra) = arms.iter().find(|r| r.name == a.arm) else { continue };
+        let diff = match first_arm {
+            Some(f) if f.name != ra.name => {
+                let d = config_diff(&f.pipeline, &ra.pipeline);
+                if d.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    d.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                }
+            }
+            _ => "(reference)".into(),
+        };
+        let rows: Vec<&CheckpointRow> = g.checkpoints.iter().filter(|c| c.arm == a.arm).collect();
+        let (Some(v0), Some(last)) = (rows.first(), rows.last()) else { continue };
+        let best = rows.iter().map(|c| c.score).fold(f64::NEG_INFINITY, f64::max);
+        let mut types: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in &a.sample_types {
+            *types.entry(t.as_str()).or_default() += 1;
+        }
+        let types = types.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+        let agree = g
+            .agreement
+            .iter()
+            .find(|r| r.arms.split(',').any(|x| x == a.arm))
+            .map(|r| format!("{}/{} ({})", r.agree, r.sessions_judged, f3(r.accuracy)))
+            .unwrap_or_else(|| "– (no judge)".into());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} ({}) | {} | {:.3} → **{:.3}** ({:.3}) | {:.3} | {} → {} | {} → {} | {} |",
+            cell(&a.arm),
+            diff,
+            a.sample_ids.len(),
+            types,
+            a.steps,
+            v0.score,
+            last.score,
+            best,
+            last.accuracy,
+            f3(v0.heldout_loss),
+            f3(last.heldout_loss),
+            f3(v0.teacher_gap),
+            f3(last.teacher_gap),
+            agree
+        );
+    }
+    s.push('\n');
+    for (file, alt) in &plots.files {
+        let _ = writeln!(s, "![{alt}]({file})\n");
+    }
+    let _ = writeln!(s, "## Reading the numbers\n");
+    let mut finals: Vec<(&str, f64)> = g.arms.iter().filter_map(|a| g.checkpoints.iter().filter(|c| c.arm == a.arm).last().map(|c| (a.arm.as_str(), c.score))).collect();
+    finals.sort_by(|x, y| y.1.total_cmp(&x.1));
+    if !finals.is_empty() {
+        let _ = writeln!(
+            s,
+            "- Final personalization scores, best first: {}. The score moves in steps of {:.3} (one of {} problems); differences of one or two problems are within noise for a single seed.",
+            finals.iter().map(|(a, v)| format!("{a} {v:.3}")).collect::<Vec<_>>().join(", "),
+            1.0 / cfg.eval.problems.max(1) as f64,
+            cfg.eval.problems
+        );
+    }
+    let gaps: Vec<String> = g
+        .arms
+        .iter()
+        .filter_map(|a| {
+            let rows: Vec<&CheckpointRow> = g.checkpoints.iter().filter(|c| c.arm == a.arm).collect();
+            match (rows.first().and_then(|c| c.teacher_gap), rows.last().and_then(|c| c.teacher_gap)) {
+                (Some(x), Some(y)) => Some(format!("{} {:+.4}", a.arm, y - x)),
+                _ => None,
+            }
+        })
+        .collect();
+    if !gaps.is_empty() {
+        let _ = writeln!(s, "- Change of the teacher − student gap from v0 to the last checkpoint (positive = the student moved toward the hint-conditioned teacher): {}.", gaps.join(", "));
+    }
+    let _ = writeln!(s, "- The paper's claim is combined > OPD > binary; this table is what this run measured, with this model, data size and budget.\n");
+
+    // Per arm
+    let _ = writeln!(s, "## Per arm\n");
+    let prefs: Vec<String> = cfg.student.preferences().enabled().iter().map(|p| p.name().to_string()).collect();
+    for a in &g.arms {
+        let _ = writeln!(s, "### {}\n", a.arm);
+        let over: BTreeMap<String, String> = serde_json::from_str(&a.overrides).unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "Method `{}`; sets {}; data pipeline `{}` (data hash `{}`); config hash `{}`; trainer hash `{}`; seed {}; {} samples in training order (ids in `results/arms`).\n",
+            a.method,
+            if over.is_empty() { "nothing".to_string() } else { over.iter().map(|(k, v)| format!("`{k} = {}`", cell(v))).collect::<Vec<_>>().join(", ") },
+            a.data_pipeline,
+            &a.data_hash[..a.data_hash.len().min(12)],
+            &a.config_hash[..a.config_hash.len().min(12)],
+            &a.trainer_hash[..a.trainer_hash.len().min(12)],
+            a.seed,
+            a.sample_ids.len()
+        );
+        let _ = write!(s, "| version | step | interactions seen | samples seen | score | accuracy |");
+        for p in &prefs {
+            let _ = write!(s, " {p} |");
+        }
+        let _ = writeln!(s, " held-out loss | held-out pg loss | held-out old − new | t − s gap |");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|{}---:|---:|---:|---:|", "---:|".repeat(prefs.len()));
+        for c in g.checkpoints.iter().filter(|c| c.arm == a.arm) {
+            let _ = write!(s, "| {} | {} | {} | {} | {:.3} | {:.3} |", c.version, c.step, c.interactions_seen, c.samples_seen, c.score, c.accuracy);
+            for p in &prefs {
+                let r = g.preferences.iter().find(|r| r.arm == a.arm && r.version == c.version && &r.preference == p).map(|r| r.rate);
+                let _ = write!(s, " {} |", f3(r));
+            }
+            let _ = writeln!(s, " {} | {} | {} | {} |", f3(c.heldout_loss), f3(c.heldout_pg_loss), c.heldout_ppo_kl.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "–".into()), f3(c.teacher_gap));
+        }
+        s.push('\n');
+        let steps: Vec<_> = g.steps.iter().filter(|x| x.arm == a.arm).collect();
+        if !steps.is_empty() {
+            let _ = writeln!(s, "| step | loss | pg loss | clip fraction | old − new | top-K KL | grad norm | samples | tokens | mean advantage by type |");
+            let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+            for x in steps {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.4} | {:.4} | {:.3} | {:.2e} | {:.4} | {:.3} | {} | {} | {} |",
+                    x.step,
+                    x.loss,
+                    x.pg_loss,
+                    x.clip_fraction,
+                    x.ppo_kl,
+                    x.topk_kl,
+                    x.grad_norm,
+                    x.samples,
+                    x.tokens,
+                    cell(&x.advantage_by_type)
+                );
+            }
+            s.push('\n');
+        }
+        if let Some(f) = plots.advantages.get(&a.arm) {
+            let _ = writeln!(s, "![advantage histogram of arm {} by sample type]({f})\n", a.arm);
+        }
+    }
+
+    // Data
+    let _ = writeln!(s, "## Data pipelines\n");
+    let _ = writeln!(s, "Each distinct stage configuration ran once over the replayed interactions (arms that differ only in the trainer share one). Judge and hint votes and teacher rows whose key matched came from the caches (`votes_cached`, `teacher_cache_hit`).\n");
+    let _ = writeln!(s, "| data pipeline | stage | outcome | count |\n|---|---|---|---:|");
+    for r in &g.stage_counts {
+        let _ = writeln!(s, "| {} | {} | {} | {} |", cell(&r.data_pipeline), cell(&r.stage), cell(&r.outcome), r.count);
+    }
+    s.push('\n');
+    if let Some(ag) = &cfg.eval.judge_agreement {
+        let _ = writeln!(s, "## Judge vs outcome\n");
+        let _ = writeln!(
+            s,
+            "Logs: {}. Per labelled session, the mean PRM score of its judged turns; predicted success = mean > 0, success = outcome reward ≥ {}.\n",
+            ag.files.iter().map(|f| format!("`{}`", f.display())).collect::<Vec<_>>().join(", "),
+            ag.success_threshold
+        );
+        let _ = writeln!(s, "| judge pipeline | arms | sessions | judged | agree | accuracy | TP | FP | TN | FN | mean score (success) | mean score (failure) | turns +1 / 0 / −1 |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for r in &g.agreement {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
+                cell(&r.judge_pipeline),
+                cell(&r.arms),
+                r.sessions,
+                r.sessions_judged,
+                r.agree,
+                f3(r.accuracy),
+                r.true_pos,
+                r.false_pos,
+                r.true_neg,
+                r.false_neg,
+                f3(r.mean_score_success),
+                f3(r.mean_score_failure),
+                r.turns_pos,
+                r.turns_zero,
+                r.turns_neg
+            );
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(s, "## Results as tables\n");
+    let _ = writeln!(
+        s,
+        "Every number above is in `results/<table>/part-0.parquet` ({}). For example:\n\n```\nnextstate sql --lake results \"SELECT arm, version, interactions_seen, score, teacher_gap FROM checkpoint_metrics ORDER BY arm, version\"\n```\n",
+        TABLES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+    );
+    let _ = writeln!(s, "## Timings\n\n| phase | name | seconds |\n|---|---|---:|");
+    let mut total = 0.0;
+    for t in &g.timings {
+        total += t.seconds;
+        let _ = writeln!(s, "| {} | {} | {:.0} |", t.phase, cell(&t.name), t.seconds);
+    }
+    let _ = writeln!(s, "| **sum of phases** | | **{total:.0}** |\n");
+    s
+}

@@ -1,0 +1,307 @@
+//! `nextstate replay` and `nextstate ablate`: lineage and cache reuse of a replay (a fake OpenAI-compatible
+//! judge counts the calls), and the tiny ablation run twice — once in one go, once as two invocations
+//! (a partial run of two arms, then the rest: resume) — giving identical numbers, with arms that differ
+//! exactly where `ablations/tiny.toml` says.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use nextstate::ablate::config::{config_diff, AblationConfig};
+use nextstate::ablate::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
+use nextstate::ablate::results::*;
+use nextstate::config::PipelineConfig;
+use nextstate::lake::Lake;
+use nextstate::runtime::Stop;
+use nextstate::schema::{Interaction, Judgment, Message, Table, TurnType};
+
+fn model_dir() -> Option<PathBuf> {
+    let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from), Some(common::root().join("models/smollm2-135m-instruct"))];
+    let found = candidates.into_iter().flatten().find(|p| p.join("config.json").is_file());
+    if found.is_none() {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+    }
+    found
+}
+
+// ---------------------------------------------------------------- replay (no model needed)
+
+fn turn(session: &str, turn: i32, reply: &str) -> Interaction {
+    let request = vec![Message::text("user", format!("question {session} {turn}"))];
+    let request_messages = serde_json::to_string(&request).unwrap();
+    let response = format!("answer {session} {turn}");
+    Interaction {
+        schema_version: Interaction::SCHEMA_VERSION,
+        interaction_id: Interaction::compute_id(session, turn, &request_messages, &response, None),
+        session_id: session.into(),
+        session_inferred: false,
+        turn_index: turn,
+        turn_type: TurnType::Main,
+        session_done: turn == 1,
+        policy_version: Some(0),
+        model: None,
+        request_messages,
+        tools: None,
+        response_text: response,
+        reasoning_text: None,
+        tool_calls: None,
+        finish_reason: Some("stop".into()),
+        truncated: false,
+        prompt_text: None,
+        prompt_token_ids: None,
+        response_token_ids: None,
+        rollout_logprobs: None,
+        next_state: Some(serde_json::to_string(&[Message::text("user", reply)]).unwrap()),
+        outcome_reward: None,
+        notes: vec![],
+        source_format: "test".into(),
+        source_topic: None,
+        source_partition: None,
+        source_offset: None,
+        source_file: None,
+        source_line: None,
+        event_time: 1_767_225_600_000 + i64::from(turn) * 1000 + if session == "s1" { 0 } else { 100 },
+        ingest_time: 1_767_225_600_000,
+    }
+}
+
+/// A fake OpenAI-compatible judge: every vote is `\boxed{1}`; counts calls.
+async fn fake_judge() -> (String, Arc<AtomicU32>) {
+    use axum::routing::post;
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                axum::Json(serde_json::json!({
+                    "id": "x", "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "It worked. \\boxed{1}"}, "finish_reason": "stop"}]
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), calls)
+}
+
+fn pipeline(name: &str, lake: &Path, url: &str) -> PipelineConfig {
+    let text = format!(
+        "name = \"{name}\"\nmethod = \"binary\"\nlake = \"{}\"\n[judge]\nbackend = \"openai\"\nurl = \"{url}\"\nmodel = \"fake-judge\"\nm = 2\n",
+        lake.display()
+    );
+    let cfg: PipelineConfig = toml::from_str(&text).unwrap();
+    cfg.validate().unwrap();
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_keeps_lineage_and_reuses_cached_votes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, out) = (dir.path().join("src"), dir.path().join("replayed"));
+    let rows = vec![turn("s1", 0, "hmm, that's wrong, try again"), turn("s1", 1, "thanks!"), turn("s2", 0, "thanks, perfect"), turn("s2", 1, "great, thanks")];
+    Lake::open(&src).unwrap().write_rows(&rows, "test", 1).unwrap();
+    let (url, calls) = fake_judge().await;
+
+    // The original run: 4 turns × m = 2 votes, all from the endpoint.
+    let r = run_stages(&pipeline("orig", &src, &url), &["signals".into(), "judge".into()], Stop::default()).await.unwrap();
+    assert_eq!(r.stages["judge"].get("votes"), 8);
+    assert_eq!(r.stages["judge"].get("votes_cached"), 0);
+    assert_eq!(calls.load(Ordering::SeqCst), 8);
+
+    // Replay session s1 into a fresh lake and judge it again: every vote comes from the copied cache.
+    let opts = ReplayOptions {
+        source_lake: src.clone(),
+        sql: "SELECT * FROM interactions WHERE session_id = 's1'".into(),
+        table: "interactions".into(),
+        target: ReplayTarget::Lake { dir: out.clone(), pipeline: pipeline("replay", &src, &url), stages: Some(vec!["signals".into(), "judge".into()]) },
+    };
+    let rep = replay(&opts, Stop::default()).await.unwrap();
+    assert_eq!((rep.rows, rep.written, rep.published), (2, 2, 0));
+    assert!(rep.vote_cache_files >= 1);
+    assert_eq!(rep.votes_cached(), 4);
+    assert_eq!(calls.load(Ordering::SeqCst), 8, "no vote was asked again");
+    let lake = Lake::open(&out).unwrap();
+    let mut got = lake.read_table::<Interaction>().unwrap();
+    got.sort_by_key(|i| i.turn_index);
+    assert_eq!(got.iter().map(|i| i.interaction_id.clone()).collect::<Vec<_>>(), vec![rows[0].interaction_id.clone(), rows[1].interaction_id.clone()]);
+    for (g, o) in got.iter().zip(&rows) {
+        assert_eq!(g.notes, vec![format!("replay-of {} from {}", o.interaction_id, src.display())]);
+        assert_eq!(g.request_messages, o.request_messages);
+    }
+    let judgments = lake.read_table::<Judgment>().unwrap();
+    assert_eq!(judgments.len(), 2);
+    assert!(judgments.iter().all(|j| j.pipeline == "replay" && j.cache_hits == 2 && j.score == 1));
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("_state/replay/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["rows"], 2);
+    assert_eq!(manifest["table"], "interactions");
+
+    // Not a fresh lake any more.
+    let e = replay(&opts, Stop::default()).await.unwrap_err().to_string();
+    assert!(e.contains("not a fresh lake"), "{e}");
+    // A topic target needs a real cluster.
+    let bus = ReplayOptions { target: ReplayTarget::Bus { pipeline: pipeline("x", &src, &url) }, ..opts.clone() };
+    let e = replay(&bus, Stop::default()).await.unwrap_err().to_string();
+    assert!(e.contains("needs a real cluster"), "{e}");
+    // Other tables replay as they are (ids kept, no stage by default).
+    let j = ReplayOptions {
+        sql: "SELECT * FROM judgments WHERE pipeline = 'orig'".into(),
+        table: "judgments".into(),
+        target: ReplayTarget::Lake { dir: dir.path().join("j"), pipeline: pipeline("j", &src, &url), stages: None },
+        ..opts.clone()
+    };
+    let rj = replay(&j, Stop::default()).await.unwrap();
+    assert_eq!((rj.rows, rj.written), (4, 4));
+    assert!(rj.run.is_none());
+    let copied = Lake::open(dir.path().join("j")).unwrap().read_table::<Judgment>().unwrap();
+    let orig = Lake::open(&src).unwrap().read_table::<Judgment>().unwrap();
+    let ids = |v: &[Judgment]| {
+        let mut x: Vec<String> = v.iter().map(|j| j.judgment_id.clone()).collect();
+        x.sort();
+        x
+    };
+    assert_eq!(ids(&copied), ids(&orig));
+    let bad = ReplayOptions { table: "checkpoints".into(), ..j };
+    assert!(replay(&bad, Stop::default()).await.unwrap_err().to_string().contains("cannot replay table"));
+}
+
+// ---------------------------------------------------------------- the tiny ablation (needs the model)
+
+/// `ablations/tiny.toml` with absolute paths (the test binary's working directory may differ).
+fn tiny_config(dir: &Path, model: &Path) -> PathBuf {
+    let root = common::root();
+    let mut text = std::fs::read_to_string(root.join("ablations/tiny.toml")).unwrap();
+    text = text.replace("model = \"models/smollm2-135m-instruct\"", &format!("model = \"{}\"", model.display()));
+    text = text.replace("base_pipeline = \"pipelines/demo.toml\"", &format!("base_pipeline = \"{}\"", root.join("pipelines/demo.toml").display()));
+    text = text.replace("[student]\n", &format!("[student]\ngsm8k = \"{}\"\n", root.join("data/gsm8k_test.json").display()));
+    let path = dir.join("tiny.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn ablate(config: &Path, out: &Path, arms: Option<&str>) {
+    let mut args = vec!["ablate", "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    if let Some(a) = arms {
+        args.extend(["--arms", a]);
+    }
+    let (ok, stdout, stderr) = common::run_bin(&args);
+    assert!(ok, "nextstate ablate failed:\n{stdout}\n{stderr}");
+}
+
+fn same_table<T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(a: &Path, b: &Path, table: &str) {
+    let (x, y) = (read_table::<T>(a, table).unwrap(), read_table::<T>(b, table).unwrap());
+    assert_eq!(x, y, "results table {table} differs between the two runs");
+}
+
+#[test]
+fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configured() {
+    let Some(model) = model_dir() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config(dir.path(), &model);
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+
+    // Run 1 in one go; run 2 as two arms, then the rest (resume).
+    ablate(&config, &one, None);
+    ablate(&config, &two, Some("binary,opd"));
+    let marker = two.join("work/arms/binary/train.json");
+    let before = std::fs::metadata(&marker).unwrap().modified().unwrap();
+    let partial = read_table::<ArmRow>(&two.join("results"), "arms").unwrap();
+    assert_eq!(partial.iter().map(|a| a.arm.as_str()).collect::<Vec<_>>(), vec!["binary", "opd"]);
+    ablate(&config, &two, None);
+    assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), before, "finished work is not redone");
+
+    // Identical numbers (every table but the wall times).
+    let (r1, r2) = (one.join("results"), two.join("results"));
+    same_table::<ArmRow>(&r1, &r2, "arms");
+    same_table::<CheckpointRow>(&r1, &r2, "checkpoint_metrics");
+    same_table::<PreferenceRow>(&r1, &r2, "preference_rates");
+    same_table::<HeldoutRow>(&r1, &r2, "heldout_losses");
+    same_table::<GapRow>(&r1, &r2, "teacher_gaps");
+    same_table::<StepRow>(&r1, &r2, "steps");
+    same_table::<AdvantageRow>(&r1, &r2, "advantages");
+    same_table::<ResponseRow>(&r1, &r2, "responses");
+    same_table::<StageCountRow>(&r1, &r2, "stage_counts");
+    let ck = read_table::<CheckpointRow>(&r1, "checkpoint_metrics").unwrap();
+    assert!(ck.iter().all(|c| c.score.is_finite() && c.heldout_loss.is_some_and(f64::is_finite)), "{ck:?}");
+
+    // The arms differ exactly where the file says.
+    let cfg = AblationConfig::load(&config).unwrap();
+    let resolved = cfg.resolve(&one.join("work/lake")).unwrap();
+    let by: HashMap<&str, _> = resolved.iter().map(|a| (a.name.as_str(), a)).collect();
+    let diff = |a: &str, b: &str| config_diff(&by[a].pipeline, &by[b].pipeline);
+    assert_eq!(diff("binary", "opd"), vec!["method"]);
+    assert_eq!(diff("binary", "combined"), vec!["method"]);
+    assert_eq!(diff("opd", "opd-topk"), vec!["teacher.top_k", "trainer.opd_loss"]);
+    assert_eq!(diff("combined", "combined.w_opd=0.5"), vec!["trainer.w_opd"]);
+    let arms = read_table::<ArmRow>(&r1, "arms").unwrap();
+    assert_eq!(arms.len(), 5);
+    let row: HashMap<&str, &ArmRow> = arms.iter().map(|a| (a.arm.as_str(), a)).collect();
+    for a in &arms {
+        assert_eq!((a.seed, a.batch_size, a.lr, a.lora), (42, 2, 1e-3, true), "{}", a.arm);
+        assert_eq!(a.initial_weights, model.display().to_string());
+        assert_eq!(a.config_hash, by[a.arm.as_str()].config_hash);
+        assert!(!a.sample_ids.is_empty() && a.sample_ids.len() <= 4, "{}: {} samples", a.arm, a.sample_ids.len());
+    }
+    // A trainer-only difference trains on the very same samples, in the same order.
+    assert_eq!(row["combined"].data_pipeline, row["combined.w_opd=0.5"].data_pipeline);
+    assert_eq!(row["combined"].sample_ids, row["combined.w_opd=0.5"].sample_ids);
+    assert_ne!(row["combined"].config_hash, row["combined.w_opd=0.5"].config_hash);
+    assert_ne!(row["opd"].data_pipeline, row["opd-topk"].data_pipeline);
+    assert_eq!(row["opd"].interaction_ids, row["opd-topk"].interaction_ids, "same hints, same turns");
+    assert!(row["binary"].sample_types.iter().all(|t| t == "binary"));
+    assert!(row["opd"].sample_types.iter().all(|t| t == "opd"));
+    // Every arm's samples follow the one interaction order (event time), none from the held-out session.
+    let lake = Lake::open(one.join("work/lake")).unwrap();
+    let mut inter = lake.read_table::<Interaction>().unwrap();
+    inter.sort_by(|a, b| (a.event_time, &a.session_id, a.turn_index).cmp(&(b.event_time, &b.session_id, b.turn_index)));
+    let mut first: BTreeMap<&str, i64> = BTreeMap::new();
+    for i in &inter {
+        let e = first.entry(i.session_id.as_str()).or_insert(i.event_time);
+        *e = (*e).min(i.event_time);
+    }
+    let last_session = first.iter().max_by_key(|(s, t)| (**t, s.to_string())).map(|(s, _)| s.to_string()).unwrap();
+    let held: Vec<&str> = inter.iter().filter(|i| i.session_id == last_session).map(|i| i.interaction_id.as_str()).collect();
+    let pos: HashMap<&str, usize> = inter.iter().enumerate().map(|(k, i)| (i.interaction_id.as_str(), k)).collect();
+    for a in &arms {
+        let p: Vec<usize> = a.interaction_ids.iter().map(|i| pos[i.as_str()]).collect();
+        assert!(p.windows(2).all(|w| w[0] <= w[1]), "{} trains out of order: {p:?}", a.arm);
+        assert!(a.interaction_ids.iter().all(|i| !held.contains(&i.as_str())), "{} trains on a held-out session", a.arm);
+        // The checkpoints' lineage is that order.
+        let run = one.join("work/arms").join(&a.arm).join("checkpoints").join(&a.arm);
+        let trained: Vec<String> = nextstate::trainer::scan(&run).unwrap().complete.into_iter().flat_map(|(_, m)| m.lineage).map(|l| l.sample_id).collect();
+        assert_eq!(trained, a.sample_ids, "{}", a.arm);
+    }
+    // Every version of every arm was evaluated; v0 is shared.
+    let v0: Vec<f64> = ck.iter().filter(|c| c.version == 0).map(|c| c.score).collect();
+    assert_eq!(v0.len(), 5);
+    assert!(v0.windows(2).all(|w| w[0] == w[1]));
+    let mut versions: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for c in &ck {
+        versions.entry(c.arm.as_str()).or_default().push(c.version);
+    }
+    for (arm, v) in versions {
+        assert_eq!(v, (0..=row[arm].steps).collect::<Vec<_>>(), "{arm}");
+    }
+    // The second hinted data pipeline took its teacher rows from the cache (same hints as opd's).
+    let counts = read_table::<StageCountRow>(&r1, "stage_counts").unwrap();
+    let hits: i64 = counts.iter().filter(|c| c.data_pipeline == row["combined"].data_pipeline && c.outcome == "teacher_cache_hit").map(|c| c.count).sum();
+    assert!(hits > 0, "{counts:?}");
+    // The report and plots.
+    let md = std::fs::read_to_string(one.join("report.md")).unwrap();
+    for a in &arms {
+        assert!(md.contains(&format!("### {}", a.arm)), "report lacks arm {}", a.arm);
+    }
+    for f in ["score_vs_interactions.png", "train_loss.png", "advantages_binary.png"] {
+        assert!(one.join(f).is_file(), "{f} missing");
+    }
+    assert_eq!(std::fs::read_to_string(one.join(".gitignore")).unwrap().lines().last(), Some("work/"));
+}
