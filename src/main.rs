@@ -28,6 +28,10 @@ struct DataArgs {
     /// Prefix of every topic name.
     #[arg(long, env = "NEXTSTATE_TOPIC_PREFIX")]
     topic_prefix: Option<String>,
+    /// Static consumer-group membership: a stable name of this process, unique among those sharing
+    /// its groups; a restarted process then takes over its partitions at once ([bus] group_instance_id).
+    #[arg(long, env = "NEXTSTATE_GROUP_INSTANCE_ID")]
+    group_instance_id: Option<String>,
 }
 
 impl DataArgs {
@@ -40,6 +44,9 @@ impl DataArgs {
         }
         if let Some(p) = &self.topic_prefix {
             cfg.bus.topic_prefix = p.clone();
+        }
+        if let Some(g) = &self.group_instance_id {
+            cfg.bus.group_instance_id = Some(g.clone());
         }
     }
 }

@@ -49,6 +49,14 @@ pub struct BusConfig {
     /// it is also the time a broker may wait for a dead member during a rebalance. The embedded
     /// cluster (one process) uses 24 h.
     pub max_poll_interval_ms: u32,
+    /// Static group membership (Kafka KIP-345): a stable name of this process, unique among the
+    /// processes that share its consumer groups (e.g. `sinks-0`). Each consumer then joins as
+    /// `group.instance.id = <this>.<group>`, so a process restarted after a crash takes over its old
+    /// member and partitions at once instead of waiting for the broker to expire the dead member
+    /// (`session_timeout_ms` on Kafka; some Kafka-protocol brokers, such as noida-db 0.2.3, never
+    /// expire a killed member, and its group then never rebalances). None (default): dynamic
+    /// membership. Ignored by the embedded cluster.
+    pub group_instance_id: Option<String>,
 }
 
 impl Default for BusConfig {
@@ -61,6 +69,7 @@ impl Default for BusConfig {
             session_timeout_ms: 6000,
             max_message_bytes: 64 << 20,
             max_poll_interval_ms: 300_000,
+            group_instance_id: None,
         }
     }
 }
@@ -289,8 +298,11 @@ impl Bus {
     pub fn consumer(&self, group: &str, topics: &[String]) -> Result<(StreamConsumer<BusContext>, RebalanceFlag)> {
         let flag = RebalanceFlag::default();
         let ctx = BusContext { flag: flag.clone() };
-        let c: StreamConsumer<BusContext> = self
-            .base_config()
+        let mut cfg = self.base_config();
+        if let (Some(id), None) = (&self.cfg.group_instance_id, &self.mock) {
+            cfg.set("group.instance.id", format!("{id}.{group}"));
+        }
+        let c: StreamConsumer<BusContext> = cfg
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
