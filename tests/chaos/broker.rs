@@ -1,0 +1,1 @@
+//! Broker stopped and restarted mid-run.

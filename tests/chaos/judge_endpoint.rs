@@ -1,0 +1,1 @@
+//! A judge endpoint that fails, hangs and returns garbage.
