@@ -47,9 +47,9 @@ fn table<T: Table>(lake: &Lake, checked: &mut Checked) -> Vec<T> {
     rows
 }
 
-/// Checks the lake of a binary-method pipeline named `pipeline` (and, with `checkpoints`, the
-/// trainer's run folder) against `e`.
-pub fn check(lake_dir: &Path, pipeline: &str, e: &Expected, checkpoints: Option<&Path>) -> Checked {
+/// Checks the lake of a binary-method pipeline named `pipeline` against `e`: up to the judgments, then
+/// with `samples` the teacher's output, and with `checkpoints` the trainer's run folder.
+pub fn check(lake_dir: &Path, pipeline: &str, e: &Expected, samples: bool, checkpoints: Option<&Path>) -> Checked {
     let lake = Lake::open(lake_dir).expect("open lake");
     let mut c = Checked::default();
 
@@ -80,6 +80,9 @@ pub fn check(lake_dir: &Path, pipeline: &str, e: &Expected, checkpoints: Option<
     let accounted: BTreeSet<String> = judged.union(&judge_dead).cloned().collect();
     assert_eq!(accounted, want, "judgments: each signal with a next state is judged or dead-lettered");
 
+    if !samples {
+        return c;
+    }
     let samples: Vec<Sample> = table(&lake, &mut c);
     let samples: Vec<Sample> = samples.into_iter().filter(|s| s.pipeline == pipeline).collect();
     let sampled: BTreeSet<String> = samples.iter().map(|s| s.interaction_id.clone()).collect();

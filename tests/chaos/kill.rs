@@ -114,7 +114,7 @@ async fn every_process_killed_at_random_points_keeps_each_record_exactly_once() 
         sup.run_until_idle(n, Duration::from_secs(240));
     }
 
-    let c = check::check(&lake, PIPELINE, &expected, Some(&ckpt));
+    let c = check::check(&lake, PIPELINE, &expected, true, Some(&ckpt));
     let kills = sup.kills();
     assert!(kills as usize >= rounds.min(names.len()), "too few kills hit a running process: {}", sup.summary());
     eprintln!(
