@@ -411,15 +411,25 @@ impl BusProducer {
     /// Sends raw bytes to `topic` (full name) with `key`.
     ///
     /// # Errors
-    /// [`Error::Kafka`] when delivery fails.
+    /// [`Error::RecordTooLarge`] when the payload is over the embedded bus's record limit
+    /// ([`flow::EMBEDDED_MAX_RECORD_BYTES`]) or the producer or broker refuses its size;
+    /// [`Error::Kafka`] when delivery fails otherwise.
     pub async fn send_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64)> {
         let bytes = payload.len() as u64;
+        let too_large = |limit: u64| Error::RecordTooLarge { topic: topic.to_string(), bytes, limit };
+        if self.bus.flow.is_some() && bytes > flow::EMBEDDED_MAX_RECORD_BYTES {
+            return Err(too_large(flow::EMBEDDED_MAX_RECORD_BYTES));
+        }
         if let Some(f) = &self.bus.flow {
             f.wait_room(topic, bytes).await;
             f.sending(topic, bytes);
         }
         let rec = FutureRecord::to(topic).key(key).payload(payload);
-        let r = self.inner.send(rec, self.queue_timeout).await.map_err(|(e, _)| Error::Kafka(e));
+        let r = self.inner.send(rec, self.queue_timeout).await.map_err(|(e, _)| match e.rdkafka_error_code() {
+            // Refused by the producer's `message.max.bytes` or by the broker's limit.
+            Some(RDKafkaErrorCode::MessageSizeTooLarge) => too_large(self.bus.cfg.max_message_bytes as u64),
+            _ => Error::Kafka(e),
+        });
         if let Some(f) = &self.bus.flow {
             f.sent(topic, bytes, r.as_ref().ok().map(|d| (d.partition, d.offset)));
         }
