@@ -86,6 +86,18 @@ pub enum Error {
         /// Index in the response.
         position: usize,
     },
+    /// A record larger than the bus carries: the embedded cluster's per-record limit
+    /// ([`crate::bus::flow::EMBEDDED_MAX_RECORD_BYTES`]), the producer's `message.max.bytes` or the
+    /// broker's limit. Callers dead-letter the record instead of failing.
+    #[error("a record of {bytes} bytes for topic {topic} is over the bus's record limit of {limit} bytes")]
+    RecordTooLarge {
+        /// Full topic name.
+        topic: String,
+        /// Payload size, bytes.
+        bytes: u64,
+        /// The limit that refused it, bytes.
+        limit: u64,
+    },
     /// The process was asked to stop.
     #[error("cancelled")]
     Cancelled,
@@ -103,7 +115,8 @@ impl Error {
             | Error::InvalidInput(_)
             | Error::Json(_)
             | Error::LogprobLenMismatch { .. }
-            | Error::NonFinite { .. } => Domain::User,
+            | Error::NonFinite { .. }
+            | Error::RecordTooLarge { .. } => Domain::User,
             _ => Domain::Internal,
         }
     }

@@ -28,10 +28,10 @@ struct DataArgs {
     /// Prefix of every topic name.
     #[arg(long, env = "NEXTSTATE_TOPIC_PREFIX")]
     topic_prefix: Option<String>,
-    /// Static consumer-group membership id of this process (a restarted process with the same id gets
-    /// its partitions back at once). Unique per process of a group.
-    #[arg(long, env = "NEXTSTATE_INSTANCE_ID")]
-    instance_id: Option<String>,
+    /// Static consumer-group membership: a stable name of this process, unique among those sharing
+    /// its groups; a restarted process then takes over its partitions at once ([bus] group_instance_id).
+    #[arg(long, env = "NEXTSTATE_GROUP_INSTANCE_ID")]
+    group_instance_id: Option<String>,
 }
 
 impl DataArgs {
@@ -45,8 +45,8 @@ impl DataArgs {
         if let Some(p) = &self.topic_prefix {
             cfg.bus.topic_prefix = p.clone();
         }
-        if let Some(i) = &self.instance_id {
-            cfg.bus.instance_id = Some(i.clone());
+        if let Some(g) = &self.group_instance_id {
+            cfg.bus.group_instance_id = Some(g.clone());
         }
     }
 }
@@ -340,8 +340,8 @@ fn main() -> Result<()> {
                 let opts = nextstate::stages::train::TrainOptions { source, resume, run_id, checkpoints_dir: checkpoints, max_steps };
                 let r = nextstate::stages::train::train_command(&cfg, &opts, until_idle, stop).await.context("training failed")?;
                 println!(
-                    "train: steps={} samples_trained={} skipped_already_trained={} skipped_other_pipeline={} dropped={:?} resumed_from={:?} last_loss={:?}",
-                    r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_other_pipeline, r.dropped, r.resumed_from, r.last_loss
+                    "train: steps={} samples_trained={} skipped_already_trained={} skipped_duplicates={} skipped_other_pipeline={} dropped={:?} resumed_from={:?} last_loss={:?}",
+                    r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_duplicates, r.skipped_other_pipeline, r.dropped, r.resumed_from, r.last_loss
                 );
                 for (v, p) in &r.checkpoints {
                     println!("checkpoint v{v}: {p}");

@@ -152,7 +152,7 @@ async fn a_crashed_member_does_not_stall_its_group() {
             topic_prefix: prefix.clone(),
             partitions: 2,
             max_poll_interval_ms: 10_000,
-            instance_id: instance.clone(),
+            group_instance_id: instance.clone(),
             ..Default::default()
         })
         .await
@@ -175,4 +175,40 @@ async fn a_crashed_member_does_not_stall_its_group() {
         eprintln!("membership {:?}: new member assigned after {:.1} s", instance, t1.elapsed().as_secs_f64());
         assert!(!b.assigned().is_empty(), "membership {instance:?}: the group stalled after a crash");
     }
+}
+
+/// The embedded (mock) cluster keeps at most 5 MiB per partition, and an append that has to evict
+/// every older message set also makes the new one unreadable (librdkafka's mock sets the log start
+/// past it). Records of up to the embedded record limit, sent one after another to one partition,
+/// are all read; a larger record is refused with `RecordTooLarge` instead of being lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_bus_delivers_every_record_up_to_its_limit_and_refuses_larger_ones() {
+    use nextstate::bus::flow::EMBEDDED_MAX_RECORD_BYTES;
+    let bus = Bus::connect(BusConfig { partitions: 1, ..Default::default() }).await.unwrap();
+    assert!(bus.is_embedded());
+    bus.ensure_topics(&["dead_letters"]).await.unwrap();
+    let topic = bus.topic("dead_letters");
+    bus.expect_consumer("g", "dead_letters");
+    let mut input = InputLoop::new(&bus, "g", &topic).unwrap();
+    let p = bus.producer().unwrap();
+    let near = EMBEDDED_MAX_RECORD_BYTES as usize - 1024;
+    let sizes = [10, near, 1000, near, near, 10, near];
+    let mut read = vec![];
+    for (i, n) in sizes.iter().enumerate() {
+        let payload = vec![b'x'; *n];
+        let (_, offset) = p.send_raw(&topic, &format!("k{i}"), &payload).await.unwrap();
+        assert_eq!(offset, i as i64);
+        let got = drain(&mut input, 1, Duration::from_secs(20)).await;
+        assert_eq!(got.len(), 1, "record {i} of {n} bytes was not delivered");
+        read.push((got[0].offset, got[0].payload.len()));
+    }
+    assert_eq!(read, sizes.iter().enumerate().map(|(i, n)| (i as i64, *n)).collect::<Vec<_>>());
+    let huge = vec![b'x'; 6 << 20];
+    match p.send_raw(&topic, "huge", &huge).await {
+        Err(nextstate::Error::RecordTooLarge { bytes, limit, .. }) => assert_eq!((bytes, limit), (6 << 20, EMBEDDED_MAX_RECORD_BYTES)),
+        other => panic!("a 6 MiB record on the embedded bus: {other:?}"),
+    }
+    // The bus still works after the refusal.
+    p.send_raw(&topic, "after", b"ok").await.unwrap();
+    assert_eq!(drain(&mut input, 1, Duration::from_secs(20)).await.len(), 1);
 }

@@ -48,7 +48,7 @@ fn ingest_pair_and_query_the_real_logs_through_the_broker() {
         "reason_code,n\nnull_history,22\n"
     );
 
-    let mut args = vec!["run", "--pipeline", "pipelines/combined.toml", "--only", "signals,sinks", "--until-idle", "--instance-id", "cli-1"];
+    let mut args = vec!["run", "--pipeline", "pipelines/combined.toml", "--only", "signals,sinks", "--until-idle", "--group-instance-id", "cli-1"];
     args.extend(data);
     let (ok, _out, err) = common::run_bin(&args);
     assert!(ok, "run failed: {err}");

@@ -1,10 +1,18 @@
 //! Kafka → Parquet exactly-once: the lake sinks (`nextstate run --only sinks`) are killed with SIGKILL
 //! repeatedly while records stream in through the real broker; afterwards every record is in the lake
 //! exactly once (counted by key with SQL).
+//!
+//! Bounded: a SIGKILL leaves the process's consumer-group members behind. Kafka expires them after
+//! `session.timeout.ms`; noida-db 0.2.3 never does (it keeps electing the dead member as the group
+//! leader, so the group never gets an assignment again — the hang this test used to show). The sink
+//! processes therefore use static membership (`--group-instance-id`, Kafka KIP-345): the restarted
+//! process takes over its dead member at once. `[bus] max_poll_interval_ms` is 10 s (the rebalance
+//! timeout). Every process is waited for with a deadline and killed when the test ends.
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use common::Proc;
 
 use nextstate::bus::{Bus, BusConfig};
 use nextstate::lake::Lake;
@@ -50,14 +58,13 @@ fn interaction(i: usize) -> Interaction {
     }
 }
 
-fn spawn_sinks(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, until_idle: bool) -> Child {
-    let mut c = Command::new(common::bin());
-    c.args(["run", "--only", "sinks", "--pipeline"]).arg(pipeline);
-    c.args(["--brokers", brokers, "--topic-prefix", prefix, "--instance-id", "sinks-1", "--lake"]).arg(lake);
+fn spawn_sinks(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, until_idle: bool, log: &std::path::Path) -> Proc {
+    let mut a = common::args(&["run", "--only", "sinks", "--group-instance-id", "sinks-0", "--pipeline", &pipeline.display().to_string()]);
+    a.extend(common::args(&["--brokers", brokers, "--topic-prefix", prefix, "--lake", &lake.display().to_string()]));
     if until_idle {
-        c.arg("--until-idle");
+        a.push("--until-idle".into());
     }
-    c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn nextstate run")
+    Proc::spawn("sinks", &a, log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,6 +76,7 @@ async fn sinks_killed_repeatedly_lose_nothing_and_duplicate_nothing() {
     let lake_dir = dir.path().join("lake");
     let pipeline = dir.path().join("p.toml");
     std::fs::write(&pipeline, "name = \"eo\"\nmethod = \"combined\"\n[bus]\npartitions = 3\nmax_poll_interval_ms = 10000\n[sink]\nroll_ms = 250\nbatch = 200\n").unwrap();
+    let log = dir.path().join("sinks.log");
 
     let bus = Bus::connect(BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 3, ..Default::default() }).await.unwrap();
     bus.ensure_topics(&["interactions", "signals", "judgments", "hints", "teacher_logprobs", "samples", "dead_letters"]).await.unwrap();
@@ -90,15 +98,14 @@ async fn sinks_killed_repeatedly_lose_nothing_and_duplicate_nothing() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let rounds = 5;
     for _ in 0..rounds {
-        let mut child = spawn_sinks(&pipeline, &brokers, &prefix, &lake_dir, false);
+        let mut child = spawn_sinks(&pipeline, &brokers, &prefix, &lake_dir, false, &log);
         tokio::time::sleep(Duration::from_millis(rng.gen_range(2_000..9_000))).await;
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        child.kill(); // SIGKILL
     }
-    feeder.await.unwrap();
-    let mut last = spawn_sinks(&pipeline, &brokers, &prefix, &lake_dir, true);
-    let status = tokio::task::spawn_blocking(move || last.wait().unwrap()).await.unwrap();
-    assert!(status.success());
+    tokio::time::timeout(Duration::from_secs(120), feeder).await.expect("feeder finished within 120 s").unwrap();
+    let mut last = spawn_sinks(&pipeline, &brokers, &prefix, &lake_dir, true, &log);
+    let (status, last) = tokio::task::spawn_blocking(move || (last.wait_for(Duration::from_secs(150)), last)).await.unwrap();
+    assert!(status.is_some_and(|s| s.success()), "the until-idle sinks did not finish within 150 s: {status:?}\n{}", last.log_tail(200));
 
     let lake = Lake::open(&lake_dir).unwrap();
     let total = nextstate::sql::scalar_i64(&lake, "SELECT count(*) FROM interactions").await.unwrap();

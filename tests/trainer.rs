@@ -169,7 +169,7 @@ fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &s
         .arg(lake)
         .arg("--checkpoints")
         .arg(ck)
-        .args(["--instance-id", "trainer-1"])
+        .args(["--group-instance-id", "trainer-1"])
         .args(extra)
         .env("OMP_NUM_THREADS", "1")
         .stdout(Stdio::null())

@@ -16,6 +16,15 @@ use std::time::Duration;
 /// overhead and for sends already in flight).
 pub const EMBEDDED_BACKLOG_LIMIT: u64 = 2 << 20;
 
+/// Largest record the embedded bus carries, bytes (2 MiB). The mock cluster evicts the oldest message
+/// sets of a partition once it holds more than 5 MiB, and when an append has to evict *every* older
+/// message set it moves the partition's start offset past the new one too (`rdkafka_mock.c`,
+/// `rd_kafka_mock_msgset_destroy` on the last message set): the new record is lost to consumers.
+/// With records and the unread backlog ([`EMBEDDED_BACKLOG_LIMIT`]) both at most 2 MiB, an append
+/// never needs more than 5 MiB, so eviction stops at already-read message sets and always keeps one.
+/// Larger records are refused with [`crate::Error::RecordTooLarge`] (use a real cluster for them).
+pub const EMBEDDED_MAX_RECORD_BYTES: u64 = 2 << 20;
+
 #[derive(Default)]
 struct PartLog {
     /// (offset, cumulative payload bytes up to and including this offset), ascending.
@@ -115,6 +124,7 @@ impl Flow {
         if let Some(f) = st.inflight.get_mut(topic) {
             *f = f.saturating_sub(bytes);
         }
+        tracing::debug!(topic, bytes, ?at, "flow: sent");
         if let Some((p, o)) = at {
             let log = st.parts.entry((topic.to_string(), p)).or_default();
             log.head += bytes;
@@ -147,6 +157,7 @@ impl Flow {
         loop {
             let b = self.backlog(topic);
             if b == 0 || b + bytes <= self.limit {
+                tracing::debug!(topic, backlog = b, bytes, "flow: send");
                 return;
             }
             let _ = tokio::time::timeout(Duration::from_millis(50), self.notify.notified()).await;

@@ -45,15 +45,18 @@ pub struct BusConfig {
     pub session_timeout_ms: u32,
     /// Producer message size limit in bytes (`message.max.bytes`).
     pub max_message_bytes: u32,
-    /// Static group membership (KIP-345): consumers set `group.instance.id = <instance_id>.<group>`, so a
-    /// restarted process with the same id takes its partitions back at once instead of waiting for the
-    /// broker to expire the dead member. Give every process of a group its own id (e.g. the host name
-    /// plus a slot number). None: dynamic membership.
-    pub instance_id: Option<String>,
     /// Consumer `max.poll.interval.ms`: a member that does not poll for this long leaves its group;
     /// it is also the time a broker may wait for a dead member during a rebalance. The embedded
     /// cluster (one process) uses 24 h.
     pub max_poll_interval_ms: u32,
+    /// Static group membership (Kafka KIP-345): a stable name of this process, unique among the
+    /// processes that share its consumer groups (e.g. `sinks-0`). Each consumer then joins as
+    /// `group.instance.id = <this>.<group>`, so a process restarted after a crash takes over its old
+    /// member and partitions at once instead of waiting for the broker to expire the dead member
+    /// (`session_timeout_ms` on Kafka; some Kafka-protocol brokers, such as noida-db 0.2.3, never
+    /// expire a killed member, and its group then never rebalances). None (default): dynamic
+    /// membership. Ignored by the embedded cluster.
+    pub group_instance_id: Option<String>,
 }
 
 impl Default for BusConfig {
@@ -66,7 +69,7 @@ impl Default for BusConfig {
             session_timeout_ms: 6000,
             max_message_bytes: 64 << 20,
             max_poll_interval_ms: 300_000,
-            instance_id: None,
+            group_instance_id: None,
         }
     }
 }
@@ -296,7 +299,7 @@ impl Bus {
         let flag = RebalanceFlag::default();
         let ctx = BusContext { flag: flag.clone() };
         let mut cfg = self.base_config();
-        if let Some(id) = &self.cfg.instance_id {
+        if let (Some(id), None) = (&self.cfg.group_instance_id, &self.mock) {
             cfg.set("group.instance.id", format!("{id}.{group}"));
         }
         let c: StreamConsumer<BusContext> = cfg
@@ -408,15 +411,25 @@ impl BusProducer {
     /// Sends raw bytes to `topic` (full name) with `key`.
     ///
     /// # Errors
-    /// [`Error::Kafka`] when delivery fails.
+    /// [`Error::RecordTooLarge`] when the payload is over the embedded bus's record limit
+    /// ([`flow::EMBEDDED_MAX_RECORD_BYTES`]) or the producer or broker refuses its size;
+    /// [`Error::Kafka`] when delivery fails otherwise.
     pub async fn send_raw(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64)> {
         let bytes = payload.len() as u64;
+        let too_large = |limit: u64| Error::RecordTooLarge { topic: topic.to_string(), bytes, limit };
+        if self.bus.flow.is_some() && bytes > flow::EMBEDDED_MAX_RECORD_BYTES {
+            return Err(too_large(flow::EMBEDDED_MAX_RECORD_BYTES));
+        }
         if let Some(f) = &self.bus.flow {
             f.wait_room(topic, bytes).await;
             f.sending(topic, bytes);
         }
         let rec = FutureRecord::to(topic).key(key).payload(payload);
-        let r = self.inner.send(rec, self.queue_timeout).await.map_err(|(e, _)| Error::Kafka(e));
+        let r = self.inner.send(rec, self.queue_timeout).await.map_err(|(e, _)| match e.rdkafka_error_code() {
+            // Refused by the producer's `message.max.bytes` or by the broker's limit.
+            Some(RDKafkaErrorCode::MessageSizeTooLarge) => too_large(self.bus.cfg.max_message_bytes as u64),
+            _ => Error::Kafka(e),
+        });
         if let Some(f) = &self.bus.flow {
             f.sent(topic, bytes, r.as_ref().ok().map(|d| (d.partition, d.offset)));
         }

@@ -10,7 +10,10 @@ use super::*;
 pub struct DeadLetter {
     /// Schema version.
     pub schema_version: i32,
-    /// Key: hash of stage, source position and payload.
+    /// Key: for a keyed input (`input_key` set), hash of stage, reason code and input key, so the same
+    /// record rejected again for the same reason — another copy of it after an upstream stage re-sent
+    /// it (at-least-once) — is the same row; otherwise hash of stage, source position, reason code and
+    /// payload.
     pub dead_letter_id: String,
     /// Stage that rejected the record (`ingest`, `signals`, `judge`, `proxy`, `sink`, ...).
     pub stage: String,
@@ -76,9 +79,13 @@ impl DeadLetter {
             created_time: now_ms(),
         }
     }
-    /// Sets the session id and input key.
+    /// Sets the session id and input key; with an input key the id becomes the hash of stage, reason
+    /// code and input key (see [`DeadLetter::dead_letter_id`]).
     pub fn with_keys(mut self, session_id: &str, input_key: Option<&str>) -> DeadLetter {
         self.session_id = session_id.to_string();
+        if let Some(k) = input_key {
+            self.dead_letter_id = content_hash(&[b"input", self.stage.as_bytes(), self.reason_code.as_bytes(), k.as_bytes()]);
+        }
         self.input_key = input_key.map(str::to_string);
         self
     }
@@ -93,7 +100,7 @@ impl Table for DeadLetter {
     fn fields() -> Vec<Field> {
         let mut f = vec![
             schema_version_field(),
-            utf8("dead_letter_id", false, "Hash of stage, source position, reason code and payload."),
+            utf8("dead_letter_id", false, "Hash of stage, reason code and input key when the input is keyed (one row per rejected record, whatever copy of it was read); else of stage, source position, reason code and payload."),
             utf8("stage", false, "Stage that rejected the record."),
             utf8("reason_code", false, "Machine-readable reason code."),
             utf8("reason", false, "Human-readable reason."),
@@ -113,5 +120,35 @@ impl Table for DeadLetter {
     }
     fn event_time_ms(&self) -> i64 {
         self.created_time
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offset: i64) -> Lineage {
+        Lineage { source_topic: Some("judgments".into()), source_partition: Some(0), source_offset: Some(offset), ..Default::default() }
+    }
+
+    #[test]
+    fn a_keyed_input_rejected_again_is_the_same_dead_letter() {
+        // The judge re-sent a judgment after a crash (a second copy at another offset, with a newer
+        // processing time in the payload): the teacher rejects the same turn for the same reason.
+        let a = DeadLetter::new("teacher", "too_long", "900 tokens", b"{\"t\":1}", at(3)).with_keys("s", Some("i1"));
+        let b = DeadLetter::new("teacher", "too_long", "900 tokens", b"{\"t\":2}", at(9)).with_keys("s", Some("i1"));
+        assert_eq!(a.dead_letter_id, b.dead_letter_id);
+        assert_eq!(a.dead_letter_id, content_hash(&[b"input", b"teacher", b"too_long", b"i1"]));
+        // Another reason, stage or turn is another dead letter.
+        let c = DeadLetter::new("teacher", "tokenization", "x", b"{}", at(3)).with_keys("s", Some("i1"));
+        let d = DeadLetter::new("judge", "too_long", "x", b"{}", at(3)).with_keys("s", Some("i1"));
+        let e = DeadLetter::new("teacher", "too_long", "x", b"{}", at(3)).with_keys("s", Some("i2"));
+        for x in [&c, &d, &e] {
+            assert_ne!(x.dead_letter_id, a.dead_letter_id);
+        }
+        // Unkeyed records (a malformed payload) keep the position-and-payload identity.
+        let f = DeadLetter::new("sink", "malformed_record", "x", b"{", at(3)).with_keys("s", None);
+        let g = DeadLetter::new("sink", "malformed_record", "x", b"{", at(4)).with_keys("s", None);
+        assert_ne!(f.dead_letter_id, g.dead_letter_id);
     }
 }

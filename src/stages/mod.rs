@@ -80,12 +80,26 @@ impl Output {
     pub fn new(producer: BusProducer, stage: &'static str) -> Output {
         Output { producer, stage }
     }
-    /// Sends a row of table `T` with its carry; waits for the broker's acknowledgement.
+    /// Sends a row of table `T` with its carry; waits for the broker's acknowledgement. A record the bus
+    /// refuses for its size (with its carry, a turn's record is about twice the turn) becomes a dead
+    /// letter of this stage instead (reason `record_too_large`, keyed by the row's key, with the first
+    /// [`source::TOO_LARGE_PAYLOAD_BYTES`] of the row), so one huge turn never stops a stage.
     ///
     /// # Errors
     /// [`crate::Error::Kafka`] when delivery fails.
     pub async fn emit<T: Table>(&self, row: &T, carry: Option<&Carry>) -> Result<()> {
-        self.producer.send(row, carry).await.map(|_| ())
+        match self.producer.send(row, carry).await {
+            Ok(_) => Ok(()),
+            Err(e @ crate::Error::RecordTooLarge { .. }) if T::NAME != DeadLetter::NAME => {
+                tracing::warn!(stage = self.stage, table = T::NAME, key = row.key(), error = %e, "record too large for the bus: dead-lettered");
+                let json = serde_json::to_vec(row)?;
+                let head = &json[..json.len().min(source::TOO_LARGE_PAYLOAD_BYTES)];
+                let d = DeadLetter::new(self.stage, source::TOO_LARGE, format!("{e} (payload: first {} bytes of the {} row)", head.len(), T::NAME), head, Lineage::default())
+                    .with_keys(row.session_id(), Some(row.key()));
+                self.producer.send(&d, None).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
     }
     /// Sends a dead letter (stage name filled in when empty).
     ///

@@ -132,12 +132,12 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
                 }
                 while inflight.len() >= 1000 {
                     if let Some(r) = inflight.next().await {
-                        r?;
+                        settle(r?, &mut report);
                     }
                 }
             }
             while let Some(r) = inflight.next().await {
-                r?;
+                settle(r?, &mut report);
             }
             let summary = reader.await.map_err(|e| Error::Internal(format!("reader thread: {e}")))??;
             eprintln!("{}: {}", file.display(), summary.line());
@@ -159,10 +159,48 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
     Ok(report)
 }
 
+/// What became of one send.
+enum Sent {
+    /// Delivered as is.
+    Delivered,
+    /// Over the bus's record limit: a `record_too_large` dead letter was sent instead.
+    TooLarge,
+}
+
+/// Counts a send that was turned into a dead letter.
+fn settle(sent: Sent, report: &mut IngestReport) {
+    if let Sent::TooLarge = sent {
+        report.interactions = report.interactions.saturating_sub(1);
+        *report.dead_letters.entry(TOO_LARGE.to_string()).or_default() += 1;
+    }
+}
+
+/// Reason code of a record the bus refused for its size.
+pub const TOO_LARGE: &str = "record_too_large";
+
+/// Payload kept in the dead letter of a record too large for the bus, bytes (well under any limit,
+/// even after JSON escaping).
+pub const TOO_LARGE_PAYLOAD_BYTES: usize = 256 << 10;
+
 /// A send of `row` to its table's topic as an owned future (so sends of different tables can share one
-/// window of in-flight futures).
-fn send_owned<T: crate::schema::Table>(p: &crate::bus::BusProducer, row: &T) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<(i32, i64)>> + Send>>> {
+/// window of in-flight futures). A row the bus refuses for its size becomes a dead letter (stage
+/// `ingest`, reason `record_too_large`, the first [`TOO_LARGE_PAYLOAD_BYTES`] of the record).
+fn send_owned<T: crate::schema::Table>(p: &crate::bus::BusProducer, row: &T) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<Sent>> + Send>>> {
     let payload = serde_json::to_vec(&crate::bus::Envelope { row, carry: None })?;
     let (p, topic, key) = (p.clone(), p.topic_of::<T>(), row.session_id().to_string());
-    Ok(Box::pin(async move { p.send_raw(&topic, &key, &payload).await }))
+    let is_dead_letter = T::NAME == <crate::schema::DeadLetter as crate::schema::Table>::NAME;
+    let row_key = row.key().to_string();
+    Ok(Box::pin(async move {
+        match p.send_raw(&topic, &key, &payload).await {
+            Ok(_) => Ok(Sent::Delivered),
+            Err(e @ Error::RecordTooLarge { .. }) if !is_dead_letter => {
+                let head = &payload[..payload.len().min(TOO_LARGE_PAYLOAD_BYTES)];
+                let d = crate::schema::DeadLetter::new("ingest", TOO_LARGE, format!("{e} (payload: first {} bytes)", head.len()), head, crate::schema::Lineage::default())
+                    .with_keys(&key, Some(&row_key));
+                p.send(&d, None).await?;
+                Ok(Sent::TooLarge)
+            }
+            Err(e) => Err(e),
+        }
+    }))
 }

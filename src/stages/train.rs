@@ -3,7 +3,9 @@
 //!
 //! Exactly-once into the trainer: the `samples` offsets are committed only together with a checkpoint
 //! (after its files are durable and its row is published), and a restarted trainer (`--resume`) starts
-//! from the newest complete checkpoint and skips every sample id that checkpoint's ancestry consumed. A
+//! from the newest complete checkpoint and skips every sample id that checkpoint's ancestry consumed.
+//! The topic itself is at-least-once (a stage killed between sending and committing sends again), so a
+//! sample id already taken in this run is skipped too (counted as `skipped_duplicates`). A
 //! sample trained after the last checkpoint is re-read after a crash and trained again from the
 //! checkpointed weights — once, as far as any published checkpoint is concerned.
 //!
@@ -61,6 +63,9 @@ pub struct TrainReport {
     pub skipped_already_trained: u64,
     /// Samples of other pipelines on the topic (not ours to train).
     pub skipped_other_pipeline: u64,
+    /// Samples skipped because the same sample id was already taken in this run (an upstream stage
+    /// that crashed between sending and committing sends it again: at-least-once delivery).
+    pub skipped_duplicates: u64,
     /// Samples dropped by the batch packer, by reason.
     pub dropped: BTreeMap<String, u64>,
     /// Checkpoints written: (version, folder).
@@ -228,9 +233,12 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
             let lake = crate::lake::Lake::open(&cfg.lake)?;
             let samples = query_samples(&lake, q).await?;
             let mut todo: Vec<Sample> = Vec::new();
+            let mut taken: HashSet<String> = HashSet::new();
             for s in samples {
                 if worker.consumed.contains(&s.sample_id) {
                     report.skipped_already_trained += 1;
+                } else if !taken.insert(s.sample_id.clone()) {
+                    report.skipped_duplicates += 1;
                 } else {
                     todo.push(s);
                 }
@@ -256,6 +264,9 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
             // (partition, offset) of samples buffered or trained since the last checkpoint
             let mut open: BTreeSet<(i32, i64)> = BTreeSet::new();
             let mut consumed_next: HashMap<i32, i64> = HashMap::new();
+            // Sample ids taken in this run: the topic is at-least-once (a stage that crashed between
+            // sending and committing sends again), so a sample id may arrive more than once.
+            let mut taken: HashSet<String> = HashSet::new();
             loop {
                 if ctl.stop.requested() || report.steps >= max_steps {
                     break;
@@ -277,6 +288,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                         }
                         Ok(env) if env.row.pipeline != cfg.name => report.skipped_other_pipeline += 1,
                         Ok(env) if worker.consumed.contains(&env.row.sample_id) => report.skipped_already_trained += 1,
+                        Ok(env) if !taken.insert(env.row.sample_id.clone()) => report.skipped_duplicates += 1,
                         Ok(env) => {
                             open.insert((m.partition, m.offset));
                             pending.push((env.row, m.partition, m.offset));

@@ -49,3 +49,84 @@ pub fn run_bin(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin()).args(args).env("OMP_NUM_THREADS", "1").output().expect("run nextstate");
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
+
+/// A child process of a test: its stdout and stderr go to `log`; it is killed (SIGKILL) when dropped,
+/// so a failing or timed-out test leaves no process behind.
+pub struct Proc {
+    /// The child.
+    pub child: std::process::Child,
+    /// Its log file (stdout and stderr).
+    pub log: PathBuf,
+    /// A name for messages.
+    pub name: String,
+}
+
+impl Proc {
+    /// Spawns the `nextstate` binary with `args` (OMP_NUM_THREADS=1), appending its output to `log`.
+    pub fn spawn(name: &str, args: &[String], log: &std::path::Path) -> Proc {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log");
+        let child = Command::new(bin())
+            .args(args)
+            .env("OMP_NUM_THREADS", "1")
+            .stdout(f.try_clone().expect("clone log"))
+            .stderr(f)
+            .spawn()
+            .expect("spawn nextstate");
+        Proc { child, log: log.to_path_buf(), name: name.to_string() }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM (a clean stop request).
+    pub fn term(&self) {
+        let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
+    }
+
+    /// Whether it has exited (reaps it), with its status.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `limit` for the process to exit; `None` when it is still running.
+    pub fn wait_for(&mut self, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(s) = self.exited() {
+                return Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            self.kill();
+        }
+    }
+}
+
+/// `args` as owned strings.
+pub fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}

@@ -347,11 +347,31 @@ fn send_one(producer: BusProducer, o: Outgoing, timeout: Duration) -> SendFut {
         // bus's flow-control wait.
         let r = match tokio::time::timeout(timeout * 2 + Duration::from_secs(1), producer.send_raw(&o.topic, &o.key, o.payload.get().as_bytes())).await {
             Ok(Ok(_)) => Ok(()),
+            // Too large for the bus: retrying (or spooling) can never succeed, so the turn becomes a
+            // dead letter; a refused dead letter is not retried either.
+            Ok(Err(e @ Error::RecordTooLarge { .. })) => too_large(&producer, &o, &e).await,
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Timeout((timeout * 2).as_secs_f64() + 1.0)),
         };
         (o, r)
     })
+}
+
+/// Sends the dead letter of an event the bus refused for its size (stage `proxy`, reason
+/// `record_too_large`, keyed by the event's interaction id, with the event's first bytes).
+async fn too_large(producer: &BusProducer, o: &Outgoing, e: &Error) -> Result<()> {
+    use crate::schema::{DeadLetter, Table as _};
+    if o.topic == producer.topic_of::<DeadLetter>() {
+        tracing::error!(error = %e, "proxy: dead letter too large for the bus: dropped");
+        return Ok(());
+    }
+    let payload = o.payload.get().as_bytes();
+    let head = &payload[..payload.len().min(crate::stages::source::TOO_LARGE_PAYLOAD_BYTES)];
+    let key = serde_json::from_str::<serde_json::Value>(o.payload.get()).ok().and_then(|v| v["row"]["interaction_id"].as_str().map(str::to_string));
+    tracing::warn!(error = %e, "proxy: event too large for the bus: dead-lettered");
+    let d = DeadLetter::new("proxy", crate::stages::source::TOO_LARGE, format!("{e} (payload: first {} bytes)", head.len()), head, crate::schema::Lineage::default())
+        .with_keys(&o.key, key.as_deref());
+    producer.send(&d, None).await.map(|_| ())
 }
 
 impl Worker {
