@@ -202,6 +202,7 @@ impl InputLoop {
                 Err(_) => break,
                 Ok(Err(e)) => {
                     tracing::warn!(topic = %self.topic, error = %e, "consumer error");
+                    self.check_fatal()?;
                     if out.is_empty() {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -243,8 +244,28 @@ impl InputLoop {
         for (p, o) in next {
             tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o))?;
         }
-        self.consumer.commit(&tpl, CommitMode::Sync)?;
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+            self.check_fatal()?;
+            return Err(e.into());
+        }
         Ok(())
+    }
+
+    /// Fails when the consumer hit a fatal error, after which it never delivers again: librdkafka
+    /// raises one when a static member (`group.instance.id`) is fenced by another process with the same
+    /// id, e.g. after this one exceeded `max.poll.interval.ms` and a restarted copy took its place. The
+    /// caller exits (and is restarted by its supervisor) instead of idling forever.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] (`MessageConsumptionFatal`) with the fatal error's code; the reason is logged.
+    pub fn check_fatal(&self) -> Result<()> {
+        match self.consumer.client().fatal_error() {
+            Some((code, reason)) => {
+                tracing::error!(topic = %self.topic, group = %self.group, %reason, "fatal consumer error: the consumer must be recreated");
+                Err(Error::Kafka(rdkafka::error::KafkaError::MessageConsumptionFatal(code)))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Milliseconds since the last record arrived.

@@ -16,7 +16,7 @@ method = "binary"
 stage_batch = 8
 [bus]
 partitions = 2
-max_poll_interval_ms = 10000
+max_poll_interval_ms = 60000
 [sink]
 roll_ms = 300
 batch = 200
@@ -111,7 +111,7 @@ async fn every_process_killed_at_random_points_keeps_each_record_exactly_once() 
         sup.run_until_idle("ingest", Duration::from_secs(120));
     }
     for n in ["signals", "judge", "teacher", "train", "sinks"] {
-        sup.run_until_idle(n, Duration::from_secs(240));
+        sup.run_until_idle(n, Duration::from_secs(420));
     }
 
     let c = check::check(&lake, PIPELINE, &expected, true, Some(&ckpt));
@@ -184,7 +184,7 @@ async fn trainer_trains_a_resent_sample_once() {
     }
     let ctl = nextstate::runtime::TaskCtl::new("train", true, nextstate::runtime::Stop::default());
     let opts = TrainOptions { source: TrainSource::Topic, resume: false, run_id: Some("dup".into()), checkpoints_dir: dir.path().to_path_buf(), max_steps: None };
-    let report = tokio::time::timeout(Duration::from_secs(180), run_train(&cfg, &opts, &bus, &ctl, None)).await.expect("trainer finished").unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(420), run_train(&cfg, &opts, &bus, &ctl, None)).await.expect("trainer finished").unwrap();
     assert_eq!((report.steps, report.samples_trained, report.skipped_duplicates), (2, 4, 1), "{report:?}");
     let scan = nextstate::trainer::scan(&dir.path().join("dup")).unwrap();
     let mut ids: Vec<String> = scan.complete.iter().flat_map(|(_, m)| m.lineage.iter().map(|l| l.sample_id.clone())).collect();
