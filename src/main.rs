@@ -163,7 +163,7 @@ enum Command {
         #[arg(long, default_value = "data/gsm8k_test.json")]
         gsm8k: PathBuf,
         /// Student turns answered by the agent before the students stop.
-        #[arg(long, default_value_t = 48)]
+        #[arg(long, default_value_t = 32)]
         interactions: usize,
         /// Students working at once.
         #[arg(long, default_value_t = 4)]
@@ -172,10 +172,10 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         max_turns: u32,
         /// Held-out problems the personalization score is measured on.
-        #[arg(long, default_value_t = 16)]
+        #[arg(long, default_value_t = 12)]
         eval_problems: usize,
         /// Response length limit, tokens.
-        #[arg(long, default_value_t = 160)]
+        #[arg(long, default_value_t = 128)]
         max_tokens: usize,
         /// Sampling temperature of the students' sessions (evaluation is greedy).
         #[arg(long, default_value_t = 0.6)]
