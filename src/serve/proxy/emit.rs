@@ -360,7 +360,7 @@ fn send_one(producer: BusProducer, o: Outgoing, timeout: Duration) -> SendFut {
 /// Sends the dead letter of an event the bus refused for its size (stage `proxy`, reason
 /// `record_too_large`, keyed by the event's interaction id, with the event's first bytes).
 async fn too_large(producer: &BusProducer, o: &Outgoing, e: &Error) -> Result<()> {
-    use crate::schema::{DeadLetter, Table as _};
+    use crate::schema::DeadLetter;
     if o.topic == producer.topic_of::<DeadLetter>() {
         tracing::error!(error = %e, "proxy: dead letter too large for the bus: dropped");
         return Ok(());
