@@ -1022,6 +1022,54 @@ mod tests {
     }
 
     #[test]
+    fn recorded_turns_are_kept_as_merged_ranges() {
+        let mut r = vec![];
+        for (turn, fresh, want) in [
+            (0, true, vec![(0, 1)]),
+            (1, true, vec![(0, 2)]),
+            (1, false, vec![(0, 2)]),
+            (5, true, vec![(0, 2), (5, 6)]),
+            (3, true, vec![(0, 2), (3, 4), (5, 6)]),
+            (4, true, vec![(0, 2), (3, 6)]),
+            (2, true, vec![(0, 6)]),
+            (5, false, vec![(0, 6)]),
+            (9, true, vec![(0, 6), (9, 10)]),
+            (8, true, vec![(0, 6), (8, 10)]),
+        ] {
+            assert_eq!(insert_turn(&mut r, turn), fresh, "turn {turn}");
+            assert_eq!(r, want, "after turn {turn}");
+        }
+        let mut s = Sessions::new(2);
+        assert!(s.record("a", 0) && !s.record("a", 0) && s.is_recorded("a", 0) && !s.is_recorded("a", 1) && !s.is_recorded("b", 0));
+    }
+
+    #[test]
+    fn requests_that_cannot_be_recorded_are_refused_with_a_code() {
+        let h = HeaderMap::new();
+        let code = |raw: &[u8]| prepare_request(&h, raw, &opts()).map(|_| ()).map_err(|r| (r.status, r.code));
+        assert_eq!(code(b"{\"messages\": ["), Err((400, "malformed_json")));
+        assert_eq!(code(b"\"hi\""), Err((400, "wrong_type")));
+        assert_eq!(code(br#"{"model": "m"}"#), Err((400, "missing_messages")));
+        assert_eq!(code(br#"{"messages": {"role": "user"}}"#), Err((400, "missing_messages")));
+        assert_eq!(code(br#"{"messages": [{"role": "user", "content": 5}]}"#), Err((400, "wrong_type")));
+        assert_eq!(code(br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#), Err((400, "unknown_role")));
+        assert_eq!(code(br#"{"messages": [], "turn_index": "x"}"#), Err((400, "invalid_turn_metadata")));
+        assert_eq!(code(br#"{"messages": [{"role": "developer", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]}]}"#), Ok(()));
+        let r = prepare_request(&h, br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#, &opts()).unwrap_err();
+        assert_eq!(r.message, "messages[1] of 2: unknown message role \"elf\"");
+    }
+
+    #[test]
+    fn unreadable_stream_chunks_make_the_turn_a_bad_response() {
+        let mut a = StreamAccumulator::default();
+        a.push(&chunk(json!({"content": "a"}), json!({})));
+        a.push_data(r#"{"choices": [{"index": 0, "delta": {"content": "b"}, "logprobs": {"content": [{"logprob": NaN}]}}]}"#);
+        a.push(&chunk(json!({}), json!({"finish_reason": "stop"})));
+        a.push_data("[DONE]");
+        assert_eq!(a.finish().unwrap_err(), NoTurn::BadResponse("stream chunk 2 of 3 is not JSON: expected value at line 1 column 91".into()));
+    }
+
+    #[test]
     fn explicit_sessions_count_turns_and_honour_explicit_indices() {
         let mut s = Sessions::new(100);
         let meta = |idx| TurnMeta { session_id: Some("s".into()), turn_type: TurnType::Main, session_done: false, turn_index: idx };
