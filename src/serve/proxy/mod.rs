@@ -146,7 +146,7 @@ impl ProxyOptions {
 pub struct ProxyStats {
     /// Turns turned into `interactions` events.
     pub turns_captured: u64,
-    /// Turns sent to `dead_letters` instead (request could not be normalised).
+    /// Turns sent to `dead_letters` instead (an upstream answer that cannot be recorded, a duplicate turn).
     pub dead_letters: u64,
     /// Requests the upstream answered with an error status (passed through, no event).
     pub upstream_errors: u64,
