@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Usage: scripts/fuzz.sh [SECONDS]
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 # Builds the cargo-fuzz targets in fuzz/ (ingest: every log adapter and format detection; judge_vote:
-# the PRM-answer parser) and runs each for SECONDS (default 60) with libFuzzer. Exits non-zero on the
+# the PRM-answer parser) and runs each (or the TARGETs named) for SECONDS (default 60) with libFuzzer. Exits non-zero on the
 # first crash (the crashing input is in fuzz/artifacts/<target>/; reproduce with
 # `cargo fuzz run <target> <file>` and turn it into a test in tests/bad_input/ before fixing).
 #
@@ -14,13 +14,19 @@
 # Environment: FUZZ_TARGET_DIR (default fuzz/target), FUZZ_SANITIZER (none|address, default none:
 # the code under test is safe Rust, and ASan doubles the build), FUZZ_RELEASE=1 for an optimised
 # build (default: dev profile, much cheaper to build), FUZZ_JOBS (parallel fuzzing processes per
-# target, default 1), LIBTORCH (default .libtorch).
+# target, default 1), FUZZ_MAX_LEN (longest input, bytes, default 262144: the fixtures are up to
+# ~100 KB; 4096 gives many more executions per second), LIBTORCH (default .libtorch).
 set -euo pipefail
 
 secs=${1:-60}
+shift || true
+targets=("$@")
+if [[ ${#targets[@]} -eq 0 ]]; then targets=(ingest judge_vote); fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root/fuzz"
-export LIBTORCH=${LIBTORCH:-$root/.libtorch}
+# The resolved path: torch-sys rebuilds whenever the LIBTORCH string changes. The fuzz binaries
+# link libtorch dynamically and carry no rpath to it.
+export LIBTORCH=${LIBTORCH:-$(readlink -f "$root/.libtorch")}
 export LD_LIBRARY_PATH=$LIBTORCH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CARGO_TARGET_DIR=${FUZZ_TARGET_DIR:-$root/fuzz/target}
 export RUSTC_BOOTSTRAP=1
@@ -50,10 +56,10 @@ for s in '\boxed{1}' 'so the answer is \boxed{-1}.' '\boxed{ 0 } then \boxed{+1}
 done
 
 status=0
-for target in ingest judge_vote; do
+for target in "${targets[@]}"; do
     log=$(mktemp)
     echo "fuzz.sh: $target for $secs s"
-    if cargo "+$toolchain" fuzz run "${flags[@]}" --jobs "${FUZZ_JOBS:-1}" "$target" -- -max_total_time="$secs" -max_len=262144 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 >"$log" 2>&1; then
+    if cargo "+$toolchain" fuzz run "${flags[@]}" --jobs "${FUZZ_JOBS:-1}" "$target" -- -max_total_time="$secs" -max_len="${FUZZ_MAX_LEN:-262144}" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 >"$log" 2>&1; then
         execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
         cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
         echo "fuzz.sh: $target ok: ${execs:-?} executions in $secs s ($cov; corpus $(ls corpus/$target | wc -l) inputs)"
