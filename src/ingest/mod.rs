@@ -28,12 +28,12 @@ mod tau_bench;
 mod toolbench;
 mod trajectory;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use serde::Serialize;
 
-pub use detect::{detect, Detection, DEFAULT_HEAD_BYTES};
+pub use detect::{detect, detect_bytes, Detection, DEFAULT_HEAD_BYTES};
 
 use crate::schema::{DeadLetter, Interaction, Lineage, Message, TurnType};
 use crate::{Error, Result};
@@ -273,7 +273,9 @@ pub(crate) struct Sink<'a> {
     pub opts: &'a IngestOptions,
     out: &'a mut dyn FnMut(IngestItem) -> Result<()>,
     summary: FileSummary,
-    sessions: HashSet<String>,
+    /// Turn indices emitted so far, by session (a second row with the same session and turn is a
+    /// `duplicate_turn` dead letter).
+    turns: HashMap<String, HashSet<i32>>,
 }
 
 impl<'a> Sink<'a> {
@@ -295,12 +297,12 @@ impl<'a> Sink<'a> {
                 dead_letters_by_reason: BTreeMap::new(),
                 counters: BTreeMap::new(),
             },
-            sessions: HashSet::new(),
+            turns: HashMap::new(),
         }
     }
 
     fn finish(mut self) -> FileSummary {
-        self.summary.sessions = self.sessions.len() as u64;
+        self.summary.sessions = self.turns.len() as u64;
         self.summary
     }
 
@@ -374,10 +376,20 @@ impl<'a> Sink<'a> {
         self.emit(row)
     }
 
-    /// Emits a built interaction.
+    /// Emits a built interaction; a second row of the same session and turn index in this file
+    /// becomes a `duplicate_turn` dead letter instead (the first one wins).
     pub fn emit(&mut self, row: Interaction) -> Result<()> {
-        if !self.sessions.contains(&row.session_id) {
-            self.sessions.insert(row.session_id.clone());
+        let fresh = match self.turns.get_mut(&row.session_id) {
+            Some(t) => t.insert(row.turn_index),
+            None => {
+                self.turns.insert(row.session_id.clone(), HashSet::from([row.turn_index]));
+                true
+            }
+        };
+        if !fresh {
+            let reason = format!("turn {} of session {:?} already read from this file", row.turn_index, row.session_id);
+            let payload = serde_json::to_vec(&row)?;
+            return self.dead_in_session(row.source_line, &row.session_id.clone(), "duplicate_turn", reason, &payload);
         }
         self.summary.interactions += 1;
         (self.out)(IngestItem::Interaction(Box::new(row)))
@@ -387,7 +399,8 @@ impl<'a> Sink<'a> {
     ///
     /// # Errors
     /// [`Error::Json`] if a message cannot be serialised (does not happen for valid strings).
-    pub fn build(&self, t: Turn<'_>) -> Result<Interaction> {
+    pub fn build(&self, mut t: Turn<'_>) -> Result<Interaction> {
+        validate_tokens(&mut t);
         let request_messages = serde_json::to_string(t.request)?;
         let tool_calls = if t.response.tool_calls.is_empty() { None } else { Some(serde_json::to_string(&t.response.tool_calls)?) };
         let next_state = match &t.next_state {
@@ -436,6 +449,33 @@ impl<'a> Sink<'a> {
             ingest_time: self.opts.ingest_time_ms,
         };
         Ok(row)
+    }
+}
+
+/// Checks a turn's token data, whatever adapter read it: token ids must be non-negative, log-probs
+/// finite as `f32` (a JSON `-1e300` is finite as `f64` but `-inf` as `f32`), and one log-prob per
+/// response token id. Invalid parts are removed with a note saying what and where (the teacher stage
+/// recomputes rollout log-probs from the text); the turn itself is kept.
+fn validate_tokens(t: &mut Turn<'_>) {
+    let negative = |ids: &[i32]| ids.iter().position(|&x| x < 0).map(|i| (i, ids[i]));
+    if let Some((i, x)) = t.prompt_token_ids.as_deref().and_then(negative) {
+        t.notes.push(format!("negative token id {x} at prompt position {i}: prompt token ids dropped"));
+        t.prompt_token_ids = None;
+    }
+    if let Some((i, x)) = t.response_token_ids.as_deref().and_then(negative) {
+        t.notes.push(format!("negative token id {x} at response position {i}: response token ids and log-probs dropped"));
+        t.response_token_ids = None;
+        t.rollout_logprobs = None;
+    }
+    if let Some(i) = t.rollout_logprobs.as_deref().and_then(|lp| lp.iter().position(|x| !x.is_finite())) {
+        t.notes.push(format!("non-finite log-prob at response position {i} (as f32): log-probs dropped"));
+        t.rollout_logprobs = None;
+    }
+    if let (Some(ids), Some(lps)) = (&t.response_token_ids, &t.rollout_logprobs) {
+        if ids.len() != lps.len() {
+            t.notes.push(format!("{} log-probs for {} token ids: log-probs dropped", lps.len(), ids.len()));
+            t.rollout_logprobs = None;
+        }
     }
 }
 

@@ -14,7 +14,9 @@
 //!   A missing session id is inferred ([`super::sessions`]; `session_inferred = true`); a missing turn
 //!   type is [`super::IngestOptions::default_turn_type`];
 //! - turn index: the inferrer's (assistant messages in the request) for inferred sessions, else
-//!   counted per session in file order (memory: one counter per session id);
+//!   counted per session in file order (memory: one counter and one 32-byte content hash per turn of
+//!   each explicit session); a line repeating the request and response of an earlier turn of its
+//!   session is a `duplicate_turn` dead letter, as is any second row of one session and turn index;
 //! - event time: top-level `timestamp`/`time`, else `response.created`, else the ingest time.
 //!
 //! An error response (`{"error": ...}` without `choices`) is dead-lettered as `api_error`.
@@ -34,7 +36,7 @@ use crate::Result;
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let max = sink.opts.max_line_bytes;
     let mut inferrer = SessionInferrer::with_salt(sink.opts.session_cache, &sink.file);
-    let mut counters: HashMap<String, i32> = HashMap::new();
+    let mut counters: HashMap<String, SessionTurns> = HashMap::new();
     let (bytes, blank) = for_each_line(path, max, progress, &mut |n, line, _| {
         sink.record_read();
         match line {
@@ -66,11 +68,30 @@ fn truthy(v: Option<&Value>) -> bool {
     }
 }
 
+/// Turns seen so far of one explicit session.
+#[derive(Default)]
+struct SessionTurns {
+    /// The next turn index.
+    next: i32,
+    /// Content key ([`content_key`]) → turn index.
+    content: HashMap<[u8; 32], i32>,
+}
+
+/// SHA-256 of a turn's request and response messages (their JSON).
+fn content_key(request: &[crate::schema::Message], response: &crate::schema::Message) -> Result<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(serde_json::to_vec(request)?);
+    h.update([0u8]);
+    h.update(serde_json::to_vec(response)?);
+    Ok(h.finalize().into())
+}
+
 fn int_list(v: Option<&Value>) -> Option<Vec<i32>> {
     v?.as_array()?.iter().map(|x| x.as_i64().and_then(|i| i32::try_from(i).ok())).collect()
 }
 
-fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferrer, counters: &mut HashMap<String, i32>) -> Result<()> {
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferrer, counters: &mut HashMap<String, SessionTurns>) -> Result<()> {
     let v: Value = match serde_json::from_slice(text) {
         Ok(v) => v,
         Err(e) => return sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
@@ -142,9 +163,17 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
     let done = truthy(marker(line, req, "x-session-done", "session_done"));
     let (session_id, inferred, turn_index) = match explicit {
         Some(id) => {
-            let c = counters.entry(id.clone()).or_insert(0);
-            *c += 1;
-            (id, false, *c - 1)
+            // The same request and response logged twice in a session is one turn logged twice.
+            let content = content_key(&request, &response)?;
+            let seen = counters.entry(id.clone()).or_default();
+            if let Some(&turn) = seen.content.get(&content) {
+                let reason = format!("line {n}: the request and response of turn {turn} of session {id:?} logged again");
+                return sink.dead_in_session(Some(n), &id, "duplicate_turn", reason, text);
+            }
+            let turn = seen.next;
+            seen.next += 1;
+            seen.content.insert(content, turn);
+            (id, false, turn)
         }
         None => {
             let inf = inferrer.assign(&request, &response);
@@ -158,11 +187,11 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
     let mut entry_ids: Vec<i32> = vec![];
     if let Some(entries) = lp_content {
         let mut lps = Vec::with_capacity(entries.len());
-        let mut ok = true;
-        for e in entries {
+        let mut bad = None;
+        for (i, e) in entries.iter().enumerate() {
             match e.get("logprob").and_then(Value::as_f64) {
                 Some(x) => lps.push(x as f32),
-                None => ok = false,
+                None => bad = bad.or(Some(i)),
             }
             let id = e.get("token_id").and_then(Value::as_i64).or_else(|| {
                 e.get("token").and_then(Value::as_str).and_then(|t| t.strip_prefix("token_id:")).and_then(|x| x.parse().ok())
@@ -171,21 +200,14 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
                 entry_ids.push(id);
             }
         }
-        if ok {
-            logprobs = Some(lps);
-        } else {
-            notes.push("log-prob entries without a numeric logprob: log-probs dropped".into());
+        match bad {
+            None => logprobs = Some(lps),
+            Some(i) => notes.push(format!("log-probs without a numeric logprob (entry {i} of {}): log-probs dropped", entries.len())),
         }
     }
     let mut token_ids = int_list(choice.get("token_ids"));
     if token_ids.is_none() && lp_content.is_some_and(|c| !c.is_empty() && entry_ids.len() == c.len()) {
         token_ids = Some(entry_ids);
-    }
-    if let (Some(ids), Some(lps)) = (&token_ids, &logprobs) {
-        if ids.len() != lps.len() {
-            notes.push(format!("{} log-probs for {} token ids: log-probs dropped", lps.len(), ids.len()));
-            logprobs = None;
-        }
     }
     if logprobs.is_some() && token_ids.is_none() {
         notes.push("log-probs without token ids".into());

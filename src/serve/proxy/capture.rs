@@ -133,17 +133,60 @@ pub struct Prepared {
     pub model: Option<String>,
 }
 
-/// Parses a client's chat-completions body, takes its turn metadata and builds the upstream body.
+/// Why a client's request is refused before it reaches the upstream (the proxy answers 4xx with
+/// `error.code` = [`Rejected::code`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// HTTP status (400, or 409 for a duplicate turn).
+    pub status: u16,
+    /// Reason code, as in dead letters: `malformed_json` (not JSON, invalid UTF-8, nested deeper than
+    /// 128), `wrong_type` (body or a message field of the wrong JSON type), `invalid_turn_metadata`,
+    /// `missing_messages`, `missing_role`, `unknown_role`, `tool_call_without_name`, `duplicate_turn`.
+    pub code: &'static str,
+    /// What is wrong, with positions.
+    pub message: String,
+}
+
+impl Rejected {
+    fn bad(code: &'static str, message: String) -> Rejected {
+        Rejected { status: 400, code, message }
+    }
+}
+
+/// Checks a request's `messages` the way the proxy records them: a JSON array of messages that
+/// normalise ([`normalize_message`]: a known role, content a string, a list of parts or null, ...).
+/// A request that could not become an `interactions` row is refused before the upstream runs.
 ///
 /// # Errors
-/// [`crate::Error::Json`] when the body is not JSON, [`crate::Error::InvalidInput`] when it is not
-/// an object or its turn metadata is invalid (see [`take_turn_meta`]).
-pub fn prepare_request(headers: &HeaderMap, raw: &[u8], opts: &RewriteOptions) -> Result<Prepared> {
-    let v: Value = serde_json::from_slice(raw)?;
-    let Value::Object(mut body) = v else {
-        return Err(crate::input_err!("request body must be a JSON object"));
+/// [`Rejected`] (400) with code `missing_messages` or the normalisation error's code.
+pub fn check_messages(messages: Option<&Value>) -> std::result::Result<(), Rejected> {
+    let list = match messages {
+        Some(Value::Array(l)) => l,
+        None => return Err(Rejected::bad("missing_messages", "request has no `messages`".into())),
+        Some(other) => return Err(Rejected::bad("missing_messages", format!("request `messages` is a JSON {}, expected an array", crate::ingest::normalize::json_type(other)))),
     };
-    let meta = take_turn_meta(headers, &mut body, opts.default_turn_type)?;
+    for (i, m) in list.iter().enumerate() {
+        if let Err(e) = normalize_message(m) {
+            return Err(Rejected::bad(e.code(), format!("messages[{i}] of {}: {e}", list.len())));
+        }
+    }
+    Ok(())
+}
+
+/// Parses a client's chat-completions body, checks its messages ([`check_messages`]), takes its turn
+/// metadata and builds the upstream body.
+///
+/// # Errors
+/// [`Rejected`] (400): `malformed_json` when the body is not JSON (bad syntax, invalid UTF-8, nesting
+/// over serde_json's limit of 128), `wrong_type` when it is not an object, `invalid_turn_metadata`
+/// (see [`take_turn_meta`]), or the codes of [`check_messages`].
+pub fn prepare_request(headers: &HeaderMap, raw: &[u8], opts: &RewriteOptions) -> std::result::Result<Prepared, Rejected> {
+    let v: Value = serde_json::from_slice(raw).map_err(|e| Rejected::bad("malformed_json", format!("request body of {} bytes is not JSON: {e}", raw.len())))?;
+    let Value::Object(mut body) = v else {
+        return Err(Rejected::bad("wrong_type", format!("request body is a JSON {}, expected an object", crate::ingest::normalize::json_type(&v))));
+    };
+    let meta = take_turn_meta(headers, &mut body, opts.default_turn_type).map_err(|e| Rejected::bad("invalid_turn_metadata", e.to_string()))?;
+    check_messages(body.get("messages"))?;
     let client_wants_logprobs = matches!(body.get("logprobs"), Some(Value::Bool(true)));
     if !client_wants_logprobs {
         body.insert("logprobs".into(), Value::Bool(true));
@@ -160,7 +203,7 @@ pub fn prepare_request(headers: &HeaderMap, raw: &[u8], opts: &RewriteOptions) -
     let messages = body.get("messages").and_then(Value::as_array).cloned();
     let tools = body.get("tools").filter(|t| !t.is_null()).cloned();
     let model = body.get("model").and_then(Value::as_str).map(str::to_string);
-    let upstream_body = serde_json::to_vec(&body)?;
+    let upstream_body = serde_json::to_vec(&body).map_err(|e| Rejected::bad("wrong_type", format!("request body cannot be re-serialised: {e}")))?;
     Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, tools, model })
 }
 
@@ -216,7 +259,16 @@ pub enum NoTurn {
 }
 
 impl NoTurn {
-    /// Metric label.
+    /// The reason, for logs and dead letters.
+    pub fn reason(&self) -> String {
+        match self {
+            NoTurn::BadResponse(r) => format!("upstream response unusable: {r}"),
+            NoTurn::StreamError(e) => format!("upstream reported an error in the stream: {e}"),
+            NoTurn::Incomplete => "upstream stream ended without a finish reason".to_string(),
+        }
+    }
+
+    /// Metric label (and dead-letter reason code).
     pub fn code(&self) -> &'static str {
         match self {
             NoTurn::BadResponse(_) => "bad_response",
@@ -275,24 +327,40 @@ pub struct StreamAccumulator {
     finish_reason: Option<String>,
     max_index: usize,
     error: Option<String>,
+    /// The first chunk that was not JSON: (chunk number, parse error).
+    unreadable: Option<(usize, String)>,
+    /// `data:` payloads seen.
+    chunks: usize,
     done: bool,
 }
 
 impl StreamAccumulator {
-    /// Feeds one SSE `data:` payload (`[DONE]` or a JSON chunk). Payloads that are not JSON are ignored.
+    /// Feeds one SSE `data:` payload (`[DONE]` or a JSON chunk). A payload that is not JSON (e.g. a
+    /// `NaN` log-prob) makes the turn unrecordable: [`StreamAccumulator::finish`] then returns
+    /// [`NoTurn::BadResponse`] naming the chunk (its text may be missing from what was assembled).
     pub fn push_data(&mut self, data: &str) {
         let d = data.trim();
         if d == "[DONE]" {
             self.done = true;
             return;
         }
-        if let Ok(v) = serde_json::from_str::<Value>(d) {
-            self.push(&v);
+        match serde_json::from_str::<Value>(d) {
+            Ok(v) => self.push(&v),
+            Err(e) => self.unreadable_chunk(&e),
+        }
+    }
+
+    /// Notes a `data:` payload that is not JSON (see [`StreamAccumulator::push_data`]).
+    pub fn unreadable_chunk(&mut self, e: &serde_json::Error) {
+        self.chunks += 1;
+        if self.unreadable.is_none() {
+            self.unreadable = Some((self.chunks, e.to_string()));
         }
     }
 
     /// Feeds one parsed chunk.
     pub fn push(&mut self, v: &Value) {
+        self.chunks += 1;
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
             self.error = Some(e.get("message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| e.to_string()));
             return;
@@ -369,11 +437,14 @@ impl StreamAccumulator {
     /// The assembled response.
     ///
     /// # Errors
-    /// [`NoTurn::StreamError`] when a chunk carried an error, [`NoTurn::Incomplete`] when no finish
-    /// reason arrived.
+    /// [`NoTurn::StreamError`] when a chunk carried an error, [`NoTurn::BadResponse`] when a chunk was
+    /// not JSON, [`NoTurn::Incomplete`] when no finish reason arrived.
     pub fn finish(self) -> std::result::Result<Completed, NoTurn> {
         if let Some(e) = self.error {
             return Err(NoTurn::StreamError(e));
+        }
+        if let Some((n, e)) = self.unreadable {
+            return Err(NoTurn::BadResponse(format!("stream chunk {n} of {} is not JSON: {e}", self.chunks)));
         }
         if self.finish_reason.is_none() {
             return Err(NoTurn::Incomplete);
@@ -597,12 +668,57 @@ pub fn validate_tokens(prompt: Option<&Value>, ids: Option<&Value>, logprobs: Op
 pub struct Sessions {
     inferrer: SessionInferrer,
     counters: Lru<String, i32>,
+    /// Turn indices captured per session, as sorted disjoint half-open ranges (a session whose turns
+    /// are numbered 0, 1, 2, ... holds one range).
+    recorded: Lru<String, Vec<(i32, i32)>>,
+}
+
+/// Adds `turn` to sorted disjoint half-open `ranges`; false when it was already there.
+fn insert_turn(ranges: &mut Vec<(i32, i32)>, turn: i32) -> bool {
+    let i = ranges.partition_point(|&(_, end)| end < turn);
+    if let Some(&(start, end)) = ranges.get(i) {
+        if start <= turn && turn < end {
+            return false;
+        }
+    }
+    let end = turn.saturating_add(1);
+    let joins_left = i < ranges.len() && ranges[i].1 == turn;
+    if joins_left {
+        ranges[i].1 = end;
+        if i + 1 < ranges.len() && ranges[i + 1].0 == end {
+            ranges[i].1 = ranges[i + 1].1;
+            ranges.remove(i + 1);
+        }
+    } else if i < ranges.len() && ranges[i].0 == end {
+        ranges[i].0 = turn;
+    } else {
+        ranges.insert(i, (turn, end));
+    }
+    true
 }
 
 impl Sessions {
     /// Remembers at most `capacity` turns for inference and `capacity` session counters (LRU).
     pub fn new(capacity: usize) -> Sessions {
-        Sessions { inferrer: SessionInferrer::new(capacity), counters: Lru::new(capacity) }
+        Sessions { inferrer: SessionInferrer::new(capacity), counters: Lru::new(capacity), recorded: Lru::new(capacity) }
+    }
+
+    /// True when turn `turn` of `session` was already captured (recorded with [`Sessions::record`])
+    /// by this process (forgotten once the session falls out of the LRU or the proxy restarts).
+    pub fn is_recorded(&mut self, session: &str, turn: i32) -> bool {
+        let key = session.to_string();
+        self.recorded.get(&key).is_some_and(|r| r.iter().any(|&(a, b)| a <= turn && turn < b))
+    }
+
+    /// Marks turn `turn` of `session` captured; false when it already was (a duplicate turn).
+    pub fn record(&mut self, session: &str, turn: i32) -> bool {
+        let key = session.to_string();
+        let mut ranges = self.recorded.get(&key).cloned().unwrap_or_default();
+        let fresh = insert_turn(&mut ranges, turn);
+        if fresh {
+            self.recorded.put(key, ranges);
+        }
+        fresh
     }
 
     /// Session id, inferred flag and turn index of a finished turn. Explicit sessions: the explicit
@@ -657,6 +773,14 @@ fn dead(reason_code: &str, reason: String, req: &TurnRequest, resp: &Completed) 
     Captured::Dead(Box::new(d))
 }
 
+/// The dead letter of a turn whose upstream response could not be recorded (stage `proxy`): the
+/// request's messages and the first 64 KiB of the response (lossy UTF-8) as its payload.
+pub fn dead_response(reason_code: &str, reason: String, req: &TurnRequest, response: &[u8]) -> DeadLetter {
+    let head = String::from_utf8_lossy(&response[..response.len().min(64 << 10)]);
+    let payload = json!({"messages": req.messages, "response_head": head, "response_bytes": response.len(), "session_id": req.meta.session_id}).to_string();
+    DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default()).with_keys(req.meta.session_id.as_deref().unwrap_or(""), None)
+}
+
 /// Builds the `interactions` row of a finished turn (METHOD.md §1): normalised request messages, the
 /// response's text, reasoning and tool calls, validated token ids and log-probs, session and turn
 /// index from `sessions`, `source_format = "proxy"`. `header_version` is the upstream's
@@ -687,10 +811,16 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
     }
     let tokens = validate_tokens(resp.prompt_token_ids.as_ref(), resp.token_ids.as_ref(), resp.logprobs.as_deref());
     notes.extend(tokens.notes.iter().cloned());
-    let (session_id, session_inferred, turn_index) = {
+    let (session_id, session_inferred, turn_index, fresh) = {
         let mut s = sessions.lock().unwrap_or_else(|p| p.into_inner());
-        s.assign(&req.meta, &messages, &response.message)
+        let (id, inferred, turn) = s.assign(&req.meta, &messages, &response.message);
+        let fresh = s.record(&id, turn);
+        (id, inferred, turn, fresh)
     };
+    if !fresh {
+        let reason = format!("turn {turn_index} of session {session_id:?} was already captured by this proxy; the client got its answer, this copy is not recorded");
+        return dead("duplicate_turn", reason, req, resp);
+    }
     let request_messages = serde_json::to_string(&messages).unwrap_or_else(|_| "[]".into());
     let msg = response.message;
     let tool_calls = if msg.tool_calls.is_empty() { None } else { serde_json::to_string(&msg.tool_calls).ok() };
@@ -773,7 +903,7 @@ mod tests {
         let mut h2 = HeaderMap::new();
         h2.insert("x-session-done", HeaderValue::from_static("off"));
         h2.insert("x-session-id", HeaderValue::from_static(""));
-        let p = prepare_request(&h2, br#"{"session_done":true}"#, &opts()).unwrap();
+        let p = prepare_request(&h2, br#"{"session_done":true,"messages":[]}"#, &opts()).unwrap();
         assert!(!p.meta.session_done, "header wins");
         assert_eq!(p.meta.session_id, None, "empty id = none");
         for (s, want) in [("1", true), ("TRUE", true), (" yes ", true), ("on", true), ("0", false), ("no", false), ("", false)] {
@@ -889,6 +1019,54 @@ mod tests {
 
     fn m(role: &str, c: &str) -> Message {
         Message::text(role, c)
+    }
+
+    #[test]
+    fn recorded_turns_are_kept_as_merged_ranges() {
+        let mut r = vec![];
+        for (turn, fresh, want) in [
+            (0, true, vec![(0, 1)]),
+            (1, true, vec![(0, 2)]),
+            (1, false, vec![(0, 2)]),
+            (5, true, vec![(0, 2), (5, 6)]),
+            (3, true, vec![(0, 2), (3, 4), (5, 6)]),
+            (4, true, vec![(0, 2), (3, 6)]),
+            (2, true, vec![(0, 6)]),
+            (5, false, vec![(0, 6)]),
+            (9, true, vec![(0, 6), (9, 10)]),
+            (8, true, vec![(0, 6), (8, 10)]),
+        ] {
+            assert_eq!(insert_turn(&mut r, turn), fresh, "turn {turn}");
+            assert_eq!(r, want, "after turn {turn}");
+        }
+        let mut s = Sessions::new(2);
+        assert!(s.record("a", 0) && !s.record("a", 0) && s.is_recorded("a", 0) && !s.is_recorded("a", 1) && !s.is_recorded("b", 0));
+    }
+
+    #[test]
+    fn requests_that_cannot_be_recorded_are_refused_with_a_code() {
+        let h = HeaderMap::new();
+        let code = |raw: &[u8]| prepare_request(&h, raw, &opts()).map(|_| ()).map_err(|r| (r.status, r.code));
+        assert_eq!(code(b"{\"messages\": ["), Err((400, "malformed_json")));
+        assert_eq!(code(b"\"hi\""), Err((400, "wrong_type")));
+        assert_eq!(code(br#"{"model": "m"}"#), Err((400, "missing_messages")));
+        assert_eq!(code(br#"{"messages": {"role": "user"}}"#), Err((400, "missing_messages")));
+        assert_eq!(code(br#"{"messages": [{"role": "user", "content": 5}]}"#), Err((400, "wrong_type")));
+        assert_eq!(code(br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#), Err((400, "unknown_role")));
+        assert_eq!(code(br#"{"messages": [], "turn_index": "x"}"#), Err((400, "invalid_turn_metadata")));
+        assert_eq!(code(br#"{"messages": [{"role": "developer", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]}]}"#), Ok(()));
+        let r = prepare_request(&h, br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#, &opts()).unwrap_err();
+        assert_eq!(r.message, "messages[1] of 2: unknown message role \"elf\"");
+    }
+
+    #[test]
+    fn unreadable_stream_chunks_make_the_turn_a_bad_response() {
+        let mut a = StreamAccumulator::default();
+        a.push(&chunk(json!({"content": "a"}), json!({})));
+        a.push_data(r#"{"choices": [{"index": 0, "delta": {"content": "b"}, "logprobs": {"content": [{"logprob": NaN}]}}]}"#);
+        a.push(&chunk(json!({}), json!({"finish_reason": "stop"})));
+        a.push_data("[DONE]");
+        assert_eq!(a.finish().unwrap_err(), NoTurn::BadResponse("stream chunk 2 of 3 is not JSON: expected value at line 1 column 91".into()));
     }
 
     #[test]

@@ -341,7 +341,7 @@ struct Worker {
 
 type SendFut = std::pin::Pin<Box<dyn std::future::Future<Output = (Outgoing, Result<()>)> + Send>>;
 
-fn send_one(producer: BusProducer, o: Outgoing, timeout: Duration) -> SendFut {
+fn send_one(producer: BusProducer, o: Outgoing, timeout: Duration, metrics: Arc<Metrics>) -> SendFut {
     Box::pin(async move {
         // librdkafka fails the delivery after `timeout`; the outer bound also covers the embedded
         // bus's flow-control wait.
@@ -349,7 +349,7 @@ fn send_one(producer: BusProducer, o: Outgoing, timeout: Duration) -> SendFut {
             Ok(Ok(_)) => Ok(()),
             // Too large for the bus: retrying (or spooling) can never succeed, so the turn becomes a
             // dead letter; a refused dead letter is not retried either.
-            Ok(Err(e @ Error::RecordTooLarge { .. })) => too_large(&producer, &o, &e).await,
+            Ok(Err(e @ Error::RecordTooLarge { .. })) => too_large(&producer, &o, &e, &metrics).await,
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Timeout((timeout * 2).as_secs_f64() + 1.0)),
         };
@@ -359,10 +359,11 @@ fn send_one(producer: BusProducer, o: Outgoing, timeout: Duration) -> SendFut {
 
 /// Sends the dead letter of an event the bus refused for its size (stage `proxy`, reason
 /// `record_too_large`, keyed by the event's interaction id, with the event's first bytes).
-async fn too_large(producer: &BusProducer, o: &Outgoing, e: &Error) -> Result<()> {
+async fn too_large(producer: &BusProducer, o: &Outgoing, e: &Error, metrics: &Metrics) -> Result<()> {
     use crate::schema::DeadLetter;
     if o.topic == producer.topic_of::<DeadLetter>() {
-        tracing::error!(error = %e, "proxy: dead letter too large for the bus: dropped");
+        metrics.drop_event("too_large");
+        tracing::error!(error = %e, "proxy: dead letter too large for the bus: dropped (counted in events_dropped_total{{reason=\"too_large\"}})");
         return Ok(());
     }
     let payload = o.payload.get().as_bytes();
@@ -435,7 +436,7 @@ impl Worker {
             tracing::warn!(corrupt, segment = seq, "proxy spool: unreadable lines dropped");
         }
         let n = events.len() as u64;
-        let mut sends = futures::stream::iter(events.into_iter().map(|o| send_one(self.producer.clone(), o, self.cfg.send_timeout)))
+        let mut sends = futures::stream::iter(events.into_iter().map(|o| send_one(self.producer.clone(), o, self.cfg.send_timeout, self.metrics.clone())))
             .buffered(self.cfg.max_in_flight.max(1));
         let mut first_err = None;
         while let Some((_, r)) = sends.next().await {
@@ -481,7 +482,7 @@ impl Worker {
                 msg = rx.recv(), if inflight.len() < self.cfg.max_in_flight => match msg {
                     None => break,
                     Some(o) if degraded => self.spool_event(o).await,
-                    Some(o) => inflight.push(send_one(self.producer.clone(), o, self.cfg.send_timeout)),
+                    Some(o) => inflight.push(send_one(self.producer.clone(), o, self.cfg.send_timeout, self.metrics.clone())),
                 },
                 _ = &mut retry, if degraded && inflight.is_empty() && !stopping => {
                     match self.replay_segment().await {

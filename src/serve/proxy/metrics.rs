@@ -36,7 +36,7 @@ pub struct Metrics {
     /// `events_replayed_total`: spooled events later acknowledged by Kafka.
     pub replayed: Counter,
     /// `events_dropped_total{reason}`: events lost (`spool_full`, `queue_full`, `spool_error`,
-    /// `spool_corrupt`, `serialize`).
+    /// `spool_corrupt`, `serialize`, `too_large`: a dead letter over the bus's record limit).
     pub dropped: Family<Labels, Counter>,
     /// `spool_bytes`: bytes waiting in the spool.
     pub spool_bytes: Gauge<i64, AtomicI64>,
@@ -108,7 +108,7 @@ impl Metrics {
 
     /// Sum of `events_dropped_total` over reasons.
     pub fn dropped_total(&self) -> u64 {
-        ["spool_full", "queue_full", "spool_error", "spool_corrupt", "serialize"]
+        ["spool_full", "queue_full", "spool_error", "spool_corrupt", "serialize", "too_large"]
             .iter()
             .map(|r| self.dropped.get(&vec![("reason", r.to_string())]).map(|c| c.get()).unwrap_or(0))
             .sum()

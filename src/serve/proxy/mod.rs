@@ -29,8 +29,19 @@
 //! - The response is returned unchanged otherwise (non-stream: the upstream's bytes, re-serialised
 //!   only when log-probs had to be removed); streams are forwarded chunk by chunk as they arrive.
 //! - Upstream error status → passed through (status and body), no event, counted; upstream
-//!   unreachable → 502 with a JSON error; invalid request JSON → 400; body over the limit → 413;
-//!   missing/wrong bearer key → 401 (compared in constant time; `/health` is open).
+//!   unreachable → 502 with a JSON error; body over the limit → 413; missing/wrong bearer key → 401
+//!   (compared in constant time; `/health` is open).
+//! - Requests that could not become a row are refused before the upstream runs, with 400 and
+//!   `error.code` naming why ([`capture::Rejected`]): not JSON (`malformed_json`: bad syntax, invalid
+//!   UTF-8, nesting deeper than 128), not an object (`wrong_type`), bad turn metadata
+//!   (`invalid_turn_metadata`), `messages` missing or not an array (`missing_messages`), a message
+//!   that does not normalise (`wrong_type`, `missing_role`, `unknown_role`, ...). An explicit session
+//!   and `X-Turn-Index` this proxy already captured → 409 `duplicate_turn`.
+//! - An upstream 2xx response that cannot be recorded is passed to the client unchanged and becomes a
+//!   `dead_letters` row (stage `proxy`): not JSON (`malformed_json`, e.g. a `NaN` log-prob), no
+//!   `choices[0].message` (`bad_response`), a stream chunk that is not JSON (`bad_response`), a stream
+//!   without a finish reason (`incomplete_stream`); a second capture of one session and turn (two
+//!   requests in flight at once, or an inferred session asked again) → `duplicate_turn`.
 //!
 //! Rows (`interactions`, `source_format = "proxy"`): request messages normalised
 //! ([`crate::ingest::normalize`]), tools, response text / reasoning (`<think>` split or
@@ -43,8 +54,7 @@
 //! the row is itself the Kafka record.
 //!
 //! Events: see [`emit`] (bounded channel → emitter task → Kafka, or a bounded local spool while Kafka
-//! is down, replayed later; at-least-once). Requests whose messages cannot be normalised (unknown
-//! role) go to `dead_letters` instead. `/metrics` ([`metrics`]) and `/health` report the counts.
+//! is down, replayed later; at-least-once). `/metrics` ([`metrics`]) and `/health` report the counts.
 
 pub mod capture;
 pub mod emit;
@@ -69,7 +79,7 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
-use self::capture::{build_interaction, prepare_request, strip_logprobs, Captured, Completed, RewriteOptions, Sessions, SseEvent, SseFramer, StreamAccumulator, TurnRequest};
+use self::capture::{build_interaction, prepare_request, strip_logprobs, Captured, Completed, NoTurn, RewriteOptions, Sessions, SseEvent, SseFramer, StreamAccumulator, TurnRequest};
 use self::emit::{Emitter, EmitterConfig, EmitterHandle, Outgoing, Spool, SpoolConfig};
 use self::metrics::Metrics;
 use super::openai::error_body;
@@ -136,7 +146,7 @@ impl ProxyOptions {
 pub struct ProxyStats {
     /// Turns turned into `interactions` events.
     pub turns_captured: u64,
-    /// Turns sent to `dead_letters` instead (request could not be normalised).
+    /// Turns sent to `dead_letters` instead (an upstream answer that cannot be recorded, a duplicate turn).
     pub dead_letters: u64,
     /// Requests the upstream answered with an error status (passed through, no event).
     pub upstream_errors: u64,
@@ -303,6 +313,29 @@ fn api_error(status: StatusCode, message: &str, kind: &str) -> Response {
     (status, Json(error_body(message, kind, None))).into_response()
 }
 
+/// A 4xx for a refused request: `error.code` is the reason code.
+fn rejected(s: &Shared, r: &capture::Rejected) -> Response {
+    s.metrics.turn("bad_request");
+    tracing::info!(code = r.code, reason = %r.message, "proxy: request refused");
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, Json(error_body(&r.message, "invalid_request_error", Some(r.code)))).into_response()
+}
+
+/// Queues a dead letter of a turn the proxy could not record (counted as outcome `dead_letter`).
+fn submit_dead(s: &Shared, d: &DeadLetter) {
+    s.metrics.turn("dead_letter");
+    tracing::warn!(code = %d.reason_code, reason = %d.reason, "proxy: turn sent to dead_letters");
+    match Outgoing::of(s.dead_letters_topic.clone(), d) {
+        Ok(o) => {
+            s.emitter.submit(o);
+        }
+        Err(e) => {
+            s.metrics.drop_event("serialize");
+            tracing::error!(error = %e, "proxy: dead letter could not be serialised");
+        }
+    }
+}
+
 fn route_of(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "chat_completions",
@@ -378,11 +411,7 @@ fn capture(s: &Shared, req: &TurnRequest, resp: &Completed, header_version: Opti
             }
             Outgoing::of(s.interactions_topic.clone(), row.as_ref())
         }
-        Captured::Dead(d) => {
-            s.metrics.turn("dead_letter");
-            tracing::warn!(reason = %d.reason, "proxy: turn sent to dead_letters");
-            Outgoing::of(s.dead_letters_topic.clone(), d.as_ref())
-        }
+        Captured::Dead(d) => return submit_dead(s, &d),
     };
     match out {
         Ok(o) => {
@@ -408,11 +437,15 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
     };
     let prepared = match prepare_request(&headers, &raw, &s.rewrite) {
         Ok(p) => p,
-        Err(e) => {
-            s.metrics.turn("bad_request");
-            return api_error(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_request_error");
-        }
+        Err(r) => return rejected(&s, &r),
     };
+    // An explicit session and turn index that this proxy already captured: a duplicate turn.
+    if let (Some(id), Some(turn)) = (&prepared.meta.session_id, prepared.meta.turn_index) {
+        if s.sessions.lock().unwrap_or_else(|p| p.into_inner()).is_recorded(id, turn) {
+            let message = format!("turn {turn} of session {id:?} was already captured by this proxy");
+            return rejected(&s, &capture::Rejected { status: 409, code: "duplicate_turn", message });
+        }
+    }
     let req = TurnRequest { meta: prepared.meta.clone(), messages: prepared.messages, tools: prepared.tools, model: prepared.model, received_ms };
     let mut rb = s.client.post(format!("{}/v1/chat/completions", s.base)).header(header::CONTENT_TYPE, "application/json").body(prepared.upstream_body);
     if prepared.stream {
@@ -448,10 +481,7 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
         Ok(mut v) => {
             match Completed::from_response(&v) {
                 Ok(c) => capture(&s, &req, &c, header_version),
-                Err(nt) => {
-                    tracing::warn!(reason = ?nt, "proxy: upstream response has no turn to record");
-                    s.metrics.turn(nt.code());
-                }
+                Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &body)),
             }
             if !prepared.client_wants_logprobs && strip_logprobs(&mut v) {
                 match serde_json::to_vec(&v) {
@@ -460,10 +490,9 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
                 }
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "proxy: upstream response is not JSON; passed through, no event");
-            s.metrics.turn("bad_response");
-        }
+        // Passed through unchanged (e.g. a `NaN` log-prob: clients whose parser accepts it still get
+        // their answer); the turn becomes a dead letter.
+        Err(e) => submit_dead(&s, &capture::dead_response("malformed_json", format!("upstream response of {} bytes is not JSON: {e}", body.len()), &req, &body)),
     }
     s.metrics.latency.observe(t0.elapsed().as_secs_f64());
     respond(status, out_headers, Body::from(out))
@@ -485,7 +514,10 @@ fn relay_event(acc: &mut StreamAccumulator, ev: SseEvent, strip: bool) -> Vec<u8
                 ev.raw
             }
         }
-        Err(_) => ev.raw,
+        Err(e) => {
+            acc.unreadable_chunk(&e);
+            ev.raw
+        }
     }
 }
 
@@ -505,6 +537,8 @@ async fn pump_stream(
     let mut acc = StreamAccumulator::default();
     let mut upstream = resp.bytes_stream();
     let mut failed: Option<&'static str> = None;
+    // The stream's first bytes, for the dead letter of a stream that cannot be recorded.
+    let mut head: Vec<u8> = vec![];
     'read: while let Some(chunk) = upstream.next().await {
         let chunk = match chunk {
             Ok(c) => c,
@@ -516,6 +550,7 @@ async fn pump_stream(
                 break;
             }
         };
+        head.extend_from_slice(&chunk[..chunk.len().min((64usize << 10).saturating_sub(head.len()))]);
         let events = framer.push(&chunk);
         if strip {
             for ev in events {
@@ -551,10 +586,12 @@ async fn pump_stream(
         Some(outcome) => s.metrics.turn(outcome),
         None => match acc.finish() {
             Ok(c) => capture(&s, &req, &c, header_version),
-            Err(nt) => {
+            // The upstream's own error: passed to the client, counted, no dead letter (as an error status).
+            Err(nt @ NoTurn::StreamError(_)) => {
                 tracing::warn!(reason = ?nt, "proxy: stream ended without a turn to record");
                 s.metrics.turn(nt.code());
             }
+            Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &head)),
         },
     }
 }
