@@ -466,7 +466,11 @@ impl AblationConfig {
             let data_pipeline = data_names.entry(data_hash.clone()).or_insert_with(|| format!("{}-{}", spec.name, &data_hash[..8])).clone();
             p.name = data_pipeline.clone();
             let trainer_hash = p.trainer.hash(p.method)?;
-            let config_hash = content_hash(&[serde_json::to_string(&p)?.as_bytes(), &(self.shared.steps as u64).to_le_bytes()]);
+            // The hash names what the arm computes, not where: the lake folder (under --out) is left out,
+            // so the same ablation run into two folders has the same hashes.
+            let mut hashed = p.clone();
+            hashed.lake = Default::default();
+            let config_hash = content_hash(&[serde_json::to_string(&hashed)?.as_bytes(), &(self.shared.steps as u64).to_le_bytes()]);
             let overrides = sets.into_iter().map(|(k, v)| (k, v.to_string())).collect();
             arms.push(ResolvedArm { name: spec.name, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash });
         }
@@ -528,6 +532,11 @@ values = [0.5, 2.0]
         assert_ne!(by("combined").data_hash, by("opd-topk").data_hash);
         assert_eq!(by("combined").data_pipeline, format!("combined-{}", &by("combined").data_hash[..8]));
         assert_eq!(by("opd-topk").overrides.keys().collect::<Vec<_>>(), vec!["method", "teacher.top_k", "trainer.opd_loss"]);
+        // the output folder is not part of any hash (found by the determinism test: two --out folders)
+        let elsewhere = cfg.resolve(Path::new("/elsewhere/lake")).unwrap();
+        for (a, b) in arms.iter().zip(&elsewhere) {
+            assert_eq!((&a.config_hash, &a.data_hash, &a.trainer_hash), (&b.config_hash, &b.data_hash, &b.trainer_hash), "{}", a.name);
+        }
     }
 
     #[test]
