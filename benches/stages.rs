@@ -82,7 +82,7 @@ fn main() {
         })
         .collect();
 
-    let mut pass = |t: &mut Times| {
+    let pass = |t: &mut Times| {
         for input in &inputs {
             // judge
             let t0 = Instant::now();

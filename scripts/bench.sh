@@ -31,7 +31,7 @@ has() { [[ ",$SECTIONS," == *",$1,"* ]]; }
 
 # Machine facts.
 {
-  echo "nproc=$(nproc)"
+  echo "nproc=$(getconf _NPROCESSORS_ONLN)"
   echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -51,7 +51,7 @@ fi
 rm -f "$OUT/machine.new"
 
 echo "bench.sh: building benches (release)" >&2
-if ! cargo bench --no-run > "$OUT/build.log" 2>&1; then
+if ! cargo bench --no-run --bench ingest --bench sink --bench sql --bench stages --bench train --bench model > "$OUT/build.log" 2>&1; then
   echo "bench.sh: build failed, see $OUT/build.log" >&2; tail -30 "$OUT/build.log" >&2; exit 1
 fi
 
@@ -83,7 +83,7 @@ fi
 if has sql; then
   LAKE=${NEXTSTATE_BENCH_LAKE:-$CARGO_TARGET_DIR/bench-lake-${NEXTSTATE_BENCH_TURNS:-1000000}}
   run sql cargo bench --bench sql -- "lake=$LAKE"
-  run sql_peer "$PY" benches/peer_sql.py --lake "$LAKE" --threads "$(nproc)"
+  run sql_peer "$PY" benches/peer_sql.py --lake "$LAKE" --threads "$(getconf _NPROCESSORS_ONLN)"
 fi
 if has stages; then
   run stages cargo bench --bench stages

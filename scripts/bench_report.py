@@ -176,6 +176,9 @@ def main():
                 notes.append(f"{r['consumers']} sink processes: ×{r['mb_s'] / p1['mb_s']:.2f} of 1 process (4 partitions)")
         if notes:
             L.append("Scaling (computed from the rows above): " + "; ".join(notes) + ".\n")
+        if rc not in ("0", None):
+            L.append(f"The benchmark did not finish (exit status {rc}): the rows missing above (in-process sink and "
+                     "process runs) were not measured in this run.\n")
         cmd_line(L, cmd)
     else:
         not_measured(L, "sink", cmd, rc, out)
