@@ -12,6 +12,7 @@ GGUF import). Needs `torch` and `transformers` (test/bench dependencies, not use
 """
 
 import argparse
+import json
 import time
 
 import torch
@@ -89,6 +90,7 @@ def main():
         ]:
             s = timed(fn, args.repeats)
             print(f"transformers {name}: {n} tokens in {s:.3f} s = {n / s:.1f} tokens/s")
+            print("BENCH " + json.dumps({"bench": "model", "case": name, "engine": "transformers", "threads": args.threads, "tokens": n, "best_s": s, "tokens_s": n / s}))
 
 
 if __name__ == "__main__":

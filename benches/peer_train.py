@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Peer benchmark for benches/train.rs: the same LoRA training step in PyTorch + HF transformers.
+
+    python3 benches/peer_train.py [--model models/smollm2-135m-instruct] [--threads 1] [--steps 3]
+
+Same weights (the imported directory), same batch (the 4 chat prompts of benches/model.rs twice, each
+with the same 64-token response, rewards +1/-1 alternating, rollout log-probs scored once untimed), LoRA
+rank 16, alpha 32 on q,k,v,o,gate,up,down (base frozen), and the binary method's step as
+src/trainer does it (METHOD.md section 6): full-vocabulary log-softmax at the response positions,
+PPO-clipped policy gradient with eps 0.2 / eps_high 0.28 and advantage r, "sum of sample means",
+entropy computed as a reported metric, backward, gradient-norm clipping at 1.0, AdamW (lr 1e-4, betas
+0.9/0.98, weight decay 0.1). Prints a `BENCH {json}` line with tokens/s (prompt + response tokens per
+step time, median of --steps after one warm-up step). Needs `torch` and `transformers`.
+"""
+
+import argparse
+import json
+import math
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+QUESTIONS = [
+    "What is the capital of Germany?",
+    "Write a haiku about rain.",
+    "Explain photosynthesis briefly.",
+    "List three prime numbers.",
+]
+RESPONSE = 64
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraLinear(torch.nn.Module):
+    def __init__(self, base, rank=16, alpha=32.0):
+        super().__init__()
+        self.base = base
+        self.a = torch.nn.Parameter(torch.randn(rank, base.in_features) / math.sqrt(base.in_features))
+        self.b = torch.nn.Parameter(torch.zeros(base.out_features, rank))
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.a.t() @ self.b.t()) * self.scale
+
+
+def attach_lora(model):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name in TARGETS:
+                if hasattr(parent, name):
+                    setattr(parent, name, LoraLinear(getattr(parent, name)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="models/smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(42)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    attach_lora(model)
+    model.train()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True) for q in QUESTIONS]
+    prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
+    response = tok("The quick brown fox jumps over the lazy dog. " * 8).input_ids[:RESPONSE]
+    seqs = [prompts[i % 4] + response for i in range(8)]
+    plens = [len(prompts[i % 4]) for i in range(8)]
+    width = max(len(s) for s in seqs)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    # positions predicting response token t: plen - 1 + t
+    pos = torch.tensor([[p - 1 + t for t in range(RESPONSE)] for p in plens])
+    resp = torch.tensor([response] * 8)
+    reward = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(8)])
+    tokens = sum(len(s) for s in seqs)
+
+    def logprobs():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        at = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        full = torch.log_softmax(at.float(), -1)
+        return full.gather(-1, resp.unsqueeze(-1)).squeeze(-1), full
+
+    with torch.no_grad():
+        old, _ = logprobs()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.1)
+
+    def step():
+        opt.zero_grad()
+        lp, full = logprobs()
+        ratio = torch.exp(lp - old)
+        adv = reward.unsqueeze(-1)
+        pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
+        loss = pg.mean(-1).sum()
+        with torch.no_grad():
+            _entropy = -(full.exp() * full).sum(-1).mean(-1).sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss.item()
+
+    step()  # warm-up
+    times, loss = [], float("nan")
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    med = times[len(times) // 2]
+    print("BENCH " + json.dumps({"bench": "train", "case": "lora_binary_b8", "engine": f"pytorch {torch.__version__} + transformers",
+                                 "threads": args.threads, "samples": 8, "tokens": tokens, "response_tokens": 8 * RESPONSE, "steps": args.steps,
+                                 "best_s": times[0], "median_s": med, "tokens_s": tokens / med, "response_tokens_s": 8 * RESPONSE / med,
+                                 "last_loss": loss}))
+
+
+if __name__ == "__main__":
+    main()

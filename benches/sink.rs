@@ -1,0 +1,213 @@
+//! Kafka → Parquet ingest through the exactly-once lake sink (`lake::sink::run_sink`), against a real
+//! Kafka-protocol broker, with a local ceiling and a scaling run.
+//!
+//! Records: the tau-bench fixture's 2,454 interactions replicated with fresh interaction/session ids
+//! (`records=N`, default 24,540 = 10 copies; about 13 kB of JSON each), produced to a fresh topic as the
+//! bus's JSON envelopes, keyed by session id. Not timed: producing (reported separately as the
+//! producer's rate). Timed:
+//! - `sink`: one in-process `run_sink::<Interaction>` (the default `[sink]` settings: 64 MiB / 5 s
+//!   rolls, polls of 2,000) from its start until it has written every record and found the topic idle
+//!   (`idle_ms = 300`, included in the time), for 1, 2 and 4 partitions;
+//! - `ceiling`: the same payloads parsed with serde_json and written with the lake's own writer
+//!   (`Lake::write_file`: serde_arrow → Arrow → ZSTD Parquet, fsync, rename) in 64 MiB files, in one
+//!   process, no Kafka;
+//! - `procs`: `nextstate run --only sinks --until-idle` processes (1 or 2, static membership
+//!   `--group-instance-id sinks-<i>`) over a 4-partition topic (`scale_records=N`, default 9,816), from
+//!   spawn until the last Parquet file of the table appears (process start, group join and
+//!   rebalances included; the idle wait and shutdown after it are not).
+//!
+//! Every run checks exactly-once: the lake holds each record's key once (`rows` in the output).
+//!
+//! Run: `cargo bench --bench sink -- brokers=127.0.0.1:19092` (default broker: `scripts/broker.sh`'s).
+//! Prints `BENCH {json}` lines.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use serde_json::json;
+
+use nextstate::bus::{Bus, BusConfig, Envelope};
+use nextstate::lake::sink::{run_sink, SinkConfig};
+use nextstate::lake::{date_of, Lake};
+use nextstate::runtime::{Stop, TaskCtl};
+use nextstate::schema::{Interaction, Table};
+
+use common::{arg, dir_bytes, emit, fixture_rows, replica};
+
+const SINK_TOPICS: &[&str] = &["interactions", "signals", "judgments", "hints", "teacher_logprobs", "samples", "dead_letters"];
+
+struct Records {
+    /// (key, envelope JSON) per record.
+    payloads: Vec<(String, Vec<u8>)>,
+    bytes: u64,
+}
+
+fn records(rows: &[Interaction], n: usize) -> Records {
+    let payloads: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| {
+            let r = replica(&rows[i % rows.len()], i / rows.len());
+            let env = Envelope { row: r.clone(), carry: None };
+            (r.session_id, serde_json::to_vec(&env).expect("serialise"))
+        })
+        .collect();
+    let bytes = payloads.iter().map(|(_, p)| p.len() as u64).sum();
+    Records { payloads, bytes }
+}
+
+/// serde_json → serde_arrow → Parquet with the lake's writer, 64 MiB of payload per file.
+fn ceiling(recs: &Records, dir: &std::path::Path) -> Duration {
+    let lake = Lake::open(dir).expect("lake");
+    let roll = SinkConfig::default().roll_bytes;
+    let t = Instant::now();
+    let mut rows: Vec<Interaction> = vec![];
+    let mut bytes = 0usize;
+    let mut seq = 0u64;
+    let flush = |rows: &mut Vec<Interaction>, seq: &mut u64| {
+        if rows.is_empty() {
+            return;
+        }
+        {
+            let refs: Vec<&Interaction> = rows.iter().collect();
+            let date = date_of(rows[0].event_time_ms());
+            lake.write_file::<Interaction>(&date, &format!("w~ceiling~{seq:06}"), &refs).expect("write");
+        }
+        *seq += 1;
+        rows.clear();
+    };
+    for (_, p) in &recs.payloads {
+        let env: Envelope<Interaction> = serde_json::from_slice(p).expect("parse");
+        bytes += p.len();
+        rows.push(env.row);
+        if bytes >= roll {
+            flush(&mut rows, &mut seq);
+            bytes = 0;
+        }
+    }
+    flush(&mut rows, &mut seq);
+    t.elapsed()
+}
+
+async fn topic_with(brokers: &str, partitions: i32, recs: &Records) -> (Bus, String, f64) {
+    let prefix = format!("bench{}.", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let bus = Bus::connect(BusConfig { brokers: Some(brokers.to_string()), topic_prefix: prefix.clone(), partitions, ..Default::default() })
+        .await
+        .expect("connect to the broker");
+    bus.ensure_topics(SINK_TOPICS).await.expect("create topics");
+    let producer = bus.producer().expect("producer");
+    let topic = bus.topic(Interaction::NAME);
+    let t = Instant::now();
+    let results: Vec<_> = futures::stream::iter(recs.payloads.iter())
+        .map(|(k, p)| producer.send_raw(&topic, k, p))
+        .buffer_unordered(1000)
+        .collect()
+        .await;
+    let secs = t.elapsed().as_secs_f64();
+    for r in results {
+        r.expect("produce");
+    }
+    (bus, prefix, secs)
+}
+
+fn newest_file_time(dir: &std::path::Path) -> Option<SystemTime> {
+    let mut best: Option<SystemTime> = None;
+    for part in std::fs::read_dir(dir).ok()?.flatten() {
+        for f in std::fs::read_dir(part.path()).ok()?.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".parquet") && !name.starts_with('.') {
+                let m = f.metadata().ok()?.modified().ok()?;
+                best = Some(best.map_or(m, |b| b.max(m)));
+            }
+        }
+    }
+    best
+}
+
+fn main() {
+    let Some(rows) = fixture_rows() else {
+        eprintln!("SKIPPED: tau-bench fixture not found");
+        return;
+    };
+    let brokers = arg("brokers", "127.0.0.1:19092");
+    let n: usize = arg("records", "24540").parse().expect("records=N");
+    let scale_n: usize = arg("scale_records", "9816").parse().expect("scale_records=N");
+    let partitions: Vec<i32> = arg("partitions", "1,2,4").split(',').map(|p| p.parse().expect("partitions=1,2,4")).collect();
+    let procs: Vec<usize> = arg("procs", "1,2").split(',').filter(|s| !s.is_empty()).map(|p| p.parse().expect("procs=1,2")).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let recs = records(&rows, n);
+    let mb = recs.bytes as f64 / 1e6;
+    eprintln!("{n} records, {mb:.1} MB of envelopes");
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = ceiling(&recs, &tmp.path().join("ceiling"));
+    let parquet = dir_bytes(&tmp.path().join("ceiling"));
+    emit(json!({"bench": "sink", "case": "ceiling", "records": n, "mb": mb, "secs": d.as_secs_f64(),
+        "mb_s": mb / d.as_secs_f64(), "records_s": n as f64 / d.as_secs_f64(), "parquet_mb": parquet as f64 / 1e6}));
+
+    for &p in &partitions {
+        let lake_dir = tmp.path().join(format!("sink-p{p}"));
+        let (stats, secs, produce_secs) = rt.block_on(async {
+            let (bus, _prefix, produce_secs) = topic_with(&brokers, p, &recs).await;
+            let lake = Lake::open(&lake_dir).expect("lake");
+            let mut ctl = TaskCtl::new("sink:interactions", true, Stop::default());
+            ctl.idle_ms = 300;
+            let t = Instant::now();
+            let stats = run_sink::<Interaction>(&bus, &lake, &SinkConfig::default(), &ctl, None).await.expect("sink");
+            (stats, t.elapsed().as_secs_f64(), produce_secs)
+        });
+        let lake = Lake::open(&lake_dir).expect("lake");
+        let keys = lake.keys::<Interaction>().expect("keys").len();
+        assert_eq!(keys, n, "exactly-once: every record once in the lake");
+        emit(json!({"bench": "sink", "case": "run_sink", "partitions": p, "consumers": 1, "records": n, "mb": mb,
+            "secs": secs, "mb_s": mb / secs, "records_s": n as f64 / secs, "rows": keys, "files": stats.files,
+            "produce_mb_s": mb / produce_secs, "idle_ms_included": 300}));
+    }
+
+    // Scaling with sink processes (static membership) over a 4-partition topic.
+    let scale = records(&rows, scale_n);
+    let smb = scale.bytes as f64 / 1e6;
+    for &k in &procs {
+        let p = 4;
+        let lake_dir = tmp.path().join(format!("procs-{k}"));
+        let (_bus, prefix, _) = rt.block_on(topic_with(&brokers, p, &scale));
+        let t0 = SystemTime::now();
+        let started = Instant::now();
+        let mut children: Vec<std::process::Child> = (0..k)
+            .map(|i| {
+                let log = std::fs::File::create(tmp.path().join(format!("procs-{k}-{i}.log"))).expect("log");
+                Command::new(env!("CARGO_BIN_EXE_nextstate"))
+                    .args(["run", "--only", "sinks", "--until-idle", "--brokers", &brokers, "--topic-prefix", &prefix])
+                    .args(["--lake", &lake_dir.display().to_string(), "--group-instance-id", &format!("sinks-{i}")])
+                    .env("OMP_NUM_THREADS", "1")
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .expect("spawn nextstate")
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        for c in children.iter_mut() {
+            loop {
+                if let Some(s) = c.try_wait().expect("wait") {
+                    assert!(s.success(), "sink process failed: see {}", tmp.path().display());
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    panic!("sink process did not finish in 600 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let exit_secs = started.elapsed().as_secs_f64();
+        let lake = Lake::open(&lake_dir).expect("lake");
+        let keys = lake.keys::<Interaction>().expect("keys").len();
+        assert_eq!(keys, scale_n, "exactly-once across processes");
+        let last = newest_file_time(&lake.table_dir(Interaction::NAME)).expect("files written");
+        let secs = last.duration_since(t0).map(|d| d.as_secs_f64()).unwrap_or(exit_secs);
+        emit(json!({"bench": "sink", "case": "processes", "partitions": p, "consumers": k, "records": scale_n, "mb": smb,
+            "secs": secs, "mb_s": smb / secs, "records_s": scale_n as f64 / secs, "rows": keys, "exit_secs": exit_secs}));
+    }
+}

@@ -1,0 +1,111 @@
+//! Trainer throughput on CPU: `Trainer::train_step` (pack, forward, METHOD.md §6 loss, backward,
+//! gradient clipping, AdamW) on SmolLM2-135M-Instruct with LoRA adapters (rank 16, α 32 on
+//! q,k,v,o,gate,up,down; the `pipelines/demo.toml` trainer), binary method, one batch of 8 samples.
+//! Compare with `benches/peer_train.py` (PyTorch + HF transformers: the same weights, adapters, batch,
+//! PPO-clip loss and AdamW step).
+//!
+//! The batch: the 4 chat prompts of `benches/model.rs` twice, each with the same 64-token response,
+//! rewards +1/−1 alternating; rollout log-probs are the model's own (scored once, untimed), so the ratio
+//! starts at 1. Checkpoints are not written inside the timed steps (`checkpoint_every` is large).
+//! Reports tokens/s over prompt + response tokens (the forward/backward work) and response tokens/s.
+//!
+//! Run: `cargo bench --bench train` (`steps=3`, `NEXTSTATE_THREADS` libtorch threads, default 1).
+//! Prints `BENCH {json}` lines.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::json;
+
+use nextstate::config::Method;
+use nextstate::model::{LanguageModel, LoadOptions, LoraConfig, LoraTarget, Trainable};
+use nextstate::schema::{Message, Sample, SampleType};
+use nextstate::trainer::checkpoint::CheckpointWriter;
+use nextstate::trainer::{LoraSettings, Trainer, TrainerConfig};
+
+use common::{arg, emit};
+
+const QUESTIONS: [&str; 4] = ["What is the capital of Germany?", "Write a haiku about rain.", "Explain photosynthesis briefly.", "List three prime numbers."];
+const RESPONSE: usize = 64;
+
+fn model_dir() -> Option<PathBuf> {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct");
+    d.join("config.json").is_file().then_some(d)
+}
+
+fn main() {
+    let Some(dir) = model_dir() else {
+        eprintln!("SKIPPED: no model directory (run scripts/setup.sh)");
+        return;
+    };
+    let steps: usize = arg("steps", "3").parse().expect("steps=N");
+    let threads = std::env::var("NEXTSTATE_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(1);
+    tch::set_num_threads(threads);
+    let lora = LoraSettings { enabled: true, ..LoraSettings::default() };
+    let targets = lora.targets.iter().map(|t| LoraTarget::parse(t)).collect::<Result<Vec<_>, _>>().expect("targets");
+    let trainable = Trainable::Lora(LoraConfig { rank: lora.rank, alpha: lora.alpha, targets });
+    let cfg = TrainerConfig { batch_size: 8, lr: 1e-4, lora, checkpoint_every: 1_000_000, ..TrainerConfig::default() };
+    tch::manual_seed(cfg.seed as i64);
+    let lm = LanguageModel::load(&dir, &LoadOptions { trainable, ..LoadOptions::default() }).expect("load model");
+    let response: Vec<u32> = lm.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(8)).expect("encode")[..RESPONSE].to_vec();
+    let prompts: Vec<Vec<u32>> = QUESTIONS.iter().map(|q| lm.chat_prompt_ids(&[Message::text("user", *q)], None, true).expect("prompt")).collect();
+    let items: Vec<(Vec<u32>, Vec<u32>)> = (0..8).map(|i| (prompts[i % 4].clone(), response.clone())).collect();
+    let rollout = tch::no_grad(|| lm.score(&items, 0)).expect("score");
+    let samples: Vec<Sample> = items
+        .iter()
+        .zip(rollout)
+        .enumerate()
+        .map(|(i, ((p, r), lp))| {
+            let p: Vec<i32> = p.iter().map(|&x| x as i32).collect();
+            let r: Vec<i32> = r.iter().map(|&x| x as i32).collect();
+            Sample {
+                schema_version: 1,
+                sample_id: format!("bench-{i}"),
+                pipeline: "bench".into(),
+                method: "binary".into(),
+                sample_type: SampleType::Binary,
+                interaction_id: format!("turn-{i}"),
+                session_id: format!("session-{i}"),
+                turn_index: 0,
+                loss_mask: vec![1; r.len()],
+                prompt_token_ids: p,
+                response_token_ids: r,
+                rollout_logprobs: lp.logprobs,
+                rollout_logprobs_recomputed: true,
+                reward: if i % 2 == 0 { 1.0 } else { -1.0 },
+                teacher_logprobs: None,
+                topk_ids: None,
+                topk_logprobs: None,
+                policy_version: Some(0),
+                judgment_id: None,
+                hint_id: None,
+                teacher_id: None,
+                source_topic: None,
+                source_partition: None,
+                source_offset: None,
+                event_time: 0,
+                processed_time: 0,
+            }
+        })
+        .collect();
+    let tokens: usize = samples.iter().map(|s| s.prompt_token_ids.len() + s.response_token_ids.len()).sum();
+    let response_tokens = samples.len() * RESPONSE;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut trainer = Trainer::new(lm, Method::Binary, cfg, CheckpointWriter::new(tmp.path(), "bench")).expect("trainer");
+    trainer.train_step(&samples).expect("warm-up step");
+    let mut times = vec![];
+    let mut loss = f64::NAN;
+    for _ in 0..steps {
+        let t = Instant::now();
+        let out = trainer.train_step(&samples).expect("step");
+        times.push(t.elapsed().as_secs_f64());
+        loss = out.metrics.map(|m| m.loss).unwrap_or(f64::NAN);
+    }
+    times.sort_by(f64::total_cmp);
+    let med = times[times.len() / 2];
+    emit(json!({"bench": "train", "case": "lora_binary_b8", "engine": "nextstate (tch)", "threads": threads, "samples": samples.len(),
+        "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times[0], "median_s": med,
+        "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss}));
+}
