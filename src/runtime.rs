@@ -157,7 +157,16 @@ impl InputLoop {
     /// # Errors
     /// [`Error::Kafka`] when the consumer cannot be created.
     pub fn new(bus: &Bus, group: &str, topic: &str) -> Result<InputLoop> {
-        let (consumer, flag) = bus.consumer(group, &[topic.to_string()])?;
+        Self::with_max_poll_interval(bus, group, topic, 0)
+    }
+
+    /// [`InputLoop::new`] for a caller that may not poll for up to `max_poll_ms` milliseconds between
+    /// batches (see [`Bus::consumer_with_max_poll`]); the bus's own setting applies when it is larger.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the consumer cannot be created.
+    pub fn with_max_poll_interval(bus: &Bus, group: &str, topic: &str, max_poll_ms: u32) -> Result<InputLoop> {
+        let (consumer, flag) = bus.consumer_with_max_poll(group, &[topic.to_string()], max_poll_ms)?;
         if let Some(f) = bus.flow() {
             f.register(group, topic);
         }

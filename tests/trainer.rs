@@ -161,7 +161,8 @@ fn write_pipeline(path: &std::path::Path, name: &str, model: &std::path::Path) {
     .unwrap();
 }
 
-fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, ck: &std::path::Path, extra: &[&str]) -> std::process::Child {
+fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, ck: &std::path::Path, extra: &[&str], log: &std::path::Path) -> std::process::Child {
+    let log = std::fs::File::create(log).unwrap();
     Command::new(common::bin())
         .args(["train", "--pipeline"])
         .arg(pipeline)
@@ -173,7 +174,7 @@ fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &s
         .args(extra)
         .env("OMP_NUM_THREADS", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap()
 }
@@ -204,7 +205,7 @@ async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
     p.flush().unwrap();
 
     // First run: killed with SIGKILL once two checkpoints exist (between later checkpoints).
-    let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &[]);
+    let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &[], &dir.path().join("train-1.log"));
     let run_dir = ck.join("resume");
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
@@ -221,9 +222,10 @@ async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
     assert!(before < N / 2, "killed before the end ({before} checkpoints)");
 
     // Resume: starts from the newest checkpoint, skips what it consumed, trains the rest.
-    let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &["--resume", "--until-idle"]);
+    let log2 = dir.path().join("train-2.log");
+    let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &["--resume", "--until-idle"], &log2);
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap()).await.unwrap();
-    assert!(status.success());
+    assert!(status.success(), "the resumed trainer failed ({status}):\n{}", std::fs::read_to_string(&log2).unwrap_or_default());
     let scan = nextstate::trainer::scan(&run_dir).unwrap();
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (_, m) in &scan.complete {

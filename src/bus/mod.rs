@@ -296,6 +296,18 @@ impl Bus {
     /// # Errors
     /// [`Error::Kafka`] on an invalid configuration or subscription failure.
     pub fn consumer(&self, group: &str, topics: &[String]) -> Result<(StreamConsumer<BusContext>, RebalanceFlag)> {
+        self.consumer_with_max_poll(group, topics, self.cfg.max_poll_interval_ms)
+    }
+
+    /// [`Bus::consumer`] whose `max.poll.interval.ms` is at least `max_poll_ms`: for a consumer whose
+    /// caller may not poll for a long time between batches (the trainer during an optimizer step, which
+    /// takes minutes on a CPU). Past the interval librdkafka leaves the group; a static member is then
+    /// fenced, which is fatal to the consumer.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] on an invalid configuration or subscription failure.
+    pub fn consumer_with_max_poll(&self, group: &str, topics: &[String], max_poll_ms: u32) -> Result<(StreamConsumer<BusContext>, RebalanceFlag)> {
+        let max_poll_ms = max_poll_ms.max(self.cfg.max_poll_interval_ms);
         let flag = RebalanceFlag::default();
         let ctx = BusContext { flag: flag.clone() };
         let mut cfg = self.base_config();
@@ -307,7 +319,7 @@ impl Bus {
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", self.cfg.session_timeout_ms.to_string())
-            .set("max.poll.interval.ms", if self.mock.is_some() { "86400000".to_string() } else { self.cfg.max_poll_interval_ms.to_string() })
+            .set("max.poll.interval.ms", if self.mock.is_some() { "86400000".to_string() } else { max_poll_ms.to_string() })
             .set("heartbeat.interval.ms", "1000")
             .set("isolation.level", "read_uncommitted")
             .set("fetch.message.max.bytes", self.cfg.max_message_bytes.to_string())
