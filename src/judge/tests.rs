@@ -307,7 +307,7 @@ async fn a_hanging_backend_times_out_into_invalid_votes() {
 /// judge decides.
 #[tokio::test]
 async fn rule_judge_on_a_real_mini_swe_agent_log() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let log: serde_json::Value = serde_json::from_str(&text).unwrap();
     let msgs: Vec<Message> = log["messages"]
