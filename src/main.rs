@@ -165,6 +165,13 @@ enum Command {
         /// Student turns answered by the agent before the students stop.
         #[arg(long, default_value_t = 32)]
         interactions: usize,
+        /// The students keep working past --interactions until this many policy versions answered them
+        /// (2: at least one trained checkpoint reached live traffic); 1 stops at --interactions.
+        #[arg(long, default_value_t = 2)]
+        min_versions_served: usize,
+        /// Hard limit on student turns (default: 3 × --interactions).
+        #[arg(long)]
+        max_interactions: Option<usize>,
         /// Students working at once.
         #[arg(long, default_value_t = 4)]
         students: usize,
@@ -361,7 +368,7 @@ fn main() -> Result<()> {
                     print!("{}", nextstate::stages::train::render_loss_report(&report));
                 }
             }
-            Command::Demo { pipeline, out, gsm8k, interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, data } => {
+            Command::Demo { pipeline, out, gsm8k, interactions, min_versions_served, max_interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, data } => {
                 let pipeline = pipeline.or_else(|| Some(PathBuf::from("pipelines/demo.toml")).filter(|p| p.exists()));
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let prefs = nextstate::demo::Preferences { max_words, correct_answer: require_correct, ..Default::default() };
@@ -370,6 +377,8 @@ fn main() -> Result<()> {
                     out: out.clone(),
                     gsm8k,
                     interactions,
+                    min_versions_served,
+                    max_interactions: max_interactions.unwrap_or(interactions.saturating_mul(3)),
                     students,
                     max_turns,
                     eval_problems,

@@ -30,6 +30,9 @@ async fn short_demo_against_the_real_broker() {
         out: dir.path().join("out"),
         gsm8k: common::root().join("data/gsm8k_test.json"),
         interactions: 8,
+        // the first checkpoint must reach the students (CI once answered all 8 before it loaded)
+        min_versions_served: 2,
+        max_interactions: 40,
         students: 2,
         max_turns: 2,
         eval_problems: 2,

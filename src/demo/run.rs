@@ -31,8 +31,14 @@ pub struct DemoOptions {
     pub out: PathBuf,
     /// GSM8K problems file.
     pub gsm8k: PathBuf,
-    /// Student turns answered by the agent (main turns) before the student stops.
+    /// Student turns answered by the agent (main turns) before the students stop.
     pub interactions: usize,
+    /// The students keep working past `interactions` until their requests were answered by at least this
+    /// many policy versions (2: at least one checkpoint reached them), so a demo on a slow machine still
+    /// shows the weights changing under live traffic. 0 or 1: stop at `interactions`.
+    pub min_versions_served: usize,
+    /// Hard limit on student turns whatever `min_versions_served` says (at least `interactions`).
+    pub max_interactions: usize,
     /// Students working at once (concurrent sessions).
     pub students: usize,
     /// Most agent turns per homework session.
@@ -104,10 +110,24 @@ async fn chat(client: &reqwest::Client, url: &str, body: serde_json::Value, head
     Ok((text, version))
 }
 
-/// One student's work: sessions on training problems until the demo's interaction budget is used.
+impl Shared {
+    /// Whether the students stop: the interaction budget is used and enough policy versions answered
+    /// them (`min_versions_served`), or the hard limit `max_interactions` is reached.
+    fn budget_used(&self) -> bool {
+        let answered = self.answered.load(Ordering::SeqCst);
+        if answered >= self.opts.max_interactions.max(self.opts.interactions) as u64 {
+            return true;
+        }
+        let versions = self.versions.lock().map(|v| v.len()).unwrap_or(usize::MAX);
+        answered >= self.opts.interactions as u64 && versions >= self.opts.min_versions_served
+    }
+}
+
+/// One student's work: sessions on training problems until the demo's interaction budget is used
+/// ([`Shared::budget_used`]).
 async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
     loop {
-        if sh.answered.load(Ordering::SeqCst) >= sh.opts.interactions as u64 {
+        if sh.budget_used() {
             return Ok(());
         }
         let Some(problem) = sh.problems.lock().await.next() else { return Ok(()) };
@@ -138,7 +158,7 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
             let reply = sh.student.reply_at(&text, &problem, turn);
             messages.push(json!({"role": "assistant", "content": text}));
             messages.push(json!({"role": "user", "content": reply.text}));
-            let last = reply.session_done || turn == sh.opts.max_turns || sh.answered.load(Ordering::SeqCst) >= sh.opts.interactions as u64;
+            let last = reply.session_done || turn == sh.opts.max_turns || sh.budget_used();
             if last {
                 // The student's last reply is the next state of the last answer: it reaches the pipeline
                 // in a closing side turn (not trained; one token) that also marks the session done.
@@ -226,7 +246,10 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         next_session: AtomicUsize::new(0),
         opts: opts.clone(),
     });
-    eprintln!("[demo] {} students start their homework ({} interactions)", opts.students, opts.interactions);
+    eprintln!(
+        "[demo] {} students start their homework ({} interactions, more until {} policy versions answered them, at most {})",
+        opts.students, opts.interactions, opts.min_versions_served, opts.max_interactions.max(opts.interactions)
+    );
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..opts.students.max(1) {
         let sh = sh.clone();
@@ -311,7 +334,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             format!(
                 "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems.",
                 opts.pipeline.policy.model.display(),
-                opts.interactions,
+                sh.answered.load(Ordering::SeqCst),
                 opts.students,
                 opts.max_turns,
                 opts.max_tokens,
