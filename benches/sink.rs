@@ -2,8 +2,9 @@
 //! Kafka-protocol broker, with a local ceiling and a scaling run.
 //!
 //! Records: the tau-bench fixture's 2,454 interactions replicated with fresh interaction/session ids
-//! (`records=N`, default 24,540 = 10 copies; about 13 kB of JSON each), produced to a fresh topic as the
-//! bus's JSON envelopes, keyed by session id. Not timed: producing (reported separately as the
+//! (`records=N`, default 24,540 = 10 copies), each cut to about `record_bytes` (default 4,096; 0 = whole,
+//! about 15 kB) by dropping its oldest request messages and then its tool schemas, produced to a fresh
+//! topic as the bus's JSON envelopes, keyed by session id. Not timed: producing (reported separately as the
 //! producer's rate). Timed:
 //! - `sink`: one in-process `run_sink::<Interaction>` (the default `[sink]` settings: 64 MiB / 5 s
 //!   rolls, polls of 2,000) from its start until it has written every record and found the topic idle
@@ -11,10 +12,10 @@
 //! - `ceiling`: the same payloads parsed with serde_json and written with the lake's own writer
 //!   (`Lake::write_file`: serde_arrow → Arrow → ZSTD Parquet, fsync, rename) in 64 MiB files, in one
 //!   process, no Kafka;
-//! - `procs`: `nextstate run --only sinks --until-idle` processes (1 or 2, static membership
-//!   `--group-instance-id sinks-<i>`) over a 4-partition topic (`scale_records=N`, default 9,816), from
-//!   spawn until the last Parquet file of the table appears (process start, group join and
-//!   rebalances included; the idle wait and shutdown after it are not).
+//! - `procs`: `nextstate run --only sinks --until-idle` processes (`procs=1,2`, static membership
+//!   `--group-instance-id sinks-<i>`) over a topic of each partition count (`scale_records=N`, default
+//!   24,540), from spawn until the last Parquet file of the table appears (process start, group join
+//!   and rebalances included; the idle wait and shutdown after it are not).
 //!
 //! Every run checks exactly-once: the lake holds each record's key once (`rows` in the output).
 //!
@@ -45,12 +46,32 @@ struct Records {
     bytes: u64,
 }
 
-fn records(rows: &[Interaction], n: usize) -> Records {
+/// The envelope of `row`, cut to at most about `target` bytes (0: whole) the way a shorter conversation
+/// would be: the oldest request messages go first, then the tool schemas; the response and the ids stay.
+fn envelope_near(mut row: Interaction, target: usize) -> Vec<u8> {
+    let encode = |r: &Interaction| serde_json::to_vec(&Envelope { row: r.clone(), carry: None }).expect("serialise");
+    let mut out = encode(&row);
+    if target == 0 {
+        return out;
+    }
+    let mut messages: Vec<serde_json::Value> = serde_json::from_str(&row.request_messages).unwrap_or_default();
+    while out.len() > target && messages.len() > 1 {
+        messages.remove(0);
+        row.request_messages = serde_json::to_string(&messages).expect("serialise");
+        out = encode(&row);
+    }
+    if out.len() > target && row.tools.is_some() {
+        row.tools = None;
+        out = encode(&row);
+    }
+    out
+}
+
+fn records(rows: &[Interaction], n: usize, target: usize) -> Records {
     let payloads: Vec<(String, Vec<u8>)> = (0..n)
         .map(|i| {
             let r = replica(&rows[i % rows.len()], i / rows.len());
-            let env = Envelope { row: r.clone(), carry: None };
-            (r.session_id, serde_json::to_vec(&env).expect("serialise"))
+            (r.session_id.clone(), envelope_near(r, target))
         })
         .collect();
     let bytes = payloads.iter().map(|(_, p)| p.len() as u64).sum();
@@ -132,18 +153,20 @@ fn main() {
     };
     let brokers = arg("brokers", "127.0.0.1:19092");
     let n: usize = arg("records", "24540").parse().expect("records=N");
-    let scale_n: usize = arg("scale_records", "9816").parse().expect("scale_records=N");
+    let scale_n: usize = arg("scale_records", "24540").parse().expect("scale_records=N");
+    let target: usize = arg("record_bytes", "4096").parse().expect("record_bytes=N");
     let partitions: Vec<i32> = arg("partitions", "1,2,4").split(',').map(|p| p.parse().expect("partitions=1,2,4")).collect();
     let procs: Vec<usize> = arg("procs", "1,2").split(',').filter(|s| !s.is_empty()).map(|p| p.parse().expect("procs=1,2")).collect();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let recs = records(&rows, n);
+    let recs = records(&rows, n, target);
     let mb = recs.bytes as f64 / 1e6;
-    eprintln!("{n} records, {mb:.1} MB of envelopes");
+    let mean_bytes = recs.bytes as f64 / n.max(1) as f64;
+    eprintln!("{n} records, {mb:.1} MB of envelopes, {mean_bytes:.0} bytes each on average");
 
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = ceiling(&recs, &tmp.path().join("ceiling"));
     let parquet = dir_bytes(&tmp.path().join("ceiling"));
-    emit(json!({"bench": "sink", "case": "ceiling", "records": n, "mb": mb, "secs": d.as_secs_f64(),
+    emit(json!({"bench": "sink", "case": "ceiling", "records": n, "mb": mb, "record_bytes_mean": mean_bytes, "record_bytes_target": target, "secs": d.as_secs_f64(),
         "mb_s": mb / d.as_secs_f64(), "records_s": n as f64 / d.as_secs_f64(), "parquet_mb": parquet as f64 / 1e6}));
 
     for &p in &partitions {
@@ -165,18 +188,17 @@ fn main() {
             "produce_mb_s": mb / produce_secs, "idle_ms_included": 300}));
     }
 
-    // Scaling with sink processes (static membership) over a 4-partition topic.
-    let scale = records(&rows, scale_n);
+    // Scaling: sink processes (static membership) over topics of 1, 2 and 4 partitions.
+    let scale = records(&rows, scale_n, target);
     let smb = scale.bytes as f64 / 1e6;
-    for &k in &procs {
-        let p = 4;
-        let lake_dir = tmp.path().join(format!("procs-{k}"));
+    for (&p, &k) in partitions.iter().flat_map(|p| procs.iter().map(move |k| (p, k))) {
+        let lake_dir = tmp.path().join(format!("procs-p{p}-{k}"));
         let (_bus, prefix, _) = rt.block_on(topic_with(&brokers, p, &scale));
         let t0 = SystemTime::now();
         let started = Instant::now();
         let mut children: Vec<std::process::Child> = (0..k)
             .map(|i| {
-                let log = std::fs::File::create(tmp.path().join(format!("procs-{k}-{i}.log"))).expect("log");
+                let log = std::fs::File::create(tmp.path().join(format!("procs-p{p}-{k}-{i}.log"))).expect("log");
                 Command::new(env!("CARGO_BIN_EXE_nextstate"))
                     .args(["run", "--only", "sinks", "--until-idle", "--brokers", &brokers, "--topic-prefix", &prefix])
                     .args(["--lake", &lake_dir.display().to_string(), "--group-instance-id", &format!("sinks-{i}")])

@@ -61,32 +61,12 @@ fn main() {
             let p: Vec<i32> = p.iter().map(|&x| x as i32).collect();
             let r: Vec<i32> = r.iter().map(|&x| x as i32).collect();
             Sample {
-                schema_version: 1,
                 sample_id: format!("bench-{i}"),
                 pipeline: "bench".into(),
-                method: "binary".into(),
-                sample_type: SampleType::Binary,
                 interaction_id: format!("turn-{i}"),
                 session_id: format!("session-{i}"),
-                turn_index: 0,
-                loss_mask: vec![1; r.len()],
-                prompt_token_ids: p,
-                response_token_ids: r,
-                rollout_logprobs: lp.logprobs,
                 rollout_logprobs_recomputed: true,
-                reward: if i % 2 == 0 { 1.0 } else { -1.0 },
-                teacher_logprobs: None,
-                topk_ids: None,
-                topk_logprobs: None,
-                policy_version: Some(0),
-                judgment_id: None,
-                hint_id: None,
-                teacher_id: None,
-                source_topic: None,
-                source_partition: None,
-                source_offset: None,
-                event_time: 0,
-                processed_time: 0,
+                ..Sample::new(SampleType::Binary, p, r, lp.logprobs, if i % 2 == 0 { 1.0 } else { -1.0 })
             }
         })
         .collect();

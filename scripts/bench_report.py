@@ -147,8 +147,11 @@ def main():
         ceil = next((r for r in res if r.get("case") == "ceiling"), None)
         sinks = [r for r in res if r.get("case") == "run_sink"]
         procs = [r for r in res if r.get("case") == "processes"]
+        size = ""
+        if ceil and ceil.get("record_bytes_mean"):
+            size = f", {f(ceil['record_bytes_mean'])} bytes each on average (cut to about {f(ceil['record_bytes_target'])} by dropping the oldest request messages)"
         L.append("Records: tau-bench interactions replicated with fresh ids, as the bus's JSON envelopes "
-                 f"({f(ceil['records'] if ceil else None)} records, {f(ceil['mb'] if ceil else None)} MB). The sink reads them from a real "
+                 f"({f(ceil['records'] if ceil else None)} records, {f(ceil['mb'] if ceil else None)} MB{size}). The sink reads them from a real "
                  "Kafka-protocol broker (noida-db) and writes ZSTD Parquet with the default `[sink]` settings; every run checks that each "
                  "record is in the lake exactly once (`rows`).\n")
         L.append("| case | partitions | consumers | records | MB | seconds | MB/s | records/s | rows in lake |\n|---|---|---|---|---|---|---|---|---|")
@@ -170,10 +173,10 @@ def main():
         for r in sinks:
             if s1 and r is not s1:
                 notes.append(f"{r['partitions']} partitions with one consumer: ×{r['mb_s'] / s1['mb_s']:.2f} of 1 partition")
-        p1 = next((r for r in procs if r["consumers"] == 1), None)
+        base = next((r for r in procs if r["consumers"] == 1 and r["partitions"] == 1), None)
         for r in procs:
-            if p1 and r is not p1:
-                notes.append(f"{r['consumers']} sink processes: ×{r['mb_s'] / p1['mb_s']:.2f} of 1 process (4 partitions)")
+            if base and r is not base:
+                notes.append(f"{r['partitions']} partitions × {r['consumers']} process(es): ×{r['mb_s'] / base['mb_s']:.2f} of 1 partition × 1 process")
         if notes:
             L.append("Scaling (computed from the rows above): " + "; ".join(notes) + ".\n")
         if rc not in ("0", None):

@@ -16,7 +16,7 @@ use nextstate::ablate::results::*;
 use nextstate::config::PipelineConfig;
 use nextstate::lake::Lake;
 use nextstate::runtime::Stop;
-use nextstate::schema::{Interaction, Judgment, Message, Table, TurnType};
+use nextstate::schema::{Interaction, Judgment, Message};
 
 fn model_dir() -> Option<PathBuf> {
     let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from), Some(common::root().join("models/smollm2-135m-instruct"))];
@@ -34,37 +34,13 @@ fn turn(session: &str, turn: i32, reply: &str) -> Interaction {
     let request_messages = serde_json::to_string(&request).unwrap();
     let response = format!("answer {session} {turn}");
     Interaction {
-        schema_version: Interaction::SCHEMA_VERSION,
-        interaction_id: Interaction::compute_id(session, turn, &request_messages, &response, None),
-        session_id: session.into(),
-        session_inferred: false,
-        turn_index: turn,
-        turn_type: TurnType::Main,
         session_done: turn == 1,
         policy_version: Some(0),
-        model: None,
-        request_messages,
-        tools: None,
-        response_text: response,
-        reasoning_text: None,
-        tool_calls: None,
         finish_reason: Some("stop".into()),
-        truncated: false,
-        prompt_text: None,
-        prompt_token_ids: None,
-        response_token_ids: None,
-        rollout_logprobs: None,
         next_state: Some(serde_json::to_string(&[Message::text("user", reply)]).unwrap()),
-        outcome_reward: None,
-        notes: vec![],
         source_format: "test".into(),
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
-        source_file: None,
-        source_line: None,
-        event_time: 1_767_225_600_000 + i64::from(turn) * 1000 + if session == "s1" { 0 } else { 100 },
         ingest_time: 1_767_225_600_000,
+        ..Interaction::new(session, turn, &request_messages, &response, 1_767_225_600_000 + i64::from(turn) * 1000 + if session == "s1" { 0 } else { 100 })
     }
 }
 

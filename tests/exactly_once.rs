@@ -16,7 +16,7 @@ use common::Proc;
 
 use nextstate::bus::{Bus, BusConfig};
 use nextstate::lake::Lake;
-use nextstate::schema::{Interaction, TurnType};
+use nextstate::schema::Interaction;
 use rand::{Rng, SeedableRng};
 
 fn interaction(i: usize) -> Interaction {
@@ -24,37 +24,16 @@ fn interaction(i: usize) -> Interaction {
     let req = format!(r#"[{{"role":"user","content":"question {i} {}"}}]"#, "x".repeat(200));
     let resp = format!("answer {i}");
     Interaction {
-        schema_version: 1,
-        interaction_id: Interaction::compute_id(&session, i as i32, &req, &resp, None),
-        session_id: session,
-        session_inferred: false,
-        turn_index: i as i32,
-        turn_type: TurnType::Main,
-        session_done: false,
         policy_version: Some(0),
-        model: None,
-        request_messages: req,
-        tools: None,
-        response_text: resp,
-        reasoning_text: None,
-        tool_calls: None,
         finish_reason: Some("stop".into()),
-        truncated: false,
-        prompt_text: None,
         prompt_token_ids: Some(vec![1, 2, 3]),
         response_token_ids: Some(vec![4, 5]),
         rollout_logprobs: Some(vec![-0.1, -0.2]),
-        next_state: None,
-        outcome_reward: None,
-        notes: vec![],
         source_format: "test".into(),
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
-        source_file: None,
         source_line: Some(i as i64),
-        event_time: 1_764_000_000_000 + (i as i64) * 60_000, // spans two dates
         ingest_time: 1_764_000_000_000,
+        // event times span two dates
+        ..Interaction::new(&session, i as i32, &req, &resp, 1_764_000_000_000 + (i as i64) * 60_000)
     }
 }
 

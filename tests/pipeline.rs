@@ -25,37 +25,14 @@ fn session(case: &str, idx: i32) -> Vec<Interaction> {
     let req0 = serde_json::to_string(&vec![q.clone()]).unwrap();
     let req1 = serde_json::to_string(&vec![q, a.clone(), reply, Message::text("user", "")]).unwrap();
     let mk = |turn: i32, req: String, resp: String, done: bool, tt: TurnType| Interaction {
-        schema_version: 1,
-        interaction_id: Interaction::compute_id(&sid, turn, &req, &resp, None),
-        session_id: sid.clone(),
-        session_inferred: false,
-        turn_index: turn,
         turn_type: tt,
         session_done: done,
         policy_version: Some(0),
-        model: None,
-        request_messages: req,
-        tools: None,
-        response_text: resp,
-        reasoning_text: None,
-        tool_calls: None,
         finish_reason: Some("stop".into()),
-        truncated: false,
-        prompt_text: None,
-        prompt_token_ids: None,
-        response_token_ids: None,
-        rollout_logprobs: None,
-        next_state: None,
-        outcome_reward: None,
-        notes: vec![],
         source_format: "test".into(),
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
-        source_file: None,
         source_line: Some(idx as i64),
-        event_time: 1_764_000_000_000 + idx as i64 * 1000,
         ingest_time: 1_764_000_000_000,
+        ..Interaction::new(&sid, turn, &req, &resp, 1_764_000_000_000 + idx as i64 * 1000)
     };
     // turn 0: the main turn; turn 1: a closing side turn whose request carries the user's reply.
     let mut req1_msgs: Vec<Message> = serde_json::from_str(&req1).unwrap();

@@ -28,35 +28,21 @@ fn samples(lm: &LanguageModel, n: usize, pipeline: &str) -> Vec<Sample> {
         let mut response = lm.encode(&format!("{i} plus {i} is {}.", 2 * i)).unwrap();
         response.push(lm.eos_token_ids()[0]);
         let rollout = lm.score(&[(prompt.clone(), response.clone())], 0).unwrap().remove(0).logprobs;
-        let t = response.len();
         let id = content_hash(&[pipeline.as_bytes(), &(i as u64).to_le_bytes()]);
         out.push(Sample {
-            schema_version: 1,
             sample_id: id.clone(),
             pipeline: pipeline.into(),
-            method: "binary".into(),
-            sample_type: SampleType::Binary,
             interaction_id: format!("i-{id}"),
             session_id: format!("s{i}"),
-            turn_index: 0,
-            prompt_token_ids: prompt.iter().map(|&x| x as i32).collect(),
-            response_token_ids: response.iter().map(|&x| x as i32).collect(),
-            loss_mask: vec![1; t],
-            rollout_logprobs: rollout,
             rollout_logprobs_recomputed: true,
-            reward: if i % 2 == 0 { 1.0 } else { -1.0 },
-            teacher_logprobs: None,
-            topk_ids: None,
-            topk_logprobs: None,
-            policy_version: Some(0),
-            judgment_id: None,
-            hint_id: None,
-            teacher_id: None,
-            source_topic: None,
-            source_partition: None,
-            source_offset: None,
             event_time: 1_764_000_000_000 + i as i64,
-            processed_time: 0,
+            ..Sample::new(
+                SampleType::Binary,
+                prompt.iter().map(|&x| x as i32).collect(),
+                response.iter().map(|&x| x as i32).collect(),
+                rollout,
+                if i % 2 == 0 { 1.0 } else { -1.0 },
+            )
         });
     }
     out

@@ -1,41 +1,15 @@
 //! Hand-made rows for the ablation's unit tests.
 
-use crate::schema::{Interaction, Judgment, Sample, SampleType, Table, TurnType, Vote};
+use crate::schema::{Interaction, Judgment, Sample, SampleType, Table, Vote};
 
 /// A main-turn interaction of `session` with id `<session>-<turn>`.
 pub fn interaction(session: &str, turn: i32) -> Interaction {
     Interaction {
-        schema_version: Interaction::SCHEMA_VERSION,
         interaction_id: format!("{session}-{turn}"),
-        session_id: session.into(),
-        session_inferred: false,
-        turn_index: turn,
-        turn_type: TurnType::Main,
-        session_done: false,
         policy_version: Some(0),
-        model: None,
-        request_messages: "[]".into(),
-        tools: None,
-        response_text: "x".into(),
-        reasoning_text: None,
-        tool_calls: None,
         finish_reason: Some("stop".into()),
-        truncated: false,
-        prompt_text: None,
-        prompt_token_ids: None,
-        response_token_ids: None,
-        rollout_logprobs: None,
-        next_state: None,
-        outcome_reward: None,
-        notes: vec![],
         source_format: "test".into(),
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
-        source_file: None,
-        source_line: None,
-        event_time: 1_000,
-        ingest_time: 1_000,
+        ..Interaction::new(session, turn, "[]", "x", 1_000)
     }
 }
 
@@ -70,31 +44,13 @@ pub fn judgment(pipeline: &str, session: &str, score: i32) -> Judgment {
 /// 3, 4, 5, … as long as `rollout`).
 pub fn sample(ty: SampleType, reward: f32, rollout: &[f32], teacher: Option<&[f32]>, mask: &[i32]) -> Sample {
     Sample {
-        schema_version: Sample::SCHEMA_VERSION,
         sample_id: "s".into(),
         pipeline: "p".into(),
         method: "combined".into(),
-        sample_type: ty,
         interaction_id: "i".into(),
         session_id: "s".into(),
-        turn_index: 0,
-        prompt_token_ids: vec![1, 2],
-        response_token_ids: (0..rollout.len() as i32).map(|i| i + 3).collect(),
         loss_mask: mask.to_vec(),
-        rollout_logprobs: rollout.to_vec(),
-        rollout_logprobs_recomputed: false,
-        reward,
         teacher_logprobs: teacher.map(|t| t.to_vec()),
-        topk_ids: None,
-        topk_logprobs: None,
-        policy_version: Some(0),
-        judgment_id: None,
-        hint_id: None,
-        teacher_id: None,
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
-        event_time: 0,
-        processed_time: 0,
+        ..Sample::new(ty, vec![1, 2], (0..rollout.len() as i32).map(|i| i + 3).collect(), rollout.to_vec(), reward)
     }
 }

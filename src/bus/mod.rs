@@ -45,6 +45,13 @@ pub struct BusConfig {
     pub session_timeout_ms: u32,
     /// Producer message size limit in bytes (`message.max.bytes`).
     pub max_message_bytes: u32,
+    /// Largest fetch response a consumer accepts, bytes (librdkafka `receive.message.max.bytes`, at most
+    /// 2,147,483,647). A Kafka broker bounds its fetch responses by `fetch.max.bytes` (50 MB), so with a
+    /// real cluster this limit is never reached. noida-db 0.2.3 ignores the fetch size limits and answers
+    /// with the partition's whole backlog from the fetch offset: a consumer whose backlog exceeds this
+    /// limit gets `Invalid response size` (`BadMessage`) and reconnects forever without reading a
+    /// record. Default 1 GiB, so the embedded defaults and the benchmarks' backlogs fit.
+    pub receive_max_bytes: u32,
     /// Consumer `max.poll.interval.ms`: a member that does not poll for this long leaves its group;
     /// it is also the time a broker may wait for a dead member during a rebalance. The embedded
     /// cluster (one process) uses 24 h.
@@ -68,6 +75,7 @@ impl Default for BusConfig {
             replication: 1,
             session_timeout_ms: 6000,
             max_message_bytes: 64 << 20,
+            receive_max_bytes: 1 << 30,
             max_poll_interval_ms: 300_000,
             group_instance_id: None,
         }
@@ -324,6 +332,7 @@ impl Bus {
             .set("isolation.level", "read_uncommitted")
             .set("fetch.message.max.bytes", self.cfg.max_message_bytes.to_string())
             .set("max.partition.fetch.bytes", self.cfg.max_message_bytes.to_string())
+            .set("receive.message.max.bytes", self.cfg.receive_max_bytes.to_string())
             .set("topic.metadata.refresh.interval.ms", "2000")
             .create_with_context(ctx)?;
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();

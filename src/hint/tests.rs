@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::judge::tests::Scripted;
+use crate::judge::mini_swe_agent_messages;
 use crate::judge::turn_for_tests as turn;
 use crate::schema::NextStateKind;
 
@@ -112,15 +113,7 @@ fn rule_answer_round_trips_through_the_parser() {
 /// the shell answers with exit code 1; the rule hint names the error line.
 #[tokio::test]
 async fn rule_hint_on_a_real_mini_swe_agent_log() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let log: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let msgs: Vec<Message> = log["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| Message::text(m["role"].as_str().unwrap(), m["content"].as_str().unwrap_or("")))
-        .collect();
+    let msgs = mini_swe_agent_messages();
     let hinter = Hinter::new(HintConfig::default()).unwrap();
     // Turn 0: request = system + task, response = msgs[2], next state = msgs[3].
     let mut t = turn(msgs[..2].to_vec(), &msgs[2].content, NextStateKind::Environment, &msgs[3].content);

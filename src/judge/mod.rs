@@ -27,7 +27,7 @@ pub use prompt::{
 pub use rules::{RulesJudge, REPHRASE_JACCARD, RULES_JUDGE_MODEL};
 pub use turn::TurnContext;
 #[cfg(test)]
-pub(crate) use turn::tests::turn as turn_for_tests;
+pub(crate) use turn::tests::{mini_swe_agent_messages, turn as turn_for_tests};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures::future::BoxFuture;
 
-use super::turn::tests::turn;
+use super::turn::tests::{mini_swe_agent_messages, turn};
 use super::*;
 use crate::schema::{Message, NextStateKind};
 
@@ -307,15 +307,7 @@ async fn a_hanging_backend_times_out_into_invalid_votes() {
 /// judge decides.
 #[tokio::test]
 async fn rule_judge_on_a_real_mini_swe_agent_log() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let log: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let msgs: Vec<Message> = log["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| Message::text(m["role"].as_str().unwrap(), m["content"].as_str().unwrap_or("")))
-        .collect();
+    let msgs = mini_swe_agent_messages();
     let code_re = regex::Regex::new(r"<returncode>(-?\d+)</returncode>").unwrap();
     let judge = Judge::new(JudgeConfig { m: 1, ..JudgeConfig::default() }).unwrap();
     let mut scores = vec![];

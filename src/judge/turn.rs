@@ -147,7 +147,21 @@ impl TurnContext {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::schema::{ToolCall, TurnType};
+    use crate::schema::ToolCall;
+
+    /// The messages of the mini-swe-agent log in `tests/fixtures/agent-logs` (a real claude-sonnet-4
+    /// run: system, task, then assistant commands and the shell's answers as role `user`), as text.
+    pub(crate) fn mini_swe_agent_messages() -> Vec<Message> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let log: serde_json::Value = serde_json::from_str(&text).unwrap();
+        log["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::text(m["role"].as_str().unwrap(), m["content"].as_str().unwrap_or("")))
+            .collect()
+    }
 
     /// A turn with the given request, response text, next-state kind/text and no features set.
     pub(crate) fn turn(request: Vec<Message>, response: &str, kind: NextStateKind, next: &str) -> TurnContext {
@@ -175,46 +189,21 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn interaction(id: &str, request: &[Message]) -> Interaction {
+        let call = ToolCall { id: Some("c1".into()), name: "bash".into(), arguments: serde_json::json!({"cmd": "ls"}), arguments_raw: None };
         Interaction {
-            schema_version: 1,
             interaction_id: id.into(),
-            session_id: "s1".into(),
-            session_inferred: false,
-            turn_index: 2,
-            turn_type: TurnType::Main,
-            session_done: false,
             policy_version: Some(7),
-            model: None,
-            request_messages: serde_json::to_string(request).unwrap(),
-            tools: None,
-            response_text: "ls".into(),
-            reasoning_text: None,
-            tool_calls: Some(
-                serde_json::to_string(&vec![ToolCall {
-                    id: Some("c1".into()),
-                    name: "bash".into(),
-                    arguments: serde_json::json!({"cmd": "ls"}),
-                    arguments_raw: None,
-                }])
-                .unwrap(),
-            ),
+            tool_calls: Some(serde_json::to_string(&vec![call]).unwrap()),
             finish_reason: Some("tool_calls".into()),
-            truncated: false,
-            prompt_text: None,
             prompt_token_ids: Some(vec![1, 2, 3]),
             response_token_ids: Some(vec![4, 5]),
             rollout_logprobs: Some(vec![-0.5, -0.25]),
-            next_state: None,
-            outcome_reward: None,
-            notes: vec![],
             source_format: "proxy".into(),
             source_topic: Some("interactions".into()),
             source_partition: Some(1),
             source_offset: Some(42),
-            source_file: None,
-            source_line: None,
-            event_time: 1_700_000_000_000,
             ingest_time: 1_700_000_000_500,
+            ..Interaction::new("s1", 2, &serde_json::to_string(request).unwrap(), "ls", 1_700_000_000_000)
         }
     }
 

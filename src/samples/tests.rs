@@ -12,37 +12,19 @@ const IID: &str = "turn-1";
 
 fn interaction(turn_type: TurnType) -> Interaction {
     Interaction {
-        schema_version: 1,
         interaction_id: IID.into(),
-        session_id: "s1".into(),
-        session_inferred: false,
-        turn_index: 4,
         turn_type,
-        session_done: false,
         policy_version: Some(9),
-        model: None,
-        request_messages: "[]".into(),
-        tools: None,
-        response_text: "abc".into(),
-        reasoning_text: None,
-        tool_calls: None,
         finish_reason: Some("stop".into()),
-        truncated: false,
-        prompt_text: None,
         prompt_token_ids: Some(vec![1, 2]),
         response_token_ids: Some(vec![10, 11, 12]),
         rollout_logprobs: Some(vec![-0.5, -1.0, -0.25]),
-        next_state: None,
-        outcome_reward: None,
-        notes: vec![],
         source_format: "proxy".into(),
         source_topic: Some("interactions".into()),
         source_partition: Some(2),
         source_offset: Some(77),
-        source_file: None,
-        source_line: None,
-        event_time: 1_000,
         ingest_time: 2_000,
+        ..Interaction::new("s1", 4, "[]", "abc", 1_000)
     }
 }
 

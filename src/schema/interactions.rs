@@ -159,6 +159,46 @@ pub struct Interaction {
 }
 
 impl Interaction {
+    /// A main turn of `session_id` at `turn_index`: `request_messages` (a JSON array of messages, not
+    /// checked here) answered by `response_text`, at `event_time_ms` (ms since epoch; also the ingest
+    /// time). Its `interaction_id` is [`Interaction::compute_id`] of those; every optional column is
+    /// empty (no tokens, log-probs, next state or lineage), `source_format` is `manual`. Set the other
+    /// columns with struct update syntax (`Interaction { policy_version: Some(3), ..Interaction::new(..) }`).
+    pub fn new(session_id: &str, turn_index: i32, request_messages: &str, response_text: &str, event_time_ms: i64) -> Interaction {
+        Interaction {
+            schema_version: Interaction::SCHEMA_VERSION,
+            interaction_id: Interaction::compute_id(session_id, turn_index, request_messages, response_text, None),
+            session_id: session_id.into(),
+            session_inferred: false,
+            turn_index,
+            turn_type: TurnType::Main,
+            session_done: false,
+            policy_version: None,
+            model: None,
+            request_messages: request_messages.into(),
+            tools: None,
+            response_text: response_text.into(),
+            reasoning_text: None,
+            tool_calls: None,
+            finish_reason: None,
+            truncated: false,
+            prompt_text: None,
+            prompt_token_ids: None,
+            response_token_ids: None,
+            rollout_logprobs: None,
+            next_state: None,
+            outcome_reward: None,
+            notes: vec![],
+            source_format: "manual".into(),
+            source_topic: None,
+            source_partition: None,
+            source_offset: None,
+            source_file: None,
+            source_line: None,
+            event_time: event_time_ms,
+            ingest_time: event_time_ms,
+        }
+    }
     /// Parses `request_messages`.
     ///
     /// # Errors

@@ -32,6 +32,14 @@ impl SampleType {
             SampleType::CombinedScoreOnly => "combined-score-only",
         }
     }
+    /// The method that produces this type: `binary`, `opd` or `combined` (METHOD.md §5).
+    pub fn method(self) -> &'static str {
+        match self {
+            SampleType::Binary => "binary",
+            SampleType::Opd => "opd",
+            SampleType::CombinedBoth | SampleType::CombinedHintOnly | SampleType::CombinedScoreOnly => "combined",
+        }
+    }
 }
 
 /// One training sample: a main turn's tokens with its reward and/or teacher log-probs.
@@ -92,6 +100,42 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// A sample of `sample_type` (its `method` derived from it) over `prompt_token_ids` [P] and
+    /// `response_token_ids` [T] (i32 token ids) with `rollout_logprobs` [T] (f32, nats) and scalar
+    /// `reward`: every response token trained (`loss_mask` all 1), no teacher log-probs or top-K,
+    /// policy version 0, ids, pipeline and lineage empty and times 0. Set the other columns with struct
+    /// update syntax (`Sample { sample_id, ..Sample::new(..) }`); the samples stage builds its rows in
+    /// full (`crate::samples`). Lengths are not checked here: the trainer rejects a misaligned sample.
+    pub fn new(sample_type: SampleType, prompt_token_ids: Vec<i32>, response_token_ids: Vec<i32>, rollout_logprobs: Vec<f32>, reward: f32) -> Sample {
+        Sample {
+            schema_version: Sample::SCHEMA_VERSION,
+            sample_id: String::new(),
+            pipeline: String::new(),
+            method: sample_type.method().into(),
+            sample_type,
+            interaction_id: String::new(),
+            session_id: String::new(),
+            turn_index: 0,
+            loss_mask: vec![1; response_token_ids.len()],
+            prompt_token_ids,
+            response_token_ids,
+            rollout_logprobs,
+            rollout_logprobs_recomputed: false,
+            reward,
+            teacher_logprobs: None,
+            topk_ids: None,
+            topk_logprobs: None,
+            policy_version: Some(0),
+            judgment_id: None,
+            hint_id: None,
+            teacher_id: None,
+            source_topic: None,
+            source_partition: None,
+            source_offset: None,
+            event_time: 0,
+            processed_time: 0,
+        }
+    }
     /// Response length T.
     pub fn len(&self) -> usize {
         self.response_token_ids.len()

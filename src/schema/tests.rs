@@ -2,37 +2,19 @@ use super::*;
 
 fn interaction() -> Interaction {
     Interaction {
-        schema_version: 1,
         interaction_id: "i1".into(),
-        session_id: "s1".into(),
-        session_inferred: false,
-        turn_index: 0,
-        turn_type: TurnType::Main,
-        session_done: false,
         policy_version: Some(3),
-        model: None,
-        request_messages: r#"[{"role":"user","content":"hi"}]"#.into(),
-        tools: None,
-        response_text: "hello".into(),
-        reasoning_text: None,
-        tool_calls: None,
         finish_reason: Some("stop".into()),
-        truncated: false,
-        prompt_text: None,
         prompt_token_ids: Some(vec![1, 2, 3]),
         response_token_ids: Some(vec![4, 5]),
         rollout_logprobs: Some(vec![-0.5, -1.25]),
-        next_state: None,
-        outcome_reward: None,
         notes: vec!["developer role mapped to system".into()],
         source_format: "proxy".into(),
         source_topic: Some("interactions".into()),
         source_partition: Some(2),
         source_offset: Some(17),
-        source_file: None,
-        source_line: None,
-        event_time: 1_700_000_000_000,
         ingest_time: 1_700_000_000_500,
+        ..Interaction::new("s1", 0, r#"[{"role":"user","content":"hi"}]"#, "hello", 1_700_000_000_000)
     }
 }
 

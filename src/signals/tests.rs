@@ -16,37 +16,12 @@ fn row(session: &str, turn: i32, request: &[Message], response: &Message, t: i64
     let req = serde_json::to_string(request).unwrap();
     let tc = if response.tool_calls.is_empty() { None } else { Some(serde_json::to_string(&response.tool_calls).unwrap()) };
     Interaction {
-        schema_version: 1,
         interaction_id: Interaction::compute_id(session, turn, &req, &response.content, tc.as_deref()),
-        session_id: session.into(),
-        session_inferred: false,
-        turn_index: turn,
-        turn_type: TurnType::Main,
-        session_done: false,
         policy_version: Some(7),
-        model: None,
-        request_messages: req,
-        tools: None,
-        response_text: response.content.clone(),
         reasoning_text: response.reasoning.clone(),
         tool_calls: tc,
-        finish_reason: None,
-        truncated: false,
-        prompt_text: None,
-        prompt_token_ids: None,
-        response_token_ids: None,
-        rollout_logprobs: None,
-        next_state: None,
-        outcome_reward: None,
-        notes: vec![],
         source_format: "test".into(),
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
-        source_file: None,
-        source_line: None,
-        event_time: t,
-        ingest_time: t,
+        ..Interaction::new(session, turn, &req, &response.content, t)
     }
 }
 

@@ -131,32 +131,13 @@ async fn every_process_killed_at_random_points_keeps_each_record_exactly_once() 
 fn sample(id: &str, reward: f32) -> nextstate::schema::Sample {
     use nextstate::schema::{Sample, SampleType};
     Sample {
-        schema_version: 1,
         sample_id: id.to_string(),
         pipeline: "dup".into(),
-        method: "binary".into(),
-        sample_type: SampleType::Binary,
         interaction_id: format!("i-{id}"),
         session_id: format!("s-{id}"),
-        turn_index: 0,
-        prompt_token_ids: vec![1, 4093, 198, 30, 2],
-        response_token_ids: vec![504, 30, 2],
-        loss_mask: vec![1, 1, 1],
-        rollout_logprobs: vec![-1.5, -0.75, -0.25],
-        rollout_logprobs_recomputed: false,
-        reward,
-        teacher_logprobs: None,
-        topk_ids: None,
-        topk_logprobs: None,
-        policy_version: Some(0),
-        judgment_id: None,
-        hint_id: None,
-        teacher_id: None,
-        source_topic: None,
-        source_partition: None,
-        source_offset: None,
         event_time: 1_772_400_000_000,
         processed_time: 1_772_400_000_000,
+        ..Sample::new(SampleType::Binary, vec![1, 4093, 198, 30, 2], vec![504, 30, 2], vec![-1.5, -0.75, -0.25], reward)
     }
 }
 
