@@ -7,7 +7,7 @@
 #
 # Sections: ingest (benches/ingest.rs), sink (benches/sink.rs, needs a broker), sql (benches/sql.rs +
 # benches/peer_sql.py), stages (benches/stages.rs), train (benches/train.rs + benches/peer_train.py),
-# model (benches/model.rs + benches/peer_model.py).
+# model (benches/model.rs + benches/peer_model.py), proxy (benches/proxy.rs, needs a broker).
 # Environment:
 #   LIBTORCH (required by the build), CARGO_TARGET_DIR (default target)
 #   NEXTSTATE_BENCH_PYTHON   Python with torch, transformers, duckdb (default: python3)
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 export OMP_NUM_THREADS=1
 PY=${NEXTSTATE_BENCH_PYTHON:-python3}
-SECTIONS=${NEXTSTATE_BENCH_SECTIONS:-ingest,sink,sql,stages,train,model}
+SECTIONS=${NEXTSTATE_BENCH_SECTIONS:-ingest,sink,sql,stages,train,model,proxy}
 OUT=${NEXTSTATE_BENCH_OUT:-$CARGO_TARGET_DIR/bench-run}
 MODEL=models/smollm2-135m-instruct
 [ "${NEXTSTATE_BENCH_KEEP:-0}" = 1 ] || rm -rf "$OUT"
@@ -51,7 +51,7 @@ fi
 rm -f "$OUT/machine.new"
 
 echo "bench.sh: building benches (release)" >&2
-if ! cargo bench --no-run --bench ingest --bench sink --bench sql --bench stages --bench train --bench model > "$OUT/build.log" 2>&1; then
+if ! cargo bench --no-run --bench ingest --bench sink --bench proxy --bench sql --bench stages --bench train --bench model > "$OUT/build.log" 2>&1; then
   echo "bench.sh: build failed, see $OUT/build.log" >&2; tail -30 "$OUT/build.log" >&2; exit 1
 fi
 
@@ -73,11 +73,17 @@ if has ingest; then
   rm -rf "$crit/tau-bench"
   run ingest cargo bench --bench ingest -- --measurement-time 5 --warm-up-time 1
 fi
-if has sink; then
-  BROKERS=${NEXTSTATE_BENCH_BROKERS:-}
-  if [ -z "$BROKERS" ]; then
-    if (exec 3<>/dev/tcp/127.0.0.1/19092) 2>/dev/null; then BROKERS=127.0.0.1:19092; else BROKERS=$(bash scripts/broker.sh start); fi
+brokers() {
+  if [ -z "${BROKERS:-}" ]; then
+    BROKERS=${NEXTSTATE_BENCH_BROKERS:-}
+    if [ -z "$BROKERS" ]; then
+      if (exec 3<>/dev/tcp/127.0.0.1/19092) 2>/dev/null; then BROKERS=127.0.0.1:19092; else BROKERS=$(bash scripts/broker.sh start); fi
+    fi
   fi
+  echo "$BROKERS"
+}
+if has sink; then
+  BROKERS=$(brokers)
   run sink cargo bench --bench sink -- "brokers=$BROKERS"
 fi
 if has sql; then
@@ -96,6 +102,10 @@ if has model; then
   rm -rf "$crit/model"
   run model cargo bench --bench model -- --measurement-time 10 --warm-up-time 1
   run model_peer "$PY" benches/peer_model.py --model "$MODEL" --threads 1 --repeats 3
+fi
+if has proxy; then
+  BROKERS=$(brokers)
+  run proxy cargo bench --bench proxy -- "brokers=$BROKERS"
 fi
 echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 

@@ -279,6 +279,26 @@ def main():
         cmd_line(L, cmd, pcmd)
     else:
         not_measured(L, "model", cmd, rc, out)
+
+    # 7. proxy
+    L.append("## 7. Capture proxy under load from a second process\n")
+    res, cmd, rc, _ = load(out, "proxy")
+    rows = [r for r in (res or []) if "concurrency" in r]
+    ev = next((r for r in (res or []) if r.get("case") == "events"), None)
+    if rows:
+        L.append("A fake OpenAI-compatible upstream and the load generator run in the benchmark's process; `nextstate proxy` runs as a "
+                 "separate process in front of the upstream and publishes one `interactions` event per request to the real broker. "
+                 "Loopback, keep-alive connections, non-streaming chat completions with token ids and log-probs; every request a distinct turn.\n")
+        L.append("| in flight | requests | direct req/s | direct p50 / p99 ms | through the proxy req/s | proxy p50 / p99 ms | added p50 / p99 ms |\n|---|---|---|---|---|---|---|")
+        for r in rows:
+            L.append(f"| {r['concurrency']} | {f(r['requests'])} | {f(r['direct_rps'])} | {f(r['direct_p50_ms'], 2)} / {f(r['direct_p99_ms'], 2)} | "
+                     f"{f(r['proxy_rps'])} | {f(r['proxy_p50_ms'], 2)} / {f(r['proxy_p99_ms'], 2)} | {f(r['added_p50_ms'], 2)} / {f(r['added_p99_ms'], 2)} |")
+        L.append("")
+        if ev:
+            L.append(f"Events on the `interactions` topic after the run: {f(ev['events'])} for {f(ev['proxied'])} proxied requests (warm-up included).\n")
+        cmd_line(L, cmd)
+    else:
+        not_measured(L, "proxy", cmd, rc, out)
     print("\n".join(L))
 
 

@@ -282,17 +282,34 @@ impl InputLoop {
         self.last_msg.elapsed().as_millis() as u64
     }
 
-    /// True when this consumer has partitions assigned and has read (or the group has committed) every
-    /// record up to the high watermark of each of them.
+    /// True when this consumer has read (or its group has committed) every record up to the high
+    /// watermark of each partition assigned to it. A consumer with no partition (more members than
+    /// partitions, or before its first assignment) is caught up when its group has committed every
+    /// partition of the topic up to its high watermark: the other members did the work.
     ///
     /// # Errors
     /// [`Error::Kafka`] when watermarks or committed offsets cannot be fetched.
     pub async fn caught_up(&self) -> Result<bool> {
         let assigned = self.assigned();
-        if assigned.is_empty() {
-            return Ok(false);
-        }
         let marks = self.bus.watermarks(&self.topic).await?;
+        if assigned.is_empty() {
+            let mut tpl = TopicPartitionList::new();
+            for p in marks.keys() {
+                tpl.add_partition(&self.topic, *p);
+            }
+            let committed = self.consumer.committed_offsets(tpl, Duration::from_secs(5))?;
+            for e in committed.elements() {
+                let (low, high) = marks.get(&e.partition()).copied().unwrap_or((0, 0));
+                let next = match e.offset() {
+                    Offset::Offset(o) => o.max(low),
+                    _ => low,
+                };
+                if next < high {
+                    return Ok(false);
+                }
+            }
+            return Ok(!marks.is_empty());
+        }
         let committed: HashMap<i32, i64> = self
             .consumer
             .committed(Duration::from_secs(5))
