@@ -1,41 +1,90 @@
-//! The broker stopped (SIGTERM) and restarted mid-run. The test starts its own noida-db on a free
-//! loopback port (the shared test broker stays up for the other tests); noida-db keeps its data only
-//! across a clean stop, so SIGKILL of the broker would lose acknowledged records — that case needs a
-//! durable broker (a real cluster, or nisshi) and is not run here.
+//! The broker stopped and restarted mid-run, nothing lost or duplicated:
+//!
+//! - `broker_stopped_and_restarted_mid_run_loses_and_duplicates_nothing`: a private noida-db on a free
+//!   loopback port (the shared test broker stays up for the other tests), stopped with SIGTERM.
+//!   noida-db keeps its data only across a clean stop, so SIGKILL would lose acknowledged records.
+//! - `durable_broker_killed_and_restarted_mid_run_loses_and_duplicates_nothing`: a durable broker
+//!   (a real cluster's broker, or nisshi with SQLite storage) killed with SIGKILL. It runs when
+//!   `NEXTSTATE_CHAOS_DURABLE_BROKER` holds the command that starts one in the foreground, with `{port}`
+//!   and `{dir}` (its data folder, kept across restarts; also the command's working folder) in it, e.g.
+//!   `nisshi broker --listener-url tcp://127.0.0.1:{port} --advertised-listener-url tcp://127.0.0.1:{port} --storage-engine sqlite://nisshi.db`
+//!   (nisshi 0.8.1 from crates.io; its SQLite path is relative to the working folder); otherwise it
+//!   says SKIPPED.
 
 use std::path::{Path, PathBuf};
 
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
 use crate::{base_args, check, common, create_topics, data, serial, setting, stage_args, Supervisor};
 
-/// A private noida-db run by `scripts/broker.sh` in `dir` (stopped when dropped).
+/// How the broker under test is run.
+enum Kind {
+    /// A private noida-db run by `scripts/broker.sh` in the data folder; stopped with SIGTERM.
+    Noida,
+    /// A durable broker started from a command template; stopped with SIGKILL.
+    Durable { template: String, child: std::sync::Mutex<Option<Child>> },
+}
+
+/// The broker under test, on its own port and data folder (stopped when dropped).
 struct Broker {
     port: u16,
     dir: PathBuf,
+    kind: Kind,
 }
 
 impl Broker {
-    fn start(port: u16, dir: &Path) -> Broker {
-        let b = Broker { port, dir: dir.to_path_buf() };
+    fn start(port: u16, dir: &Path, kind: Kind) -> Broker {
+        std::fs::create_dir_all(dir).expect("broker folder");
+        let b = Broker { port, dir: dir.to_path_buf(), kind };
         b.restart();
         b
     }
-    /// Starts the broker again on the same port and data folder.
+    /// Starts the broker again on the same port and data folder; returns once the port accepts.
     fn restart(&self) {
-        let out = Command::new("bash").arg(common::root().join("scripts/broker.sh")).args(["start", &self.port.to_string()]).arg(&self.dir).output().expect("run broker.sh");
-        assert!(out.status.success(), "broker.sh start failed: {}", String::from_utf8_lossy(&out.stderr));
+        match &self.kind {
+            Kind::Noida => {
+                let out = Command::new("bash").arg(common::root().join("scripts/broker.sh")).args(["start", &self.port.to_string()]).arg(&self.dir).output().expect("run broker.sh");
+                assert!(out.status.success(), "broker.sh start failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Kind::Durable { template, child } => {
+                let cmd = template.replace("{port}", &self.port.to_string()).replace("{dir}", &self.dir.display().to_string());
+                let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("broker.log")).expect("broker log");
+                let c = Command::new("bash").args(["-c", &format!("exec {cmd}")]).current_dir(&self.dir).stdout(log.try_clone().expect("log")).stderr(log).stdin(Stdio::null()).spawn().expect("start the durable broker");
+                *child.lock().unwrap() = Some(c);
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                    assert!(Instant::now() < deadline, "the durable broker did not open port {} in 30 s; see {}", self.port, self.dir.join("broker.log").display());
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
     }
     fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
-    /// SIGTERM (a clean stop: noida-db saves its data), waiting for the process to exit.
+    /// Noida: SIGTERM (a clean stop: noida-db saves its data). Durable: SIGKILL. Waits for the exit.
     fn stop(&self) {
-        let out = Command::new("bash").arg(common::root().join("scripts/broker.sh")).arg("stop").arg(&self.dir).output().expect("run broker.sh");
-        assert!(out.status.success(), "broker.sh stop failed: {}", String::from_utf8_lossy(&out.stderr));
+        match &self.kind {
+            Kind::Noida => {
+                let out = Command::new("bash").arg(common::root().join("scripts/broker.sh")).arg("stop").arg(&self.dir).output().expect("run broker.sh");
+                assert!(out.status.success(), "broker.sh stop failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Kind::Durable { child, .. } => {
+                if let Some(mut c) = child.lock().unwrap().take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+        }
+    }
+    fn how(&self) -> &'static str {
+        match self.kind {
+            Kind::Noida => "stopped (SIGTERM)",
+            Kind::Durable { .. } => "killed (SIGKILL)",
+        }
     }
 }
 
@@ -56,13 +105,29 @@ async fn broker_stopped_and_restarted_mid_run_loses_and_duplicates_nothing() {
         eprintln!("SKIPPED: .tools/noida-db not installed (scripts/setup.sh)");
         return;
     }
+    restarts_lose_and_duplicate_nothing(Kind::Noida).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_broker_killed_and_restarted_mid_run_loses_and_duplicates_nothing() {
+    let _serial = serial();
+    let Ok(template) = std::env::var("NEXTSTATE_CHAOS_DURABLE_BROKER") else {
+        eprintln!("SKIPPED: NEXTSTATE_CHAOS_DURABLE_BROKER not set (the command of a durable broker; see tests/chaos/broker.rs)");
+        return;
+    };
+    restarts_lose_and_duplicate_nothing(Kind::Durable { template, child: Default::default() }).await;
+}
+
+/// Runs ingest → signals → judge → sinks while the broker is stopped and restarted
+/// (`NEXTSTATE_CHAOS_BROKER_RESTARTS`, default 2), then drains and checks every table by key.
+async fn restarts_lose_and_duplicate_nothing(kind: Kind) {
     let seed: u64 = setting("NEXTSTATE_CHAOS_SEED", rand::random::<u64>() % 100_000);
     let restarts: usize = setting("NEXTSTATE_CHAOS_BROKER_RESTARTS", 2);
     eprintln!("[chaos] seed {seed}, {restarts} broker restarts");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let t0 = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let broker = Broker::start(free_port(), &dir.path().join("broker"));
+    let broker = Broker::start(free_port(), &dir.path().join("broker"), kind);
     let brokers = broker.addr();
     let prefix = common::prefix();
     let lake = dir.path().join("lake");
@@ -90,7 +155,7 @@ async fn broker_stopped_and_restarted_mid_run_loses_and_duplicates_nothing() {
         tokio::time::sleep(Duration::from_millis(wait)).await;
         sup.reap();
         broker.stop();
-        eprintln!("[chaos] broker stopped (SIGTERM) at {:.1} s", t0.elapsed().as_secs_f64());
+        eprintln!("[chaos] broker {} at {:.1} s", broker.how(), t0.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(rng.gen_range(1_000..3_000))).await;
         sup.reap();
         broker.restart();
@@ -110,5 +175,5 @@ async fn broker_stopped_and_restarted_mid_run_loses_and_duplicates_nothing() {
         sup.run_until_idle(n, Duration::from_secs(180));
     }
     let c = check::check(&lake, "restart", &expected, false, None);
-    eprintln!("[chaos] PASS in {:.0} s: {restarts} broker restarts; {} records checked ({:?})", t0.elapsed().as_secs_f64(), c.total(), c.rows);
+    eprintln!("[chaos] PASS in {:.0} s: {restarts} broker restarts ({}); {} records checked ({:?})", t0.elapsed().as_secs_f64(), broker.how(), c.total(), c.rows);
 }

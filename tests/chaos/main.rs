@@ -4,7 +4,8 @@
 //!   `judge` and `teacher` stages, the lake `sinks`, `train`) is killed with SIGKILL at random points
 //!   over many rounds and restarted; at the end every table holds each record exactly once by key, the
 //!   stage chain is complete, and the trainer's checkpoints consumed each sample exactly once.
-//! - `broker` — the broker (a private noida-db) is stopped with SIGTERM and restarted mid-run.
+//! - `broker` — the broker (a private noida-db) is stopped with SIGTERM and restarted mid-run; a durable
+//!   broker given by `NEXTSTATE_CHAOS_DURABLE_BROKER` is killed with SIGKILL and restarted.
 //! - `judge_endpoint` — the judge's OpenAI-compatible endpoint returns errors, hangs past the timeout
 //!   and returns garbage.
 //!
