@@ -4,6 +4,13 @@
 //! still held ([`SignalPairer::min_open_offset`]), so after a crash the stage re-reads and rebuilds
 //! exactly the state it lost; pairings it emits again carry the same key and the signals sink keeps
 //! one copy.
+//!
+//! Known issue (open, found by `tests/chaos/broker.rs` with a durable broker): a batch is pushed whole
+//! and then one watermark, the largest event time of any partition, closes idle sessions. Where a
+//! session's event times lie more than `idle_gap_ms` behind records read before it, whether it is
+//! paired or closed as idle depends on batch boundaries and on how partitions interleave, so a re-read
+//! can emit a different signal under the same key (the sink keeps the first). The fix: advance after
+//! every record, one pairer and watermark per partition, and a rule for late sessions.
 
 use std::collections::HashMap;
 
