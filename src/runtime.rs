@@ -313,27 +313,20 @@ impl InputLoop {
     pub async fn caught_up(&self) -> Result<bool> {
         let assigned = self.assigned();
         let marks = self.bus.watermarks(&self.topic).await?;
-        if assigned.is_empty() {
-            let mut tpl = TopicPartitionList::new();
-            for p in marks.keys() {
-                tpl.add_partition(&self.topic, *p);
-            }
-            let committed = self.consumer.committed_offsets(tpl, Duration::from_secs(5))?;
-            for e in committed.elements() {
-                let (low, high) = marks.get(&e.partition()).copied().unwrap_or((0, 0));
-                let next = match e.offset() {
-                    Offset::Offset(o) => o.max(low),
-                    _ => low,
-                };
-                if next < high {
-                    return Ok(false);
-                }
-            }
-            return Ok(!marks.is_empty());
+        // An assigned member checks its partitions (what it read counts too); one without a partition
+        // checks every partition against what its group committed.
+        let own = !assigned.is_empty();
+        let parts: Vec<i32> = if own { assigned } else { marks.keys().copied().collect() };
+        if parts.is_empty() {
+            return Ok(false);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in &parts {
+            tpl.add_partition(&self.topic, *p);
         }
         let committed: HashMap<i32, i64> = self
             .consumer
-            .committed(Duration::from_secs(5))
+            .committed_offsets(tpl, Duration::from_secs(5))
             .map(|t| {
                 t.elements()
                     .iter()
@@ -344,16 +337,10 @@ impl InputLoop {
                     .collect()
             })
             .unwrap_or_default();
-        for p in assigned {
+        for p in parts {
             let (low, high) = marks.get(&p).copied().unwrap_or((0, 0));
-            let next = self
-                .consumed_next
-                .get(&p)
-                .copied()
-                .unwrap_or(0)
-                .max(committed.get(&p).copied().unwrap_or(0))
-                .max(low);
-            if next < high {
+            let read = if own { self.consumed_next.get(&p).copied().unwrap_or(0) } else { 0 };
+            if read.max(committed.get(&p).copied().unwrap_or(0)).max(low) < high {
                 return Ok(false);
             }
         }

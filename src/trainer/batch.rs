@@ -173,11 +173,7 @@ pub struct Packed {
 }
 
 fn allowed(method: Method, t: SampleType) -> bool {
-    match method {
-        Method::Binary => t == SampleType::Binary,
-        Method::Opd => t == SampleType::Opd,
-        Method::Combined => matches!(t, SampleType::CombinedBoth | SampleType::CombinedHintOnly | SampleType::CombinedScoreOnly),
-    }
+    t.method() == method.as_str()
 }
 
 fn has_hint(t: SampleType) -> bool {
