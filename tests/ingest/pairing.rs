@@ -15,9 +15,10 @@ fn by_id(sigs: &[Signal]) -> HashMap<&str, &Signal> {
 
 #[test]
 fn tau_bench_every_assistant_turn_gets_its_signal() {
-    let r = ingest(&tau_bench(), Format::TauBench);
+    let Some(tau) = tau_bench() else { return };
+    let r = ingest(&tau, Format::TauBench);
     // Expected kinds, straight from the raw file: the role of the message after each assistant message.
-    let raw: Value = serde_json::from_slice(&std::fs::read(tau_bench()).unwrap()).unwrap();
+    let raw: Value = serde_json::from_slice(&std::fs::read(&tau).unwrap()).unwrap();
     let (mut want_tool, mut want_user, mut want_error) = (0u64, 0u64, 0u64);
     for s in raw.as_array().unwrap() {
         let traj = s["traj"].as_array().unwrap();

@@ -84,7 +84,8 @@ fn documents_over_the_limit_are_dead_lettered_without_reading_them() {
 #[test]
 fn callback_errors_stop_the_read() {
     let o = IngestOptions::new(INGEST_MS);
-    let r = read_file(&tau_bench(), Format::TauBench, &o, &mut |_| {}, &mut |_| Err(nextstate::Error::Cancelled));
+    let Some(tau) = tau_bench() else { return };
+    let r = read_file(&tau, Format::TauBench, &o, &mut |_| {}, &mut |_| Err(nextstate::Error::Cancelled));
     assert!(matches!(r, Err(nextstate::Error::Cancelled)));
 }
 
@@ -121,7 +122,8 @@ proptest! {
 #[test]
 #[ignore]
 fn large_arrays_stream() {
-    let raw = std::fs::read(tau_bench()).unwrap();
+    let Some(tau) = tau_bench() else { return };
+    let raw = std::fs::read(tau).unwrap();
     let body = &raw[raw.iter().position(|&b| b == b'[').unwrap() + 1..raw.iter().rposition(|&b| b == b']').unwrap()];
     let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
     f.write_all(b"[").unwrap();
