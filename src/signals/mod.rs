@@ -26,15 +26,29 @@
 //! response with a message written before it.
 //!
 //! **Session end**: a session ends when the turn marked `session_done` and every turn index before
-//! it have arrived, or when no row of it arrived for [`SignalConfig::idle_gap_ms`] of event time
-//! ([`SignalPairer::advance_watermark`]). Its unpaired main turns then become excluded signals (kind
+//! it have arrived, or when a row pushed later is more than [`SignalConfig::idle_gap_ms`] of event
+//! time newer than the session's newest row ([`SignalPairer::push`] closes such sessions after each
+//! row; [`SignalPairer::advance_watermark`] does it for an explicit time). The clock is the event time
+//! of the row just pushed, not the largest seen: a log of an older date read after a newer one pairs
+//! as it would alone, and the decision depends only on the rows in their order, never on how they were
+//! batched. Its unpaired main turns then become excluded signals (kind
 //! `none`, `excluded_reason` "session done without next state" or "session idle for N s without next
 //! state"); the `session_done` turn itself, without a next state, is excluded as soon as it arrives.
 //! Side turns are never paired (counted). A row whose interaction id was already seen in its open
 //! session is a duplicate (counted, ignored); after a session closes, a repeated row opens it again —
 //! the signals table's key (`interaction_id`) makes such a repeat idempotent downstream.
+//!
+//! **Restarts**: an *incarnation* is a session from the row that opened it to its close. Given one
+//! partition's rows in offset order, the signals are a function of that sequence, and
+//! [`SignalPairer::safe_commit_offsets`] names, per partition, an offset no incarnation spans (none has
+//! rows both below and at or above it) and no open incarnation starts below. A pairer fed the same
+//! partition from that offset emits, for every row it reads, exactly the signals the first pairer
+//! emitted for it (`processed_time` aside): every incarnation it sees is whole. [`PartitionedPairer`]
+//! keeps one pairer per partition, so partitions never close each other's sessions, and rebuilds a
+//! partition's state when its offsets go back (a rebalance or restart re-reading from the commit).
 
 pub mod features;
+mod partitioned;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -44,13 +58,16 @@ use crate::ingest::canonical::{chain, message_key, prefix_keys, Key, EMPTY_PREFI
 use crate::schema::{Interaction, Lineage, Message, NextStateKind, Signal, Table, TurnType};
 
 pub use features::{classify, features as next_state_features, render, Features};
+pub use partitioned::PartitionedPairer;
 
 /// Configuration of the pairing stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignalConfig {
-    /// A session with no row for this long (event time, ms) is closed; its unpaired turns are
-    /// excluded. Default 30 minutes (the OpenClaw client never sends a done flag).
+    /// A session is closed when a row pushed after its newest row is more than this much newer (event
+    /// time, ms); its unpaired turns are excluded. Default 30 minutes (the OpenClaw client never sends
+    /// a done flag). A partition that receives no more rows keeps its sessions open (held, not
+    /// committed) until one arrives.
     #[serde(default = "default_idle_gap_ms")]
     pub idle_gap_ms: i64,
 }
@@ -108,8 +125,6 @@ struct Successor {
     interaction_id: String,
     event_time: i64,
     next_state: Vec<Message>,
-    partition: Option<i32>,
-    offset: Option<i64>,
 }
 
 /// A main turn waiting for its next state.
@@ -131,6 +146,8 @@ struct Session {
     resolved: HashMap<Key, Resolution>,
     side_keys: HashSet<Key>,
     orphans: HashMap<Key, Vec<Successor>>,
+    /// Per partition, (first, last) offset of the rows of this incarnation (duplicates included).
+    spans: BTreeMap<i32, (i64, i64)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +163,9 @@ pub struct SignalPairer {
     sessions: HashMap<String, Session>,
     /// (last event time, session id) of every open session, for the idle scan.
     by_activity: BTreeSet<(i64, String)>,
+    /// Per partition, (first, last) offsets of closed incarnations that may still span a future
+    /// safe commit offset (pruned by [`SignalPairer::safe_commit_offsets`]).
+    closed_spans: HashMap<i32, Vec<(i64, i64)>>,
     counters: SignalCounters,
 }
 
@@ -163,7 +183,7 @@ impl SignalPairer {
 
     /// A pairer with an explicit clock for `processed_time` (ms since the epoch), for tests.
     pub fn with_clock(cfg: SignalConfig, clock: Box<dyn Fn() -> i64 + Send>) -> SignalPairer {
-        SignalPairer { cfg, clock, sessions: HashMap::new(), by_activity: BTreeSet::new(), counters: SignalCounters::default() }
+        SignalPairer { cfg, clock, sessions: HashMap::new(), by_activity: BTreeSet::new(), closed_spans: HashMap::new(), counters: SignalCounters::default() }
     }
 
     /// Counters so far.
@@ -184,8 +204,18 @@ impl SignalPairer {
 
     /// Feeds one interaction (any order); `lineage` is the Kafka position of the row. Returns the
     /// signals completed by it (this turn's, and/or the turn it is the successor of, and/or a whole
-    /// session's when it completes a done session).
+    /// session's when it completes a done session), then those of every other session whose newest
+    /// row is more than `idle_gap_ms` older than this row ([`SignalPairer::advance_watermark`] at
+    /// this row's event time). For restart determinism feed one partition per pairer, in offset order
+    /// (see the module doc; [`PartitionedPairer`] does it).
     pub fn push(&mut self, row: Interaction, lineage: Lineage) -> Vec<Signal> {
+        let now = row.event_time;
+        let mut out = self.push_row(row, lineage);
+        out.extend(self.advance_watermark(now));
+        out
+    }
+
+    fn push_row(&mut self, row: Interaction, lineage: Lineage) -> Vec<Signal> {
         self.counters.rows += 1;
         let mut out = Vec::new();
         let sid = row.session_id.clone();
@@ -195,6 +225,10 @@ impl SignalPairer {
         };
         {
             let s = self.sessions.entry(sid.clone()).or_default();
+            if let (Some(p), Some(o)) = (lineage.source_partition, lineage.source_offset) {
+                let e = s.spans.entry(p).or_insert((o, o));
+                *e = (e.0.min(o), e.1.max(o));
+            }
             if !s.seen_ids.insert(row.interaction_id.clone()) {
                 self.counters.duplicates += 1;
                 return out;
@@ -224,8 +258,6 @@ impl SignalPairer {
                             interaction_id: row.interaction_id.clone(),
                             event_time: row.event_time,
                             next_state: suffix.to_vec(),
-                            partition: lineage.source_partition,
-                            offset: lineage.source_offset,
                         };
                         self.offer_successor(&sid, pred, succ, &mut out);
                     }
@@ -309,26 +341,33 @@ impl SignalPairer {
         self.advance_watermark(latest.saturating_add(self.cfg.idle_gap_ms).saturating_add(1))
     }
 
-    /// Lowest Kafka offset per partition of any row still held (turns waiting for a next state,
-    /// requests waiting for their predecessor): the wiring may commit offsets below these. Cost:
-    /// one pass over the held rows.
-    pub fn min_open_offset(&self) -> HashMap<i32, i64> {
-        let mut m: HashMap<i32, i64> = HashMap::new();
-        let mut note = |p: Option<i32>, o: Option<i64>| {
-            if let (Some(p), Some(o)) = (p, o) {
-                let e = m.entry(p).or_insert(o);
-                *e = (*e).min(o);
-            }
-        };
+    /// Per partition, the offset the wiring may commit (the next record to read after a restart):
+    /// the largest offset no incarnation spans (see the module doc) that is at or below the first row
+    /// of every open incarnation. A partition with no open incarnation is absent: everything read
+    /// from it may be committed. Every row still held (a turn waiting for its next state, a request
+    /// waiting for its predecessor) lies at or above it. Prunes the closed incarnations that can no
+    /// longer matter, so call it after each batch. Cost: one pass over the open sessions and over the
+    /// incarnations closed since the offset was last this low.
+    pub fn safe_commit_offsets(&mut self) -> HashMap<i32, i64> {
+        let mut safe: HashMap<i32, i64> = HashMap::new();
         for s in self.sessions.values() {
-            for p in s.waiting.values().flatten() {
-                note(p.lineage.source_partition, p.lineage.source_offset);
-            }
-            for o in s.orphans.values().flatten() {
-                note(o.partition, o.offset);
+            for (&p, &(first, _)) in &s.spans {
+                let e = safe.entry(p).or_insert(first);
+                *e = (*e).min(first);
             }
         }
-        m
+        // A partition with nothing open commits past every row read: its closed spans lie below.
+        self.closed_spans.retain(|p, _| safe.contains_key(p));
+        for (p, x) in safe.iter_mut() {
+            if let Some(spans) = self.closed_spans.get_mut(p) {
+                while let Some(first) = spans.iter().filter(|&&(f, l)| f < *x && *x <= l).map(|&(f, _)| f).min() {
+                    *x = first;
+                }
+                // The safe offset never goes down again; spans ending below it can never span it.
+                spans.retain(|&(_, l)| l >= *x);
+            }
+        }
+        safe
     }
 
     // ---- internals ----
@@ -420,6 +459,11 @@ impl SignalPairer {
     }
 
     fn close(&mut self, s: Session, code: &str, reason: &str, out: &mut Vec<Signal>) {
+        for (p, (first, last)) in &s.spans {
+            if first < last {
+                self.closed_spans.entry(*p).or_default().push((*first, *last));
+            }
+        }
         self.counters.unmatched_successors += s.orphans.values().map(|v| v.len() as u64).sum::<u64>();
         let mut pend: Vec<Pending> = s.waiting.into_values().flatten().collect();
         pend.sort_by_key(|p| p.row.turn_index);

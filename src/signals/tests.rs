@@ -271,12 +271,12 @@ fn done_and_idle_sessions_exclude_their_unpaired_turns() {
 
     let idle = row("i", 0, &req, &msg("assistant", "a"), T0);
     assert!(p.push(idle, lin(3, 41)).is_empty());
-    assert_eq!(p.min_open_offset(), HashMap::from([(3, 41)]));
+    assert_eq!(p.safe_commit_offsets(), HashMap::from([(3, 41)]));
     assert!(p.advance_watermark(T0 + 30 * 60 * 1000).is_empty(), "not idle yet at exactly the gap");
     let sigs = p.advance_watermark(T0 + 30 * 60 * 1000 + 1);
     assert_eq!(sigs.len(), 1);
     assert_eq!(sigs[0].excluded_reason.as_deref(), Some("session idle for 1800 s without next state"));
-    assert!(p.min_open_offset().is_empty());
+    assert!(p.safe_commit_offsets().is_empty());
     assert_eq!(p.counters().sessions_idle, 1);
     assert_eq!(p.counters().sessions_done, 1);
 }
@@ -302,22 +302,173 @@ fn duplicates_side_turns_and_invalid_rows_are_counted() {
 }
 
 #[test]
-fn min_open_offset_tracks_waiting_turns_and_orphan_successors() {
+fn safe_commit_offsets_stay_below_every_open_session_and_every_closed_one_spanning_them() {
     let conv = conversation("s", &[0, 0, 0], false, false, false, false, &[]);
     let mut p = pairer();
     // Turn 2 arrives first (offset 10 on partition 1): it waits as a turn and as a successor.
     p.push(conv.rows[2].clone(), lin(1, 10));
-    assert_eq!(p.min_open_offset(), HashMap::from([(1, 10)]));
+    assert_eq!(p.safe_commit_offsets(), HashMap::from([(1, 10)]));
     assert_eq!(p.held_rows(), 2, "waiting as a turn and as a successor");
     p.push(conv.rows[0].clone(), lin(1, 11));
-    assert_eq!(p.min_open_offset(), HashMap::from([(1, 10)]));
-    // Turn 1 pairs turn 0 and is paired by turn 2: only turn 2 (waiting) remains.
+    // Turn 1 pairs turn 0 and is paired by turn 2: only turn 2 (waiting) is held, but the open
+    // session's first row is the restart point on each partition it has rows on.
     let sigs = p.push(conv.rows[1].clone(), lin(2, 5));
     assert_eq!(sigs.len(), 2);
-    assert_eq!(p.min_open_offset(), HashMap::from([(1, 10)]));
     assert_eq!(p.held_rows(), 1);
+    assert_eq!(p.safe_commit_offsets(), HashMap::from([(1, 10), (2, 5)]));
+
+    // Partition 7: session a (offsets 0 and 3) closes; session b opened at 2 stays open; session c
+    // (1..=5) closes. Restart at 2 would see a and c without their first rows, so the safe offset is 0.
+    let req = vec![msg("user", "q")];
+    let mut q = pairer();
+    let r = |sid: &str, turn: i32, t: i64| row(sid, turn, &req, &msg("assistant", &format!("{sid}{turn}")), t);
+    let done = |sid: &str, turn: i32, t: i64| {
+        let mut x = r(sid, turn, t);
+        x.session_done = true;
+        x
+    };
+    q.push(r("a", 0, T0), lin(7, 0));
+    q.push(r("c", 0, T0), lin(7, 1));
+    q.push(r("b", 0, T0), lin(7, 2));
+    q.push(done("a", 1, T0), lin(7, 3));
+    q.push(done("c", 1, T0), lin(7, 5));
+    assert_eq!(q.open_sessions(), 1);
+    assert_eq!(q.safe_commit_offsets(), HashMap::from([(7, 0)]));
+    // Once b closes, nothing is open: everything read may be committed.
+    q.push(done("b", 1, T0), lin(7, 6));
+    assert!(q.safe_commit_offsets().is_empty());
 }
 
+#[test]
+fn idle_closes_use_each_rows_own_event_time_so_an_older_log_read_later_still_pairs() {
+    // A 2026 session left open, then a whole 2025 session read after it on the same partition.
+    let new = conversation("new", &[0, 0], false, false, false, false, &[]);
+    let mut old = conversation("old", &[0, 0, 0], false, false, false, false, &[]);
+    for r in &mut old.rows {
+        r.event_time -= 365 * 24 * 3600 * 1000;
+    }
+    let mut p = pairer();
+    let mut sigs = vec![];
+    for (k, r) in new.rows.iter().take(1).chain(old.rows.iter()).enumerate() {
+        sigs.extend(p.push(r.clone(), lin(0, k as i64)));
+    }
+    assert_eq!(sigs.len(), 2, "old turns 0 and 1 pair; nothing of the newer session is closed by older rows");
+    assert!(sigs.iter().all(|s| s.session_id == "old" && s.excluded_reason.is_none()));
+    // The newer session's next row still pairs its turn; it closes the older one, idle for a year.
+    sigs = p.push(new.rows[1].clone(), lin(0, 9));
+    let ids: Vec<(&str, i32, bool)> = sigs.iter().map(|s| (s.session_id.as_str(), s.turn_index, s.excluded_reason.is_some())).collect();
+    assert_eq!(ids, vec![("new", 0, false), ("old", 2, true)]);
+}
+
+/// Rows of several sessions spread over partitions: each session on one partition, with random start
+/// times (some a year older, some more than the idle gap apart), a pause longer than the idle gap
+/// inside some sessions, done flags, duplicate rows, any order within a partition.
+fn partitioned_rows() -> impl Strategy<Value = Vec<Vec<Interaction>>> {
+    let session = (prop::collection::vec(0u8..3, 1..5), any::<bool>(), 0u8..4, 0usize..6, 0u8..3, any::<bool>());
+    (prop::collection::vec(session, 1..6), 1usize..4)
+        .prop_map(|(sessions, n_parts)| {
+            let mut parts: Vec<Vec<Interaction>> = vec![vec![]; n_parts];
+            for (i, (kinds, done, start, pause_at, dup, repetitive)) in sessions.into_iter().enumerate() {
+                let conv = conversation(&format!("s{i}"), &kinds, repetitive, false, done, false, &[]);
+                let shift = [0, -365 * 24 * 3600 * 1000, 40 * 60 * 1000, 3600 * 1000][start as usize];
+                let mut rows: Vec<Interaction> = conv.rows;
+                for (t, r) in rows.iter_mut().enumerate() {
+                    r.event_time += shift + if t >= pause_at { 45 * 60 * 1000 } else { 0 };
+                }
+                if dup > 0 {
+                    let d = rows[dup as usize % rows.len()].clone();
+                    rows.push(d);
+                }
+                parts[i % n_parts].extend(rows);
+            }
+            parts
+        })
+        .prop_flat_map(|parts| {
+            let shuffled: Vec<_> = parts.into_iter().map(|p| Just(p).prop_shuffle()).collect();
+            shuffled
+        })
+}
+
+fn clock() -> i64 {
+    T0 + 99
+}
+
+/// Rows of partition `p` from `from` on, with their lineage.
+fn read(parts: &[Vec<Interaction>], p: usize, from: usize) -> impl Iterator<Item = (Interaction, Lineage)> + '_ {
+    parts[p].iter().enumerate().skip(from).map(move |(o, r)| (r.clone(), lin(p as i32, o as i64)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever the interleaving of partitions, the batch boundaries (where offsets are committed) and
+    /// the crashes (a restart from the committed offsets, in a new pairer or by reading the same
+    /// partitions again), every signal emitted is the one an uninterrupted run emits for that turn,
+    /// and the same turns get one.
+    #[test]
+    fn signals_do_not_depend_on_batches_interleaving_or_restarts(
+        parts in partitioned_rows(),
+        schedule in prop::collection::vec((0usize..4, 0u8..10), 1..200),
+    ) {
+        // Keyed by the turn's row (a duplicate row read after its session closed opens it again and
+        // gets its own signal, as the module doc says).
+        let key = |s: &Signal| (s.interaction_id.clone(), s.source_partition, s.source_offset);
+        let mut reference: HashMap<(String, Option<i32>, Option<i64>), Signal> = HashMap::new();
+        let mut whole = PartitionedPairer::with_clock(SignalConfig::default(), clock);
+        for p in 0..parts.len() {
+            for (r, l) in read(&parts, p, 0) {
+                for (s, turn) in whole.push(r, l) {
+                    prop_assert_eq!(turn.map(|t| t.interaction_id), Some(s.interaction_id.clone()));
+                    prop_assert!(reference.insert(key(&s), s).is_none(), "one signal per row of a turn");
+                }
+            }
+        }
+
+        let mut pairer = PartitionedPairer::with_clock(SignalConfig::default(), clock);
+        let mut pos = vec![0usize; parts.len()];
+        let mut committed = vec![0usize; parts.len()];
+        let mut seen: HashMap<(String, Option<i32>, Option<i64>), Signal> = HashMap::new();
+        let (mut step, mut crashes) = (0, 0);
+        loop {
+            // Read a few rows of one partition; then commit (batch end), sometimes crash.
+            let (pick, action) = schedule[step % schedule.len()];
+            step += 1;
+            let open: Vec<usize> = (0..parts.len()).filter(|&p| pos[p] < parts[p].len()).collect();
+            if open.is_empty() {
+                break;
+            }
+            let p = open[pick % open.len()];
+            for (r, l) in read(&parts, p, pos[p]).take(1 + action as usize % 3) {
+                pos[p] += 1;
+                for (s, _) in pairer.push(r, l) {
+                    prop_assert_eq!(Some(&s), reference.get(&key(&s)), "a signal the uninterrupted run did not emit");
+                    seen.insert(key(&s), s);
+                }
+            }
+            if action < 7 {
+                // As the stage runner does: commit the partitions of the batch, up to the hold.
+                let hold = pairer.safe_commit_offsets();
+                let next = hold.get(&(p as i32)).map_or(pos[p], |&h| (h as usize).min(pos[p]));
+                prop_assert!(next >= committed[p], "commits never go back");
+                committed[p] = next;
+            }
+            // At most three crashes, so every run ends.
+            match action {
+                8 | 9 if crashes < 3 => crashes += 1,
+                _ => continue,
+            }
+            if action == 8 {
+                pairer = PartitionedPairer::with_clock(SignalConfig::default(), clock);
+            }
+            pos.clone_from(&committed);
+        }
+        let mut want: Vec<_> = reference.keys().collect();
+        let mut got: Vec<_> = seen.keys().collect();
+        want.sort();
+        got.sort();
+        prop_assert_eq!(got, want, "the same turns get a signal");
+    }
+}
 #[test]
 fn echo_differences_do_not_break_pairing() {
     let req = vec![msg("user", "2+2?")];

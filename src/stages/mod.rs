@@ -129,8 +129,9 @@ pub trait StageLogic: Send + 'static {
     }
     /// Handles a batch, sending outputs and dead letters with `out`, counting every input in `counts`.
     fn handle(&mut self, batch: Vec<Input<Self::In>>, out: &Output, counts: &mut StageCounts) -> impl Future<Output = Result<()>> + Send;
-    /// Per partition, the lowest input offset still needed in the stage's state (commits stay below it).
-    fn hold(&self) -> HashMap<i32, i64> {
+    /// Per partition, the offset commits may not pass: the stage's state needs the records from it on
+    /// to be rebuilt after a restart. Called after every batch (a stage may prune its bookkeeping).
+    fn hold(&mut self) -> HashMap<i32, i64> {
         HashMap::new()
     }
     /// Inputs buffered in the stage's state (an until-idle stage may finish with open state only when its
@@ -138,10 +139,9 @@ pub trait StageLogic: Send + 'static {
     fn pending(&self) -> usize {
         0
     }
-    /// Called when the input is quiet (no records in the last poll).
-    fn on_quiet(&mut self, _out: &Output, _counts: &mut StageCounts) -> impl Future<Output = Result<()>> + Send {
-        async { Ok(()) }
-    }
+    /// Called after a rebalance with the partitions now assigned: state of the others must go (who
+    /// reads them next rebuilds it from the committed offsets).
+    fn on_rebalance(&mut self, _assigned: &[i32]) {}
 }
 
 /// Stage run settings.
@@ -168,9 +168,14 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
             break;
         }
         let msgs = input.next_batch(run.batch, Duration::from_millis(200)).await?;
-        input.rebalanced();
+        // Records of a partition taken away may still be in `msgs`: the stage drops its state after
+        // the batch. A partition kept and read again from its committed offset is rebuilt by the stage
+        // itself when its offsets go back.
+        let rebalanced = input.rebalanced();
         if msgs.is_empty() {
-            logic.on_quiet(&out, &mut counts).await?;
+            if rebalanced {
+                logic.on_rebalance(&input.assigned());
+            }
             if input.idle_finished(ctl, 0).await? {
                 break;
             }
@@ -206,6 +211,9 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
         if let Err(e) = input.commit(&next) {
             tracing::warn!(stage = logic.name(), error = %e, "commit failed; records will be re-read (outputs are keyed, sinks drop duplicates)");
             input.check_fatal()?;
+        }
+        if rebalanced {
+            logic.on_rebalance(&input.assigned());
         }
     }
     tracing::info!(stage = logic.name(), counts = %counts.line(), "stage finished");

@@ -1,49 +1,30 @@
-//! Signal extraction wiring: `interactions` → [`SignalPairer`] → `signals` (METHOD.md §1).
+//! Signal extraction wiring: `interactions` → [`PartitionedPairer`] → `signals` (METHOD.md §1).
 //!
-//! State: the pairer holds open sessions. Offsets are committed only below the lowest offset of a row
-//! still held ([`SignalPairer::min_open_offset`]), so after a crash the stage re-reads and rebuilds
-//! exactly the state it lost; pairings it emits again carry the same key and the signals sink keeps
-//! one copy.
-//!
-//! Known issue (open, found by `tests/chaos/broker.rs` with a durable broker): a batch is pushed whole
-//! and then one watermark, the largest event time of any partition, closes idle sessions. Where a
-//! session's event times lie more than `idle_gap_ms` behind records read before it, whether it is
-//! paired or closed as idle depends on batch boundaries and on how partitions interleave, so a re-read
-//! can emit a different signal under the same key (the sink keeps the first). The fix: advance after
-//! every record, one pairer and watermark per partition, and a rule for late sessions.
+//! State: one pairer per input partition, holding that partition's open sessions. Offsets are
+//! committed only up to [`PartitionedPairer::safe_commit_offsets`]: no session incarnation spans the
+//! committed offset, so after a crash or a rebalance the stage re-reads from it, rebuilds every
+//! session it lost whole, and emits again, unchanged and under the same key, the signals of the rows
+//! it reads again (the signals sink keeps one copy). The price: a restart re-reads from the first row
+//! of the oldest session still open in the partition (sessions close on their done flag or after
+//! `idle_gap_ms` of event time without a row).
 
 use std::collections::HashMap;
 
 use super::{Input, Output, StageCounts, StageLogic};
 use crate::bus::Carry;
 use crate::error::Result;
-use crate::schema::{Interaction, Signal, TurnType};
-use crate::signals::{SignalConfig, SignalPairer};
+use crate::schema::{Interaction, TurnType};
+use crate::signals::{PartitionedPairer, SignalConfig};
 
 /// The signals stage.
 pub struct SignalsStage {
-    pairer: SignalPairer,
-    /// Main-turn rows waiting for their signal (the judge needs them in the carry).
-    turns: HashMap<String, Interaction>,
-    watermark: i64,
+    pairer: PartitionedPairer,
 }
 
 impl SignalsStage {
     /// A signals stage with `cfg`.
     pub fn new(cfg: SignalConfig) -> SignalsStage {
-        SignalsStage { pairer: SignalPairer::new(cfg), turns: HashMap::new(), watermark: i64::MIN }
-    }
-
-    async fn emit_all(&mut self, signals: Vec<Signal>, out: &Output, counts: &mut StageCounts) -> Result<()> {
-        for s in signals {
-            counts.add(&format!("signal: {}", s.kind.as_str()), 1);
-            if let Some(r) = &s.excluded_reason {
-                counts.add(&format!("excluded: {}", r.split(" for ").next().unwrap_or(r)), 1);
-            }
-            let carry = Carry { interaction: self.turns.remove(&s.interaction_id), ..Default::default() };
-            out.emit(&s, Some(&carry)).await?;
-        }
-        Ok(())
+        SignalsStage { pairer: PartitionedPairer::new(cfg) }
     }
 }
 
@@ -53,31 +34,34 @@ impl StageLogic for SignalsStage {
         "signals"
     }
     async fn handle(&mut self, batch: Vec<Input<Interaction>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
-        let mut emitted = vec![];
         for input in batch {
             counts.add("interactions", 1);
             if input.row.turn_type == TurnType::Side {
                 counts.add("side turns (recorded, not paired)", 1);
-            } else {
-                self.turns.insert(input.row.interaction_id.clone(), input.row.clone());
             }
-            self.watermark = self.watermark.max(input.row.event_time);
-            emitted.extend(self.pairer.push(input.row, input.lineage));
+            let rebuilt = self.pairer.rebuilt();
+            let signals = self.pairer.push(input.row, input.lineage);
+            if self.pairer.rebuilt() > rebuilt {
+                counts.add("partition state rebuilt (read again from the committed offset)", 1);
+            }
+            for (s, turn) in signals {
+                counts.add(&format!("signal: {}", s.kind.as_str()), 1);
+                if let Some(r) = &s.excluded_reason {
+                    counts.add(&format!("excluded: {}", r.split(" for ").next().unwrap_or(r)), 1);
+                }
+                let carry = Carry { interaction: turn, ..Default::default() };
+                out.emit(&s, Some(&carry)).await?;
+            }
         }
-        emitted.extend(self.pairer.advance_watermark(self.watermark));
-        self.emit_all(emitted, out, counts).await
+        Ok(())
     }
-    fn hold(&self) -> HashMap<i32, i64> {
-        self.pairer.min_open_offset()
+    fn hold(&mut self) -> HashMap<i32, i64> {
+        self.pairer.safe_commit_offsets()
     }
     fn pending(&self) -> usize {
         self.pairer.held_rows()
     }
-    async fn on_quiet(&mut self, out: &Output, counts: &mut StageCounts) -> Result<()> {
-        if self.watermark > i64::MIN {
-            let s = self.pairer.advance_watermark(self.watermark);
-            self.emit_all(s, out, counts).await?;
-        }
-        Ok(())
+    fn on_rebalance(&mut self, assigned: &[i32]) {
+        self.pairer.retain_partitions(assigned);
     }
 }
