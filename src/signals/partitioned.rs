@@ -70,7 +70,13 @@ impl PartitionedPairer {
             part.turns.insert(row.interaction_id.clone(), row.clone());
         }
         let signals = part.pairer.push(row, lineage);
-        signals.into_iter().map(|s| (part.turns.remove(&s.interaction_id), s)).map(|(t, s)| (s, t)).collect()
+        signals
+            .into_iter()
+            .map(|s| {
+                let turn = part.turns.remove(&s.interaction_id);
+                (s, turn)
+            })
+            .collect()
     }
 
     /// Drops the state of partitions not in `assigned` (after a rebalance took them away; whoever

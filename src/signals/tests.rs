@@ -383,10 +383,7 @@ fn partitioned_rows() -> impl Strategy<Value = Vec<Vec<Interaction>>> {
             }
             parts
         })
-        .prop_flat_map(|parts| {
-            let shuffled: Vec<_> = parts.into_iter().map(|p| Just(p).prop_shuffle()).collect();
-            shuffled
-        })
+        .prop_flat_map(|parts| parts.into_iter().map(|p| Just(p).prop_shuffle()).collect::<Vec<_>>())
 }
 
 fn clock() -> i64 {

@@ -34,17 +34,13 @@ impl StageLogic for SignalsStage {
         "signals"
     }
     async fn handle(&mut self, batch: Vec<Input<Interaction>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
+        let rebuilt = self.pairer.rebuilt();
         for input in batch {
             counts.add("interactions", 1);
             if input.row.turn_type == TurnType::Side {
                 counts.add("side turns (recorded, not paired)", 1);
             }
-            let rebuilt = self.pairer.rebuilt();
-            let signals = self.pairer.push(input.row, input.lineage);
-            if self.pairer.rebuilt() > rebuilt {
-                counts.add("partition state rebuilt (read again from the committed offset)", 1);
-            }
-            for (s, turn) in signals {
+            for (s, turn) in self.pairer.push(input.row, input.lineage) {
                 counts.add(&format!("signal: {}", s.kind.as_str()), 1);
                 if let Some(r) = &s.excluded_reason {
                     counts.add(&format!("excluded: {}", r.split(" for ").next().unwrap_or(r)), 1);
@@ -52,6 +48,10 @@ impl StageLogic for SignalsStage {
                 let carry = Carry { interaction: turn, ..Default::default() };
                 out.emit(&s, Some(&carry)).await?;
             }
+        }
+        let rebuilt = self.pairer.rebuilt() - rebuilt;
+        if rebuilt > 0 {
+            counts.add("partition state rebuilt (read again from the committed offset)", rebuilt);
         }
         Ok(())
     }
