@@ -91,11 +91,6 @@ impl PartitionedPairer {
         self.parts.iter_mut().filter(|(p, _)| **p != NO_PARTITION).flat_map(|(_, part)| part.pairer.safe_commit_offsets()).collect()
     }
 
-    /// Rows held across all partitions ([`SignalPairer::held_rows`]).
-    pub fn held_rows(&self) -> usize {
-        self.parts.values().map(|p| p.pairer.held_rows()).sum()
-    }
-
     /// How many times a partition's state was rebuilt because its offsets went back.
     pub fn rebuilt(&self) -> u64 {
         self.rebuilt

@@ -134,11 +134,6 @@ pub trait StageLogic: Send + 'static {
     fn hold(&mut self) -> HashMap<i32, i64> {
         HashMap::new()
     }
-    /// Inputs buffered in the stage's state (an until-idle stage may finish with open state only when its
-    /// input is done; stateless stages return 0).
-    fn pending(&self) -> usize {
-        0
-    }
     /// Called after a rebalance with the partitions now assigned: state of the others must go (who
     /// reads them next rebuilds it from the committed offsets).
     fn on_rebalance(&mut self, _assigned: &[i32]) {}

@@ -58,9 +58,6 @@ impl StageLogic for SignalsStage {
     fn hold(&mut self) -> HashMap<i32, i64> {
         self.pairer.safe_commit_offsets()
     }
-    fn pending(&self) -> usize {
-        self.pairer.held_rows()
-    }
     fn on_rebalance(&mut self, assigned: &[i32]) {
         self.pairer.retain_partitions(assigned);
     }
