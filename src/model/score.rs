@@ -88,7 +88,8 @@ impl PackedBatch {
     }
 }
 
-/// Differentiable per-token log-probs of a packed batch.
+/// Differentiable per-token log-probs of a packed batch, with the whole vocabulary's log-softmax
+/// (the unchunked path of [`response_logprobs`]).
 #[derive(Debug)]
 pub struct ResponseLogits {
     /// `[B, Tmax]` f32: `log π(r_t | p, r_<t)`, 0 on padding; carries gradients when the model's
@@ -134,8 +135,175 @@ impl ResponseLogits {
     }
 }
 
-/// Runs the model over a packed batch and returns per-token response log-probs (see the module docs
-/// for the alignment). Differentiable: call it outside `no_grad` for training.
+/// How [`response_hidden`] keeps what the backward pass needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gradients {
+    /// Scoring: no autograd graph at all (runs under `no_grad`); [`HiddenPass::backward`] does nothing.
+    None,
+    /// Training, every layer's activations kept by autograd: fastest backward, activation memory
+    /// grows with layers × tokens.
+    Stored,
+    /// Training with per-layer activation recomputation (gradient checkpointing): the forward pass
+    /// runs without a graph and keeps only each layer's input `[B, L, H]`; the backward pass reruns
+    /// one layer at a time with gradients and backpropagates through it, so at most one layer's
+    /// activations are alive. Costs one more forward pass; the gradients are the same.
+    Recomputed,
+}
+
+enum Backward<'a> {
+    None,
+    /// The graph output whose detached copy is the pass's `hidden`.
+    Graph(Tensor),
+    Recompute {
+        model: &'a Transformer,
+        /// Input of layer i at index i, the last layer's output at index n_layers.
+        residuals: Vec<Tensor>,
+        cos: Tensor,
+        sin: Tensor,
+        input_ids: Tensor,
+        /// `[B, Tmax, H]` int64 gather index of the response positions.
+        index: Tensor,
+    },
+}
+
+/// Hidden states at the response positions of a batch, and the way back to the weights (see
+/// [`response_hidden`]). The caller runs the output head on chunks of `hidden` (so no `[B, T, V]`
+/// tensor is ever alive), accumulates `∂loss/∂hidden`, and calls [`HiddenPass::backward`] once.
+pub struct HiddenPass<'a> {
+    /// `[B, Tmax, H]` (model kind): row t of item b is the final-normed hidden state at input position
+    /// `predict_positions[b, t]`, which predicts response token t. When training, a leaf tensor that
+    /// requires grad (its own graph ends here).
+    pub hidden: Tensor,
+    back: Backward<'a>,
+}
+
+impl std::fmt::Debug for HiddenPass<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match &self.back {
+            Backward::None => "none",
+            Backward::Graph(_) => "stored",
+            Backward::Recompute { .. } => "recomputed",
+        };
+        f.debug_struct("HiddenPass").field("hidden", &self.hidden.size()).field("gradients", &mode).finish()
+    }
+}
+
+/// Backpropagates `grad` (same shape as `out`) from `out` into every leaf of its graph: the gradient of
+/// `Σ out·grad` with respect to `out` is exactly `grad`.
+fn backprop(out: &Tensor, grad: &Tensor) -> Result<()> {
+    out.f_mul(&grad.f_to_kind(out.kind())?)?.f_sum(Kind::Float)?.f_backward()?;
+    Ok(())
+}
+
+impl HiddenPass<'static> {
+    /// A pass over an existing graph: `at` `[B, T, H]` computed with gradients (any differentiable
+    /// trunk). `hidden` becomes a detached leaf copy; [`HiddenPass::backward`] continues from `at`.
+    /// Without gradients (`at` does not require grad), `hidden` is `at` and backward does nothing.
+    ///
+    /// # Errors
+    /// [`Error::Torch`] on a tensor failure.
+    pub fn from_graph(at: Tensor) -> Result<HiddenPass<'static>> {
+        if !at.requires_grad() {
+            return Ok(HiddenPass { hidden: at, back: Backward::None });
+        }
+        let hidden = at.f_detach()?.f_requires_grad_(true)?;
+        Ok(HiddenPass { hidden, back: Backward::Graph(at) })
+    }
+}
+
+impl HiddenPass<'_> {
+    /// Backpropagates `grad` = `∂loss/∂hidden` (`[B, Tmax, H]`, any float kind) into the trainable
+    /// weights' `.grad` (accumulating, like `Tensor::backward`). With [`Gradients::Recomputed`] this
+    /// reruns the layers from the last to the first, one at a time.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when `grad`'s shape differs from `hidden`'s; [`Error::Torch`] on a tensor
+    /// failure (e.g. out of memory).
+    pub fn backward(self, grad: &Tensor) -> Result<()> {
+        if grad.size() != self.hidden.size() {
+            return Err(crate::input_err!("gradient of shape {:?} for hidden states of shape {:?}", grad.size(), self.hidden.size()));
+        }
+        match self.back {
+            Backward::None => Ok(()),
+            Backward::Graph(at) => backprop(&at, grad),
+            Backward::Recompute { model, mut residuals, cos, sin, input_ids, index } => {
+                let last = residuals.pop().ok_or_else(|| Error::Internal("recomputation kept no residual stream".into()))?;
+                let x = last.f_detach()?.f_requires_grad_(true)?;
+                let at = model.final_norm(&x)?.f_gather(1, &index, false)?;
+                backprop(&at, grad)?;
+                drop(at);
+                let mut g = x.f_grad()?;
+                for i in (0..residuals.len()).rev() {
+                    let input = residuals.pop().ok_or_else(|| Error::Internal("recomputation lost a residual stream".into()))?;
+                    let x = input.f_detach()?.f_requires_grad_(true)?;
+                    drop(input);
+                    let y = model.decoder_layer(i, &x, &cos, &sin, AttnMask::Causal, None, 0)?;
+                    backprop(&y, &g)?;
+                    drop(y);
+                    g = x.f_grad()?;
+                }
+                if model.embeddings_trainable() {
+                    backprop(&model.embed_tokens(&input_ids)?, &g)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs the trunk over a packed batch and returns the hidden states that predict each response token
+/// (see the module docs for the alignment), `[B, Tmax, H]`, with the backward path `grad` asks for.
+/// The output head is not applied: see [`position_chunks`] and [`Transformer::logits`].
+///
+/// # Errors
+/// [`Error::Torch`] on a tensor failure (e.g. out of memory).
+pub fn response_hidden<'a>(model: &'a Transformer, batch: &PackedBatch, grad: Gradients) -> Result<HiddenPass<'a>> {
+    let size = batch.input_ids.size();
+    let (b, l) = (size[0], size[1]);
+    let tmax = batch.response_ids.size()[1];
+    let device = model.device();
+    let pos = Tensor::f_arange(l, (Kind::Int64, device))?.f_unsqueeze(0)?.f_expand([b, l], false)?;
+    let h = model.config.hidden_size as i64;
+    let index = batch.predict_positions.f_unsqueeze(-1)?.f_expand([b, tmax, h], false)?;
+    match grad {
+        Gradients::None => {
+            let _guard = tch::no_grad_guard();
+            let hidden = model.forward_hidden(&batch.input_ids, &pos, AttnMask::Causal, None)?.f_gather(1, &index, false)?;
+            Ok(HiddenPass { hidden, back: Backward::None })
+        }
+        Gradients::Stored => HiddenPass::from_graph(model.forward_hidden(&batch.input_ids, &pos, AttnMask::Causal, None)?.f_gather(1, &index, false)?),
+        Gradients::Recomputed => {
+            let _guard = tch::no_grad_guard();
+            let (cos, sin) = model.rope_tables(&pos)?;
+            let mut residuals = Vec::with_capacity(model.num_layers() + 1);
+            let mut x = model.embed_tokens(&batch.input_ids)?;
+            for i in 0..model.num_layers() {
+                let y = model.decoder_layer(i, &x, &cos, &sin, AttnMask::Causal, None, 0)?;
+                residuals.push(x);
+                x = y;
+            }
+            let hidden = model.final_norm(&x)?.f_gather(1, &index, false)?.f_requires_grad_(true)?;
+            residuals.push(x);
+            Ok(HiddenPass { hidden, back: Backward::Recompute { model, residuals, cos, sin, input_ids: batch.input_ids.shallow_clone(), index } })
+        }
+    }
+}
+
+/// Default rows (batch items × positions) of one output-head chunk: the largest `[rows, V]` tensor
+/// alive while scoring or training (256 × 49,152 f32 = 48 MiB for SmolLM2).
+pub const LOGIT_CHUNK_TOKENS: usize = 256;
+
+/// Splits response positions `0..tmax` of a batch of `batch` items into consecutive chunks
+/// `(start, len)` of at most `chunk_tokens` rows (`batch · len`), at least one position each.
+pub fn position_chunks(batch: i64, tmax: i64, chunk_tokens: usize) -> Vec<(i64, i64)> {
+    let step = ((chunk_tokens as i64) / batch.max(1)).max(1);
+    (0..tmax).step_by(step as usize).map(|s| (s, step.min(tmax - s))).collect()
+}
+
+/// Runs the model over a packed batch and returns per-token response log-probs with the **whole**
+/// `[B, Tmax, V]` log-softmax (see the module docs for the alignment). Differentiable: call it outside
+/// `no_grad` for gradients. Its memory grows with B·Tmax·V; the trainer and [`score`] use
+/// [`response_hidden`] with chunks of positions instead, and this is their unchunked reference.
 ///
 /// # Errors
 /// [`Error::Torch`] on a tensor failure (e.g. out of memory).
@@ -168,15 +336,14 @@ pub struct ScoredResponse {
 
 /// Most tokens (B·L) scored in one forward pass.
 pub const SCORE_BATCH_TOKENS: usize = 8192;
-/// Most bytes of the `[B, Tmax, V]` f32 log-softmax held at once (1 GiB).
-pub const SCORE_BATCH_LOGIT_BYTES: usize = 1 << 30;
 
-/// Scores items without gradients, in chunks bounded by [`SCORE_BATCH_TOKENS`] and
-/// [`SCORE_BATCH_LOGIT_BYTES`]; `top_k = 0` skips the top-K lists. Results are in input order.
+/// Scores items without gradients, in forward passes of at most [`SCORE_BATCH_TOKENS`] padded tokens,
+/// with the output head applied to chunks of [`LOGIT_CHUNK_TOKENS`] positions (no `[B, T, V]` tensor
+/// is built); `top_k = 0` skips the top-K lists. Results are in input order.
 ///
 /// # Errors
-/// As [`PackedBatch::new`] and [`response_logprobs`]; [`Error::InvalidInput`] when `top_k` exceeds
-/// the vocabulary.
+/// As [`PackedBatch::new`] and [`response_hidden`]; [`Error::InvalidInput`] when `top_k` exceeds
+/// the vocabulary; [`Error::NonFinite`] for a non-finite log-prob.
 pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, pad_id: u32) -> Result<Vec<ScoredResponse>> {
     let _guard = tch::no_grad_guard();
     let v = model.config.vocab_size;
@@ -186,28 +353,33 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
     let mut out = Vec::with_capacity(items.len());
     let mut start = 0;
     while start < items.len() {
-        // Grow the chunk while the padded batch stays within both budgets (always at least one item).
-        let (mut end, mut l, mut t) = (start, 0usize, 0usize);
+        // Grow the chunk while the padded batch stays within the budget (always at least one item).
+        let (mut end, mut l) = (start, 0usize);
         while end < items.len() {
             let (p, r) = &items[end];
-            let (nl, nt) = (l.max(p.len() + r.len()), t.max(r.len()));
-            let n = end - start + 1;
-            if end > start && (n * nl > SCORE_BATCH_TOKENS || n * nt * v * 4 > SCORE_BATCH_LOGIT_BYTES) {
+            let nl = l.max(p.len() + r.len());
+            if end > start && (end - start + 1) * nl > SCORE_BATCH_TOKENS {
                 break;
             }
-            (l, t) = (nl, nt);
+            l = nl;
             end += 1;
         }
         let chunk: Vec<(&[u32], &[u32])> = items[start..end].iter().map(|(p, r)| (p.as_slice(), r.as_slice())).collect();
         let batch = PackedBatch::new(&chunk, pad_id, v, model.device())?;
-        let rl = response_logprobs(model, &batch)?;
-        let lp = rl.logprobs.f_to_device(Device::Cpu)?;
-        let topk = if top_k > 0 && batch.max_response_len() > 0 {
-            let (ids, vals) = rl.topk(top_k)?;
-            Some((ids.f_to_device(Device::Cpu)?, vals.f_to_device(Device::Cpu)?))
-        } else {
-            None
-        };
+        let pass = response_hidden(model, &batch, Gradients::None)?;
+        let (b, tmax) = (batch.batch_size() as i64, batch.max_response_len() as i64);
+        let (mut lps, mut ids, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        for (t0, n) in position_chunks(b, tmax, LOGIT_CHUNK_TOKENS) {
+            let lsm = model.logits(&pass.hidden.f_narrow(1, t0, n)?)?.f_log_softmax(-1, Kind::Float)?;
+            lps.push(lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?);
+            if top_k > 0 {
+                let (tv, ti) = lsm.f_topk(top_k as i64, -1, true, true)?;
+                ids.push(ti);
+                vals.push(tv);
+            }
+        }
+        let lp = if lps.is_empty() { Tensor::f_zeros([b, 0], (Kind::Float, Device::Cpu))? } else { Tensor::f_cat(&lps, 1)?.f_mul(&batch.response_mask)?.f_to_device(Device::Cpu)? };
+        let topk = if top_k > 0 && !ids.is_empty() { Some((Tensor::f_cat(&ids, 1)?.f_to_device(Device::Cpu)?, Tensor::f_cat(&vals, 1)?.f_to_device(Device::Cpu)?)) } else { None };
         for (i, &tl) in batch.response_lens.iter().enumerate() {
             let row: Vec<f32> = Vec::<f32>::try_from(&lp.f_get(i as i64)?)?;
             let logprobs = row[..tl].to_vec();

@@ -96,11 +96,22 @@ pub struct TrainerConfig {
     pub staleness_decay: f64,
     /// Seed for libtorch's generator (42).
     pub seed: u64,
-    /// Token budget of one forward/backward pass (4096): a step's samples are split into micro-batches
-    /// of at most this many padded tokens (samples × longest prompt + response), and gradients are
-    /// accumulated over them. The loss is a sum of sample means, so the step equals one pass over the
-    /// whole batch, with activation memory bounded by the budget.
+    /// Token budget of one forward/backward pass (4096): a step's samples, taken shortest first, are
+    /// split into micro-batches of at most this many padded tokens (samples × longest prompt +
+    /// response), and gradients are accumulated over them. The loss is a mean over the step's samples
+    /// of sample means, so the step equals one pass over the whole batch, with activation memory
+    /// bounded by the budget.
     pub micro_batch_tokens: usize,
+    /// Rows (samples × response positions) of one output-head chunk (256): the output head, the
+    /// log-softmax and every per-token loss term run on at most this many positions at a time, so
+    /// the largest vocabulary-sized tensor is `[256, V]` (48 MiB f32 for V = 49,152) instead of
+    /// `[B, T, V]`. Changes speed and memory only, not the result.
+    pub logits_chunk_tokens: usize,
+    /// Per-layer activation recomputation (gradient checkpointing, true): the forward pass keeps only
+    /// each decoder layer's input and the backward pass reruns one layer at a time, so activation
+    /// memory is one layer's instead of all layers'. About one more forward pass of time; the same
+    /// gradients.
+    pub recompute_layers: bool,
     /// Samples with more prompt + response tokens are dropped (`too_long`) (4096).
     pub max_sequence_tokens: usize,
 }
@@ -131,6 +142,8 @@ impl Default for TrainerConfig {
             staleness_decay: 0.5,
             seed: 42,
             micro_batch_tokens: 4096,
+            logits_chunk_tokens: crate::model::score::LOGIT_CHUNK_TOKENS,
+            recompute_layers: true,
             max_sequence_tokens: 4096,
         }
     }
@@ -166,6 +179,9 @@ impl TrainerConfig {
         finite_in("eps_clip_high", self.eps_clip_high, 0.0, f64::MAX)?;
         for (name, x) in [("w_rl", self.w_rl), ("w_opd", self.w_opd), ("kl_coef", self.kl_coef), ("entropy_coef", self.entropy_coef), ("topk_coef", self.topk_coef)] {
             finite_in(name, x, f64::MIN, f64::MAX)?;
+        }
+        if self.micro_batch_tokens == 0 || self.logits_chunk_tokens == 0 {
+            return Err(config_err!("trainer.micro_batch_tokens and trainer.logits_chunk_tokens must be at least 1"));
         }
         if self.checkpoint_every == 0 {
             return Err(config_err!("trainer.checkpoint_every must be at least 1"));

@@ -21,7 +21,14 @@
 //! | combined, `both` | `w_rl·r + w_opd·(teacher_t − old_t)` | `topk_coef · topk_kl` | same |
 //!
 //! Total loss: `loss = pg_loss + kl_coef·kl − entropy_coef·entropy + topk_coef·topk_kl`, every term
-//! aggregated as a "sum of sample means" ([`sum_of_sample_means`]).
+//! aggregated as the mean over the step's samples of each sample's mean over its trained tokens
+//! ([`mean_of_sample_means`], METHOD.md §6: the reference's effective loss).
+//!
+//! Every term is a per-token value times a per-token aggregation weight `w_b / (n_b · N)` (n_b the
+//! sample's trained tokens, N the step's samples), so the loss of a batch is the sum of the losses of
+//! any split of its positions into chunks when each chunk is given the whole samples' token counts
+//! ([`LossInputs::sample_tokens`]) and the step's sample count ([`LossInputs::num_samples`]): the
+//! trainer evaluates the output head on chunks of positions that way.
 
 use std::collections::BTreeMap;
 
@@ -194,12 +201,19 @@ pub struct PpoTerms {
     pub ratio: Tensor,
 }
 
+/// Bound on `|new − old|` (nats) before the PPO ratio's `exp` (METHOD.md §6: 20).
+pub const LOG_RATIO_CLAMP: f64 = 20.0;
+
 /// PPO clipped surrogate with an asymmetric clip (METHOD.md §6; the reference uses ε = 0.2,
 /// ε_high = 0.28): `ratio_t = exp(new_t − old_t)`,
 /// `L_t = max(−ratio_t·A_t, −clip(ratio_t, 1−ε, 1+ε_high)·A_t)`.
 ///
+/// The log-ratio `new − old` is clamped to [−[`LOG_RATIO_CLAMP`], +[`LOG_RATIO_CLAMP`]] before `exp`
+/// (METHOD.md §6), so one broken sample cannot make the step non-finite; where the clamp binds the
+/// token's gradient is 0.
+///
 /// `new` `[B, T]` (with gradient), `old` and `adv` `[B, T]` (treated as constants). Padding is not
-/// masked here: aggregate with [`sum_of_sample_means`].
+/// masked here: aggregate with [`mean_of_sample_means`].
 ///
 /// # Errors
 /// [`crate::Error::InvalidInput`] on a shape mismatch; [`crate::Error::Torch`] on a tensor failure.
@@ -208,7 +222,7 @@ pub fn ppo_clipped_loss(new: &Tensor, old: &Tensor, adv: &Tensor, eps_clip: f64,
     check_shape("old log-probs", old, &[b, t])?;
     check_shape("advantages", adv, &[b, t])?;
     let adv = adv.f_detach()?;
-    let ratio = new.f_sub(&old.f_detach()?)?.f_exp()?;
+    let ratio = new.f_sub(&old.f_detach()?)?.f_clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?.f_exp()?;
     let unclipped = ratio.f_mul(&adv)?.f_neg()?;
     let clipped_term = ratio.f_clamp(1.0 - eps_clip, 1.0 + eps_clip_high)?.f_mul(&adv)?.f_neg()?;
     let loss = unclipped.f_maximum(&clipped_term)?;
@@ -280,22 +294,44 @@ pub fn topk_reverse_kl(student: &Tensor, teacher: &Tensor) -> Result<Tensor> {
 /// # Errors
 /// [`crate::Error::InvalidInput`] on a shape mismatch; [`crate::Error::Torch`] on a tensor failure.
 pub fn sample_means(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let (b, t) = dims2("values", x)?;
-    check_shape("mask", mask, &[b, t])?;
-    let num = masked(x, mask)?.f_sum_dim_intlist(1i64, false, x.kind())?;
-    let den = mask.f_sum_dim_intlist(1i64, false, x.kind())?.f_clamp_min(1.0)?;
-    Ok(num.f_div(&den)?)
+    sample_means_over(x, mask, None)
 }
 
-/// "Sum of sample means" (METHOD.md §6, the reference's aggregation): the mean over each sample's
-/// masked tokens, then the sum over the samples, each multiplied by its weight (`weights` `[B]`, e.g.
-/// staleness down-weighting; all 1 when `None`): `Σ_b w_b · Σ_t x_bt·m_bt / max(Σ_t m_bt, 1)`.
-/// Returns a 0-dimensional tensor, differentiable in `x`.
+/// [`sample_means`] with the denominators given: `Σ_t x·m / max(n_b, 1)` with `tokens` `[B]` = n_b,
+/// the sample's trained tokens over all its positions (for a chunk of positions of the sample);
+/// `None` counts them from `mask`.
 ///
 /// # Errors
 /// [`crate::Error::InvalidInput`] on a shape mismatch; [`crate::Error::Torch`] on a tensor failure.
-pub fn sum_of_sample_means(x: &Tensor, mask: &Tensor, weights: Option<&Tensor>) -> Result<Tensor> {
-    let means = sample_means(x, mask)?;
+pub fn sample_means_over(x: &Tensor, mask: &Tensor, tokens: Option<&Tensor>) -> Result<Tensor> {
+    let (b, t) = dims2("values", x)?;
+    check_shape("mask", mask, &[b, t])?;
+    let num = masked(x, mask)?.f_sum_dim_intlist(1i64, false, x.kind())?;
+    let den = match tokens {
+        Some(n) => {
+            check_shape("sample token counts", n, &[b])?;
+            n.f_detach()?.f_to_kind(x.kind())?
+        }
+        None => mask.f_sum_dim_intlist(1i64, false, x.kind())?,
+    };
+    Ok(num.f_div(&den.f_clamp_min(1.0)?)?)
+}
+
+/// The step's aggregation (METHOD.md §6, the reference's effective loss): each sample's mean over its
+/// masked tokens, multiplied by its weight (`weights` `[B]`, e.g. staleness down-weighting; all 1 when
+/// `None`), summed, and divided by `num_samples` = N, the samples of the optimizer step (B when the
+/// batch is the whole step): `(1/N) Σ_b w_b · Σ_t x_bt·m_bt / max(n_b, 1)`. `tokens` gives n_b when
+/// `x` holds only some of the samples' positions ([`sample_means_over`]). Returns a 0-dimensional
+/// tensor, differentiable in `x`.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] on a shape mismatch or `num_samples ≤ 0`; [`crate::Error::Torch`] on a
+/// tensor failure.
+pub fn mean_of_sample_means(x: &Tensor, mask: &Tensor, weights: Option<&Tensor>, tokens: Option<&Tensor>, num_samples: f64) -> Result<Tensor> {
+    if !(num_samples > 0.0) {
+        return Err(input_err!("the step's sample count must be positive, got {num_samples}"));
+    }
+    let means = sample_means_over(x, mask, tokens)?;
     let means = match weights {
         Some(w) => {
             check_shape("sample weights", w, &means.size())?;
@@ -303,7 +339,7 @@ pub fn sum_of_sample_means(x: &Tensor, mask: &Tensor, weights: Option<&Tensor>) 
         }
         None => means,
     };
-    Ok(means.f_sum(means.kind())?)
+    Ok(means.f_sum(means.kind())?.f_div_scalar(num_samples)?)
 }
 
 /// The top-K inputs of [`compute_loss`].
@@ -340,12 +376,17 @@ pub struct LossInputs<'a> {
     pub entropy: Option<&'a Tensor>,
     /// Top-K inputs (required when [`LossConfig::uses_topk`]).
     pub topk: Option<TopkInputs<'a>>,
+    /// `[B]`: each sample's trained tokens over all its positions, `(mask, top-K mask)` sums, when the
+    /// tensors above hold only a chunk of the positions; `None` counts them from the masks.
+    pub sample_tokens: Option<(&'a Tensor, &'a Tensor)>,
+    /// N, the samples of the optimizer step (the aggregation's denominator); `None` = B.
+    pub num_samples: Option<f64>,
 }
 
 /// Scalar metrics of one batch (serialisable; the `train_steps` table's loss columns).
 ///
-/// `loss`, `pg_loss`, `kl`, `entropy` and `topk_kl` are "sum of sample means" (weighted), exactly the
-/// quantities that enter the loss, so `loss = pg_loss + kl_coef·kl − entropy_coef·entropy +
+/// `loss`, `pg_loss`, `kl`, `entropy` and `topk_kl` are means over the step's samples of sample means
+/// (weighted; [`mean_of_sample_means`]), exactly the quantities that enter the loss, so `loss = pg_loss + kl_coef·kl − entropy_coef·entropy +
 /// topk_coef·topk_kl` (the last term only when the top-K loss is on). `clip_fraction` and `ppo_kl` are
 /// means over all masked tokens of the batch (unweighted).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -416,7 +457,7 @@ fn scalar(t: &Tensor) -> Result<f64> {
 
 /// The full loss of a batch (METHOD.md §6): advantages ([`advantages`]), the PPO clipped surrogate
 /// ([`ppo_clipped_loss`]), the k3 KL ([`k3_kl`]), the entropy bonus, the top-K reverse KL
-/// ([`topk_reverse_kl`]), each aggregated by [`sum_of_sample_means`], combined as
+/// ([`topk_reverse_kl`]), each aggregated by [`mean_of_sample_means`], combined as
 /// `loss = pg_loss + kl_coef·kl − entropy_coef·entropy + topk_coef·topk_kl` (the top-K term only when
 /// [`LossConfig::uses_topk`]). Terms whose inputs are given but whose weight is 0 are still reported.
 ///
@@ -433,11 +474,17 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
     let kind = new.kind();
     let mask = inp.mask.f_detach()?.f_to_kind(kind)?;
     let weights = inp.sample_weights;
+    let n = inp.num_samples.unwrap_or(b as f64);
+    let (tok, topk_tok) = match inp.sample_tokens {
+        Some((a, t)) => (Some(a), Some(t)),
+        None => (None, None),
+    };
+    let agg = |x: &Tensor, m: &Tensor, tokens: Option<&Tensor>| mean_of_sample_means(x, m, weights, tokens, n);
 
     let adv = advantages(cfg, inp.reward, inp.old_logprobs, inp.teacher_logprobs, inp.sample_types, &mask)?;
     let ppo = ppo_clipped_loss(new, inp.old_logprobs, &adv, cfg.eps_clip, cfg.eps_clip_high)?;
-    let pg_per = sample_means(&ppo.loss, &mask)?;
-    let pg_loss = sum_of_sample_means(&ppo.loss, &mask, weights)?;
+    let pg_per = sample_means_over(&ppo.loss, &mask, tok)?;
+    let pg_loss = agg(&ppo.loss, &mask, tok)?;
     let mut loss = pg_loss.shallow_clone();
     let mut sample_loss = pg_per.f_detach()?;
     let zeros_b = pg_per.f_zeros_like()?.f_detach()?;
@@ -446,9 +493,9 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
         Some(r) => {
             let kl = k3_kl(new, r)?;
             if cfg.kl_coef != 0.0 {
-                loss = loss.f_add(&sum_of_sample_means(&kl, &mask, weights)?.f_mul_scalar(cfg.kl_coef)?)?;
+                loss = loss.f_add(&agg(&kl, &mask, tok)?.f_mul_scalar(cfg.kl_coef)?)?;
             }
-            let per = sample_means(&kl, &mask)?.f_detach()?;
+            let per = sample_means_over(&kl, &mask, tok)?.f_detach()?;
             sample_loss = sample_loss.f_add(&per.f_mul_scalar(cfg.kl_coef)?)?;
             per
         }
@@ -460,9 +507,9 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
         Some(h) => {
             check_shape("entropy", h, &[b, t])?;
             if cfg.entropy_coef != 0.0 {
-                loss = loss.f_sub(&sum_of_sample_means(h, &mask, weights)?.f_mul_scalar(cfg.entropy_coef)?)?;
+                loss = loss.f_sub(&agg(h, &mask, tok)?.f_mul_scalar(cfg.entropy_coef)?)?;
             }
-            let per = sample_means(h, &mask)?.f_detach()?;
+            let per = sample_means_over(h, &mask, tok)?.f_detach()?;
             sample_loss = sample_loss.f_sub(&per.f_mul_scalar(cfg.entropy_coef)?)?;
             per
         }
@@ -476,9 +523,9 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
             let tmask = tk.mask.f_detach()?.f_to_kind(kind)?;
             let kl = topk_reverse_kl(tk.student, tk.teacher)?;
             check_shape("top-K reverse KL", &kl, &[b, t])?;
-            let per = sample_means(&kl, &tmask)?.f_detach()?;
+            let per = sample_means_over(&kl, &tmask, topk_tok)?.f_detach()?;
             if cfg.uses_topk() {
-                loss = loss.f_add(&sum_of_sample_means(&kl, &tmask, weights)?.f_mul_scalar(cfg.topk_coef)?)?;
+                loss = loss.f_add(&agg(&kl, &tmask, topk_tok)?.f_mul_scalar(cfg.topk_coef)?)?;
                 sample_loss = sample_loss.f_add(&per.f_mul_scalar(cfg.topk_coef)?)?;
             }
             per
@@ -492,7 +539,7 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
         Some(w) => w.f_detach()?.f_to_kind(kind)?,
         None => pg_per.f_ones_like()?.f_detach()?,
     };
-    let wsum = |per: &Tensor| -> Result<f64> { scalar(&per.f_mul(&w)?.f_sum(kind)?) };
+    let wsum = |per: &Tensor| -> Result<f64> { Ok(scalar(&per.f_mul(&w)?.f_sum(kind)?)? / n) };
     let tokens_per = mask.f_sum_dim_intlist(1i64, false, kind)?;
     let tokens = scalar(&tokens_per.f_sum(kind)?)?;
     let token_mean = |x: &Tensor| -> Result<f64> {

@@ -1,14 +1,23 @@
 //! The trainer: METHOD.md §6 losses, one AdamW step per batch of samples, checkpoints with lineage.
 //!
 //! Layers:
-//! - [`loss`]: the loss math on tensors (advantages, PPO clip, k3 KL, entropy, top-K reverse KL,
-//!   "sum of sample means"); pure and unit-tested with hand-computed values.
+//! - [`loss`]: the loss math on tensors (advantages, PPO clip, k3 KL, entropy, top-K reverse KL, the
+//!   mean over the step's samples of sample means); pure and unit-tested with hand-computed values.
 //! - [`batch`]: [`Sample`] rows → padded tensors ([`PackedBatch`]), dropping bad rows with reasons.
 //! - [`optim`]: AdamW with checkpointable state.
 //! - [`checkpoint`]: `checkpoints/<run>/<version>/` folders, manifests, resume, consumed sample ids.
 //! - this module: the [`Policy`] trait the model runtime implements, the [`Trainer`] (one optimizer step
 //!   per batch, `train_steps` rows, checkpoints every K steps) and the [`loss_report`] (every loss
 //!   component per sample, without updating weights).
+//!
+//! **Memory.** No `[B, T, V]` tensor is built. The trunk gives the hidden states that predict the
+//! response tokens (`[B, T, H]`, [`Policy::response_hidden`]); the output head, the log-softmax and
+//! every per-token loss term run on chunks of at most `logits_chunk_tokens` positions, each chunk's
+//! loss is backpropagated into its own detached slice of the hidden states, and the accumulated
+//! `∂loss/∂hidden` then goes through the trunk once ([`HiddenPass::backward`]) — the technique of
+//! Liger's fused linear cross-entropy and slime's chunked log-probs. With `recompute_layers` the trunk
+//! keeps only each layer's input and reruns one layer at a time in the backward pass. The gradients
+//! equal those of the unchunked loss (tested to 1e-5).
 //!
 //! The wiring (Kafka, SQL, CLI) is not here: it collects `batch_size` samples, skips those in
 //! [`checkpoint::consumed_sample_ids`] after a resume, calls [`Trainer::train_step`], writes the
@@ -38,21 +47,11 @@ pub use config::{LoraSettings, Staleness, TrainerConfig};
 pub use loss::{LossConfig, LossMetrics, OpdLoss};
 pub use optim::{AdamW, AdamWConfig};
 
+pub use crate::model::score::{position_chunks, Gradients, HiddenPass, LOGIT_CHUNK_TOKENS};
+
 use crate::config::Method;
 use crate::schema::{now_ms, Checkpoint, Sample, Table, TrainStep};
 use crate::{config_err, input_err, Error, Result};
-
-/// What a policy returns for a [`PackedBatch`] (the model runtime's `ResponseLogits` has these fields).
-#[derive(Debug)]
-pub struct PolicyOut {
-    /// `[B, T]` float: `log π(response_t | prompt, response_<t)` (nats) at the alignment of
-    /// [`PackedBatch::predict_positions`]; any value on padding. Carries gradients to the trainable
-    /// tensors when called outside `no_grad`.
-    pub logprobs: Tensor,
-    /// `[B, T, V]` float: the full log-softmax over the vocabulary at each response position (entropy
-    /// and the student's log-probs at the teacher's top-K ids), differentiable like `logprobs`.
-    pub log_probs_full: Tensor,
-}
 
 /// How the trainable weights are checkpointed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,7 +80,7 @@ impl WeightsFormat {
 }
 
 /// A trainable policy: what the trainer needs from the model runtime. Kept minimal; the real
-/// transformer implements it with its scoring function (`response_logprobs`) and, for checkpoints a
+/// transformer implements it with its trunk (`response_hidden`) and output head and, for checkpoints a
 /// server can load directly, its own `save_weights`/`load_weights`.
 pub trait Policy {
     /// The parameters. The trainer optimizes the tensors with `requires_grad` (all weights, or only the
@@ -96,11 +95,42 @@ pub trait Policy {
         0
     }
 
-    /// Per-token log-probs of the response tokens of `batch` (see [`PolicyOut`]).
+    /// Runs the trunk over `batch`: the hidden states `[B, T, H]` that predict each response token, at
+    /// the alignment of [`PackedBatch::predict_positions`], with the backward path `grad` asks for
+    /// ([`Gradients::None`] for scoring; a policy without recomputation may treat
+    /// [`Gradients::Recomputed`] as [`Gradients::Stored`]).
     ///
     /// # Errors
     /// [`Error::Torch`] on a tensor failure, or any error of the model.
-    fn response_logprobs(&self, batch: &PackedBatch) -> Result<PolicyOut>;
+    fn response_hidden(&self, batch: &PackedBatch, grad: Gradients) -> Result<HiddenPass<'_>>;
+
+    /// The output head: hidden states `[.., H]` → logits `[.., V]` (any float kind; the trainer takes
+    /// the log-softmax in f32). Differentiable in `hidden` and the head's trainable weights.
+    ///
+    /// # Errors
+    /// [`Error::Torch`] on a shape mismatch.
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor>;
+
+    /// Per-token log-probs `[B, T]` f32 of the response tokens of `batch` under the current weights,
+    /// without gradients (any value on padding), the head applied in chunks of
+    /// [`LOGIT_CHUNK_TOKENS`] positions.
+    ///
+    /// # Errors
+    /// As [`Policy::response_hidden`] and [`Policy::logits`].
+    fn response_logprobs(&self, batch: &PackedBatch) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        let pass = self.response_hidden(batch, Gradients::None)?;
+        let (b, t) = (batch.batch_size() as i64, batch.max_response_len() as i64);
+        let mut parts = Vec::new();
+        for (t0, n) in position_chunks(b, t, LOGIT_CHUNK_TOKENS) {
+            let lsm = self.logits(&pass.hidden.f_narrow(1, t0, n)?)?.f_log_softmax(-1, Kind::Float)?;
+            parts.push(lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?);
+        }
+        if parts.is_empty() {
+            return Ok(Tensor::f_zeros([b, 0], (Kind::Float, self.var_store().device()))?);
+        }
+        Ok(Tensor::f_cat(&parts, 1)?)
+    }
 
     /// Writes the trainable weights into `dir` and returns the names of the files written. Default: the
     /// trainable tensors of [`Policy::var_store`] under their names, in `format`'s file (safetensors).
@@ -163,60 +193,128 @@ struct Evaluated {
     rollout_abs_diff: f64,
 }
 
-fn check_out(out: &PolicyOut, b: i64, t: i64) -> Result<()> {
-    let lp = out.logprobs.size();
-    let full = out.log_probs_full.size();
-    if lp != [b, t] || full.len() != 3 || full[..2] != [b, t] {
-        return Err(input_err!("policy returned log-probs {lp:?} and log-softmax {full:?} for a batch of [{b}, {t}]"));
+fn check_hidden(hidden: &Tensor, b: i64, t: i64) -> Result<()> {
+    let size = hidden.size();
+    if size.len() != 3 || size[..2] != [b, t] {
+        return Err(input_err!("policy returned hidden states {size:?} for a batch of [{b}, {t}]"));
     }
     Ok(())
 }
 
-/// Forward pass and loss for `batch` (METHOD.md §6); differentiable unless called under `no_grad`.
-fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg: &TrainerConfig, lcfg: &LossConfig, batch: &PackedBatch) -> Result<Evaluated> {
+/// Forward pass and loss for `batch` (METHOD.md §6), aggregated over `num_samples` = the samples of the
+/// whole optimizer step. With `train`, also the backward pass: the trainable weights' `.grad`
+/// accumulate `∂loss/∂θ` of this batch's share of the step's loss. The output head and every
+/// per-token term run on chunks of `cfg.logits_chunk_tokens` positions (see the module docs); the
+/// returned metrics and per-sample terms are computed once more from the per-token values, under
+/// `no_grad`, by [`loss::compute_loss`] — the same formulas.
+fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg: &TrainerConfig, lcfg: &LossConfig, batch: &PackedBatch, num_samples: f64, train: bool) -> Result<Evaluated> {
     let (b, t) = (batch.batch_size() as i64, batch.max_response_len() as i64);
-    let out = policy.response_logprobs(batch)?;
-    check_out(&out, b, t)?;
-    let new = &out.logprobs;
-    let kind = new.kind();
+    let kind = Kind::Float;
     let mask = batch.loss_mask.f_to_kind(kind)?;
     let rollout = batch.old_logprobs.f_to_kind(kind)?;
-    let new_const = new.f_detach()?;
-    let tokens = mask.f_sum(Kind::Double)?.f_double_value(&[])?;
-    let rollout_abs_diff = if tokens > 0.0 {
-        let d = rollout.f_sub(&new_const)?.f_abs()?;
-        d.f_where_self(&mask.f_gt(0.0)?, &d.f_zeros_like()?)?.f_sum(Kind::Double)?.f_double_value(&[])? / tokens
-    } else {
-        0.0
-    };
-    let old = if cfg.recompute_old_logprobs { new_const } else { rollout };
     let teacher = batch.teacher_logprobs.as_ref().map(|x| x.f_to_kind(kind)).transpose()?;
-    let entropy = if lcfg.entropy_coef != 0.0 {
-        loss::entropy(&out.log_probs_full)?
-    } else {
-        let _guard = tch::no_grad_guard();
-        loss::entropy(&out.log_probs_full.f_detach()?)?
-    };
     let ref_lp = match reference {
         Some(r) => {
-            let _guard = tch::no_grad_guard();
-            let ro = r.response_logprobs(batch)?;
-            check_out(&ro, b, t)?;
-            Some(ro.logprobs.f_detach()?.f_to_kind(kind)?)
+            let lp = r.response_logprobs(batch)?;
+            check_hidden(&lp.f_unsqueeze(-1)?, b, t)?;
+            Some(lp.f_to_kind(kind)?)
         }
         None => None,
     };
     let topk = match (&batch.topk_ids, &batch.topk_logprobs, &batch.topk_mask) {
-        (Some(ids), Some(lps), Some(m)) => {
-            let student = out.log_probs_full.f_gather(2, ids, false)?;
-            let student = if lcfg.uses_topk() { student } else { student.f_detach()? };
-            Some((student, lps.f_to_kind(kind)?, m.f_to_kind(kind)?))
-        }
+        (Some(ids), Some(lps), Some(m)) => Some((ids.shallow_clone(), lps.f_to_kind(kind)?, m.f_to_kind(kind)?)),
         _ => None,
     };
     let weights = batch.sample_weight.f_to_kind(kind)?;
+    let tokens = mask.f_sum_dim_intlist(1i64, false, kind)?;
+    let topk_tokens = match &topk {
+        Some((_, _, m)) => m.f_sum_dim_intlist(1i64, false, kind)?,
+        None => tokens.f_zeros_like()?,
+    };
+
+    let grad = match (train, cfg.recompute_layers) {
+        (false, _) => Gradients::None,
+        (true, false) => Gradients::Stored,
+        (true, true) => Gradients::Recomputed,
+    };
+    let _no_grad = (!train).then(tch::no_grad_guard);
+    let pass = policy.response_hidden(batch, grad)?;
+    check_hidden(&pass.hidden, b, t)?;
+    let new_all = Tensor::f_zeros([b, t], (kind, mask.device()))?;
+    let ent_all = Tensor::f_zeros([b, t], (kind, mask.device()))?;
+    let student_all = match &topk {
+        Some((ids, _, _)) => Some(Tensor::f_zeros(ids.size(), (kind, mask.device()))?),
+        None => None,
+    };
+    let grad_hidden = if train { Some(pass.hidden.f_zeros_like()?) } else { None };
+    for (t0, n) in position_chunks(b, t, cfg.logits_chunk_tokens) {
+        let cut = |x: &Tensor| x.f_narrow(1, t0, n);
+        let hc = cut(&pass.hidden)?;
+        let hc = if train { hc.f_detach()?.f_requires_grad_(true)? } else { hc };
+        let lsm = policy.logits(&hc)?.f_to_kind(kind)?.f_log_softmax(-1, kind)?;
+        let new_c = lsm.f_gather(2, &cut(&batch.response_ids)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
+        let ent_c = if train && lcfg.entropy_coef != 0.0 {
+            loss::entropy(&lsm)?
+        } else {
+            let _guard = tch::no_grad_guard();
+            loss::entropy(&lsm.f_detach()?)?
+        };
+        let student_c = match &topk {
+            Some((ids, _, _)) => {
+                let s = lsm.f_gather(2, &cut(ids)?, false)?;
+                Some(if lcfg.uses_topk() { s } else { s.f_detach()? })
+            }
+            None => None,
+        };
+        if let Some(g) = &grad_hidden {
+            let old_c = if cfg.recompute_old_logprobs { new_c.f_detach()? } else { cut(&rollout)? };
+            let (mask_c, teacher_c, ref_c) = (cut(&mask)?, teacher.as_ref().map(cut).transpose()?, ref_lp.as_ref().map(cut).transpose()?);
+            let topk_c = match (&topk, &student_c) {
+                (Some((_, lps, m)), Some(st)) => Some((st.shallow_clone(), cut(lps)?, cut(m)?)),
+                _ => None,
+            };
+            let inputs = loss::LossInputs {
+                new_logprobs: &new_c,
+                old_logprobs: &old_c,
+                teacher_logprobs: teacher_c.as_ref(),
+                reward: &batch.reward,
+                mask: &mask_c,
+                sample_types: &batch.sample_types,
+                sample_weights: Some(&weights),
+                ref_logprobs: ref_c.as_ref(),
+                entropy: Some(&ent_c),
+                topk: topk_c.as_ref().map(|(s, t, m)| loss::TopkInputs { student: s, teacher: t, mask: m }),
+                sample_tokens: Some((&tokens, &topk_tokens)),
+                num_samples: Some(num_samples),
+            };
+            let chunk_loss = loss::compute_loss(lcfg, &inputs)?.loss;
+            if chunk_loss.requires_grad() {
+                chunk_loss.f_backward()?;
+                cut(g)?.f_copy_(&hc.f_grad()?)?;
+            }
+        }
+        let _guard = tch::no_grad_guard();
+        cut(&new_all)?.f_copy_(&new_c.f_detach()?)?;
+        cut(&ent_all)?.f_copy_(&ent_c.f_detach()?)?;
+        if let (Some(all), Some(st)) = (&student_all, &student_c) {
+            cut(all)?.f_copy_(&st.f_detach()?)?;
+        }
+    }
+    if let Some(g) = &grad_hidden {
+        pass.backward(g)?;
+    }
+
+    let _guard = tch::no_grad_guard();
+    let tokens_total = mask.f_sum(Kind::Double)?.f_double_value(&[])?;
+    let rollout_abs_diff = if tokens_total > 0.0 {
+        let d = rollout.f_sub(&new_all)?.f_abs()?;
+        d.f_where_self(&mask.f_gt(0.0)?, &d.f_zeros_like()?)?.f_sum(Kind::Double)?.f_double_value(&[])? / tokens_total
+    } else {
+        0.0
+    };
+    let old = if cfg.recompute_old_logprobs { new_all.shallow_clone() } else { rollout };
     let inputs = loss::LossInputs {
-        new_logprobs: new,
+        new_logprobs: &new_all,
         old_logprobs: &old,
         teacher_logprobs: teacher.as_ref(),
         reward: &batch.reward,
@@ -224,36 +322,47 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
         sample_types: &batch.sample_types,
         sample_weights: Some(&weights),
         ref_logprobs: ref_lp.as_ref(),
-        entropy: Some(&entropy),
-        topk: topk.as_ref().map(|(s, t, m)| loss::TopkInputs { student: s, teacher: t, mask: m }),
+        entropy: Some(&ent_all),
+        topk: match (&topk, &student_all) {
+            (Some((_, lps, m)), Some(st)) => Some(loss::TopkInputs { student: st, teacher: lps, mask: m }),
+            _ => None,
+        },
+        sample_tokens: None,
+        num_samples: Some(num_samples),
     };
     Ok(Evaluated { out: loss::compute_loss(lcfg, &inputs)?, rollout_abs_diff })
 }
 
-/// Splits `samples` into consecutive ranges whose padded size (count × longest prompt + response) stays
-/// within `budget` tokens; a single sample over the budget gets a range of its own.
-pub fn micro_batches(samples: &[Sample], budget: usize) -> Vec<(usize, usize)> {
-    let mut out = vec![];
-    let (mut start, mut longest) = (0, 0usize);
-    for (i, s) in samples.iter().enumerate() {
-        let len = s.prompt_token_ids.len() + s.response_token_ids.len();
-        let grown = longest.max(len);
-        if i > start && grown * (i - start + 1) > budget {
-            out.push((start, i));
-            start = i;
-            longest = len;
-        } else {
-            longest = grown;
+/// Groups `samples` into micro-batches whose padded size (count × longest prompt + response) stays
+/// within `budget` tokens: the samples are taken in order of length (shortest first, ties in input
+/// order), so samples of similar length share a micro-batch and little padding is computed; a single
+/// sample over the budget gets a micro-batch of its own. Returns each micro-batch's input indices, in
+/// input order within it. The step's loss does not depend on the grouping (it is a mean over samples).
+pub fn micro_batches(samples: &[Sample], budget: usize) -> Vec<Vec<usize>> {
+    let len = |i: usize| samples[i].prompt_token_ids.len() + samples[i].response_token_ids.len();
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by_key(|&i| len(i));
+    let mut out: Vec<Vec<usize>> = vec![];
+    let mut cur: Vec<usize> = vec![];
+    for i in order {
+        // Sorted ascending: the newest sample is the longest of the group.
+        if !cur.is_empty() && len(i) * (cur.len() + 1) > budget {
+            out.push(std::mem::take(&mut cur));
         }
+        cur.push(i);
     }
-    if start < samples.len() {
-        out.push((start, samples.len()));
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    for g in &mut out {
+        g.sort_unstable();
     }
     out
 }
 
-/// Combines the metrics of a step's micro-batches: sums stay sums (loss, pg_loss, kl, entropy, top-K,
-/// tokens, samples: "sum of sample means" is additive over samples), token means are token-weighted
+/// Combines the metrics of a step's micro-batches: the loss terms add up (each micro-batch's are already
+/// divided by the step's sample count, so their sum is the step's mean of sample means), tokens and
+/// samples add up, token means are token-weighted
 /// (clip fraction, PPO KL, |rollout − new|), per-type advantage means are sample-weighted.
 fn merge_metrics(parts: &[(LossMetrics, f64, BTreeMap<String, i64>)]) -> (LossMetrics, f64) {
     let tokens: i64 = parts.iter().map(|(m, _, _)| m.tokens).sum();
@@ -286,6 +395,72 @@ fn merge_metrics(parts: &[(LossMetrics, f64, BTreeMap<String, i64>)]) -> (LossMe
         samples: parts.iter().map(|(m, _, _)| m.samples).sum(),
     };
     (merged, tw(&|_, d| d))
+}
+
+/// What [`accumulate_gradients`] did.
+#[derive(Debug)]
+pub struct Accumulated {
+    /// The step's loss metrics; `None` when every sample was dropped (no gradient was computed).
+    pub metrics: Option<LossMetrics>,
+    /// Mean |rollout − current| log-prob over the trained tokens (nats).
+    pub rollout_abs_diff: f64,
+    /// Samples left out, with reasons (indices into the input slice, ascending).
+    pub dropped: Vec<Dropped>,
+}
+
+/// The forward and backward pass of one optimizer step without the update: packs `samples` (dropping
+/// bad or stale rows with reasons, `version` = the policy version of the weights for staleness) into
+/// micro-batches of at most `cfg.micro_batch_tokens` padded tokens ([`micro_batches`]), and adds
+/// `∂loss/∂θ` of the step's loss (METHOD.md §6: the mean over the kept samples of each sample's mean
+/// over its trained tokens) to the trainable tensors' `.grad` — call `zero_grad` first. Each
+/// micro-batch is aggregated over the samples of the whole step, so the result equals one pass over
+/// the whole batch. [`Trainer::train_step`] is this, then clipping and AdamW.
+///
+/// # Errors
+/// [`Error::Config`] for an invalid configuration; [`Error::InvalidInput`] when the configuration needs
+/// an input the samples or the reference lack; [`Error::Torch`] on a tensor failure.
+pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, method: Method, cfg: &TrainerConfig, version: i64, samples: &[Sample]) -> Result<Accumulated> {
+    let lcfg = cfg.loss_config(method);
+    let opts = PackOptions {
+        method,
+        vocab_size: policy.vocab_size(),
+        pad_id: policy.pad_id(),
+        current_version: version,
+        device: policy.var_store().device(),
+        config: cfg.clone(),
+    };
+    let mut dropped: Vec<Dropped> = vec![];
+    let mut packed_parts: Vec<PackedBatch> = vec![];
+    for group in micro_batches(samples, cfg.micro_batch_tokens) {
+        let chunk: Vec<Sample> = group.iter().map(|&i| samples[i].clone()).collect();
+        let packed = pack_samples(&chunk, &opts)?;
+        dropped.extend(packed.dropped.into_iter().map(|mut d| {
+            d.index = group[d.index];
+            d
+        }));
+        if let Some(mut batch) = packed.batch {
+            for si in &mut batch.source_index {
+                *si = group[*si];
+            }
+            packed_parts.push(batch);
+        }
+    }
+    dropped.sort_by_key(|d| d.index);
+    let num_samples: usize = packed_parts.iter().map(|b| b.batch_size()).sum();
+    let mut parts: Vec<(LossMetrics, f64, BTreeMap<String, i64>)> = vec![];
+    for batch in &packed_parts {
+        let mut type_counts: BTreeMap<String, i64> = BTreeMap::new();
+        for t in &batch.sample_types {
+            *type_counts.entry(t.as_str().to_string()).or_default() += 1;
+        }
+        let ev = evaluate(policy, reference, cfg, &lcfg, batch, num_samples as f64, true)?;
+        parts.push((ev.out.metrics, ev.rollout_abs_diff, type_counts));
+    }
+    if parts.is_empty() {
+        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped });
+    }
+    let (m, rollout_abs_diff) = merge_metrics(&parts);
+    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped })
 }
 
 /// A checkpoint the trainer wrote.
@@ -328,7 +503,6 @@ pub struct Trainer<P: Policy> {
     reference: Option<Box<dyn Policy>>,
     method: Method,
     cfg: TrainerConfig,
-    loss_cfg: LossConfig,
     opt: AdamW,
     writer: CheckpointWriter,
     config_hash: String,
@@ -376,7 +550,6 @@ impl<P: Policy> Trainer<P> {
         )?;
         Ok(Trainer {
             config_hash: cfg.hash(method)?,
-            loss_cfg: cfg.loss_config(method),
             policy,
             reference: None,
             method,
@@ -478,6 +651,7 @@ impl<P: Policy> Trainer<P> {
         }
     }
 
+    #[cfg(test)]
     fn pack_options(&self) -> PackOptions {
         PackOptions {
             method: self.method,
@@ -521,37 +695,18 @@ impl<P: Policy> Trainer<P> {
     pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
         let started = Instant::now();
         let step = self.step + 1;
-        // Micro-batches: forward + backward each, gradients accumulate (the loss is a sum of sample
-        // means, so this equals one pass over the whole batch).
-        let mut dropped: Vec<Dropped> = vec![];
-        let mut parts: Vec<(LossMetrics, f64, BTreeMap<String, i64>)> = vec![];
         self.opt.zero_grad()?;
-        for (start, end) in micro_batches(samples, self.cfg.micro_batch_tokens) {
-            let chunk = &samples[start..end];
-            let packed = pack_samples(chunk, &self.pack_options())?;
-            dropped.extend(packed.dropped.into_iter().map(|mut d| {
-                d.index += start;
-                d
-            }));
-            let Some(batch) = packed.batch else { continue };
-            let mut type_counts: BTreeMap<String, i64> = BTreeMap::new();
-            for t in &batch.sample_types {
-                *type_counts.entry(t.as_str().to_string()).or_default() += 1;
-            }
-            let ev = evaluate(&self.policy, self.reference.as_deref(), &self.cfg, &self.loss_cfg, &batch)?;
-            let m = ev.out.metrics;
-            if !m.loss.is_finite() {
-                self.opt.zero_grad()?;
-                return Err(input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl));
-            }
-            ev.out.loss.f_backward()?;
-            parts.push((m, ev.rollout_abs_diff, type_counts));
-        }
-        if parts.is_empty() {
+        let acc = accumulate_gradients(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, samples)?;
+        let dropped = acc.dropped;
+        let Some(m) = acc.metrics else {
             self.record_lineage(samples, &dropped, self.step);
             return Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None });
+        };
+        let rollout_abs_diff = acc.rollout_abs_diff;
+        if !m.loss.is_finite() {
+            self.opt.zero_grad()?;
+            return Err(input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl));
         }
-        let (m, rollout_abs_diff) = merge_metrics(&parts);
         let grad_norm = self.opt.clip_grad_norm(self.cfg.grad_clip)?;
         if !grad_norm.is_finite() {
             self.opt.zero_grad()?;
@@ -739,7 +894,7 @@ pub fn loss_report<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy
         let packed = pack_samples(chunk, &opts)?;
         report.dropped.extend(packed.dropped.into_iter().map(|d| Dropped { index: d.index + offset, ..d }));
         let Some(batch) = packed.batch else { continue };
-        let ev = evaluate(policy, reference, cfg, &lcfg, &batch)?;
+        let ev = evaluate(policy, reference, cfg, &lcfg, &batch, batch.batch_size() as f64, false)?;
         let ps = &ev.out.per_sample;
         let cols = [&ps.advantage, &ps.pg_loss, &ps.clip_fraction, &ps.ppo_kl, &ps.kl, &ps.entropy, &ps.topk_kl, &ps.loss, &ps.tokens].map(to_vec);
         let [adv, pg, clip, pkl, kl, ent, tk, l, tok] = cols;

@@ -1,12 +1,13 @@
 //! [`Policy`] for the model runtime's [`LanguageModel`]: the trainer's forward pass is the runtime's own
-//! `response_logprobs` (one implementation and one alignment convention for teacher, trainer and
-//! server), and checkpoints are written in the layout `nextstate serve` loads.
+//! `response_hidden` and output head (one implementation and one alignment convention for teacher,
+//! trainer and server), and checkpoints are written in the layout `nextstate serve` loads.
 
 use std::path::Path;
 
 use tch::nn::VarStore;
+use tch::Tensor;
 
-use super::{PackedBatch, Policy, PolicyOut, WeightsFormat};
+use super::{Gradients, HiddenPass, PackedBatch, Policy, WeightsFormat};
 use crate::error::Result;
 use crate::model::{self, LanguageModel};
 
@@ -23,7 +24,7 @@ impl Policy for LanguageModel {
         self.pad_token_id() as i64
     }
 
-    fn response_logprobs(&self, batch: &PackedBatch) -> Result<PolicyOut> {
+    fn response_hidden(&self, batch: &PackedBatch, grad: Gradients) -> Result<HiddenPass<'_>> {
         let b = model::PackedBatch {
             input_ids: batch.input_ids.shallow_clone(),
             response_ids: batch.response_ids.shallow_clone(),
@@ -32,8 +33,11 @@ impl Policy for LanguageModel {
             prompt_lens: batch.prompt_lens.clone(),
             response_lens: batch.response_lens.clone(),
         };
-        let out = LanguageModel::response_logprobs(self, &b)?;
-        Ok(PolicyOut { logprobs: out.logprobs, log_probs_full: out.log_probs_full })
+        model::score::response_hidden(self.transformer(), &b, grad)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.transformer().logits(hidden)
     }
 
     /// Full: a complete HF directory (`model.safetensors`, config, tokenizer) that `nextstate serve`

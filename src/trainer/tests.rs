@@ -3,7 +3,7 @@
 //! loss report.
 
 use tch::nn::{self, Module};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::test_util::sample;
 use super::*;
@@ -42,14 +42,15 @@ impl Policy for Tiny {
     fn vocab_size(&self) -> usize {
         V as usize
     }
-    fn response_logprobs(&self, b: &PackedBatch) -> Result<PolicyOut> {
+    fn response_hidden(&self, b: &PackedBatch, grad: Gradients) -> Result<HiddenPass<'_>> {
+        let _guard = (grad == Gradients::None).then(tch::no_grad_guard);
         let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
         let hidden = self.emb.forward(&b.input_ids);
         let idx = b.predict_positions.f_unsqueeze(-1)?.f_expand([bs, t, H], false)?;
-        let at = hidden.f_gather(1, &idx, false)?;
-        let full = self.head.forward(&at).f_log_softmax(-1, Kind::Float)?;
-        let lp = full.f_gather(2, &b.response_ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?.f_mul(&b.response_mask)?;
-        Ok(PolicyOut { logprobs: lp, log_probs_full: full })
+        HiddenPass::from_graph(hidden.f_gather(1, &idx, false)?)
+    }
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.head.forward(hidden))
     }
 }
 
@@ -67,7 +68,7 @@ fn score(p: &Tiny, samples: &mut [Sample]) {
     let opts = PackOptions { method: Method::Binary, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: TrainerConfig::default() };
     let as_binary: Vec<Sample> = samples.iter().map(|s| Sample { sample_type: SampleType::Binary, ..s.clone() }).collect();
     let batch = pack_samples(&as_binary, &opts).unwrap().batch.unwrap();
-    let lp = tch::no_grad(|| p.response_logprobs(&batch).unwrap().logprobs);
+    let lp = p.response_logprobs(&batch).unwrap();
     let rows = Vec::<Vec<f32>>::try_from(&lp).unwrap();
     for (s, row) in samples.iter_mut().zip(rows) {
         s.rollout_logprobs = row[..s.response_token_ids.len()].to_vec();
@@ -107,9 +108,10 @@ fn binary_ppo_overfits_a_fixed_batch() {
     // Step 1 is on-policy: ratio 1, L_t = −A_t, so loss = −1 + 1 − 1 + 1 = 0 and nothing is clipped.
     assert!(losses[0].abs() < 1e-6, "{losses:?}");
     // Then the rewarded samples' ratios rise toward 1.28 and the punished ones' fall toward 0.8: the
-    // loss falls toward 2·(−1.28) + 2·(0.8) = −0.96, its floor under the clip.
-    assert!(losses[19] < -0.5, "{losses:?}");
-    assert!(losses[19] >= -0.96 - 1e-4, "{losses:?}");
+    // loss (the mean over the 4 samples) falls toward (2·(−1.28) + 2·(0.8))/4 = −0.24, its floor under
+    // the clip.
+    assert!(losses[19] < -0.125, "{losses:?}");
+    assert!(losses[19] >= -0.24 - 1e-6, "{losses:?}");
     assert!(losses.windows(2).filter(|w| w[1] > w[0] + 1e-6).count() <= 2, "mostly decreasing: {losses:?}");
 }
 
@@ -271,7 +273,8 @@ fn loss_report_matches_hand_values_and_leaves_weights_alone() {
     assert_eq!((report.dropped.len(), report.dropped[0].index, report.dropped[0].reason), (1, 3, DropReason::Stale));
     // Chunks of 3: [b1, b2, b3] and [b4] (dropped → no metrics).
     assert_eq!(report.batches.len(), 1);
-    assert!((report.batches[0].pg_loss - (-1.0)).abs() < 1e-5);
+    // The batch's pg_loss is the mean over its samples of each sample's token mean: (−1 + 1 − 1)/3.
+    assert!((report.batches[0].pg_loss - (-1.0 / 3.0)).abs() < 1e-6, "{}", report.batches[0].pg_loss);
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["dropped"][0]["reason"], "stale");
     assert_eq!(json["samples"][0]["sample_type"], "binary");
@@ -331,13 +334,14 @@ fn timing_at_real_vocabulary_size() {
         fn vocab_size(&self) -> usize {
             BIG_V as usize
         }
-        fn response_logprobs(&self, b: &PackedBatch) -> Result<PolicyOut> {
+        fn response_hidden(&self, b: &PackedBatch, grad: Gradients) -> Result<HiddenPass<'_>> {
+            let _guard = (grad == Gradients::None).then(tch::no_grad_guard);
             let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
             let idx = b.predict_positions.f_unsqueeze(-1)?.f_expand([bs, t, 64], false)?;
-            let at = self.emb.forward(&b.input_ids).f_gather(1, &idx, false)?;
-            let full = self.head.forward(&at).f_log_softmax(-1, Kind::Float)?;
-            let lp = full.f_gather(2, &b.response_ids.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
-            Ok(PolicyOut { logprobs: lp, log_probs_full: full })
+            HiddenPass::from_graph(self.emb.forward(&b.input_ids).f_gather(1, &idx, false)?)
+        }
+        fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+            Ok(self.head.forward(hidden))
         }
     }
     fn big() -> Big {
@@ -377,4 +381,113 @@ fn timing_at_real_vocabulary_size() {
         let fwd_s = started.elapsed().as_secs_f64();
         eprintln!("opd_loss={}: step seconds {secs:.3?} (steps 2 and 4 also write a 75 MB checkpoint: 25 MB weights, 50 MB moments); pack {pack_s:.4} s; forward alone {fwd_s:.3} s", opd_loss.as_str());
     }
+}
+
+/// Gradients of every trainable tensor, by name (`None` where no gradient flowed).
+fn grads(p: &Tiny) -> Vec<(String, Option<Tensor>)> {
+    optim::trainable_named(&p.vs).into_iter().map(|(n, t)| {
+        let g = t.grad();
+        (n, g.defined().then(|| g.copy()))
+    }).collect()
+}
+
+fn max_rel_diff(a: &[(String, Option<Tensor>)], b: &[(String, Option<Tensor>)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    for ((na, ga), (nb, gb)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        let (ga, gb) = (ga.as_ref().unwrap_or_else(|| panic!("no gradient for {na}")), gb.as_ref().unwrap_or_else(|| panic!("no gradient for {nb}")));
+        let scale = ga.abs().max().double_value(&[]).max(1e-12);
+        worst = worst.max((ga - gb).abs().max().double_value(&[]) / scale);
+    }
+    worst
+}
+
+/// Samples of different lengths with teacher log-probs and top-3 lists (combined: two with a hint, one
+/// score-only), rollout = the policy's own log-probs shifted so ratios differ from 1.
+fn combined_batch(p: &Tiny) -> Vec<Sample> {
+    let mut v = vec![
+        sample("c1", SampleType::CombinedBoth, &[1, 2], &[3, 4, 5, 6, 7], &[0.0; 5], 1.0),
+        sample("c2", SampleType::CombinedBoth, &[6], &[7, 8], &[0.0; 2], -1.0),
+        sample("c3", SampleType::CombinedScoreOnly, &[9, 10, 11], &[12, 13, 14], &[0.0; 3], 1.0),
+        sample("c4", SampleType::CombinedBoth, &[13, 2, 2, 2], &[14], &[0.0], -1.0),
+    ];
+    score(p, &mut v);
+    for (i, s) in v.iter_mut().enumerate() {
+        let t = s.response_token_ids.len();
+        for (j, x) in s.rollout_logprobs.iter_mut().enumerate() {
+            *x += 0.3 * ((i + j) % 3) as f32 - 0.3;
+        }
+        s.teacher_logprobs = Some(if s.sample_type == SampleType::CombinedScoreOnly {
+            s.rollout_logprobs.clone()
+        } else {
+            s.rollout_logprobs.iter().enumerate().map(|(j, x)| x + 0.3 - 0.2 * j as f32).collect()
+        });
+        s.topk_ids = Some((0..t).map(|j| vec![(3 + j) as i32 % 16, (5 + 2 * j) as i32 % 16, 1]).collect());
+        s.topk_logprobs = Some(vec![vec![0.5f32.ln(), 0.2f32.ln(), 0.1f32.ln()]; t]);
+        s.loss_mask = (0..t).map(|j| if i == 0 && j == 2 { 0 } else { 1 }).collect();
+    }
+    v
+}
+
+#[test]
+fn chunked_gradients_equal_the_unchunked_loss() {
+    // The reference: the whole [B, T, V] log-softmax of the tiny policy built directly from its
+    // embedding and head, one compute_loss over the batch (mean of sample means over B = 4), backward.
+    let c = TrainerConfig { opd_loss: OpdLoss::Both, entropy_coef: 0.01, ..cfg(0.01) };
+    let lcfg = c.loss_config(Method::Combined);
+    let reference = tiny(11);
+    let samples = combined_batch(&reference);
+    let opts = PackOptions { method: Method::Combined, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: c.clone() };
+    let b = pack_samples(&samples, &opts).unwrap().batch.unwrap();
+    let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
+    let idx = b.predict_positions.unsqueeze(-1).expand([bs, t, H], false);
+    let full = reference.head.forward(&reference.emb.forward(&b.input_ids).gather(1, &idx, false)).log_softmax(-1, tch::Kind::Float);
+    let new = full.gather(2, &b.response_ids.unsqueeze(-1), false).squeeze_dim(-1);
+    let ent = loss::entropy(&full).unwrap();
+    let student = full.gather(2, b.topk_ids.as_ref().unwrap(), false);
+    let inputs = loss::LossInputs {
+        new_logprobs: &new,
+        old_logprobs: &b.old_logprobs,
+        teacher_logprobs: b.teacher_logprobs.as_ref(),
+        reward: &b.reward,
+        mask: &b.loss_mask,
+        sample_types: &b.sample_types,
+        sample_weights: Some(&b.sample_weight),
+        ref_logprobs: None,
+        entropy: Some(&ent),
+        topk: Some(loss::TopkInputs { student: &student, teacher: b.topk_logprobs.as_ref().unwrap(), mask: b.topk_mask.as_ref().unwrap() }),
+        sample_tokens: None,
+        num_samples: None,
+    };
+    let want = loss::compute_loss(&lcfg, &inputs).unwrap();
+    want.loss.backward();
+    let want_grads = grads(&reference);
+    assert!(want.metrics.loss.is_finite() && want.metrics.topk_kl > 0.0 && want.metrics.clip_fraction > 0.0, "{:?}", want.metrics);
+
+    // Chunked: head chunks of 1, 2, 3 and 64 rows; micro-batches of 6 and 4096 tokens.
+    for (chunk, micro) in [(1, 4096), (2, 6), (3, 6), (64, 4096)] {
+        let p = tiny(11);
+        let c = TrainerConfig { logits_chunk_tokens: chunk, micro_batch_tokens: micro, ..c.clone() };
+        let acc = accumulate_gradients(&p, None, Method::Combined, &c, 0, &samples).unwrap();
+        let m = acc.metrics.unwrap();
+        assert!(acc.dropped.is_empty());
+        assert!((m.loss - want.metrics.loss).abs() < 1e-6, "chunk {chunk}, micro {micro}: loss {} vs {}", m.loss, want.metrics.loss);
+        assert!((m.pg_loss - want.metrics.pg_loss).abs() < 1e-6 && (m.topk_kl - want.metrics.topk_kl).abs() < 1e-6 && (m.entropy - want.metrics.entropy).abs() < 1e-6);
+        assert!((m.clip_fraction - want.metrics.clip_fraction).abs() < 1e-9 && m.tokens == want.metrics.tokens && m.samples == 4);
+        let d = max_rel_diff(&grads(&p), &want_grads);
+        assert!(d <= 1e-5, "chunk {chunk}, micro {micro}: gradients differ by {d:e} (relative)");
+    }
+}
+
+#[test]
+fn micro_batches_group_by_length_and_keep_every_sample_once() {
+    let lens = [10usize, 3, 7, 3, 12, 1];
+    let samples: Vec<Sample> = lens.iter().enumerate().map(|(i, &n)| sample(&format!("m{i}"), SampleType::Binary, &vec![1; n], &[2], &[0.0], 1.0)).collect();
+    // Lengths (prompt + 1): 11, 4, 8, 4, 13, 2. Sorted: 5(2), 1(4), 3(4), 2(8), 0(11), 4(13).
+    // Budget 12: [5, 1, 3] (3 × 4 = 12), [2] (2 × 11 > 12 → alone), [0], [4] (13 > 12, alone).
+    assert_eq!(micro_batches(&samples, 12), vec![vec![1, 3, 5], vec![2], vec![0], vec![4]]);
+    let mut all: Vec<usize> = micro_batches(&samples, 30).into_iter().flatten().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..6).collect::<Vec<_>>());
 }

@@ -185,6 +185,8 @@ fn clip_fraction_and_ppo_kl_over_masked_tokens() {
         ref_logprobs: None,
         entropy: None,
         topk: None,
+        sample_tokens: None,
+        num_samples: None,
     };
     let out = compute_loss(&LossConfig::new(Method::Binary), &inp).unwrap();
     // Row 1 (A=+1): log r = 0.5 clipped, −0.5 unclipped, 0.1 unclipped.
@@ -192,11 +194,16 @@ fn clip_fraction_and_ppo_kl_over_masked_tokens() {
     assert_close(out.metrics.clip_fraction, 2.0 / 6.0, 1e-12);
     // ppo_kl = mean(old − new) = mean(−0.5, 0.5, −0.1, −0.5, 0.5, 0) = −0.1/6.
     assert_close(out.metrics.ppo_kl, -0.1 / 6.0, 1e-12);
-    // pg per row: row 1: (−1.28 − e^−0.5 − e^0.1)/3; row 2: (e^0.5 + 0.8 + 1)/3.
+    // pg per row: row 1: (−1.28 − e^−0.5 − e^0.1)/3; row 2: (e^0.5 + 0.8 + 1)/3; the step's loss is the
+    // mean over its 2 samples.
     let row1 = (-1.28 - (-0.5f64).exp() - 0.1f64.exp()) / 3.0;
     let row2 = (0.5f64.exp() + 0.8 + 1.0) / 3.0;
-    assert_close(out.metrics.pg_loss, row1 + row2, 1e-12);
-    assert_close(out.metrics.loss, row1 + row2, 1e-12);
+    assert_close(out.metrics.pg_loss, (row1 + row2) / 2.0, 1e-12);
+    assert_close(out.metrics.loss, (row1 + row2) / 2.0, 1e-12);
+    assert_all_close(&v1(&out.per_sample.pg_loss), &[row1, row2], 1e-12);
+    // Over a step of 8 samples (these 2 are one micro-batch of it): the sum of sample means over 8.
+    let out8 = compute_loss(&LossConfig::new(Method::Binary), &LossInputs { num_samples: Some(8.0), ..inp }).unwrap();
+    assert_close(out8.metrics.pg_loss, (row1 + row2) / 8.0, 1e-12);
     assert_all_close(&v1(&out.per_sample.clip_fraction), &[1.0 / 3.0, 1.0 / 3.0], 1e-12);
     assert_eq!(out.metrics.tokens, 6);
     assert_eq!(out.metrics.samples, 2);
@@ -246,6 +253,8 @@ fn kl_term_enters_the_loss_with_its_coefficient() {
         ref_logprobs: Some(&reference),
         entropy: None,
         topk: None,
+        sample_tokens: None,
+        num_samples: None,
     };
     let cfg = LossConfig { kl_coef: 0.5, ..LossConfig::new(Method::Binary) };
     let out = compute_loss(&cfg, &inp).unwrap();
@@ -330,37 +339,69 @@ fn topk_reverse_kl_gradient_flows_to_the_student_only() {
 // ---------- aggregation ----------
 
 #[test]
-fn sum_of_sample_means_with_uneven_lengths_and_masks() {
+fn mean_of_sample_means_with_uneven_lengths_and_masks() {
     // Row 1: tokens 1, 2, 3 (4 is padding) → mean 2. Row 2: 10, 20 → 15. Row 3: no masked token → 0.
     // Row 4: mask with a hole: 1, 3, 4 (2 excluded by the loss mask) → 8/3.
-    // Sum = 2 + 15 + 0 + 8/3 = 19.666666667.
+    // Mean over the 4 samples = (2 + 15 + 0 + 8/3) / 4 = 4.916666667.
     let x = t2(&[&[1.0, 2.0, 3.0, 4.0], &[10.0, 20.0, 0.0, 0.0], &[5.0, 0.0, 0.0, 0.0], &[1.0, 2.0, 3.0, 4.0]]);
     let m = t2(&[&[1.0, 1.0, 1.0, 0.0], &[1.0, 1.0, 0.0, 0.0], &[0.0, 0.0, 0.0, 0.0], &[1.0, 0.0, 1.0, 1.0]]);
     assert_all_close(&v1(&sample_means(&x, &m).unwrap()), &[2.0, 15.0, 0.0, 8.0 / 3.0], 1e-12);
-    assert_close(sum_of_sample_means(&x, &m, None).unwrap().double_value(&[]), 2.0 + 15.0 + 8.0 / 3.0, 1e-12);
-    // Weights 1, 0.5, 1, 0: 2 + 7.5 + 0 + 0 = 9.5.
+    let agg = |w: Option<&Tensor>, n: f64| mean_of_sample_means(&x, &m, w, None, n).unwrap().double_value(&[]);
+    assert_close(agg(None, 4.0), (2.0 + 15.0 + 8.0 / 3.0) / 4.0, 1e-12);
+    // Weights 1, 0.5, 1, 0: (2 + 7.5 + 0 + 0) / 4 = 2.375.
     let w = t1(&[1.0, 0.5, 1.0, 0.0]);
-    assert_close(sum_of_sample_means(&x, &m, Some(&w)).unwrap().double_value(&[]), 9.5, 1e-12);
+    assert_close(agg(Some(&w), 4.0), 2.375, 1e-12);
+    // These 4 as one micro-batch of a 16-sample step: divided by 16.
+    assert_close(agg(None, 16.0), (2.0 + 15.0 + 8.0 / 3.0) / 16.0, 1e-12);
     // This is not the token mean: (1+2+3+10+20+1+3+4)/8 = 5.5.
-    assert!((sum_of_sample_means(&x, &m, None).unwrap().double_value(&[]) - 5.5).abs() > 1.0);
+    assert!((agg(None, 4.0) - 5.5).abs() > 0.5);
+    assert!(mean_of_sample_means(&x, &m, None, None, 0.0).is_err());
+}
+
+#[test]
+fn chunks_of_positions_add_up_to_the_whole_with_the_samples_token_counts() {
+    // Split the positions of the batch above into [0, 1) and [1, 4): each chunk aggregated with the
+    // whole samples' token counts n_b = (3, 2, 0, 3); the two chunk losses sum to the whole loss.
+    let x = t2(&[&[1.0, 2.0, 3.0, 4.0], &[10.0, 20.0, 0.0, 0.0], &[5.0, 0.0, 0.0, 0.0], &[1.0, 2.0, 3.0, 4.0]]);
+    let m = t2(&[&[1.0, 1.0, 1.0, 0.0], &[1.0, 1.0, 0.0, 0.0], &[0.0, 0.0, 0.0, 0.0], &[1.0, 0.0, 1.0, 1.0]]);
+    let n = t1(&[3.0, 2.0, 0.0, 3.0]);
+    let part = |s: i64, l: i64| mean_of_sample_means(&x.narrow(1, s, l), &m.narrow(1, s, l), None, Some(&n), 4.0).unwrap().double_value(&[]);
+    // [0,1): (1/3 + 10/2 + 0 + 1/3)/4 = 1.416666667; [1,4): (5/3 + 20/2 + 0 + 7/3)/4 = 3.5.
+    assert_close(part(0, 1), (1.0 / 3.0 + 5.0 + 1.0 / 3.0) / 4.0, 1e-12);
+    assert_close(part(1, 3), (5.0 / 3.0 + 10.0 + 7.0 / 3.0) / 4.0, 1e-12);
+    assert_close(part(0, 1) + part(1, 3), (2.0 + 15.0 + 8.0 / 3.0) / 4.0, 1e-12);
 }
 
 #[test]
 fn masked_out_non_finite_values_do_not_leak() {
     let x = t2(&[&[1.0, f64::NAN, f64::INFINITY]]);
     let m = t2(&[&[1.0, 0.0, 0.0]]);
-    assert_close(sum_of_sample_means(&x, &m, None).unwrap().double_value(&[]), 1.0, 0.0);
+    assert_close(mean_of_sample_means(&x, &m, None, None, 1.0).unwrap().double_value(&[]), 1.0, 0.0);
 }
 
 #[test]
-fn sum_of_sample_means_gradient_is_mask_over_length() {
-    // d/dx of Σ_b mean_b: 1/3 on row 1's three tokens, 1/2 on row 2's two, 0 on padding.
+fn mean_of_sample_means_gradient_is_mask_over_length_over_samples() {
+    // d/dx of (1/N) Σ_b mean_b with N = 2: 1/6 on row 1's three tokens, 1/4 on row 2's two, 0 on padding.
     let x = t2(&[&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]]).set_requires_grad(true);
     let m = t2(&[&[1.0, 1.0, 1.0], &[1.0, 0.0, 1.0]]);
-    sum_of_sample_means(&x, &m, None).unwrap().backward();
+    mean_of_sample_means(&x, &m, None, None, 2.0).unwrap().backward();
     let g = v2(&x.grad());
-    assert_all_close(&g[0], &[1.0 / 3.0; 3], 1e-12);
-    assert_all_close(&g[1], &[0.5, 0.0, 0.5], 1e-12);
+    assert_all_close(&g[0], &[1.0 / 6.0; 3], 1e-12);
+    assert_all_close(&g[1], &[0.25, 0.0, 0.25], 1e-12);
+}
+
+#[test]
+fn log_ratio_is_clamped_before_exp() {
+    // new − old = 30 → clamped to 20: ratio e^20 = 485165195.4, finite; −1000 → e^−20.
+    // With A = −1 the unclipped term −ratio·A = e^20 is the max; its gradient is 0 (clamp binds).
+    let new = t2(&[&[-1.0, -1001.0]]).set_requires_grad(true);
+    let old = t2(&[&[-31.0, -1.0]]);
+    let adv = t2(&[&[-1.0, 1.0]]);
+    let p = ppo_clipped_loss(&new, &old, &adv, 0.2, 0.28).unwrap();
+    assert_all_close(&v2(&p.ratio)[0], &[20f64.exp(), (-20f64).exp()], 1e-3);
+    assert!(v2(&p.loss)[0].iter().all(|x| x.is_finite()));
+    p.loss.sum(Kind::Double).backward();
+    assert_all_close(&v2(&new.grad())[0], &[0.0, 0.0], 0.0);
 }
 
 // ---------- the whole loss ----------
@@ -372,7 +413,8 @@ fn combined_loss_components_and_identity() {
     // Row 1: teacher − old = (0.5, −0.25) → A = (1.5, 0.75) → pg mean = −1.125.
     // Row 2: A = −1 → pg = 1. pg_loss = −0.125.
     // Entropy given as 2 on row 1's tokens and 1 on row 2's: sum of means = 2 + 1 = 3; entropy_coef 0.1
-    // → loss = −0.125 − 0.3 = −0.425.
+    // → sum −0.125 − 0.3 = −0.425; the step's loss is that over its 2 samples: pg −0.0625, entropy 1.5,
+    // loss −0.2125.
     let old = t2(&[&[-1.0, -0.5], &[-0.7, 0.0]]);
     let new = old.copy().set_requires_grad(true);
     let teacher = t2(&[&[-0.5, -0.75], &[-0.7, 0.0]]);
@@ -391,29 +433,32 @@ fn combined_loss_components_and_identity() {
         ref_logprobs: None,
         entropy: Some(&ent),
         topk: None,
+        sample_tokens: None,
+        num_samples: None,
     };
     let cfg = LossConfig { entropy_coef: 0.1, ..LossConfig::new(Method::Combined) };
     let out = compute_loss(&cfg, &inp).unwrap();
     let m = &out.metrics;
-    assert_close(m.pg_loss, -0.125, 1e-12);
-    assert_close(m.entropy, 3.0, 1e-12);
-    assert_close(m.loss, -0.425, 1e-12);
+    assert_close(m.pg_loss, -0.0625, 1e-12);
+    assert_close(m.entropy, 1.5, 1e-12);
+    assert_close(m.loss, -0.2125, 1e-12);
     assert_close(m.loss, m.pg_loss + cfg.kl_coef * m.kl - cfg.entropy_coef * m.entropy, 1e-12);
     assert_close(m.clip_fraction, 0.0, 0.0);
     assert_close(m.advantage_by_type["combined-both"], 1.125, 1e-12);
     assert_close(m.advantage_by_type["combined-score-only"], -1.0, 1e-12);
     assert_eq!(m.tokens, 3);
     assert_all_close(&v1(&out.per_sample.loss), &[-1.125 - 0.2, 1.0 - 0.1], 1e-12);
-    // Staleness weights 1 and 0.5: pg = −1.125 + 0.5 = −0.625; entropy 2 + 0.5 = 2.5 → loss −0.875.
+    // Staleness weights 1 and 0.5: pg = (−1.125 + 0.5)/2 = −0.3125; entropy (2 + 0.5)/2 = 1.25 →
+    // loss −0.3125 − 0.125 = −0.4375.
     let w = t1(&[1.0, 0.5]);
     let out = compute_loss(&cfg, &LossInputs { sample_weights: Some(&w), ..inp }).unwrap();
-    assert_close(out.metrics.pg_loss, -0.625, 1e-12);
-    assert_close(out.metrics.loss, -0.875, 1e-12);
-    // Gradient wrt new at ratio 1 is −A/len (weights included): row 1: −1.5/2, −0.75/2; row 2: 0.5·1/1.
+    assert_close(out.metrics.pg_loss, -0.3125, 1e-12);
+    assert_close(out.metrics.loss, -0.4375, 1e-12);
+    // Gradient wrt new at ratio 1 is −A·w/(len·N), N = 2: row 1: −1.5/4, −0.75/4; row 2: 0.5·1/2.
     out.loss.backward();
     let g = v2(&new.grad());
-    assert_all_close(&g[0], &[-0.75, -0.375], 1e-12);
-    assert_all_close(&g[1], &[0.5, 0.0], 1e-12);
+    assert_all_close(&g[0], &[-0.375, -0.1875], 1e-12);
+    assert_all_close(&g[1], &[0.25, 0.0], 1e-12);
 }
 
 #[test]
@@ -438,6 +483,8 @@ fn opd_topk_loss_replaces_or_joins_the_ppo_term() {
         ref_logprobs: None,
         entropy: None,
         topk: Some(TopkInputs { student: &s, teacher: &tt, mask: &mask }),
+        sample_tokens: None,
+        num_samples: None,
     };
     let topk = 0.5 * (4.0f64 / 3.0).ln();
     let base = LossConfig::new(Method::Opd);
