@@ -407,7 +407,9 @@ fn f32_min_teacher_logprob_passes_packing_and_makes_the_loss_infinite() {
     let r = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &samples).unwrap();
     // On-policy (ratio 1): o1, o3 have pg = −0.1 (mean of −A); o2 = (3.4e38 + 3.4e38) / 2 overflows.
     assert!((r.samples[0].pg_loss + 0.1).abs() < 1e-6 && (r.samples[2].pg_loss + 0.1).abs() < 1e-6, "{:?}", r.samples);
-    assert_eq!(r.samples[1].advantage, f32::MIN as f64);
+    // Its per-token advantage is f32::MIN − old = f32::MIN (rounded), whose f32 sum over its 2 tokens
+    // is already −inf.
+    assert_eq!(r.samples[1].advantage, f64::NEG_INFINITY);
     assert_eq!(r.samples[1].loss, f64::INFINITY);
     assert_eq!(r.batches[0].loss, f64::INFINITY);
 }
@@ -493,8 +495,8 @@ fn fully_poisoned_step_leaves_weights_and_adam_unchanged() {
     assert_eq!(m.metrics.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2]);
 }
 
-/// [`Tiny`] whose log-prob of response token 15 has an infinite gradient (`√x` at x = 0) while its value
-/// is unchanged, and whose forward pass fails with a libtorch error on a batch holding response token 14.
+/// [`Tiny`] whose log-prob of response token 6 has an infinite gradient (`√x` at x = 0) while its value
+/// is unchanged, and whose forward pass fails with a libtorch error on a batch holding response token 9.
 struct Faulty(Tiny);
 
 impl Policy for Faulty {
@@ -505,11 +507,11 @@ impl Policy for Faulty {
         V as usize
     }
     fn response_logprobs(&self, b: &PackedBatch) -> Result<PolicyOut> {
-        if b.response_ids.f_eq(14)?.f_any()?.f_int64_value(&[])? != 0 {
-            return Err(Error::Torch(tch::TchError::Torch("simulated kernel failure on token 14".into())));
+        if b.response_ids.f_eq(9)?.f_any()?.f_int64_value(&[])? != 0 {
+            return Err(Error::Torch(tch::TchError::Torch("simulated kernel failure on token 9".into())));
         }
         let out = self.0.response_logprobs(b)?;
-        let bad = b.response_ids.f_eq(15)?.f_to_kind(Kind::Float)?;
+        let bad = b.response_ids.f_eq(6)?.f_to_kind(Kind::Float)?;
         // x = 0 where bad (gradient of √x: +inf), 1 elsewhere (gradient masked to 0 by `bad`).
         let x = out.logprobs.f_sub(&out.logprobs.f_detach()?)?.f_mul(&bad)?.f_add(&bad.f_neg()?.f_add_scalar(1.0)?)?;
         let lp = out.logprobs.f_add(&bad.f_mul(&x.f_sqrt()?)?)?;
@@ -525,12 +527,12 @@ fn infinite_gradient_and_torch_error_samples_are_skipped_with_their_reasons() {
     let mut samples = binary_batch(&p);
     let mut grad = samples[0].clone();
     grad.sample_id = "grad".into();
-    grad.response_token_ids = vec![15, 3];
+    grad.response_token_ids = vec![6, 3];
     grad.rollout_logprobs = vec![-2.0; 2];
     grad.loss_mask = vec![1; 2];
     let mut torch = samples[1].clone();
     torch.sample_id = "torch".into();
-    torch.response_token_ids = vec![14, 3];
+    torch.response_token_ids = vec![9, 3];
     torch.rollout_logprobs = vec![-2.0; 2];
     torch.loss_mask = vec![1; 2];
     let good = samples.clone();
@@ -557,7 +559,7 @@ fn infinite_gradient_and_torch_error_samples_are_skipped_with_their_reasons() {
     let out = t.train_step(&batch).unwrap();
     let k = out.skipped.unwrap();
     assert_eq!((k.reason, k.samples.clone(), k.reason.as_str()), (SkipReason::TorchError, vec![4], "torch_error"));
-    assert!(k.detail.contains("simulated kernel failure on token 14"), "{}", k.detail);
+    assert!(k.detail.contains("simulated kernel failure on token 9"), "{}", k.detail);
     assert_eq!(out.train_step.unwrap().samples, 4);
     assert_eq!((t.step(), t.optimizer().steps()), (2, 2));
 }
