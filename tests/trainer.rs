@@ -233,7 +233,8 @@ async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
 /// `torch.finfo(torch.float32).min` for log 0 sends — finite, so packing keeps it) makes the loss +inf.
 /// Published between good samples, it must be dead-lettered exactly once (stage `train`,
 /// `non_finite_loss`), the step retried without it, every good sample trained exactly once, and the run
-/// must end normally with its checkpoints; a resumed run afterwards finds nothing left to do.
+/// must end normally with its checkpoints. A last batch holding only a poisoned sample is skipped whole
+/// (no step, no checkpoint after it), yet its offset is committed: a resumed run finds nothing left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     let Some(model) = model_dir() else {
@@ -256,11 +257,11 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
     let mut all = samples(&lm, 5, "poison");
     drop(lm);
-    const POISON: usize = 2;
+    const POISON: [usize; 2] = [2, 4];
     for (i, s) in all.iter_mut().enumerate() {
         s.sample_type = SampleType::Opd;
         s.reward = 0.0;
-        s.teacher_logprobs = Some(if i == POISON { vec![f32::MIN; s.len()] } else { s.rollout_logprobs.iter().map(|x| x + 0.05).collect() });
+        s.teacher_logprobs = Some(if POISON.contains(&i) { vec![f32::MIN; s.len()] } else { s.rollout_logprobs.iter().map(|x| x + 0.05).collect() });
     }
     let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 1, ..Default::default() })
         .await
@@ -290,25 +291,26 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
         stdout
     };
     // Batches of 2 in topic order: [s0, s1] → step 1; [s2 (poisoned), s3] → s2 skipped, step 2 on s3;
-    // [s4] → step 3.
+    // [s4 (poisoned)] → skipped whole.
     let started = Instant::now();
     let out = tokio::task::block_in_place(|| run(&[], 1));
     eprintln!("first run: {:.1} s\n{out}", started.elapsed().as_secs_f64());
-    assert!(out.contains("train: steps=3 samples_trained=4 "), "{out}");
-    assert!(out.contains("skipped_steps=0 skipped_samples={\"non_finite_loss\": 1}"), "{out}");
+    assert!(out.contains("train: steps=2 samples_trained=3 "), "{out}");
+    assert!(out.contains("skipped_steps=1 skipped_samples={\"non_finite_loss\": 2}"), "{out}");
 
     let run_dir = ck.join("poison");
     let scan = nextstate::trainer::scan(&run_dir).unwrap();
-    assert_eq!(scan.complete.iter().map(|(_, m)| m.version).collect::<Vec<_>>(), vec![1, 2, 3], "one checkpoint per step");
+    assert_eq!(scan.complete.iter().map(|(_, m)| m.version).collect::<Vec<_>>(), vec![1, 2], "one checkpoint per step");
     let mut seen: HashMap<String, Vec<(bool, Option<String>)>> = HashMap::new();
     for (_, m) in &scan.complete {
         for l in &m.lineage {
             seen.entry(l.sample_id.clone()).or_default().push((l.trained, l.drop_reason.clone()));
         }
     }
-    assert_eq!(seen.len(), 5, "{seen:?}");
-    for (i, s) in all.iter().enumerate() {
-        let want = if i == POISON { vec![(false, Some("non_finite_loss".to_string()))] } else { vec![(true, None)] };
+    // s4's skip took no step, so no checkpoint followed it: it is in the dead letters only.
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    for (i, s) in all[..4].iter().enumerate() {
+        let want = if i == 2 { vec![(false, Some("non_finite_loss".to_string()))] } else { vec![(true, None)] };
         assert_eq!(seen[&s.sample_id], want, "sample {i}");
     }
     let m2 = &scan.complete[1].1;
@@ -316,17 +318,18 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
 
     let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
     let train_dead: Vec<_> = dead.iter().filter(|d| d.stage == "train").collect();
-    assert_eq!(train_dead.len(), 1, "{dead:?}");
-    let d = train_dead[0];
-    assert_eq!(d.reason_code, "non_finite_loss");
-    assert_eq!(d.input_key.as_deref(), Some(all[POISON].interaction_id.as_str()));
-    assert!(d.reason.contains(&format!("sample {} not trained", all[POISON].sample_id)) && d.reason.contains("loss is inf"), "{}", d.reason);
+    assert_eq!(train_dead.len(), 2, "{dead:?}");
+    for i in POISON {
+        let d = train_dead.iter().find(|d| d.input_key.as_deref() == Some(all[i].interaction_id.as_str())).unwrap_or_else(|| panic!("s{i} dead-lettered: {train_dead:?}"));
+        assert_eq!(d.reason_code, "non_finite_loss");
+        assert!(d.reason.contains(&format!("sample {} not trained", all[i].sample_id)) && d.reason.contains("loss is inf"), "{}", d.reason);
+    }
 
     // Offsets were committed past everything: a resumed run trains and dead-letters nothing more.
     let out = tokio::task::block_in_place(|| run(&["--resume"], 2));
     assert!(out.contains("train: steps=0 samples_trained=0 "), "{out}");
-    assert!(out.contains("skipped_samples={}"), "{out}");
+    assert!(out.contains("skipped_steps=0 skipped_samples={}"), "{out}");
     let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
-    assert_eq!(dead.iter().filter(|d| d.stage == "train").count(), 1);
-    assert_eq!(nextstate::trainer::scan(&run_dir).unwrap().complete.len(), 3);
+    assert_eq!(dead.iter().filter(|d| d.stage == "train").count(), 2);
+    assert_eq!(nextstate::trainer::scan(&run_dir).unwrap().complete.len(), 2);
 }
