@@ -12,8 +12,9 @@
 //!
 //! The wiring (Kafka, SQL, CLI) is not here: it collects `batch_size` samples, skips those in
 //! [`checkpoint::consumed_sample_ids`] after a resume, calls [`Trainer::train_step`], writes the
-//! returned `TrainStep` row, dead-letters the dropped samples and publishes the `Checkpoint` row of each
-//! checkpoint written.
+//! returned `TrainStep` row, dead-letters the dropped samples and the skipped ones
+//! ([`StepOutcome::skipped`]: non-finite loss or gradient, libtorch error) and publishes the `Checkpoint`
+//! row of each checkpoint written.
 
 pub mod batch;
 pub mod checkpoint;
