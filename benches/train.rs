@@ -9,8 +9,17 @@
 //! starts at 1. Checkpoints are not written inside the timed steps (`checkpoint_every` is large).
 //! Reports tokens/s over prompt + response tokens (the forward/backward work) and response tokens/s.
 //!
-//! Run: `cargo bench --bench train` (`steps=3`, `NEXTSTATE_THREADS` libtorch threads, default 1).
-//! Prints `BENCH {json}` lines.
+//! Cases (`case=`):
+//! - `lora_binary_b8` (default): the 4 chat prompts twice, 64-token responses (798 tokens in all);
+//! - `lora_binary_b8_2k`: the same 8 samples, each prompt prefixed with a passage so prompt + response
+//!   is 2,000 tokens (16,000 in all): the "8 samples × ~2,000 tokens" memory target.
+//!
+//! `recompute=0|1` sets `trainer.recompute_layers` (default 1), `chunk=N` `trainer.logits_chunk_tokens`.
+//! Peak RSS is read from the process (`VmHWM` of /proc/self/status) after the timed steps, so it covers
+//! model loading, the warm-up and the timed steps; run one case per process.
+//!
+//! Run: `cargo bench --bench train [-- case=lora_binary_b8_2k recompute=1]` (`steps=3`,
+//! `NEXTSTATE_THREADS` libtorch threads, default 1). Prints `BENCH {json}` lines.
 
 mod common;
 
@@ -46,11 +55,22 @@ fn main() {
     let lora = LoraSettings { enabled: true, ..LoraSettings::default() };
     let targets = lora.targets.iter().map(|t| LoraTarget::parse(t)).collect::<Result<Vec<_>, _>>().expect("targets");
     let trainable = Trainable::Lora(LoraConfig { rank: lora.rank, alpha: lora.alpha, targets });
-    let cfg = TrainerConfig { batch_size: 8, lr: 1e-4, lora, checkpoint_every: 1_000_000, ..TrainerConfig::default() };
+    let case = arg("case", "lora_binary_b8");
+    let recompute = arg("recompute", "1") == "1";
+    let chunk: usize = arg("chunk", &nextstate::model::score::LOGIT_CHUNK_TOKENS.to_string()).parse().expect("chunk=N");
+    let cfg = TrainerConfig { batch_size: 8, lr: 1e-4, lora, checkpoint_every: 1_000_000, recompute_layers: recompute, logits_chunk_tokens: chunk, ..TrainerConfig::default() };
     tch::manual_seed(cfg.seed as i64);
     let lm = LanguageModel::load(&dir, &LoadOptions { trainable, ..LoadOptions::default() }).expect("load model");
     let response: Vec<u32> = lm.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(8)).expect("encode")[..RESPONSE].to_vec();
     let prompts: Vec<Vec<u32>> = QUESTIONS.iter().map(|q| lm.chat_prompt_ids(&[Message::text("user", *q)], None, true).expect("prompt")).collect();
+    let prompts: Vec<Vec<u32>> = match case.as_str() {
+        "lora_binary_b8" => prompts,
+        "lora_binary_b8_2k" => {
+            let passage = lm.encode(&"Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in the chloroplasts of plant cells. ".repeat(120)).expect("encode");
+            prompts.into_iter().map(|p| passage[..2000 - RESPONSE - p.len()].iter().chain(&p).copied().collect()).collect()
+        }
+        other => panic!("unknown case {other}"),
+    };
     let items: Vec<(Vec<u32>, Vec<u32>)> = (0..8).map(|i| (prompts[i % 4].clone(), response.clone())).collect();
     let rollout = tch::no_grad(|| lm.score(&items, 0)).expect("score");
     let samples: Vec<Sample> = items
@@ -85,7 +105,15 @@ fn main() {
     }
     times.sort_by(f64::total_cmp);
     let med = times[times.len() / 2];
-    emit(json!({"bench": "train", "case": "lora_binary_b8", "engine": "nextstate (tch)", "threads": threads, "samples": samples.len(),
+    emit(json!({"bench": "train", "case": case, "engine": "nextstate (tch)", "threads": threads, "samples": samples.len(),
         "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times[0], "median_s": med,
-        "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss}));
+        "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss,
+        "recompute_layers": recompute, "logits_chunk_tokens": chunk, "peak_rss_mb": peak_rss_mb()}));
+}
+
+/// Peak resident set size of this process so far (MiB), from `VmHWM` in /proc/self/status.
+fn peak_rss_mb() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = s.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }

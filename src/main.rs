@@ -347,8 +347,8 @@ fn main() -> Result<()> {
                 let opts = nextstate::stages::train::TrainOptions { source, resume, run_id, checkpoints_dir: checkpoints, max_steps };
                 let r = nextstate::stages::train::train_command(&cfg, &opts, until_idle, stop).await.context("training failed")?;
                 println!(
-                    "train: steps={} samples_trained={} skipped_already_trained={} skipped_duplicates={} skipped_other_pipeline={} dropped={:?} resumed_from={:?} last_loss={:?}",
-                    r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_duplicates, r.skipped_other_pipeline, r.dropped, r.resumed_from, r.last_loss
+                    "train: steps={} samples_trained={} skipped_already_trained={} skipped_duplicates={} skipped_other_pipeline={} dropped={:?} skipped_steps={} skipped_samples={:?} resumed_from={:?} last_loss={:?}",
+                    r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_duplicates, r.skipped_other_pipeline, r.dropped, r.skipped_steps, r.skipped_samples, r.resumed_from, r.last_loss
                 );
                 for (v, p) in &r.checkpoints {
                     println!("checkpoint v{v}: {p}");
@@ -463,7 +463,15 @@ fn main() -> Result<()> {
                     );
                 }
                 if let Some(t) = &report.train {
-                    println!("train: steps={} samples_trained={} checkpoints={:?} dropped={:?}", t.steps, t.samples_trained, t.checkpoints.iter().map(|c| c.0).collect::<Vec<_>>(), t.dropped);
+                    println!(
+                        "train: steps={} samples_trained={} checkpoints={:?} dropped={:?} skipped_steps={} skipped_samples={:?}",
+                        t.steps,
+                        t.samples_trained,
+                        t.checkpoints.iter().map(|c| c.0).collect::<Vec<_>>(),
+                        t.dropped,
+                        t.skipped_steps,
+                        t.skipped_samples
+                    );
                 }
                 if let Some(p) = &report.proxy {
                     println!("proxy: {p:?}");

@@ -354,3 +354,108 @@ fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
     }
     assert!(results.iter().all(|r| r.3 <= 1e-9), "{results:?}");
 }
+
+/// A sample whose teacher log-probs are `f32::MIN` (−3.4028235e38: what a teacher server that writes
+/// `torch.finfo(torch.float32).min` for log 0 sends — finite, so packing keeps it) makes the loss +inf.
+/// Published between good samples, it must be dead-lettered exactly once (stage `train`,
+/// `non_finite_loss`), the step retried without it, every good sample trained exactly once, and the run
+/// must end normally with its checkpoints. A last batch holding only a poisoned sample is skipped whole
+/// (no step, no checkpoint after it), yet its offset is committed: a resumed run finds nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
+    let Some(model) = model_dir() else {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    };
+    let brokers = common::brokers();
+    let prefix = common::prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, ck, pfile) = (dir.path().join("lake"), dir.path().join("ck"), dir.path().join("p.toml"));
+    std::fs::write(
+        &pfile,
+        format!(
+            "name = \"poison\"\nmethod = \"opd\"\n[bus]\npartitions = 1\nmax_poll_interval_ms = 10000\n[policy]\nmodel = \"{}\"\nthreads = 1\n\
+             [trainer]\nbatch_size = 2\ncheckpoint_every = 1\nlr = 1e-4\n[trainer.lora]\nenabled = true\nrank = 4\nalpha = 8\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let mut all = samples(&lm, 5, "poison");
+    drop(lm);
+    const POISON: [usize; 2] = [2, 4];
+    for (i, s) in all.iter_mut().enumerate() {
+        s.sample_type = SampleType::Opd;
+        s.reward = 0.0;
+        s.teacher_logprobs = Some(if POISON.contains(&i) { vec![f32::MIN; s.len()] } else { s.rollout_logprobs.iter().map(|x| x + 0.05).collect() });
+    }
+    let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 1, ..Default::default() })
+        .await
+        .unwrap();
+    bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await.unwrap();
+    let p = bus.producer().unwrap();
+    for s in &all {
+        p.send(s, None).await.unwrap();
+    }
+    p.flush().unwrap();
+
+    let run = |extra: &[&str], n: u32| {
+        let out = Command::new(common::bin())
+            .args(["train", "--pipeline"])
+            .arg(&pfile)
+            .args(["--brokers", &brokers, "--topic-prefix", &prefix, "--lake"])
+            .arg(&lake)
+            .arg("--checkpoints")
+            .arg(&ck)
+            .args(["--group-instance-id", "trainer-1", "--until-idle"])
+            .args(extra)
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+        assert!(out.status.success(), "trainer run {n} failed ({}):\n{stdout}\n{stderr}", out.status);
+        stdout
+    };
+    // Batches of 2 in topic order: [s0, s1] → step 1; [s2 (poisoned), s3] → s2 skipped, step 2 on s3;
+    // [s4 (poisoned)] → skipped whole.
+    let started = Instant::now();
+    let out = tokio::task::block_in_place(|| run(&[], 1));
+    eprintln!("first run: {:.1} s\n{out}", started.elapsed().as_secs_f64());
+    assert!(out.contains("train: steps=2 samples_trained=3 "), "{out}");
+    assert!(out.contains("skipped_steps=1 skipped_samples={\"non_finite_loss\": 2}"), "{out}");
+
+    let run_dir = ck.join("poison");
+    let scan = nextstate::trainer::scan(&run_dir).unwrap();
+    assert_eq!(scan.complete.iter().map(|(_, m)| m.version).collect::<Vec<_>>(), vec![1, 2], "one checkpoint per step");
+    let mut seen: HashMap<String, Vec<(bool, Option<String>)>> = HashMap::new();
+    for (_, m) in &scan.complete {
+        for l in &m.lineage {
+            seen.entry(l.sample_id.clone()).or_default().push((l.trained, l.drop_reason.clone()));
+        }
+    }
+    // s4's skip took no step, so no checkpoint followed it: it is in the dead letters only.
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    for (i, s) in all[..4].iter().enumerate() {
+        let want = if i == 2 { vec![(false, Some("non_finite_loss".to_string()))] } else { vec![(true, None)] };
+        assert_eq!(seen[&s.sample_id], want, "sample {i}");
+    }
+    let m2 = &scan.complete[1].1;
+    assert_eq!((m2.step, m2.metrics.len(), m2.metrics[0].metrics.samples), (2, 1, 1), "step 2 trained s3 alone");
+
+    let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
+    let train_dead: Vec<_> = dead.iter().filter(|d| d.stage == "train").collect();
+    assert_eq!(train_dead.len(), 2, "{dead:?}");
+    for i in POISON {
+        let d = train_dead.iter().find(|d| d.input_key.as_deref() == Some(all[i].interaction_id.as_str())).unwrap_or_else(|| panic!("s{i} dead-lettered: {train_dead:?}"));
+        assert_eq!(d.reason_code, "non_finite_loss");
+        assert!(d.reason.contains(&format!("sample {} not trained", all[i].sample_id)) && d.reason.contains("loss is inf"), "{}", d.reason);
+    }
+
+    // Offsets were committed past everything: a resumed run trains and dead-letters nothing more.
+    let out = tokio::task::block_in_place(|| run(&["--resume"], 2));
+    assert!(out.contains("train: steps=0 samples_trained=0 "), "{out}");
+    assert!(out.contains("skipped_steps=0 skipped_samples={}"), "{out}");
+    let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
+    assert_eq!(dead.iter().filter(|d| d.stage == "train").count(), 2);
+    assert_eq!(nextstate::trainer::scan(&run_dir).unwrap().complete.len(), 2);
+}

@@ -9,6 +9,11 @@
 //! sample trained after the last checkpoint is re-read after a crash and trained again from the
 //! checkpointed weights — once, as far as any published checkpoint is concerned.
 //!
+//! A bad batch never stops training: samples the trainer could not train (non-finite loss or gradient,
+//! a libtorch error; see [`Trainer::train_step`]) are dead-lettered with stage `train` and their offsets
+//! committed right away (up to the first sample still buffered or trained since the last checkpoint),
+//! so a restart does not read them again.
+//!
 //! The model lives on a dedicated thread (libtorch work never blocks the async runtime); the async side
 //! sends it batches.
 
@@ -74,6 +79,12 @@ pub struct TrainReport {
     pub skipped_duplicates: u64,
     /// Samples dropped by the batch packer, by reason.
     pub dropped: BTreeMap<String, u64>,
+    /// Steps skipped whole because the loss or the gradient norm was not finite or libtorch failed
+    /// (weights unchanged; their samples dead-lettered, see [`crate::trainer::SkippedStep`]).
+    pub skipped_steps: u64,
+    /// Samples left untrained by a skipped step or left out of a retried one, by reason
+    /// (`non_finite_loss`, `non_finite_grad`, `torch_error`); each is dead-lettered with stage `train`.
+    pub skipped_samples: BTreeMap<String, u64>,
     /// Checkpoints written: (version, folder).
     pub checkpoints: Vec<(i64, String)>,
     /// Version resumed from (None: fresh start).
@@ -199,7 +210,21 @@ async fn publish(out: &Output, outcome: &StepOutcome, report: &mut TrainReport, 
         );
         out.emit(ts, None).await?;
     }
-    report.samples_trained += (batch.len() - outcome.dropped.len()) as u64;
+    let skipped = outcome.skipped.as_ref().map_or(&[][..], |k| k.samples.as_slice());
+    report.samples_trained += (batch.len() - outcome.dropped.len() - skipped.len()) as u64;
+    if let Some(k) = &outcome.skipped {
+        if outcome.train_step.is_none() {
+            report.skipped_steps += 1;
+        }
+        tracing::warn!(reason = k.reason.as_str(), samples = k.samples.len(), step_taken = outcome.train_step.is_some(), skipped_steps = report.skipped_steps, detail = %k.detail, "samples not trained: dead-lettered");
+        for &i in &k.samples {
+            *report.skipped_samples.entry(k.reason.as_str().to_string()).or_default() += 1;
+            let s = &batch[i];
+            let dl = DeadLetter::new("train", k.reason.as_str(), format!("sample {} not trained: {}", s.sample_id, k.detail), s.sample_id.as_bytes(), Lineage::default())
+                .with_keys(&s.session_id, Some(&s.interaction_id));
+            out.dead(dl).await?;
+        }
+    }
     for d in &outcome.dropped {
         *report.dropped.entry(d.reason.as_str().to_string()).or_default() += 1;
         let s = &batch[d.index];
@@ -221,8 +246,10 @@ async fn publish_checkpoint(out: &Output, ck: Option<&WrittenCheckpoint>, report
 /// Runs the trainer until the source is exhausted (SQL), or until stopped / idle (topic).
 ///
 /// # Errors
-/// Model loading, configuration (e.g. an existing run without `--resume`), Kafka and lake errors, and a
-/// non-finite loss.
+/// Model loading, configuration (e.g. an existing run without `--resume`), Kafka and lake errors. A
+/// batch whose loss or gradient is not finite, or on which libtorch fails, is not an error: its
+/// offending samples are dead-lettered (`non_finite_loss`, `non_finite_grad`, `torch_error`), counted
+/// in [`TrainReport::skipped_samples`] / [`TrainReport::skipped_steps`], and training goes on.
 pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl: &TaskCtl, on_checkpoint: Option<OnCheckpoint>) -> Result<TrainReport> {
     let worker = start_worker(cfg, opts)?;
     let out = Output::new(bus.producer()?, "train");
@@ -307,11 +334,25 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                     let n = pending.len().min(batch_size);
                     let chunk: Vec<(Sample, i32, i64)> = pending.drain(..n).collect();
                     let positions = chunk.iter().map(|(s, p, o)| (s.sample_id.clone(), (topic.clone(), *p, *o))).collect();
+                    let chunk_pos: HashMap<String, (i32, i64)> = chunk.iter().map(|(s, p, o)| (s.sample_id.clone(), (*p, *o))).collect();
                     let samples: Vec<Sample> = chunk.into_iter().map(|(s, _, _)| s).collect();
                     let outcome = worker.step(samples.clone(), positions).await?;
-                    if let Some(row) = publish(&out, &outcome, &mut report, &samples).await? {
+                    let checkpointed = publish(&out, &outcome, &mut report, &samples).await?;
+                    if let Some(row) = checkpointed {
                         commit_checkpointed(&input, &mut open, &pending, &consumed_next);
                         notify(&row);
+                    } else if let Some(k) = &outcome.skipped {
+                        // The skipped samples are dead-lettered and will never be trained: their offsets
+                        // need no checkpoint, so move the commit past them now (up to the first sample
+                        // still buffered or trained since the last checkpoint), else a restart would
+                        // read them again.
+                        for &i in &k.samples {
+                            let s = &samples[i];
+                            if let Some(pos) = chunk_pos.get(&s.sample_id) {
+                                open.remove(pos);
+                            }
+                        }
+                        commit_open(&input, &open, &consumed_next);
                     }
                     if report.steps >= max_steps {
                         break;
@@ -336,6 +377,12 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
 fn commit_checkpointed(input: &InputLoop, open: &mut BTreeSet<(i32, i64)>, pending: &[(Sample, i32, i64)], consumed_next: &HashMap<i32, i64>) {
     let still: BTreeSet<(i32, i64)> = pending.iter().map(|(_, p, o)| (*p, *o)).collect();
     open.retain(|x| still.contains(x));
+    commit_open(input, open, consumed_next);
+}
+
+/// Commits per partition up to the first position in `open` (buffered, or trained since the last
+/// checkpoint: both must be read again after a crash), else up to what was read.
+fn commit_open(input: &InputLoop, open: &BTreeSet<(i32, i64)>, consumed_next: &HashMap<i32, i64>) {
     let mut commit: HashMap<i32, i64> = consumed_next.clone();
     for (p, o) in open.iter() {
         let e = commit.entry(*p).or_insert(*o);

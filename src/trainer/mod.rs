@@ -21,8 +21,9 @@
 //!
 //! The wiring (Kafka, SQL, CLI) is not here: it collects `batch_size` samples, skips those in
 //! [`checkpoint::consumed_sample_ids`] after a resume, calls [`Trainer::train_step`], writes the
-//! returned `TrainStep` row, dead-letters the dropped samples and publishes the `Checkpoint` row of each
-//! checkpoint written.
+//! returned `TrainStep` row, dead-letters the dropped samples and the skipped ones
+//! ([`StepOutcome::skipped`]: non-finite loss or gradient, libtorch error) and publishes the `Checkpoint`
+//! row of each checkpoint written.
 
 pub mod batch;
 pub mod checkpoint;
@@ -485,6 +486,77 @@ pub struct StepOutcome {
     pub dropped: Vec<Dropped>,
     /// The checkpoint written after this step (every `checkpoint_every` steps).
     pub checkpoint: Option<WrittenCheckpoint>,
+    /// Samples left untrained because their loss or gradient was not finite or libtorch failed on them
+    /// (dead-letter each). With `train_step` `None` the whole step was skipped and the weights and the
+    /// optimizer state are exactly as before; with `train_step` `Some` the step was retried and taken
+    /// without these samples.
+    pub skipped: Option<SkippedStep>,
+}
+
+/// Why a step left the weights unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// The loss of the batch (or of the sample, alone) was NaN or ±inf.
+    NonFiniteLoss,
+    /// The loss was finite but the global gradient norm was NaN or ±inf.
+    NonFiniteGrad,
+    /// libtorch failed during the forward or backward pass.
+    TorchError,
+}
+
+impl SkipReason {
+    /// Snake-case name for counters and the dead letters' `reason_code`: `non_finite_loss`,
+    /// `non_finite_grad`, `torch_error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::NonFiniteLoss => "non_finite_loss",
+            SkipReason::NonFiniteGrad => "non_finite_grad",
+            SkipReason::TorchError => "torch_error",
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A step that was not taken (weights unchanged; its samples go to dead_letters).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkippedStep {
+    /// Why the step failed first.
+    pub reason: SkipReason,
+    /// The failure with its numbers (the batch's loss components or gradient norm, the libtorch
+    /// message), then, per offending sample found by evaluating the samples one at a time, its id, its
+    /// own reason and its loss or gradient norm.
+    pub detail: String,
+    /// indices into the input slice
+    pub samples: Vec<usize>,
+}
+
+/// How one sample fared when evaluated alone (forward, loss, backward, gradient norm; no step).
+enum Probe {
+    /// Finite loss and gradient norm.
+    Good,
+    /// Left out by the packer (the step itself drops and reports it).
+    Dropped,
+    /// Non-finite loss or gradient, or a libtorch error: (why, the numbers).
+    Offender(SkipReason, String),
+}
+
+/// The skip reason of an error of [`Trainer::try_step`], `None` for errors that are not the batch's
+/// fault (configuration, a policy returning wrong shapes): those still end the step with the error.
+/// The non-finite checks' messages end in "weights not updated" and the gradient one names the
+/// gradient norm.
+fn skip_reason(e: &Error) -> Option<SkipReason> {
+    match e {
+        Error::Torch(_) => Some(SkipReason::TorchError),
+        Error::InvalidInput(m) if m.ends_with("weights not updated") => {
+            Some(if m.contains("gradient norm is") { SkipReason::NonFiniteGrad } else { SkipReason::NonFiniteLoss })
+        }
+        _ => None,
+    }
 }
 
 /// Where [`Trainer::resume`] started from.
@@ -651,7 +723,6 @@ impl<P: Policy> Trainer<P> {
         }
     }
 
-    #[cfg(test)]
     fn pack_options(&self) -> PackOptions {
         PackOptions {
             method: self.method,
@@ -688,11 +759,135 @@ impl<P: Policy> Trainer<P> {
     /// AdamW. Every `checkpoint_every` steps a checkpoint is written ([`Trainer::checkpoint`]). When every
     /// sample is dropped no step is taken; the dropped samples still enter the lineage.
     ///
+    /// **A bad batch never stops training**: when the loss or the gradient norm is not finite, or
+    /// libtorch fails in the forward or backward pass, the weights and the AdamW state stay exactly as
+    /// they were, each sample is evaluated alone (forward, loss, backward, gradient norm; no step) to
+    /// find the offenders, and the step is retried once without them. The offenders — or, when none can
+    /// be told apart or the retry fails too, every sample the packer kept — are returned in
+    /// [`StepOutcome::skipped`] and enter the lineage as not trained, with the reason
+    /// ([`SkipReason::as_str`]). A fully skipped step takes no optimizer step and counts no step.
+    ///
     /// # Errors
-    /// [`Error::InvalidInput`] when the loss or the gradient norm is not finite (the weights are left
-    /// unchanged and the samples are not recorded as consumed); [`Error::Torch`] on a tensor failure;
-    /// the checkpoint's errors.
+    /// [`Error::InvalidInput`] for an input the configuration needs and the batch lacks (e.g. a
+    /// reference policy for `kl_coef ≠ 0`) or a policy returning wrongly shaped log-probs;
+    /// [`Error::Internal`] when libtorch failed inside the AdamW update (the weights may be half
+    /// updated); the checkpoint's errors.
     pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
+        let adam_steps = self.opt.steps();
+        let mut outcome = match self.try_step(samples) {
+            Ok(o) => o,
+            Err(e) => match skip_reason(&e) {
+                Some(reason) if self.opt.steps() == adam_steps => self.recover(samples, reason, &e)?,
+                Some(_) => return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1))),
+                None => return Err(e),
+            },
+        };
+        if outcome.train_step.is_some() && (self.step as u64).is_multiple_of(self.cfg.checkpoint_every) {
+            outcome.checkpoint = self.checkpoint()?;
+        }
+        Ok(outcome)
+    }
+
+    /// After `try_step(samples)` failed with `reason` (`err`; weights and AdamW untouched): finds the
+    /// offending samples by probing each alone, retries the step once without them, and otherwise skips
+    /// the step. See [`Trainer::train_step`].
+    fn recover(&mut self, samples: &[Sample], reason: SkipReason, err: &Error) -> Result<StepOutcome> {
+        self.opt.zero_grad()?;
+        let mut detail = format!("step {}: {err}", self.step + 1);
+        tracing::warn!(step = self.step + 1, reason = reason.as_str(), error = %err, samples = samples.len(), "training step failed; evaluating its samples one at a time");
+        let mut offenders: Vec<usize> = vec![];
+        let mut dropped_alone: Vec<usize> = vec![];
+        for (i, s) in samples.iter().enumerate() {
+            match self.probe(s)? {
+                Probe::Good => {}
+                Probe::Dropped => dropped_alone.push(i),
+                Probe::Offender(r, d) => {
+                    detail.push_str(&format!("; sample {} alone: {} ({d})", s.sample_id, r.as_str()));
+                    offenders.push(i);
+                }
+            }
+        }
+        let rest: Vec<usize> = (0..samples.len()).filter(|i| !offenders.contains(i)).collect();
+        let kept_rest = rest.iter().filter(|i| !dropped_alone.contains(i)).count();
+        if !offenders.is_empty() && kept_rest > 0 {
+            let subset: Vec<Sample> = rest.iter().map(|&i| samples[i].clone()).collect();
+            let adam_steps = self.opt.steps();
+            match self.try_step(&subset) {
+                Ok(mut o) => {
+                    for d in &mut o.dropped {
+                        d.index = rest[d.index];
+                    }
+                    let step = self.step;
+                    let picked: Vec<Sample> = offenders.iter().map(|&i| samples[i].clone()).collect();
+                    self.record_skipped(&picked, &[], &(0..picked.len()).collect::<Vec<_>>(), reason, step);
+                    tracing::warn!(step, reason = reason.as_str(), skipped = offenders.len(), trained = kept_rest, "step retried without the offending samples");
+                    o.skipped = Some(SkippedStep { reason, detail, samples: offenders });
+                    return Ok(o);
+                }
+                Err(e) if skip_reason(&e).is_some() && self.opt.steps() == adam_steps => {
+                    self.opt.zero_grad()?;
+                    detail.push_str(&format!("; the retry without them failed too: {e}"));
+                }
+                Err(e) if skip_reason(&e).is_some() => {
+                    return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1)));
+                }
+                Err(e) => return Err(e),
+            }
+        } else if offenders.is_empty() {
+            detail.push_str("; no sample fails alone, so the whole batch is skipped");
+        }
+        // Skip the whole step: the packer's drops stay drops (with their reasons), the rest is skipped.
+        let mut dropped: Vec<Dropped> = vec![];
+        for &i in &dropped_alone {
+            let packed = pack_samples(std::slice::from_ref(&samples[i]), &self.pack_options())?;
+            dropped.extend(packed.dropped.into_iter().map(|d| Dropped { index: i, ..d }));
+        }
+        let skipped: Vec<usize> = (0..samples.len()).filter(|i| !dropped_alone.contains(i)).collect();
+        let step = self.step;
+        self.record_skipped(samples, &dropped, &skipped, reason, step);
+        tracing::warn!(step = step + 1, reason = reason.as_str(), skipped = skipped.len(), dropped = dropped.len(), detail = %detail, "training step skipped; weights unchanged");
+        Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None, skipped: Some(SkippedStep { reason, detail, samples: skipped }) })
+    }
+
+    /// Forward, loss and backward of `sample` alone, then the gradient norm; no optimizer step, and the
+    /// gradients are zeroed again. Used to find the offenders of a failed step.
+    fn probe(&mut self, sample: &Sample) -> Result<Probe> {
+        self.opt.zero_grad()?;
+        let result = (|| -> Result<Probe> {
+            let acc = accumulate_gradients(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, std::slice::from_ref(sample))?;
+            let Some(m) = acc.metrics else { return Ok(Probe::Dropped) };
+            if !m.loss.is_finite() {
+                return Ok(Probe::Offender(SkipReason::NonFiniteLoss, format!("loss {}, pg {}, kl {}, entropy {}, top-K {}", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl)));
+            }
+            let norm = self.opt.grad_norm()?;
+            if !norm.is_finite() {
+                return Ok(Probe::Offender(SkipReason::NonFiniteGrad, format!("loss {}, gradient norm {norm}", m.loss)));
+            }
+            Ok(Probe::Good)
+        })();
+        self.opt.zero_grad()?;
+        match result {
+            Err(Error::Torch(e)) => Ok(Probe::Offender(SkipReason::TorchError, e.to_string())),
+            other => other,
+        }
+    }
+
+    /// Lineage entries of every sample of `samples`, none trained: those in `dropped` with the packer's
+    /// reason, those at the indices `skipped` with `reason`.
+    fn record_skipped(&mut self, samples: &[Sample], dropped: &[Dropped], skipped: &[usize], reason: SkipReason, step: i64) {
+        let start = self.pending_lineage.len();
+        self.record_lineage(samples, dropped, step);
+        for (k, l) in self.pending_lineage[start..].iter_mut().enumerate() {
+            if skipped.contains(&k) {
+                l.trained = false;
+                l.drop_reason = Some(reason.as_str().to_string());
+            }
+        }
+    }
+
+    /// [`Trainer::train_step`] without the recovery and without the checkpoint: any failure is an error
+    /// (the non-finite checks zero the gradients before returning).
+    fn try_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
         let started = Instant::now();
         let step = self.step + 1;
         self.opt.zero_grad()?;
@@ -700,7 +895,7 @@ impl<P: Policy> Trainer<P> {
         let dropped = acc.dropped;
         let Some(m) = acc.metrics else {
             self.record_lineage(samples, &dropped, self.step);
-            return Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None });
+            return Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None, skipped: None });
         };
         let rollout_abs_diff = acc.rollout_abs_diff;
         if !m.loss.is_finite() {
@@ -748,8 +943,7 @@ impl<P: Policy> Trainer<P> {
             seconds,
             created_time: now_ms(),
         };
-        let checkpoint = if (step as u64).is_multiple_of(self.cfg.checkpoint_every) { self.checkpoint()? } else { None };
-        Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint })
+        Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint: None, skipped: None })
     }
 
     /// Writes checkpoint `version + 1` now if any optimizer step was taken since the last one (call it at

@@ -3,7 +3,7 @@
 //! loss report.
 
 use tch::nn::{self, Module};
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::test_util::sample;
 use super::*;
@@ -490,4 +490,194 @@ fn micro_batches_group_by_length_and_keep_every_sample_once() {
     let mut all: Vec<usize> = micro_batches(&samples, 30).into_iter().flatten().collect();
     all.sort_unstable();
     assert_eq!(all, (0..6).collect::<Vec<_>>());
+}
+
+/// OPD samples o1..o3 on the policy's own log-probs, teacher = rollout + 0.1 at every token (so each
+/// token's advantage is 0.1); `poison` gives the sample at that index a teacher log-prob of `f32::MIN`
+/// (−3.4028235e38, the "log 0" some teacher servers send instead of −inf, which JSON cannot carry) at
+/// every token: finite, so packing keeps it, but its advantage −3.4e38 makes the per-token PPO loss
+/// ≈ 3.4e38 and the sum over its tokens overflows to +inf.
+fn opd_batch(p: &Tiny, poison: &[usize]) -> Vec<Sample> {
+    let mut v = vec![
+        sample("o1", SampleType::Opd, &[1, 2], &[3, 4, 5], &[0.0; 3], 0.0),
+        sample("o2", SampleType::Opd, &[6], &[7, 8], &[0.0; 2], 0.0),
+        sample("o3", SampleType::Opd, &[9, 10], &[11, 12], &[0.0; 2], 0.0),
+    ];
+    score(p, &mut v);
+    for (i, s) in v.iter_mut().enumerate() {
+        s.source_offset = Some(200 + i as i64);
+        s.teacher_logprobs = Some(if poison.contains(&i) { vec![f32::MIN; s.len()] } else { s.rollout_logprobs.iter().map(|x| x + 0.1).collect() });
+    }
+    v
+}
+
+#[test]
+fn f32_min_teacher_logprob_passes_packing_and_makes_the_loss_infinite() {
+    let p = tiny(20);
+    let samples = opd_batch(&p, &[1]);
+    let opts = PackOptions { method: Method::Opd, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: TrainerConfig::default() };
+    assert!(pack_samples(&samples, &opts).unwrap().dropped.is_empty(), "a finite teacher log-prob is not a packing error");
+    let r = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &samples).unwrap();
+    // On-policy (ratio 1): o1, o3 have pg = −0.1 (mean of −A); o2 = (3.4e38 + 3.4e38) / 2 overflows.
+    assert!((r.samples[0].pg_loss + 0.1).abs() < 1e-6 && (r.samples[2].pg_loss + 0.1).abs() < 1e-6, "{:?}", r.samples);
+    // Its per-token advantage is f32::MIN − old = f32::MIN (rounded), whose f32 sum over its 2 tokens
+    // is already −inf.
+    assert_eq!(r.samples[1].advantage, f64::NEG_INFINITY);
+    assert_eq!(r.samples[1].loss, f64::INFINITY);
+    assert_eq!(r.batches[0].loss, f64::INFINITY);
+}
+
+#[test]
+fn poisoned_sample_is_skipped_and_the_rest_trained_as_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TrainerConfig { checkpoint_every: 1, ..cfg(0.05) };
+    let samples = opd_batch(&tiny(21), &[1]);
+    let mut t = Trainer::new(tiny(21), Method::Opd, c.clone(), CheckpointWriter::new(dir.path(), "poison")).unwrap();
+    let out = t.train_step(&samples).unwrap();
+    let skipped = out.skipped.clone().expect("o2 skipped");
+    assert_eq!((skipped.reason, skipped.samples.clone()), (SkipReason::NonFiniteLoss, vec![1]));
+    assert_eq!(skipped.reason.as_str(), "non_finite_loss");
+    assert!(skipped.detail.contains("loss is inf") && skipped.detail.contains("sample o2 alone: non_finite_loss (loss inf"), "{}", skipped.detail);
+    assert!(out.dropped.is_empty());
+    // Retried on o1 and o3: on-policy, A = 0.1 per token → loss = mean(−0.1, −0.1) = −0.1, 5 tokens.
+    let row = out.train_step.unwrap();
+    assert!((row.loss + 0.1).abs() < 1e-6, "{row:?}");
+    assert_eq!((row.step, row.samples, row.tokens), (1, 2, 5));
+    assert_eq!((t.step(), t.optimizer().steps()), (1, 1));
+    // Bit for bit the step a trainer takes on o1 and o3 alone.
+    let mut alone = Trainer::new(tiny(21), Method::Opd, c, CheckpointWriter::new(dir.path(), "alone")).unwrap();
+    let ra = alone.train_step(&[samples[0].clone(), samples[2].clone()]).unwrap().train_step.unwrap();
+    assert_eq!((ra.loss, ra.grad_norm), (row.loss, row.grad_norm));
+    assert!(same_weights(&weights(t.policy()), &weights(alone.policy())));
+    // The checkpoint's lineage: o1, o3 trained; o2 consumed, not trained, with the reason.
+    let m = out.checkpoint.unwrap().manifest;
+    let got: Vec<(&str, bool, Option<&str>, i64)> = m.lineage.iter().map(|l| (l.sample_id.as_str(), l.trained, l.drop_reason.as_deref(), l.step)).collect();
+    assert_eq!(got, vec![("o1", true, None, 1), ("o3", true, None, 1), ("o2", false, Some("non_finite_loss"), 1)]);
+}
+
+#[test]
+fn fully_poisoned_step_leaves_weights_and_adam_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TrainerConfig { checkpoint_every: 2, ..cfg(0.05) };
+    let p = tiny(22);
+    let good = opd_batch(&p, &[]);
+    let mut bad = opd_batch(&p, &[0, 1, 2]);
+    // Plus one the packer drops: it stays a drop with its own reason.
+    let mut oov = good[0].clone();
+    oov.sample_id = "oov".into();
+    oov.response_token_ids = vec![16, 3, 4];
+    bad.push(oov);
+    let mut t = Trainer::new(p, Method::Opd, c.clone(), CheckpointWriter::new(dir.path(), "full")).unwrap();
+    let first = t.train_step(&good).unwrap().train_step.unwrap();
+    let (before, adam_before) = (weights(t.policy()), t.optimizer().steps());
+    let out = t.train_step(&bad).unwrap();
+    assert!(out.train_step.is_none() && out.metrics.is_none() && out.checkpoint.is_none());
+    let skipped = out.skipped.unwrap();
+    assert_eq!((skipped.reason, skipped.samples), (SkipReason::NonFiniteLoss, vec![0, 1, 2]));
+    assert_eq!(out.dropped.len(), 1);
+    assert_eq!((out.dropped[0].index, out.dropped[0].reason), (3, DropReason::TokenOutOfVocab));
+    assert!(same_weights(&before, &weights(t.policy())), "weights bit-identical after a skipped step");
+    assert_eq!((t.step(), t.optimizer().steps(), adam_before), (1, 1, 1));
+    // The AdamW moments did not move either: the next step equals that of a trainer that never saw the
+    // poisoned batch, bit for bit.
+    let mut clean = Trainer::new(tiny(22), Method::Opd, c, CheckpointWriter::new(dir.path(), "clean")).unwrap();
+    assert_eq!(clean.train_step(&good).unwrap().train_step.unwrap().loss, first.loss);
+    let a = t.train_step(&good).unwrap();
+    let b = clean.train_step(&good).unwrap();
+    let (ra, rb) = (a.train_step.unwrap(), b.train_step.unwrap());
+    assert_eq!((ra.step, ra.loss, ra.grad_norm), (2, rb.loss, rb.grad_norm));
+    assert!(same_weights(&weights(t.policy()), &weights(clean.policy())));
+    // Checkpoint at step 2: the skipped batch's samples are consumed but not trained.
+    let m = a.checkpoint.unwrap().manifest;
+    let got: Vec<(&str, bool, Option<&str>, i64)> = m.lineage.iter().map(|l| (l.sample_id.as_str(), l.trained, l.drop_reason.as_deref(), l.step)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("o1", true, None, 1),
+            ("o2", true, None, 1),
+            ("o3", true, None, 1),
+            ("o1", false, Some("non_finite_loss"), 1),
+            ("o2", false, Some("non_finite_loss"), 1),
+            ("o3", false, Some("non_finite_loss"), 1),
+            ("oov", false, Some("token_out_of_vocab"), 1),
+            ("o1", true, None, 2),
+            ("o2", true, None, 2),
+            ("o3", true, None, 2),
+        ]
+    );
+    assert_eq!(m.metrics.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2]);
+}
+
+/// [`Tiny`] whose log-prob of response token 6 has an infinite gradient (`√x` at x = 0) while its value
+/// is unchanged, and whose forward pass fails with a libtorch error on a batch holding response token 9.
+struct Faulty(Tiny);
+
+impl Policy for Faulty {
+    fn var_store(&self) -> &VarStore {
+        &self.0.vs
+    }
+    fn vocab_size(&self) -> usize {
+        V as usize
+    }
+    fn response_hidden(&self, b: &PackedBatch, grad: Gradients) -> Result<HiddenPass<'_>> {
+        if b.response_ids.f_eq(9)?.f_any()?.f_int64_value(&[])? != 0 {
+            return Err(Error::Torch(tch::TchError::Torch("simulated kernel failure on token 9".into())));
+        }
+        let _guard = (grad == Gradients::None).then(tch::no_grad_guard);
+        let (bs, t) = (b.batch_size() as i64, b.max_response_len() as i64);
+        let idx = b.predict_positions.f_unsqueeze(-1)?.f_expand([bs, t, H], false)?;
+        let at = self.0.emb.forward(&b.input_ids).f_gather(1, &idx, false)?;
+        let bad = b.response_ids.f_eq(6)?.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?;
+        // x = 0 where bad (gradient of √x: +inf), 1 elsewhere (gradient masked to 0 by `bad`).
+        let x = at.f_sub(&at.f_detach()?)?.f_mul(&bad)?.f_add(&bad.f_neg()?.f_add_scalar(1.0)?)?;
+        HiddenPass::from_graph(at.f_add(&bad.f_mul(&x.f_sqrt()?)?)?)
+    }
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.0.head.forward(hidden))
+    }
+}
+
+#[test]
+fn infinite_gradient_and_torch_error_samples_are_skipped_with_their_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TrainerConfig { checkpoint_every: 1000, ..cfg(0.05) };
+    let p = tiny(23);
+    let mut samples = binary_batch(&p);
+    let mut grad = samples[0].clone();
+    grad.sample_id = "grad".into();
+    grad.response_token_ids = vec![6, 3];
+    grad.rollout_logprobs = vec![-2.0; 2];
+    grad.loss_mask = vec![1; 2];
+    let mut torch = samples[1].clone();
+    torch.sample_id = "torch".into();
+    torch.response_token_ids = vec![9, 3];
+    torch.rollout_logprobs = vec![-2.0; 2];
+    torch.loss_mask = vec![1; 2];
+    let good = samples.clone();
+
+    // Infinite gradient: the loss is finite, the gradient norm is not.
+    samples.insert(1, grad);
+    let mut t = Trainer::new(Faulty(p), Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "grad")).unwrap();
+    let out = t.train_step(&samples).unwrap();
+    let k = out.skipped.unwrap();
+    assert_eq!((k.reason, k.samples.clone()), (SkipReason::NonFiniteGrad, vec![1]));
+    assert!(k.detail.contains("gradient norm is NaN") || k.detail.contains("gradient norm is inf"), "{}", k.detail);
+    assert!(k.detail.contains("sample grad alone: non_finite_grad"), "{}", k.detail);
+    let row = out.train_step.unwrap();
+    assert_eq!((row.samples, row.tokens), (4, 10));
+    // The same step as on the four good samples alone.
+    let mut alone = Trainer::new(Faulty(tiny(23)), Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "alone")).unwrap();
+    let ra = alone.train_step(&good).unwrap().train_step.unwrap();
+    assert_eq!((ra.loss, ra.grad_norm), (row.loss, row.grad_norm));
+    assert!(same_weights(&weights(&t.policy().0), &weights(&alone.policy().0)));
+
+    // libtorch error: reason torch_error, the message in the detail; the others train.
+    let mut batch = good.clone();
+    batch.push(torch);
+    let out = t.train_step(&batch).unwrap();
+    let k = out.skipped.unwrap();
+    assert_eq!((k.reason, k.samples.clone(), k.reason.as_str()), (SkipReason::TorchError, vec![4], "torch_error"));
+    assert!(k.detail.contains("simulated kernel failure on token 9"), "{}", k.detail);
+    assert_eq!(out.train_step.unwrap().samples, 4);
+    assert_eq!((t.step(), t.optimizer().steps()), (2, 2));
 }
