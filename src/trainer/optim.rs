@@ -526,9 +526,8 @@ mod tests {
             // The low-precision parameter moves, first at the hand-computed steps …
             let first: Vec<Option<usize>> = first.iter().map(|&k| Some(k)).collect();
             assert_eq!(first_changes(&w0, &history), first, "{kind:?}");
-            // … and each time it moves it is the master rounded, so it tracks the f32 run within half an ulp.
-            let last = history.last().unwrap();
-            assert!(last.iter().zip(&w0).all(|(a, b)| a != b));
+            // … and after N steps every element has moved.
+            assert!(history.last().unwrap().iter().zip(&w0).all(|(a, b)| a != b));
             // The in-place update never moves it: every step is below half an ulp and rounds away.
             assert_eq!(f32s(&w_old), w0.to_vec(), "{kind:?}: in-place low-precision AdamW moved");
         }
@@ -653,8 +652,8 @@ mod tests {
         }
 
         // A state file of the older format (moments only, here bf16 as that optimizer kept them) still
-        // loads: moments convert to f32, and the master restarts from the rounded weights, so the next step
-        // is not the uninterrupted one's.
+        // loads: moments convert to f32, and the master restarts from the rounded weights (so it is not the
+        // uninterrupted run's master: that is what saving the masters fixes).
         let old: Vec<(String, Tensor)> = saved.iter().filter(|(k, _)| !k.starts_with(MASTER)).map(|(k, t)| (k.clone(), t.to_kind(Kind::BFloat16))).collect();
         let old_path = dir.path().join("old.safetensors");
         Tensor::write_safetensors(&old, &old_path).unwrap();
