@@ -39,6 +39,12 @@
 //! updated in place in their own kind, exactly as before. The cost is 12 bytes of optimizer state per
 //! low-precision parameter (master + two moments) instead of 4 (two bf16 moments).
 //!
+//! Checked by the tests: with the same gradients the master follows an f32 run to 1e-6 relative (measured
+//! bit-identical) and the parameter is always the master rounded; on a tiny MLP run in bf16 against
+//! the same MLP in f32 at lr 1e-5, the update `master − start` agrees with the f32 update to ≤ 1e-6
+//! relative (L2, per tensor) after one step and ≤ 1e-3 over ten (measured 0 and 1.2e-4; the gap is
+//! the bf16 forward/backward, not the optimizer).
+//!
 //! # State file
 //!
 //! [`AdamW::save`] writes a safetensors file with `exp_avg/<name>` and `exp_avg_sq/<name>` for every
@@ -515,6 +521,7 @@ mod tests {
                 }
                 history.push(f32s(&w));
             }
+            eprintln!("{kind:?}: max relative master − f32 run over {N} steps: {worst_rel:e}");
             // Master = the f32 run (same f32 arithmetic on the same gradients), within 1e-6 relative.
             assert!(worst_rel <= 1e-6, "{kind:?}: master vs f32 AdamW relative difference {worst_rel}");
             // Master = the closed form within N half-ulps of f32 at |w| ≤ 1 (2⁻²⁵ each) of rounding drift.
@@ -528,8 +535,12 @@ mod tests {
             assert_eq!(first_changes(&w0, &history), first, "{kind:?}");
             // … and after N steps every element has moved.
             assert!(history.last().unwrap().iter().zip(&w0).all(|(a, b)| a != b));
-            // The in-place update never moves it: every step is below half an ulp and rounds away.
-            assert_eq!(f32s(&w_old), w0.to_vec(), "{kind:?}: in-place low-precision AdamW moved");
+            // The in-place update never moves an element whose half-ulp exceeds one step's 1e-5 (all four in
+            // bf16, elements 0 and 3 in f16): every step rounds away.
+            let old = f32s(&w_old);
+            for i in (0..4).filter(|&i| first[i] > Some(1)) {
+                assert_eq!(old[i], w0[i], "{kind:?}[{i}]: in-place low-precision AdamW moved");
+            }
         }
     }
 
@@ -569,6 +580,10 @@ mod tests {
             .fold(0.0, f64::max)
     }
 
+    /// A bf16 model (bf16 forward, backward and gradients, f32 masters and moments) against the same
+    /// model in f32 from the same start, 10 steps at lr 1e-5. Stated tolerance on the update
+    /// Δ = master − start, per tensor, `‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖`: ≤ 1e-6 after step 1, ≤ 1e-3 over
+    /// 10 steps (measured: 0 and 1.2e-4).
     #[test]
     fn bf16_steps_on_a_tiny_model_match_f32_steps() {
         // The trainer's defaults: lr 1e-5, betas (0.9, 0.98), ε 1e-8, λ 0.1.
@@ -597,6 +612,17 @@ mod tests {
             measured.push((k, rel_update_diff(&start, &masters, &w32), rel_update_diff(&start, &params16, &w32)));
         }
         eprintln!("step, ‖Δmaster − Δf32‖/‖Δf32‖, ‖Δparam − Δf32‖/‖Δf32‖: {measured:?}");
+        // Step 1 (m̂/√v̂ = sign(g) up to ε) agrees wherever the bf16 gradient has the f32 one's sign:
+        // measured 0. Later steps see bf16 forward/backward rounding in m and v: measured 1.2e-4 at step 10.
+        assert!(measured[0].1 <= 1e-6, "{measured:?}");
+        assert!(measured.iter().all(|m| m.1 <= 1e-3), "{measured:?}");
+        // The bf16 weights alone hold almost none of it yet (most 1e-5 steps are below half an ulp):
+        // an in-place bf16 optimizer would be stuck there, at relative difference 1 (no update) at step 1.
+        assert_eq!(measured[0].2, 1.0);
+        assert!(measured[9].2 > 0.9, "{measured:?}");
+        for (n, t) in trainable_named(&vs16) {
+            assert!(t.equal(&o16.master(&n).unwrap().to_kind(Kind::BFloat16)), "{n}: bf16 weights ≠ rounded master");
+        }
     }
 
     #[test]
