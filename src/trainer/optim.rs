@@ -39,6 +39,11 @@
 //! updated in place in their own kind, exactly as before. The cost is 12 bytes of optimizer state per
 //! low-precision parameter (master + two moments) instead of 4 (two bf16 moments).
 //!
+//! The master is the truth for a low-precision tensor: a value written into that tensor from outside
+//! the optimizer after [`AdamW::new`] / [`AdamW::load`] (say through `Trainer::policy_mut`) is
+//! overwritten by the rounded master at the next step. Load weights before building the optimizer, as
+//! `Trainer::resume` does.
+//!
 //! Checked by the tests: with the same gradients the master follows an f32 run to 1e-6 relative (measured
 //! bit-identical) and the parameter is always the master rounded; on a tiny MLP run in bf16 against
 //! the same MLP in f32 at lr 1e-5, the update `master − start` agrees with the f32 update to ≤ 1e-6
@@ -267,7 +272,7 @@ impl AdamW {
                 Some(master) => {
                     let g32 = g.f_to_kind(Kind::Float)?;
                     update(master, &g32, &mut p.exp_avg, &mut p.exp_avg_sq, &cfg, bc2.sqrt(), step_size)?;
-                    let _ = p.param.f_copy_(master)?;
+                    p.param.f_copy_(master)?;
                 }
             }
         }
@@ -478,7 +483,7 @@ mod tests {
     #[test]
     fn low_precision_masters_accumulate_updates_an_in_place_step_loses() {
         // Starts exactly representable in bf16 and f16: 1, 164·2⁻¹⁴, −77·2⁻⁸; gradients 0.5, 0.25, −1, 2.
-        let w0 = [1.0f32, 0.010009765625, 0.010009765625, -0.30078125];
+        let w0 = [1.0f32, 164.0 / 16384.0, 164.0 / 16384.0, -77.0 / 256.0];
         let g = [0.5f32, 0.25, -1.0, 2.0];
         let cfg = AdamWConfig { lr: 1e-5, beta1: 0.9, beta2: 0.98, eps: 1e-8, weight_decay: 0.0 };
         const N: usize = 300;
@@ -526,9 +531,9 @@ mod tests {
             assert!(worst_rel <= 1e-6, "{kind:?}: master vs f32 AdamW relative difference {worst_rel}");
             // Master = the closed form within N half-ulps of f32 at |w| ≤ 1 (2⁻²⁵ each) of rounding drift.
             let m = f32s(opt.master("w").unwrap());
-            for i in 0..4 {
+            for (i, &mi) in m.iter().enumerate() {
                 let h = hand(N, i);
-                assert!((m[i] as f64 - h).abs() <= N as f64 * 2f64.powi(-25), "{kind:?}[{i}]: master {} vs hand {h}", m[i]);
+                assert!((mi as f64 - h).abs() <= N as f64 * 2f64.powi(-25), "{kind:?}[{i}]: master {mi} vs hand {h}");
             }
             // The low-precision parameter moves, first at the hand-computed steps …
             let first: Vec<Option<usize>> = first.iter().map(|&k| Some(k)).collect();
