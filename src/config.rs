@@ -51,7 +51,8 @@ pub struct PolicyConfig {
     pub model: PathBuf,
     /// `cpu`, `cuda` or `cuda:N`.
     pub device: String,
-    /// `f32`, `f16` or `bf16`.
+    /// `f32`, `f16` or `bf16`. With `f16`/`bf16` the trainer's AdamW keeps f32 master weights and f32
+    /// moments (`trainer::optim` module docs, "Precision").
     pub dtype: String,
     /// libtorch intra-op threads (0 = libtorch's default).
     pub threads: usize,

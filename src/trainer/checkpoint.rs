@@ -6,7 +6,8 @@
 //! ```text
 //! checkpoints/<run>/N/
 //!   model.safetensors | adapter.safetensors (+ whatever the policy writes, e.g. config.json)
-//!   optimizer.safetensors   AdamW moments exp_avg/<name>, exp_avg_sq/<name>
+//!   optimizer.safetensors   AdamW moments exp_avg/<name>, exp_avg_sq/<name>, and f32 master weights
+//!                           master/<name> of bf16/f16 tensors (`optim` module docs, "Precision")
 //!   manifest.json           written last
 //! ```
 //!
