@@ -2,7 +2,7 @@
 //! signals,sinks --until-idle`, and `sql`; counts checked by hand against the raw files (tau-bench:
 //! 2,454 assistant turns, 1,164 followed by tool results and 1,290 by the customer; mini-swe-agent: 10
 //! turns answered by the shell, as role `user`); AgentBench's null histories become dead letters with a
-//! reason and exit status 0.
+//! reason and exit status 0. Lineage: every signal names the `interactions` record it was read from.
 mod common;
 
 use std::path::PathBuf;
