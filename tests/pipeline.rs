@@ -165,6 +165,25 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     let so = combined.iter().find(|s| s.sample_type == nextstate::schema::SampleType::CombinedScoreOnly).unwrap();
     assert_eq!(so.teacher_logprobs.as_ref(), Some(&so.rollout_logprobs));
     assert!(combined.iter().all(|s| s.rollout_logprobs_recomputed), "the rows had no log-probs: recomputed by scoring");
+    // Lineage: every sample of every pipeline names the `interactions` record its turn was read from,
+    // the same position as its signal's (t-combined's chain ran straight from the topic; t-binary's and
+    // t-opd's judge and hint inputs were re-published from the lake, carrying the signal's position).
+    let lineage = nextstate::sql::render(
+        &nextstate::sql::query(
+            &lake,
+            "SELECT s.pipeline, count(*) AS n, count(s.source_offset) AS with_offset,              sum(CASE WHEN s.source_topic = g.source_topic AND s.source_partition = g.source_partition AND s.source_offset = g.source_offset THEN 1 ELSE 0 END) AS same_as_signal              FROM samples s JOIN signals g ON s.interaction_id = g.interaction_id GROUP BY s.pipeline ORDER BY s.pipeline",
+        )
+        .await
+        .unwrap(),
+        nextstate::sql::OutputFormat::Csv,
+    )
+    .unwrap();
+    assert_eq!(lineage, "pipeline,n,with_offset,same_as_signal\nt-binary,2,2,2\nt-combined,3,3,3\nt-opd,2,2,2\n");
+    assert_eq!(
+        nextstate::sql::scalar_i64(&lake, "SELECT count(*) FROM signals WHERE source_topic = 'interactions' AND source_offset IS NOT NULL").await.unwrap(),
+        nextstate::sql::scalar_i64(&lake, "SELECT count(*) FROM signals").await.unwrap(),
+        "every signal names its interactions record"
+    );
     // judgments store every vote and the tie/valid counts
     let j = nextstate::sql::scalar_i64(&lake, "SELECT sum(valid_votes) FROM judgments WHERE pipeline = 't-combined'").await.unwrap();
     assert_eq!(j, 12, "4 turns × m=3 valid votes");

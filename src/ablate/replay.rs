@@ -182,7 +182,12 @@ impl CarrySource {
         Ok(c)
     }
     fn base(&self, interaction_id: &str) -> Carry {
-        Carry { interaction: self.interactions.get(interaction_id).cloned(), signal: self.signals.get(interaction_id).cloned(), ..Default::default() }
+        let signal = self.signals.get(interaction_id);
+        Carry {
+            interaction: self.interactions.get(interaction_id).map(|i| crate::stages::pending::carried(i, signal)),
+            signal: signal.cloned(),
+            ..Default::default()
+        }
     }
 }
 

@@ -20,12 +20,23 @@ fn interaction(turn_type: TurnType) -> Interaction {
         response_token_ids: Some(vec![10, 11, 12]),
         rollout_logprobs: Some(vec![-0.5, -1.0, -0.25]),
         source_format: "proxy".into(),
-        source_topic: Some("interactions".into()),
-        source_partition: Some(2),
-        source_offset: Some(77),
         ingest_time: 2_000,
         ..Interaction::new("s1", 4, "[]", "abc", 1_000)
     }
+}
+
+/// `i` as the teacher stage receives it: read from the `interactions` topic at partition 2, offset 77
+/// by the signals stage's pairer, which hands the row on with its signal (the row's own next state
+/// completes the signal at once).
+fn read_by_signals_stage(i: Interaction) -> Interaction {
+    assert_eq!((i.source_topic.as_deref(), i.source_partition, i.source_offset), (None, None, None), "the lake's row has no Kafka position");
+    let row = Interaction { next_state: Some(r#"[{"role":"user","content":"thanks"}]"#.into()), ..i };
+    let lineage = crate::schema::Lineage { source_topic: Some("interactions".into()), source_partition: Some(2), source_offset: Some(77), ..Default::default() };
+    let mut out = crate::signals::PartitionedPairer::new(crate::signals::SignalConfig::default()).push(row, lineage);
+    assert_eq!(out.len(), 1, "one signal for the turn");
+    let (signal, turn) = out.remove(0);
+    assert_eq!((signal.source_partition, signal.source_offset), (Some(2), Some(77)));
+    turn.expect("the pairer hands on the turn's row")
 }
 
 fn judgment(score: i32) -> Judgment {
@@ -113,7 +124,7 @@ const ROLL: [f32; 3] = [-0.5, -1.0, -0.25];
 const TEACH: [f32; 3] = [-0.1, -2.0, -0.3];
 
 fn run(method: Method, j: Option<&Judgment>, h: Option<&HintRecord>, t: Option<&TeacherLogprobs>) -> Result<SampleOutcome> {
-    assemble(method, &SampleConfig::default(), &interaction(TurnType::Main), j, h, t, &PROMPT, &RESP, &ROLL, "demo")
+    assemble(method, &SampleConfig::default(), &read_by_signals_stage(interaction(TurnType::Main)), j, h, t, &PROMPT, &RESP, &ROLL, "demo")
 }
 
 fn sample(o: Result<SampleOutcome>) -> Sample {

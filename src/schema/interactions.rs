@@ -142,15 +142,19 @@ pub struct Interaction {
     pub notes: Vec<String>,
     /// Log format this row came from (`proxy`, `tau-bench`, `openai-chat`, ...).
     pub source_format: String,
-    /// Kafka topic of the record this row was built from (proxy events), if any.
+    /// Kafka topic of the `interactions` record this row was read from. Null in the `interactions`
+    /// table itself (ingest and the proxy build rows from files and HTTP, before they have a Kafka
+    /// position); the signals stage sets it on the row it carries downstream
+    /// ([`Interaction::read_at`]), which is where `signals`, `samples` and checkpoint lineage take
+    /// their `source_*` columns from.
     pub source_topic: Option<String>,
-    /// Kafka partition, if any.
+    /// Kafka partition of that record (see `source_topic`).
     pub source_partition: Option<i32>,
-    /// Kafka offset, if any.
+    /// Kafka offset of that record (see `source_topic`).
     pub source_offset: Option<i64>,
-    /// Input file, for ingested logs.
+    /// Input file, for ingested logs (null for proxy rows).
     pub source_file: Option<String>,
-    /// 1-based line (JSONL) or record index within the file.
+    /// 1-based line (JSONL) or record index (JSON arrays) within the file.
     pub source_line: Option<i64>,
     /// When the turn happened (ms since epoch; the log's timestamp, else ingest time).
     pub event_time: i64,
@@ -198,6 +202,17 @@ impl Interaction {
             event_time: event_time_ms,
             ingest_time: event_time_ms,
         }
+    }
+    /// This row as read from the Kafka position in `lineage`: `source_topic`, `source_partition` and
+    /// `source_offset` become the lineage's (the file position, `source_file`/`source_line`, stays).
+    /// A lineage without a topic (a row not read from Kafka) leaves the row unchanged.
+    pub fn read_at(mut self, lineage: &Lineage) -> Interaction {
+        if lineage.source_topic.is_some() {
+            self.source_topic = lineage.source_topic.clone();
+            self.source_partition = lineage.source_partition;
+            self.source_offset = lineage.source_offset;
+        }
+        self
     }
     /// Parses `request_messages`.
     ///

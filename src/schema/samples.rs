@@ -87,11 +87,12 @@ pub struct Sample {
     pub hint_id: Option<String>,
     /// The teacher row used (null when none).
     pub teacher_id: Option<String>,
-    /// Kafka topic of the interaction row.
+    /// Kafka topic of the turn's `interactions` record, as the signals stage read it (the same
+    /// position as the turn's `signals` row).
     pub source_topic: Option<String>,
-    /// Kafka partition of the interaction row.
+    /// Kafka partition of that record.
     pub source_partition: Option<i32>,
-    /// Kafka offset of the interaction row.
+    /// Kafka offset of that record.
     pub source_offset: Option<i64>,
     /// Event time of the turn (ms).
     pub event_time: i64,
@@ -176,9 +177,9 @@ impl Table for Sample {
             utf8("judgment_id", true, "Judgment used."),
             utf8("hint_id", true, "Hint record used."),
             utf8("teacher_id", true, "Teacher row used."),
-            utf8("source_topic", true, "Kafka topic of the interaction row."),
-            i32f("source_partition", true, "Kafka partition of the interaction row."),
-            i64f("source_offset", true, "Kafka offset of the interaction row."),
+            utf8("source_topic", true, "Kafka topic of the turn's interactions record, as the signals stage read it (same as its signal's)."),
+            i32f("source_partition", true, "Kafka partition of that interactions record."),
+            i64f("source_offset", true, "Kafka offset of that interactions record."),
             ts("event_time", false, "Event time of the turn (UTC)."),
             ts("processed_time", false, "When assembled (UTC)."),
         ]

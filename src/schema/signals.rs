@@ -66,11 +66,11 @@ pub struct Signal {
     pub thanks_cue: bool,
     /// A success cue from the environment (tests passed, exit code 0, "success").
     pub success_cue: bool,
-    /// Kafka topic of the interaction row.
+    /// Kafka topic of the `interactions` record of the turn, as the signals stage read it.
     pub source_topic: Option<String>,
-    /// Kafka partition of the interaction row.
+    /// Kafka partition of that record.
     pub source_partition: Option<i32>,
-    /// Kafka offset of the interaction row.
+    /// Kafka offset of that record.
     pub source_offset: Option<i64>,
     /// Event time of the turn (ms).
     pub event_time: i64,
@@ -102,9 +102,9 @@ impl Table for Signal {
             boolf("correction_cue", false, "Explicit correction/redo cue."),
             boolf("thanks_cue", false, "Explicit thanks/approval cue."),
             boolf("success_cue", false, "Success cue (tests pass, exit 0, success)."),
-            utf8("source_topic", true, "Kafka topic of the interaction row."),
-            i32f("source_partition", true, "Kafka partition of the interaction row."),
-            i64f("source_offset", true, "Kafka offset of the interaction row."),
+            utf8("source_topic", true, "Kafka topic of the turn's interactions record, as the signals stage read it."),
+            i32f("source_partition", true, "Kafka partition of that interactions record."),
+            i64f("source_offset", true, "Kafka offset of that interactions record."),
             ts("event_time", false, "Event time of the turn (UTC)."),
             ts("processed_time", false, "When the signal was produced (UTC)."),
         ]
@@ -117,5 +117,18 @@ impl Table for Signal {
     }
     fn event_time_ms(&self) -> i64 {
         self.event_time
+    }
+}
+
+impl Signal {
+    /// The Kafka position of the turn's `interactions` record (`source_topic/partition/offset`), for
+    /// re-attaching it to the turn's row read back from the lake ([`Interaction::read_at`]).
+    pub fn read_position(&self) -> Lineage {
+        Lineage {
+            source_topic: self.source_topic.clone(),
+            source_partition: self.source_partition,
+            source_offset: self.source_offset,
+            ..Lineage::default()
+        }
     }
 }

@@ -20,9 +20,12 @@ pub struct TeacherLogprobs {
     pub session_id: String,
     /// Turn index.
     pub turn_index: i32,
-    /// Teacher model id (directory or endpoint model name).
+    /// Teacher model id: the model directory's name, or `<run id>/<version>` when the teacher is a
+    /// trainer checkpoint.
     pub teacher_model: String,
-    /// Teacher weights version (0 = the policy's initial weights).
+    /// Version of the weights that scored the row: the checkpoint manifest's version when the teacher
+    /// is a trainer checkpoint, 0 for any other model directory (the weights as imported; by default
+    /// the policy's initial weights). The teacher stage does not follow new checkpoints.
     pub teacher_version: i64,
     /// Token ids of the enhanced prompt.
     pub teacher_prompt_token_ids: Vec<i32>,
@@ -55,8 +58,8 @@ impl Table for TeacherLogprobs {
             utf8("interaction_id", false, "The turn."),
             utf8("session_id", false, "Session id."),
             i32f("turn_index", false, "Turn index."),
-            utf8("teacher_model", false, "Teacher model id."),
-            i64f("teacher_version", false, "Teacher weights version (0 = initial policy)."),
+            utf8("teacher_model", false, "Teacher model id: model directory name, or <run id>/<version> for a trainer checkpoint."),
+            i64f("teacher_version", false, "Version of the weights that scored the row: the checkpoint's version, 0 for a model as imported (default: the initial policy)."),
             list_of("teacher_prompt_token_ids", DataType::Int32, false, "Enhanced prompt token ids."),
             list_of("response_token_ids", DataType::Int32, false, "Student response token ids [T]."),
             list_of("teacher_logprobs", DataType::Float32, false, "Teacher log-prob of response_token_ids[i] (nats) [T]."),

@@ -51,9 +51,12 @@ impl PartitionedPairer {
     }
 
     /// Feeds one row with its Kafka position; returns the signals it completed, each with the row of
-    /// its turn (`None` only if that row was pushed before a rebuild of its partition). Side turns are
+    /// its turn (`None` only if that row was pushed before a rebuild of its partition) as read at its
+    /// own position ([`Interaction::read_at`]: the signal and the row carry the same
+    /// `source_topic/partition/offset`, which the later stages copy into `samples`). Side turns are
     /// never paired and never returned.
     pub fn push(&mut self, row: Interaction, lineage: Lineage) -> Vec<(Signal, Option<Interaction>)> {
+        let row = row.read_at(&lineage);
         let p = lineage.source_partition.unwrap_or(NO_PARTITION);
         let offset = lineage.source_offset;
         let (cfg, clock) = (&self.cfg, self.clock);

@@ -191,6 +191,31 @@ fn prefix_pairing_across_out_of_order_arrival() {
 }
 
 #[test]
+fn the_row_handed_on_with_a_signal_is_read_at_its_own_kafka_position_and_keeps_its_file_position() {
+    // Two user turns of one ingested session, read from partition 3 at offsets 40 and 41: turn 0's
+    // signal completes when turn 1 arrives, turn 1's when the session closes.
+    let conv = conversation("s", &[0, 0], false, false, true, false, &[]);
+    let mut p = PartitionedPairer::with_clock(SignalConfig::default(), || T0 + 99);
+    let mut out = vec![];
+    for (k, r) in conv.rows.iter().enumerate() {
+        let r = Interaction { source_file: Some("logs/tau.json".into()), source_line: Some(5), ..r.clone() };
+        assert_eq!(r.source_topic, None, "the lake's row has no Kafka position");
+        out.extend(p.push(r, lin(3, 40 + k as i64)));
+    }
+    let got: Vec<(i32, Option<i64>, Option<String>, Option<i32>, Option<i64>, Option<String>, Option<i64>)> = out
+        .into_iter()
+        .map(|(s, t)| {
+            let t = t.unwrap();
+            assert_eq!(t.interaction_id, s.interaction_id);
+            (s.turn_index, s.source_offset, t.source_topic, t.source_partition, t.source_offset, t.source_file, t.source_line)
+        })
+        .collect();
+    let file = || Some("logs/tau.json".to_string());
+    let topic = || Some("interactions".to_string());
+    assert_eq!(got, vec![(0, Some(40), topic(), Some(3), Some(40), file(), Some(5)), (1, Some(41), topic(), Some(3), Some(41), file(), Some(5))]);
+}
+
+#[test]
 fn tool_results_are_put_in_call_order_when_ids_allow() {
     let req = vec![msg("user", "go")];
     let mut resp = msg("assistant", "");

@@ -26,6 +26,16 @@ fn interactions_by_id(lake: &Lake) -> Result<HashMap<String, Interaction>> {
     Ok(lake.read_table::<Interaction>()?.into_iter().map(|i| (i.interaction_id.clone(), i)).collect())
 }
 
+/// The turn's row as the stages carry it: the lake's row (which has no Kafka position) read at the
+/// position its signal recorded, so the samples made from it name the same `interactions` record as
+/// when the chain runs straight from the topic.
+pub(crate) fn carried(i: &Interaction, signal: Option<&Signal>) -> Interaction {
+    match signal {
+        Some(s) => i.clone().read_at(&s.read_position()),
+        None => i.clone(),
+    }
+}
+
 /// Signals stage: every interaction of each session that has a main turn without a signal, in
 /// (session, turn) order. Returns the number published.
 ///
@@ -67,7 +77,7 @@ pub async fn publish_for_judge(lake: &Lake, producer: &BusProducer, pipeline: &s
             continue;
         }
         let Some(i) = interactions.get(&s.interaction_id) else { continue };
-        let carry = Carry { interaction: Some(i.clone()), signal: Some(s.clone()), ..Default::default() };
+        let carry = Carry { interaction: Some(carried(i, Some(&s))), signal: Some(s.clone()), ..Default::default() };
         producer.send(&s, Some(&carry)).await?;
         n += 1;
     }
@@ -96,7 +106,7 @@ pub async fn publish_for_hint(lake: &Lake, producer: &BusProducer, pipeline: &st
                 continue;
             }
             let (Some(i), Some(s)) = (interactions.get(&j.interaction_id), signals.get(&j.interaction_id)) else { continue };
-            let carry = Carry { interaction: Some(i.clone()), signal: Some(s.clone()), judgment: Some(j.clone()), hint: None };
+            let carry = Carry { interaction: Some(carried(i, Some(s))), signal: Some(s.clone()), judgment: Some(j.clone()), hint: None };
             producer.send(&j, Some(&carry)).await?;
             n += 1;
         }
@@ -106,7 +116,7 @@ pub async fn publish_for_hint(lake: &Lake, producer: &BusProducer, pipeline: &st
                 continue;
             }
             let Some(i) = interactions.get(&s.interaction_id) else { continue };
-            let carry = Carry { interaction: Some(i.clone()), signal: Some(s.clone()), ..Default::default() };
+            let carry = Carry { interaction: Some(carried(i, Some(s))), signal: Some(s.clone()), ..Default::default() };
             producer.send(s, Some(&carry)).await?;
             n += 1;
         }
@@ -145,7 +155,7 @@ pub async fn publish_for_teacher(lake: &Lake, producer: &BusProducer, pipeline: 
             }
             let Some(i) = interactions.get(&h.interaction_id) else { continue };
             let carry = Carry {
-                interaction: Some(i.clone()),
+                interaction: Some(carried(i, signals.get(&h.interaction_id))),
                 signal: signals.get(&h.interaction_id).cloned(),
                 judgment: judgments.get(&h.interaction_id).cloned(),
                 hint: Some(h.clone()),
@@ -159,7 +169,7 @@ pub async fn publish_for_teacher(lake: &Lake, producer: &BusProducer, pipeline: 
                 continue;
             }
             let Some(i) = interactions.get(&j.interaction_id) else { continue };
-            let carry = Carry { interaction: Some(i.clone()), signal: signals.get(&j.interaction_id).cloned(), judgment: Some(j.clone()), hint: None };
+            let carry = Carry { interaction: Some(carried(i, signals.get(&j.interaction_id))), signal: signals.get(&j.interaction_id).cloned(), judgment: Some(j.clone()), hint: None };
             producer.send(j, Some(&carry)).await?;
             n += 1;
         }

@@ -59,6 +59,7 @@ pub struct TeacherModels {
     policy: Arc<Mutex<LanguageModel>>,
     teacher: Arc<Mutex<LanguageModel>>,
     teacher_id: String,
+    teacher_version: i64,
 }
 
 impl TeacherModels {
@@ -74,9 +75,27 @@ impl TeacherModels {
             Some(p) if p != &cfg.policy.model => (Arc::new(Mutex::new(LanguageModel::load(p, &opts)?)), p.clone()),
             _ => (policy.clone(), cfg.policy.model.clone()),
         };
-        let teacher_id = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
-        Ok(TeacherModels { policy, teacher, teacher_id })
+        let (teacher_id, teacher_version) = weights_identity(&path)?;
+        Ok(TeacherModels { policy, teacher, teacher_id, teacher_version })
     }
+}
+
+/// The name and version of the weights in model directory `dir`, as `teacher_logprobs` records them.
+/// A trainer checkpoint (a folder with the trainer's `manifest.json`) is `<run id>/<version>` at its
+/// manifest's version; any other model directory is its folder name at version 0 (the weights as
+/// imported). The teacher stage loads its weights once and never follows later checkpoints, so this
+/// is the version of every row it writes.
+///
+/// # Errors
+/// [`Error::Io`] / [`Error::Json`] when the folder has a `manifest.json` that cannot be read.
+pub fn weights_identity(dir: &std::path::Path) -> Result<(String, i64)> {
+    use crate::trainer::checkpoint::{Manifest, MANIFEST_FILE};
+    if dir.join(MANIFEST_FILE).is_file() {
+        let m = Manifest::read(dir)?;
+        return Ok((format!("{}/{}", m.run_id, m.version), m.version));
+    }
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+    Ok((name, 0))
 }
 
 fn lock(m: &Mutex<LanguageModel>) -> std::sync::MutexGuard<'_, LanguageModel> {
@@ -339,7 +358,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                         session_id: interaction.session_id.clone(),
                         turn_index: interaction.turn_index,
                         teacher_model: self.models.teacher_id.clone(),
-                        teacher_version: 0,
+                        teacher_version: self.models.teacher_version,
                         teacher_prompt_token_ids: to_i32(&tp),
                         response_token_ids: to_i32(&response_ids),
                         teacher_logprobs: t.logprobs,
@@ -389,5 +408,42 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trainer::checkpoint::{Manifest, OptimizerRecord, MANIFEST_FILE, MANIFEST_FORMAT};
+
+    #[test]
+    fn weights_identity_is_the_checkpoint_version_or_0_for_an_imported_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let imported = dir.path().join("smollm2-135m-instruct");
+        std::fs::create_dir(&imported).unwrap();
+        assert_eq!(weights_identity(&imported).unwrap(), ("smollm2-135m-instruct".to_string(), 0));
+
+        let ckpt = dir.path().join("demo").join("3");
+        std::fs::create_dir_all(&ckpt).unwrap();
+        let m = Manifest {
+            format: MANIFEST_FORMAT,
+            run_id: "demo".into(),
+            version: 3,
+            parent_version: 2,
+            step: 12,
+            method: "combined".into(),
+            config_hash: "h".into(),
+            weights_format: "full".into(),
+            weight_files: vec!["model.safetensors".into()],
+            optimizer: OptimizerRecord { kind: "adamw".into(), step: 12, lr: 1e-5, betas: (0.9, 0.98), eps: 1e-8, weight_decay: 0.1, file: "optimizer.safetensors".into() },
+            metrics: vec![],
+            lineage: vec![],
+            created_time: 0,
+        };
+        std::fs::write(ckpt.join(MANIFEST_FILE), serde_json::to_vec(&m).unwrap()).unwrap();
+        assert_eq!(weights_identity(&ckpt).unwrap(), ("demo/3".to_string(), 3));
+
+        std::fs::write(ckpt.join(MANIFEST_FILE), b"{not json").unwrap();
+        assert!(matches!(weights_identity(&ckpt), Err(Error::Json(_))), "an unreadable manifest is an error, not version 0");
     }
 }
