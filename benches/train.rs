@@ -14,7 +14,9 @@
 //! - `lora_binary_b8_2k`: the same 8 samples, each prompt prefixed with a passage so prompt + response
 //!   is 2,000 tokens (16,000 in all): the "8 samples × ~2,000 tokens" memory target.
 //!
-//! `recompute=0|1` sets `trainer.recompute_layers` (default 1), `chunk=N` `trainer.logits_chunk_tokens`.
+//! `recompute=0|1` sets `trainer.recompute_layers` (default 1), `chunk=N` `trainer.logits_chunk_tokens`,
+//! `micro=N` `trainer.micro_batch_tokens` (default 4096); `mmap=0` leaves glibc's allocator at its
+//! defaults instead of [`nextstate::model::return_freed_memory`] (what `nextstate` calls at start).
 //! Peak RSS is read from the process (`VmHWM` of /proc/self/status) after the timed steps, so it covers
 //! model loading, the warm-up and the timed steps; run one case per process.
 //!
@@ -49,6 +51,11 @@ fn main() {
         eprintln!("SKIPPED: no model directory (run scripts/setup.sh)");
         return;
     };
+    // As `nextstate` does at start (`mmap=0` measures glibc's default instead).
+    let mmap = arg("mmap", "1") == "1";
+    if mmap {
+        nextstate::model::return_freed_memory();
+    }
     let steps: usize = arg("steps", "3").parse().expect("steps=N");
     let threads = std::env::var("NEXTSTATE_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(1);
     tch::set_num_threads(threads);
@@ -58,7 +65,8 @@ fn main() {
     let case = arg("case", "lora_binary_b8");
     let recompute = arg("recompute", "1") == "1";
     let chunk: usize = arg("chunk", &nextstate::model::score::LOGIT_CHUNK_TOKENS.to_string()).parse().expect("chunk=N");
-    let cfg = TrainerConfig { batch_size: 8, lr: 1e-4, lora, checkpoint_every: 1_000_000, recompute_layers: recompute, logits_chunk_tokens: chunk, ..TrainerConfig::default() };
+    let micro: usize = arg("micro", "4096").parse().expect("micro=N");
+    let cfg = TrainerConfig { batch_size: 8, lr: 1e-4, lora, checkpoint_every: 1_000_000, recompute_layers: recompute, logits_chunk_tokens: chunk, micro_batch_tokens: micro, ..TrainerConfig::default() };
     tch::manual_seed(cfg.seed as i64);
     let lm = LanguageModel::load(&dir, &LoadOptions { trainable, ..LoadOptions::default() }).expect("load model");
     let response: Vec<u32> = lm.encode(&"The quick brown fox jumps over the lazy dog. ".repeat(8)).expect("encode")[..RESPONSE].to_vec();
@@ -108,7 +116,7 @@ fn main() {
     emit(json!({"bench": "train", "case": case, "engine": "nextstate (tch)", "threads": threads, "samples": samples.len(),
         "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times[0], "median_s": med,
         "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss,
-        "recompute_layers": recompute, "logits_chunk_tokens": chunk, "peak_rss_mb": peak_rss_mb()}));
+        "recompute_layers": recompute, "logits_chunk_tokens": chunk, "micro_batch_tokens": micro, "return_freed_memory": mmap, "peak_rss_mb": peak_rss_mb()}));
 }
 
 /// Peak resident set size of this process so far (MiB), from `VmHWM` in /proc/self/status.

@@ -80,9 +80,11 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
         }
     }
     eprintln!("losses: {losses:?}");
-    // PPO on a fixed batch with fixed rollout log-probs: the surrogate falls until the ratios reach the
-    // clip range (−Σ clip(ratio)·A over 2 positive and 2 negative samples → at most −(1.28 + 1 − 0.8)).
-    assert!(losses[19] < losses[0] - 0.05, "loss did not decrease: {losses:?}");
+    // PPO on a fixed batch with fixed rollout log-probs: the surrogate (the mean over the 4 samples) falls
+    // until the ratios reach the clip range (−(1/4) Σ clip(ratio)·A over 2 positive and 2 negative
+    // samples → at least −(2·1.28 − 2·0.8)/4 = −0.24).
+    assert!(losses[19] < losses[0] - 0.0125, "loss did not decrease: {losses:?}");
+    assert!(losses[19] >= -0.24 - 1e-6, "{losses:?}");
     let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
     let last: f64 = losses[15..].iter().sum::<f64>() / 5.0;
     assert!(last < first, "{losses:?}");

@@ -92,7 +92,7 @@ fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
         .filter(|(_, p)| !p.is_empty())
         .collect();
     if !loss.is_empty() {
-        line_chart(dir.join("train_loss.png"), "Training loss per optimizer step", "optimizer step", "loss (sum of sample means)", &loss)?;
+        line_chart(dir.join("train_loss.png"), "Training loss per optimizer step", "optimizer step", "loss (mean of sample means)", &loss)?;
         files.push(("train_loss.png".into(), "training loss per step, one line per arm".into()));
     }
     let heldout = by_arm(&|c| c.heldout_loss.map(|v| (c.interactions_seen as f64, v)));

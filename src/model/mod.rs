@@ -46,3 +46,27 @@ pub fn set_threads(n: i32) -> Result<()> {
     tch::set_num_threads(n);
     Ok(())
 }
+
+/// Allocations of at least this many bytes are served by `mmap` ([`return_freed_memory`]): 64 KiB.
+pub const MMAP_THRESHOLD_BYTES: i32 = 64 * 1024;
+
+/// Makes glibc's allocator give large freed blocks back to the OS at once: every allocation of at least
+/// [`MMAP_THRESHOLD_BYTES`] is served by `mmap` and unmapped when freed (`mallopt(M_MMAP_THRESHOLD)`,
+/// which also turns off glibc's growing threshold; `MALLOC_MMAP_THRESHOLD_` in the environment does the
+/// same). libtorch's CPU tensors come from `malloc`; under glibc's default dynamic threshold (up to
+/// 32 MiB) freed activation and logit buffers stay in the heap, so a training process's resident set
+/// grows to the sum of the peaks of differently sized buffers. Measured on the 8 × 2,000-token LoRA
+/// step of `benches/train.rs`: see docs/BENCHMARKS.md §5. Returns whether the setting was accepted (always
+/// false off glibc Linux, where it does nothing).
+pub fn return_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator parameters; M_MMAP_THRESHOLD with a value below the
+        // 32 MiB maximum is documented as valid at any time.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}

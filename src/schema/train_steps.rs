@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use super::*;
 
-/// Metrics of one optimizer step. Losses are "sum of sample means" over the batch (METHOD.md §6).
+/// Metrics of one optimizer step. Losses are the mean over the step's samples of each sample's mean over its
+/// trained tokens (METHOD.md §6).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainStep {
     /// Schema version.
