@@ -102,7 +102,9 @@ fn main() {
     let response_tokens = samples.len() * RESPONSE;
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut trainer = Trainer::new(lm, Method::Binary, cfg, CheckpointWriter::new(tmp.path(), "bench")).expect("trainer");
+    let warm = Instant::now();
     trainer.train_step(&samples).expect("warm-up step");
+    let warmup_s = warm.elapsed().as_secs_f64();
     let mut times = vec![];
     let mut loss = f64::NAN;
     for _ in 0..steps {
@@ -112,10 +114,11 @@ fn main() {
         loss = out.metrics.map(|m| m.loss).unwrap_or(f64::NAN);
     }
     times.sort_by(f64::total_cmp);
-    let med = times[times.len() / 2];
+    // steps=0: the warm-up step alone (a memory measurement of a step too slow to repeat).
+    let med = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
     emit(json!({"bench": "train", "case": case, "engine": "nextstate (tch)", "threads": threads, "samples": samples.len(),
-        "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times[0], "median_s": med,
-        "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss,
+        "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times.first().copied().unwrap_or(f64::NAN), "median_s": med,
+        "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss, "warmup_s": warmup_s,
         "recompute_layers": recompute, "logits_chunk_tokens": chunk, "micro_batch_tokens": micro, "return_freed_memory": mmap, "peak_rss_mb": peak_rss_mb()}));
 }
 

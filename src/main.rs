@@ -274,7 +274,10 @@ fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConf
 }
 
 fn main() -> Result<()> {
-    nextstate::model::return_freed_memory();
+    // Freed libtorch buffers go back to the OS (bounded resident set); a user's own glibc setting wins.
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        nextstate::model::return_freed_memory();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rdkafka=warn".into()))
         .with_writer(std::io::stderr)

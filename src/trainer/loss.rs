@@ -24,6 +24,16 @@
 //! aggregated as the mean over the step's samples of each sample's mean over its trained tokens
 //! ([`mean_of_sample_means`], METHOD.md §6: the reference's effective loss).
 //!
+//! Where we differ from the reference (METHOD.md §6), and where it is implemented:
+//! - **Temperature**: the reference divides the training logits by the rollout temperature (0.6) but
+//!   scores its teacher at T = 1; we train, score rollouts and score the teacher at T = 1 (the trainer's
+//!   log-softmax in `trainer::evaluate` and `model::score::score` apply no temperature), so the OPD
+//!   advantage `teacher − old` compares two log-probs of one distribution family.
+//! - **Old log-probs**: the reference recomputes `old` with the current weights just before the step
+//!   (ratio exactly 1 on the first pass); by default we use the rollout log-probs (the true importance
+//!   ratio for samples of an older policy version); `TrainerConfig::recompute_old_logprobs` gives the
+//!   reference's behaviour (`old = new` detached, in the same forward pass).
+//!
 //! Every term is a per-token value times a per-token aggregation weight `w_b / (n_b · N)` (n_b the
 //! sample's trained tokens, N the step's samples), so the loss of a batch is the sum of the losses of
 //! any split of its positions into chunks when each chunk is given the whole samples' token counts

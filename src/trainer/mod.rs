@@ -398,6 +398,12 @@ fn merge_metrics(parts: &[(LossMetrics, f64, BTreeMap<String, i64>)]) -> (LossMe
     (merged, tw(&|_, d| d))
 }
 
+/// How samples are packed for `policy` (its vocabulary, pad id and device) under `method` and `cfg`, with
+/// staleness measured against policy version `version`.
+fn pack_options_for<P: Policy + ?Sized>(policy: &P, method: Method, cfg: &TrainerConfig, version: i64) -> PackOptions {
+    PackOptions { method, vocab_size: policy.vocab_size(), pad_id: policy.pad_id(), current_version: version, device: policy.var_store().device(), config: cfg.clone() }
+}
+
 /// What [`accumulate_gradients`] did.
 #[derive(Debug)]
 pub struct Accumulated {
@@ -422,14 +428,7 @@ pub struct Accumulated {
 /// an input the samples or the reference lack; [`Error::Torch`] on a tensor failure.
 pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, method: Method, cfg: &TrainerConfig, version: i64, samples: &[Sample]) -> Result<Accumulated> {
     let lcfg = cfg.loss_config(method);
-    let opts = PackOptions {
-        method,
-        vocab_size: policy.vocab_size(),
-        pad_id: policy.pad_id(),
-        current_version: version,
-        device: policy.var_store().device(),
-        config: cfg.clone(),
-    };
+    let opts = pack_options_for(policy, method, cfg, version);
     let mut dropped: Vec<Dropped> = vec![];
     let mut packed_parts: Vec<PackedBatch> = vec![];
     for group in micro_batches(samples, cfg.micro_batch_tokens) {
@@ -724,14 +723,7 @@ impl<P: Policy> Trainer<P> {
     }
 
     fn pack_options(&self) -> PackOptions {
-        PackOptions {
-            method: self.method,
-            vocab_size: self.policy.vocab_size(),
-            pad_id: self.policy.pad_id(),
-            current_version: self.version,
-            device: self.policy.var_store().device(),
-            config: self.cfg.clone(),
-        }
+        pack_options_for(&self.policy, self.method, &self.cfg, self.version)
     }
 
     fn record_lineage(&mut self, samples: &[Sample], dropped: &[Dropped], step: i64) {
@@ -1074,14 +1066,7 @@ pub fn loss_report<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy
     cfg.validate()?;
     let _guard = tch::no_grad_guard();
     let lcfg = cfg.loss_config(method);
-    let opts = PackOptions {
-        method,
-        vocab_size: policy.vocab_size(),
-        pad_id: policy.pad_id(),
-        current_version: version,
-        device: policy.var_store().device(),
-        config: cfg.clone(),
-    };
+    let opts = pack_options_for(policy, method, cfg, version);
     let mut report = LossReport { method: method.as_str().into(), version, step: 0, batch_size: cfg.batch_size, samples: Vec::new(), batches: Vec::new(), dropped: Vec::new() };
     for (c, chunk) in samples.chunks(cfg.batch_size).enumerate() {
         let offset = c * cfg.batch_size;
