@@ -137,6 +137,20 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     assert!(d < 1e-5, "server vs trainer: {d}");
 }
 
+/// Publishes `samples` into the `samples` topic of the broker at `brokers` (topics created with
+/// `partitions` partitions under `prefix`) and flushes.
+async fn publish_samples(brokers: &str, prefix: &str, partitions: i32, samples: &[Sample]) {
+    let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.to_string()), topic_prefix: prefix.to_string(), partitions, ..Default::default() })
+        .await
+        .unwrap();
+    bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await.unwrap();
+    let p = bus.producer().unwrap();
+    for s in samples {
+        p.send(s, None).await.unwrap();
+    }
+    p.flush().unwrap();
+}
+
 fn write_pipeline(path: &std::path::Path, name: &str, model: &std::path::Path) {
     std::fs::write(
         path,
@@ -182,15 +196,7 @@ async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
     let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
     let all = samples(&lm, N, "resume");
     drop(lm);
-    let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 2, ..Default::default() })
-        .await
-        .unwrap();
-    bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await.unwrap();
-    let p = bus.producer().unwrap();
-    for s in &all {
-        p.send(s, None).await.unwrap();
-    }
-    p.flush().unwrap();
+    publish_samples(&brokers, &prefix, 2, &all).await;
 
     // First run: killed with SIGKILL once two checkpoints exist (between later checkpoints).
     let mut child = spawn_train(&pfile, &brokers, &prefix, &lake, &ck, &[], &dir.path().join("train-1.log"));
@@ -391,15 +397,7 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
         s.reward = 0.0;
         s.teacher_logprobs = Some(if POISON.contains(&i) { vec![f32::MIN; s.len()] } else { s.rollout_logprobs.iter().map(|x| x + 0.05).collect() });
     }
-    let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 1, ..Default::default() })
-        .await
-        .unwrap();
-    bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await.unwrap();
-    let p = bus.producer().unwrap();
-    for s in &all {
-        p.send(s, None).await.unwrap();
-    }
-    p.flush().unwrap();
+    publish_samples(&brokers, &prefix, 1, &all).await;
 
     let run = |extra: &[&str], n: u32| {
         let out = Command::new(common::bin())
