@@ -2,20 +2,26 @@
 """Peer benchmark for benches/train.rs: the same LoRA training step in PyTorch + HF transformers.
 
     python3 benches/peer_train.py [--model models/smollm2-135m-instruct] [--threads 1] [--steps 3]
+                                  [--case lora_binary_b8|lora_binary_b8_2k]
 
 Same weights (the imported directory), same batch (the 4 chat prompts of benches/model.rs twice, each
 with the same 64-token response, rewards +1/-1 alternating, rollout log-probs scored once untimed), LoRA
 rank 16, alpha 32 on q,k,v,o,gate,up,down (base frozen), and the binary method's step as
 src/trainer does it (METHOD.md section 6): full-vocabulary log-softmax at the response positions,
-PPO-clipped policy gradient with eps 0.2 / eps_high 0.28 and advantage r, "sum of sample means",
+PPO-clipped policy gradient with eps 0.2 / eps_high 0.28 and advantage r, the mean over samples of each
+sample's token mean,
 entropy computed as a reported metric, backward, gradient-norm clipping at 1.0, AdamW (lr 1e-4, betas
 0.9/0.98, weight decay 0.1). Prints a `BENCH {json}` line with tokens/s (prompt + response tokens per
-step time, median of --steps after one warm-up step). Needs `torch` and `transformers`.
+step time, median of --steps after one warm-up step) and the process's peak resident set
+(`ru_maxrss`). `--case lora_binary_b8_2k` prefixes each prompt with the passage of benches/train.rs so
+prompt + response is 2,000 tokens (16,000 per step); `--steps 0` times the warm-up step alone. Needs
+`torch` and `transformers`.
 """
 
 import argparse
 import json
 import math
+import resource
 import time
 
 import torch
@@ -58,6 +64,7 @@ def main():
     ap.add_argument("--model", default="models/smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--case", default="lora_binary_b8", choices=["lora_binary_b8", "lora_binary_b8_2k"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
@@ -68,6 +75,9 @@ def main():
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True) for q in QUESTIONS]
     prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
     response = tok("The quick brown fox jumps over the lazy dog. " * 8).input_ids[:RESPONSE]
+    if args.case == "lora_binary_b8_2k":
+        passage = tok("Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in the chloroplasts of plant cells. " * 120).input_ids
+        prompts = [passage[: 2000 - RESPONSE - len(p)] + p for p in prompts]
     seqs = [prompts[i % 4] + response for i in range(8)]
     plens = [len(prompts[i % 4]) for i in range(8)]
     width = max(len(s) for s in seqs)
@@ -80,9 +90,15 @@ def main():
     reward = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(8)])
     tokens = sum(len(s) for s in seqs)
 
+    # Every row ends RESPONSE + 1 positions after its first predicting position when no row is padded
+    # (the 2k case): then only those logits are computed (transformers' `logits_to_keep`), as a
+    # practitioner would; the padded b8 case computes all positions and gathers.
+    keep = RESPONSE + 1 if width == min(len(s) for s in seqs) else 0
+
     def logprobs():
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        at = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
+        at_pos = pos - (width - keep) if keep else pos
+        at = logits.gather(1, at_pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         full = torch.log_softmax(at.float(), -1)
         return full.gather(-1, resp.unsqueeze(-1)).squeeze(-1), full
 
@@ -97,25 +113,28 @@ def main():
         ratio = torch.exp(lp - old)
         adv = reward.unsqueeze(-1)
         pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
-        loss = pg.mean(-1).sum()
+        loss = pg.mean(-1).mean()
         with torch.no_grad():
-            _entropy = -(full.exp() * full).sum(-1).mean(-1).sum()
+            _entropy = -(full.exp() * full).sum(-1).mean(-1).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         return loss.item()
 
+    t0 = time.perf_counter()
     step()  # warm-up
+    warmup_s = time.perf_counter() - t0
     times, loss = [], float("nan")
     for _ in range(args.steps):
         t = time.perf_counter()
         loss = step()
         times.append(time.perf_counter() - t)
     times.sort()
-    med = times[len(times) // 2]
-    print("BENCH " + json.dumps({"bench": "train", "case": "lora_binary_b8", "engine": f"pytorch {torch.__version__} + transformers",
+    med = times[len(times) // 2] if times else float("nan")
+    print("BENCH " + json.dumps({"bench": "train", "case": args.case, "engine": f"pytorch {torch.__version__} + transformers",
                                  "threads": args.threads, "samples": 8, "tokens": tokens, "response_tokens": 8 * RESPONSE, "steps": args.steps,
-                                 "best_s": times[0], "median_s": med, "tokens_s": tokens / med, "response_tokens_s": 8 * RESPONSE / med,
+                                 "best_s": times[0] if times else float("nan"), "median_s": med, "warmup_s": warmup_s,
+                                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "tokens_s": tokens / med, "response_tokens_s": 8 * RESPONSE / med,
                                  "last_loss": loss}))
 
 

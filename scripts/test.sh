@@ -13,4 +13,14 @@ NEXTSTATE_TEST_BROKERS=$(bash scripts/broker.sh start 19192 "$BROKER_DIR")
 export NEXTSTATE_TEST_BROKERS
 trap 'bash scripts/broker.sh stop "$BROKER_DIR"' EXIT
 echo "[test] broker at $NEXTSTATE_TEST_BROKERS"
+# cargo-nextest (on the project's machines) runs tests of different binaries side by side, two at a time
+# on two cores, where `cargo test` runs one binary after another and idles a core through each binary's
+# one long test (ablate, demo); it does not run doc-tests, so `cargo test --doc` follows.
+# NEXTSTATE_TEST_RUNNER=cargo uses `cargo test` alone.
+if [ "${NEXTSTATE_TEST_RUNNER:-nextest}" = nextest ] && command -v cargo-nextest >/dev/null 2>&1; then
+  rc=0
+  cargo nextest run --no-fail-fast --test-threads "${NEXTSTATE_TEST_THREADS:-2}" "$@" || rc=$?
+  cargo test --doc "$@" || rc=$?
+  exit $rc
+fi
 cargo test --no-fail-fast "$@"

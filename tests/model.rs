@@ -223,6 +223,45 @@ fn lora_zero_init_is_identity_and_adapters_round_trip() {
     assert!(max_abs_diff(&m, &trained) < 1e-4, "merged full weights: {}", max_abs_diff(&m, &trained));
 }
 
+/// Frozen and LoRA loads of the same files alias one copy of the base weights (issue 13: the demo's
+/// server, teacher and trainer held three); full fine-tuning owns its copy; neither merging adapters
+/// nor copying weights ever writes into the shared base.
+#[test]
+fn frozen_and_lora_loads_share_one_base_that_nothing_writes() {
+    let Some(base) = load(Trainable::Frozen) else { return };
+    let Some(mut lora) = load(Trainable::Lora(lora_cfg())) else { return };
+    let Some(full) = load(Trainable::Full) else { return };
+    const Q: &str = "model.layers.0.self_attn.q_proj.weight";
+    let ptr = |lm: &LanguageModel, name: &str| lm.transformer().var_store().variables()[name].data_ptr();
+    assert!(base.transformer().shares_base() && lora.transformer().shares_base());
+    assert!(!full.transformer().shares_base());
+    for name in [Q, "model.embed_tokens.weight", "model.norm.weight"] {
+        assert_eq!(ptr(&base, name), ptr(&lora, name), "{name} is one tensor");
+        assert_ne!(ptr(&base, name), ptr(&full, name), "{name}: full fine-tuning owns a copy");
+    }
+    let q_before = base.transformer().var_store().variables()[Q].copy();
+
+    // A base weight of a shared model cannot be overwritten...
+    let err = base.transformer().copy_weights(vec![(Q.to_string(), Tensor::zeros_like(&q_before))], false).unwrap_err();
+    assert!(err.to_string().contains("shared with other models"), "{err}");
+    // ...and merging trained adapters makes new tensors instead of writing into it.
+    {
+        let _g = tch::no_grad_guard();
+        for (name, mut t) in lora.transformer().adapter_state() {
+            if name.contains("lora_B") {
+                t.copy_(&Tensor::ones_like(&t));
+            }
+        }
+    }
+    lora.transformer_mut().merge_lora().unwrap();
+    assert_ne!(ptr(&lora, Q), ptr(&base, Q), "the merged projection is the LoRA model's own");
+    assert_eq!(ptr(&lora, "model.embed_tokens.weight"), ptr(&base, "model.embed_tokens.weight"), "unmerged tensors stay shared");
+    let q_after = base.transformer().var_store().variables()[Q].copy();
+    assert_eq!(f64::try_from((&q_after - &q_before).abs().max()).unwrap(), 0.0, "the shared base is unchanged");
+    let merged_q = lora.transformer().var_store().variables()[Q].copy();
+    assert!(f64::try_from((&merged_q - &q_before).abs().max()).unwrap() > 0.1, "the merge took effect");
+}
+
 #[test]
 fn full_weights_round_trip() {
     let Some(mut lm) = load(Trainable::Full) else { return };

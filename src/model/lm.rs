@@ -64,7 +64,10 @@ fn collect_eos(dir: &Path, config: &ModelConfig, tok: &TextTokenizer) -> Vec<u32
 
 impl LanguageModel {
     /// Loads an HF directory: `config.json`, `model.safetensors` (or sharded with an index),
-    /// `tokenizer.json`, and `tokenizer_config.json` for the chat template.
+    /// `tokenizer.json`, and `tokenizer_config.json` for the chat template. Frozen and LoRA loads
+    /// share their base weights with every other live model of the process loaded from the same files
+    /// with the same kind and device (one copy in memory, [`weights::read_checkpoint_shared`]); full
+    /// fine-tuning loads its own copy.
     ///
     /// # Errors
     /// [`Error::Io`] / [`Error::Model`] for missing or invalid files, [`Error::Torch`] for device
@@ -80,8 +83,15 @@ impl LanguageModel {
         let chat = ChatTemplate::from_dir(meta_dir)?;
         let eos_ids = collect_eos(meta_dir, &config, &tokenizer);
         let pad_id = config.pad_token_id.or(eos_ids.first().copied()).unwrap_or(0);
-        let w = weights::read_checkpoint(weights_dir)?;
-        let transformer = Transformer::from_weights(config, w, opts)?;
+        // Frozen and LoRA models never write their base weights: they share one copy per process.
+        let transformer = if matches!(opts.trainable, Trainable::Full) {
+            Transformer::from_weights(config, weights::read_checkpoint(weights_dir)?, opts)?
+        } else {
+            let (w, shared) = weights::read_checkpoint_shared(weights_dir, opts.dtype, opts.device)?;
+            let mut t = Transformer::from_weights(config, w, opts)?;
+            t.share_base(shared);
+            t
+        };
         Ok(LanguageModel { transformer, tokenizer, chat, dir: meta_dir.to_path_buf(), eos_ids, pad_id })
     }
 

@@ -403,6 +403,9 @@ pub struct Transformer {
     dtype: Kind,
     device: Device,
     lora: Option<LoraConfig>,
+    /// The frozen base weights this model aliases, shared with other models of the process
+    /// ([`super::weights::read_checkpoint_shared`]); `None` when the model owns its weights.
+    shared_base: Option<std::sync::Arc<super::weights::SharedWeights>>,
 }
 
 impl std::fmt::Debug for Transformer {
@@ -511,11 +514,24 @@ impl Transformer {
         }
         let inv: Vec<f32> = config.rope_inv_freq().iter().map(|&x| x as f32).collect();
         let inv_freq = Tensor::f_from_slice(&inv)?.f_to_device(opts.device)?;
-        let mut t = Transformer { config, vs, embed, layers, norm, lm_head, inv_freq, dtype: opts.dtype, device: opts.device, lora: None };
+        let mut t = Transformer { config, vs, embed, layers, norm, lm_head, inv_freq, dtype: opts.dtype, device: opts.device, lora: None, shared_base: None };
         if let Trainable::Lora(cfg) = &opts.trainable {
             t.attach_lora(cfg)?;
         }
         Ok(t)
+    }
+
+    /// Marks this model's base weights as the shared frozen weights `shared` (which they alias): they
+    /// are then never written in place ([`Transformer::copy_weights`] refuses base names,
+    /// [`Transformer::merge_lora`] replaces weights rather than writing into them).
+    pub(crate) fn share_base(&mut self, shared: std::sync::Arc<super::weights::SharedWeights>) {
+        self.shared_base = Some(shared);
+    }
+
+    /// Whether the base weights are shared with other models of this process (loaded frozen or with
+    /// LoRA from the same files, kind and device; see [`super::weights::read_checkpoint_shared`]).
+    pub fn shares_base(&self) -> bool {
+        self.shared_base.is_some()
     }
 
     /// The var store holding every parameter under its HF name (LoRA: `<module>.lora_A.weight`
@@ -591,7 +607,9 @@ impl Transformer {
     }
 
     /// Folds the adapters into the base weights (`W ← W + (α/r)·B·A`) and removes them; the model then
-    /// runs at base speed with the same outputs (up to rounding).
+    /// runs at base speed with the same outputs (up to rounding). Each merged weight is a new tensor
+    /// that replaces the old one (in the model and its var store): a base shared with other models
+    /// ([`Transformer::shares_base`]) is never written, so this model then owns the merged projections.
     ///
     /// # Errors
     /// [`Error::Torch`] on a tensor failure.
@@ -600,17 +618,17 @@ impl Transformer {
             return Ok(());
         }
         let _guard = tch::no_grad_guard();
-        let mut names = Vec::new();
+        let mut merged = Vec::new();
         for lin in self.linears_mut() {
             if lin.lora.is_some() {
-                let merged = lin.merged_weight()?;
-                lin.weight.f_copy_(&merged)?;
+                lin.weight = lin.merged_weight()?;
                 lin.lora = None;
-                names.push(lin.name.clone());
+                merged.push((format!("{}.weight", lin.name), lin.weight.shallow_clone()));
             }
         }
         if let Ok(mut vars) = self.vs.variables_.lock() {
             vars.named_variables.retain(|k, _| !(k.contains(".lora_A.") || k.contains(".lora_B.")));
+            vars.named_variables.extend(merged);
             vars.trainable_variables.clear();
         }
         self.lora = None;
@@ -655,7 +673,8 @@ impl Transformer {
     /// `base_model.model.` prefix). Returns the number of tensors copied.
     ///
     /// # Errors
-    /// [`Error::Model`] when a name is not a variable of this model or a shape differs, or (with
+    /// [`Error::Model`] when a name is not a variable of this model or a shape differs, when it names a
+    /// base weight of a model whose base is shared ([`Transformer::shares_base`]), or (with
     /// `require_all`) when a variable received no value.
     pub fn copy_weights(&self, tensors: Vec<(String, Tensor)>, require_all_adapters: bool) -> Result<usize> {
         let _guard = tch::no_grad_guard();
@@ -665,6 +684,9 @@ impl Transformer {
             let name = name.strip_prefix("base_model.model.").unwrap_or(&name).to_string();
             let name = name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.");
             let mut var = vars.get(&name).map(Tensor::shallow_clone).ok_or_else(|| Error::Model(format!("tensor {name} is not a parameter of this model")))?;
+            if self.shared_base.is_some() && !(name.contains(".lora_A.") || name.contains(".lora_B.")) {
+                return Err(Error::Model(format!("tensor {name} is a frozen base weight shared with other models of this process; load the model with full training to change it")));
+            }
             if var.size() != t.size() {
                 return Err(Error::Model(format!("tensor {name}: shape {:?}, model has {:?}", t.size(), var.size())));
             }

@@ -92,6 +92,79 @@ pub fn read_checkpoint(dir: &Path) -> Result<HashMap<String, Tensor>> {
     Ok(all)
 }
 
+/// Frozen weights shared by every model of this process loaded from the same files with the same
+/// kind and device (see [`read_checkpoint_shared`]). Models hold an `Arc` of it; the tensors are freed
+/// when the last such model is dropped. `Tensor` is `Send` but not `Sync`, hence the mutex.
+pub struct SharedWeights {
+    tensors: std::sync::Mutex<HashMap<String, Tensor>>,
+    /// Bytes held (sum of the tensors' sizes).
+    pub bytes: u64,
+}
+
+impl std::fmt::Debug for SharedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWeights").field("bytes", &self.bytes).finish_non_exhaustive()
+    }
+}
+
+/// The files of a checkpoint (path, length, modification time), its kind and device: two loads share
+/// weights only when all of these are equal, so a re-imported model is read afresh.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SharedKey {
+    files: Vec<(PathBuf, u64, Option<std::time::SystemTime>)>,
+    kind: String,
+    device: String,
+}
+
+type SharedMap = HashMap<SharedKey, std::sync::Weak<SharedWeights>>;
+
+fn shared_map() -> &'static std::sync::Mutex<SharedMap> {
+    static MAP: std::sync::OnceLock<std::sync::Mutex<SharedMap>> = std::sync::OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// Reads a checkpoint directory's weights as [`read_checkpoint`] does, converted to `kind` on
+/// `device`, **shared** with every other model of this process that read the same files with the same
+/// kind and device and is still alive: the returned tensors alias the shared storage (no copy), and the
+/// `Arc` keeps it alive. For frozen weights only — a caller must never write into these tensors (the
+/// LoRA trainer trains adapters beside them; [`super::Transformer::merge_lora`] replaces a weight
+/// rather than writing into it). Loads of the same files are serialised, so concurrent loaders read
+/// the files once.
+///
+/// # Errors
+/// As [`read_checkpoint`]; [`Error::Io`] when a file's metadata cannot be read; [`Error::Torch`] on a
+/// kind or device conversion failure.
+pub fn read_checkpoint_shared(dir: &Path, kind: Kind, device: Device) -> Result<(HashMap<String, Tensor>, std::sync::Arc<SharedWeights>)> {
+    let mut files = Vec::new();
+    for f in checkpoint_files(dir)? {
+        let meta = std::fs::metadata(&f).map_err(|e| Error::io("stat", &f, e))?;
+        let path = std::fs::canonicalize(&f).unwrap_or(f);
+        files.push((path, meta.len(), meta.modified().ok()));
+    }
+    let key = SharedKey { files, kind: format!("{kind:?}"), device: format!("{device:?}") };
+    let mut map = shared_map().lock().unwrap_or_else(|p| p.into_inner());
+    map.retain(|_, w| w.strong_count() > 0);
+    let shared = match map.get(&key).and_then(std::sync::Weak::upgrade) {
+        Some(s) => s,
+        None => {
+            let _guard = tch::no_grad_guard();
+            let mut tensors = HashMap::new();
+            let mut bytes = 0u64;
+            for (name, t) in read_checkpoint(dir)? {
+                let t = t.f_to_kind(kind)?.f_to_device(device)?;
+                bytes += (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+                tensors.insert(name, t);
+            }
+            let s = std::sync::Arc::new(SharedWeights { tensors: std::sync::Mutex::new(tensors), bytes });
+            map.insert(key, std::sync::Arc::downgrade(&s));
+            s
+        }
+    };
+    drop(map);
+    let aliases = shared.tensors.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+    Ok((aliases, shared))
+}
+
 /// A CPU copy of a tensor, ready to be written.
 struct HostTensor {
     dtype: safetensors::Dtype,

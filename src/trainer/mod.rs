@@ -544,17 +544,22 @@ enum Probe {
     Offender(SkipReason, String),
 }
 
-/// The skip reason of an error of [`Trainer::try_step`], `None` for errors that are not the batch's
-/// fault (configuration, a policy returning wrong shapes): those still end the step with the error.
-/// The non-finite checks' messages end in "weights not updated" and the gradient one names the
-/// gradient norm.
-fn skip_reason(e: &Error) -> Option<SkipReason> {
-    match e {
-        Error::Torch(_) => Some(SkipReason::TorchError),
-        Error::InvalidInput(m) if m.ends_with("weights not updated") => {
-            Some(if m.contains("gradient norm is") { SkipReason::NonFiniteGrad } else { SkipReason::NonFiniteLoss })
+/// Why an attempt at a step ([`Trainer::try_step`]) failed.
+enum StepFailure {
+    /// The batch's fault — a non-finite loss or gradient norm, or a libtorch error — with the error
+    /// that says so: the step can be skipped.
+    Skip(SkipReason, Error),
+    /// Not the batch's fault (configuration, a policy returning wrongly shaped log-probs): ends the step
+    /// with the error.
+    Fatal(Error),
+}
+
+impl From<Error> for StepFailure {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Torch(_) => StepFailure::Skip(SkipReason::TorchError, e),
+            e => StepFailure::Fatal(e),
         }
-        _ => None,
     }
 }
 
@@ -768,11 +773,9 @@ impl<P: Policy> Trainer<P> {
         let adam_steps = self.opt.steps();
         let mut outcome = match self.try_step(samples) {
             Ok(o) => o,
-            Err(e) => match skip_reason(&e) {
-                Some(reason) if self.opt.steps() == adam_steps => self.recover(samples, reason, &e)?,
-                Some(_) => return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1))),
-                None => return Err(e),
-            },
+            Err(StepFailure::Skip(reason, e)) if self.opt.steps() == adam_steps => self.recover(samples, reason, &e)?,
+            Err(StepFailure::Skip(_, e)) => return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1))),
+            Err(StepFailure::Fatal(e)) => return Err(e),
         };
         if outcome.train_step.is_some() && (self.step as u64).is_multiple_of(self.cfg.checkpoint_every) {
             outcome.checkpoint = self.checkpoint()?;
@@ -816,14 +819,14 @@ impl<P: Policy> Trainer<P> {
                     o.skipped = Some(SkippedStep { reason, detail, samples: offenders });
                     return Ok(o);
                 }
-                Err(e) if skip_reason(&e).is_some() && self.opt.steps() == adam_steps => {
+                Err(StepFailure::Skip(_, e)) if self.opt.steps() == adam_steps => {
                     self.opt.zero_grad()?;
                     detail.push_str(&format!("; the retry without them failed too: {e}"));
                 }
-                Err(e) if skip_reason(&e).is_some() => {
+                Err(StepFailure::Skip(_, e)) => {
                     return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1)));
                 }
-                Err(e) => return Err(e),
+                Err(StepFailure::Fatal(e)) => return Err(e),
             }
         } else if offenders.is_empty() {
             detail.push_str("; no sample fails alone, so the whole batch is skipped");
@@ -879,7 +882,7 @@ impl<P: Policy> Trainer<P> {
 
     /// [`Trainer::train_step`] without the recovery and without the checkpoint: any failure is an error
     /// (the non-finite checks zero the gradients before returning).
-    fn try_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
+    fn try_step(&mut self, samples: &[Sample]) -> std::result::Result<StepOutcome, StepFailure> {
         let started = Instant::now();
         let step = self.step + 1;
         self.opt.zero_grad()?;
@@ -892,12 +895,15 @@ impl<P: Policy> Trainer<P> {
         let rollout_abs_diff = acc.rollout_abs_diff;
         if !m.loss.is_finite() {
             self.opt.zero_grad()?;
-            return Err(input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl));
+            return Err(StepFailure::Skip(
+                SkipReason::NonFiniteLoss,
+                input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl),
+            ));
         }
         let grad_norm = self.opt.clip_grad_norm(self.cfg.grad_clip)?;
         if !grad_norm.is_finite() {
             self.opt.zero_grad()?;
-            return Err(input_err!("step {step}: gradient norm is {grad_norm}; weights not updated"));
+            return Err(StepFailure::Skip(SkipReason::NonFiniteGrad, input_err!("step {step}: gradient norm is {grad_norm}; weights not updated")));
         }
         self.opt.step()?;
         self.opt.zero_grad()?;
@@ -929,7 +935,7 @@ impl<P: Policy> Trainer<P> {
             topk_kl: m.topk_kl,
             rollout_logprob_abs_diff: rollout_abs_diff,
             grad_norm,
-            advantage_by_type: serde_json::to_string(&m.advantage_by_type)?,
+            advantage_by_type: serde_json::to_string(&m.advantage_by_type).map_err(Error::from)?,
             samples: m.samples,
             tokens: m.tokens,
             seconds,
