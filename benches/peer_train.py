@@ -14,7 +14,10 @@ entropy computed as a reported metric, backward, gradient-norm clipping at 1.0, 
 0.9/0.98, weight decay 0.1). Prints a `BENCH {json}` line with tokens/s (prompt + response tokens per
 step time, median of --steps after one warm-up step) and the process's peak resident set
 (`ru_maxrss`). `--case lora_binary_b8_2k` prefixes each prompt with the passage of benches/train.rs so
-prompt + response is 2,000 tokens (16,000 per step); `--steps 0` times the warm-up step alone. Needs
+prompt + response is 2,000 tokens (16,000 per step); `--steps 0` times the warm-up step alone.
+`--micro 2 --grad-ckpt` is the memory-bounded way to run it (two samples per pass, as our 4,096-token
+micro-batches hold, and transformers' gradient checkpointing): all 8 × 2,000 tokens in one pass without
+checkpointing was killed by the kernel at 22.7 GB resident on a 24 GB machine. Needs
 `torch` and `transformers`.
 """
 
@@ -65,6 +68,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--case", default="lora_binary_b8", choices=["lora_binary_b8", "lora_binary_b8_2k"])
+    ap.add_argument("--micro", type=int, default=8, help="samples per forward/backward pass (gradients accumulate)")
+    ap.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (recompute each layer in backward)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(42)
@@ -95,31 +100,39 @@ def main():
     # practitioner would; the padded b8 case computes all positions and gathers.
     keep = RESPONSE + 1 if width == min(len(s) for s in seqs) else 0
 
-    def logprobs():
-        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits
-        at_pos = pos - (width - keep) if keep else pos
+    def logprobs(rows):
+        logits = model(input_ids=ids[rows], attention_mask=mask[rows], logits_to_keep=keep).logits
+        at_pos = pos[rows] - (width - keep) if keep else pos[rows]
         at = logits.gather(1, at_pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         full = torch.log_softmax(at.float(), -1)
-        return full.gather(-1, resp.unsqueeze(-1)).squeeze(-1), full
+        return full.gather(-1, resp[rows].unsqueeze(-1)).squeeze(-1), full
 
+    micro = [list(range(i, min(i + args.micro, 8))) for i in range(0, 8, args.micro)]
     with torch.no_grad():
-        old, _ = logprobs()
+        old = torch.cat([logprobs(rows)[0] for rows in micro])
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.1)
+    if args.grad_ckpt:
+        # recompute each decoder layer in the backward pass, as `[trainer] recompute_layers` does
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def step():
         opt.zero_grad()
-        lp, full = logprobs()
-        ratio = torch.exp(lp - old)
-        adv = reward.unsqueeze(-1)
-        pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
-        loss = pg.mean(-1).mean()
-        with torch.no_grad():
-            _entropy = -(full.exp() * full).sum(-1).mean(-1).mean()
-        loss.backward()
+        total = 0.0
+        for rows in micro:
+            lp, full = logprobs(rows)
+            ratio = torch.exp(lp - old[rows])
+            adv = reward[rows].unsqueeze(-1)
+            pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
+            # the step's loss is the mean over its 8 samples of each sample's token mean
+            loss = pg.mean(-1).sum() / 8
+            with torch.no_grad():
+                _entropy = -(full.exp() * full).sum(-1).mean(-1).sum() / 8
+            loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        return loss.item()
+        return total
 
     t0 = time.perf_counter()
     step()  # warm-up
@@ -132,7 +145,7 @@ def main():
     times.sort()
     med = times[len(times) // 2] if times else float("nan")
     print("BENCH " + json.dumps({"bench": "train", "case": args.case, "engine": f"pytorch {torch.__version__} + transformers",
-                                 "threads": args.threads, "samples": 8, "tokens": tokens, "response_tokens": 8 * RESPONSE, "steps": args.steps,
+                                 "threads": args.threads, "samples": 8, "tokens": tokens, "response_tokens": 8 * RESPONSE, "steps": args.steps, "micro_batch_samples": args.micro, "gradient_checkpointing": args.grad_ckpt,
                                  "best_s": times[0] if times else float("nan"), "median_s": med, "warmup_s": warmup_s,
                                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "tokens_s": tokens / med, "response_tokens_s": 8 * RESPONSE / med,
                                  "last_loss": loss}))

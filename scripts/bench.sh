@@ -97,6 +97,10 @@ fi
 if has train; then
   run train cargo bench --bench train
   run train_peer "$PY" benches/peer_train.py --model "$MODEL" --threads 1 --steps "${NEXTSTATE_BENCH_STEPS:-3}"
+  # 8 × 2,000 tokens: one timed step after the warm-up (each is minutes on one thread); the peer with
+  # two samples per pass and gradient checkpointing (in one pass it needs more than 24 GB)
+  run train_2k cargo bench --bench train -- case=lora_binary_b8_2k steps=1
+  run train_2k_peer "$PY" benches/peer_train.py --model "$MODEL" --threads 1 --steps 1 --case lora_binary_b8_2k --micro 2 --grad-ckpt
 fi
 if has model; then
   rm -rf "$crit/model"

@@ -265,21 +265,25 @@ def main():
 
     # 5. trainer
     L.append("## 5. Trainer step: nextstate (tch) vs PyTorch + transformers\n")
-    res, cmd, rc, _ = load(out, "train")
-    peer, pcmd, prc, _ = load(out, "train_peer")
-    rows = (res or []) + (peer or [])
-    if rows:
-        L.append("One optimizer step (forward, METHOD.md §6 binary PPO-clip loss, backward, clip, AdamW) on SmolLM2-135M-Instruct with "
-                 "LoRA r 16 / α 32 on all seven projections, 8 samples × (chat prompt + 64 response tokens), one thread.\n")
-        L.append("| engine | tokens per step | median s per step | tokens/s | response tokens/s |\n|---|---|---|---|---|")
-        for r in rows:
-            L.append(f"| {r['engine']} | {f(r['tokens'])} | {f(r['median_s'], 2)} | {f(r['tokens_s'])} | {f(r['response_tokens_s'])} |")
-        L.append("")
-        cmd_line(L, cmd, pcmd)
-    if not res:
-        not_measured(L, "train", cmd, rc, out)
-    if not peer:
-        not_measured(L, "train_peer", pcmd, prc, out)
+    L.append("One optimizer step (forward, METHOD.md §6 binary PPO-clip loss, backward, clip, AdamW) on SmolLM2-135M-Instruct with "
+             "LoRA r 16 / α 32 on all seven projections, 8 samples, one thread. Peak RSS is the process's high-water mark "
+             "(model loading, warm-up and timed steps). Hand-measured memory figures (demo, long real samples, allocator "
+             "settings): [docs/trainer-memory.md](trainer-memory.md).\n")
+    for name, what in (("train", "8 × (chat prompt + 64 response tokens)"), ("train_2k", "8 × 2,000 tokens (a passage before each prompt)")):
+        res, cmd, rc, _ = load(out, name)
+        peer, pcmd, prc, _ = load(out, name + "_peer")
+        rows = (res or []) + (peer or [])
+        if rows:
+            L.append(f"**{what}**\n")
+            L.append("| engine | tokens per step | median s per step | tokens/s | response tokens/s | peak RSS MiB |\n|---|---|---|---|---|---|")
+            for r in rows:
+                L.append(f"| {r['engine']} | {f(r['tokens'])} | {f(r['median_s'], 2)} | {f(r['tokens_s'])} | {f(r['response_tokens_s'])} | {f(r.get('peak_rss_mb'))} |")
+            L.append("")
+            cmd_line(L, cmd, pcmd)
+        if not res:
+            not_measured(L, name, cmd, rc, out)
+        if not peer:
+            not_measured(L, name + "_peer", pcmd, prc, out)
 
     # 6. model
     L.append("## 6. Model runtime: score and generate tokens/s vs transformers\n")

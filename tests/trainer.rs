@@ -104,6 +104,26 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     eprintln!("loss command vs trainer: max |Δ log-prob| = {d:e}");
     assert!(d < 1e-5, "loss command vs trainer: {d}");
     assert_eq!(report.report.version, 1);
+    // Its pg_loss is the mean over the samples of each sample's token mean of the PPO-clipped surrogate
+    // (METHOD.md §6), recomputed here from its own per-token log-probs, the rollout log-probs and the
+    // rewards (the binary advantage).
+    let (lo, hi) = (1.0 - pcfg.trainer.eps_clip, 1.0 + pcfg.trainer.eps_clip_high);
+    let sample_means: Vec<f64> = batch
+        .iter()
+        .zip(&report.token_logprobs)
+        .map(|(s, new)| {
+            let a = s.reward as f64;
+            let pg: f64 = new.iter().zip(&s.rollout_logprobs).map(|(&n, &o)| {
+                let ratio = (n as f64 - o as f64).exp();
+                (-a * ratio).max(-a * ratio.clamp(lo, hi))
+            }).sum();
+            pg / new.len() as f64
+        })
+        .collect();
+    let expected = sample_means.iter().sum::<f64>() / sample_means.len() as f64;
+    let got = report.report.batches[0].pg_loss;
+    eprintln!("loss command pg_loss {got} vs mean of sample means {expected}");
+    assert!((got - expected).abs() < 1e-6, "pg_loss {got} vs mean of sample means {expected}");
 
     // `nextstate serve`: start on the initial weights, reload the checkpoint, score the greedy answer.
     let base = LanguageModel::load(&model, &LoadOptions::default()).unwrap();

@@ -56,7 +56,7 @@ pub const MMAP_THRESHOLD_BYTES: i32 = 64 * 1024;
 /// same). libtorch's CPU tensors come from `malloc`; under glibc's default dynamic threshold (up to
 /// 32 MiB) freed activation and logit buffers stay in the heap, so a training process's resident set
 /// grows to the sum of the peaks of differently sized buffers. Measured on the 8 × 2,000-token LoRA
-/// step of `benches/train.rs`: see docs/BENCHMARKS.md §5. Returns whether the setting was accepted (always
+/// step of `benches/train.rs`: see docs/trainer-memory.md (memory against step time). Returns whether the setting was accepted (always
 /// false off glibc Linux, where it does nothing).
 pub fn return_freed_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
