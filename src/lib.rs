@@ -28,6 +28,7 @@ pub mod serve;
 pub mod signals;
 pub mod sql;
 pub mod stages;
+pub mod stats;
 pub mod trainer;
 
 pub use error::{Error, Result};

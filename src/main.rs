@@ -400,6 +400,7 @@ fn main() -> Result<()> {
                     println!("  version {:>2} after {:>3} interactions: {:.3}   (accuracy {:.3})", e.version, e.interactions, e.score.fraction_all_satisfied, e.score.accuracy);
                 }
                 println!("before {:.3} → after {:.3}", s.before.fraction_all_satisfied, s.after.fraction_all_satisfied);
+                println!("result: {}", s.result_line);
                 for (n, c) in &s.run.stages {
                     println!("stage {n}: {}", c.line());
                 }

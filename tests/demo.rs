@@ -54,4 +54,9 @@ async fn short_demo_against_the_real_broker() {
         assert!(n > 0, "{table} is empty");
     }
     assert!(s.report.exists());
+    // Every evaluation records its per-problem outcomes, so the first and last are compared pairwise.
+    assert!(s.evaluations.iter().all(|e| e.satisfied.len() == 2), "{:?}", s.evaluations);
+    assert!(s.result_line.contains("on 2 held-out problems; exact McNemar: "), "{}", s.result_line);
+    let md = std::fs::read_to_string(&s.report).unwrap();
+    assert!(md.contains("Paired test on the same 2 problems (exact McNemar"), "{md}");
 }

@@ -313,6 +313,59 @@ pub struct CheckpointEval {
     pub interactions: u64,
     /// The score on the held-out problems.
     pub score: Score,
+    /// Per held-out problem, in evaluation order (the same problems in the same order for every
+    /// version): whether the response met every preference. Empty when not recorded; then no paired
+    /// test is made.
+    #[serde(default)]
+    pub satisfied: Vec<bool>,
+}
+
+impl CheckpointEval {
+    /// The personalization score as a proportion with its 95 % Wilson interval
+    /// ([`crate::stats::wilson_95`]); successes are counted from [`CheckpointEval::satisfied`] when
+    /// recorded, else recovered from the score's fraction and `n`.
+    pub fn interval(&self) -> crate::stats::Proportion {
+        let n = self.score.n as u64;
+        let k = if self.satisfied.len() as u64 == n { self.satisfied.iter().filter(|s| **s).count() as u64 } else { (self.score.fraction_all_satisfied * n as f64).round() as u64 };
+        crate::stats::wilson_95(k.min(n), n).unwrap_or(crate::stats::Proportion { successes: 0, n, estimate: 0.0, low: 0.0, high: 1.0 })
+    }
+}
+
+impl DemoReport {
+    /// The exact McNemar test of the first evaluated version against the last on the same held-out
+    /// problems ([`crate::stats::mcnemar_exact`]); `None` with fewer than two versions or when either
+    /// lacks per-problem outcomes or they differ in count.
+    pub fn first_vs_last(&self) -> Option<crate::stats::McNemar> {
+        let (a, b) = (self.checkpoints.first()?, self.checkpoints.last()?);
+        if self.checkpoints.len() < 2 || a.satisfied.is_empty() || a.satisfied.len() != b.satisfied.len() {
+            return None;
+        }
+        crate::stats::mcnemar_exact(&a.satisfied, &b.satisfied).ok()
+    }
+
+    /// One line: the score before and after with 95 % intervals, and the paired test (what `nextstate
+    /// demo` prints at the end). Empty results give a line saying so.
+    pub fn result_line(&self) -> String {
+        let (Some(a), Some(b)) = (self.checkpoints.first(), self.checkpoints.last()) else {
+            return "no evaluation results were recorded".into();
+        };
+        let (ia, ib) = (a.interval(), b.interval());
+        let mut line = format!(
+            "personalization score v{} {:.3} [95% CI {:.3}-{:.3}] -> v{} {:.3} [{:.3}-{:.3}] on {} held-out problems",
+            a.version, ia.estimate, ia.low, ia.high, b.version, ib.estimate, ib.low, ib.high, b.score.n
+        );
+        match self.first_vs_last() {
+            Some(m) => line.push_str(&format!(
+                "; exact McNemar: {} gained, {} lost, p = {:.3}: {}",
+                m.gained,
+                m.lost,
+                m.p_value,
+                if m.significant(0.05) { "significant at 0.05" } else { "not significant at 0.05" }
+            )),
+            None => line.push_str("; no paired test (one version, or per-problem outcomes not recorded)"),
+        }
+        line
+    }
 }
 
 /// What the demo report shows.
@@ -400,6 +453,26 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
                 "Personalization score: **{:.3} → {:.3}** (policy v{} → v{}, after {} student interactions; {} held-out responses per version).\n",
                 a.score.fraction_all_satisfied, b.score.fraction_all_satisfied, a.version, b.version, b.interactions, b.score.n
             );
+            let (ia, ib) = (a.interval(), b.interval());
+            let _ = writeln!(s, "95 % Wilson intervals: v{} [{:.3}, {:.3}], v{} [{:.3}, {:.3}].", a.version, ia.low, ia.high, b.version, ib.low, ib.high);
+            match r.first_vs_last() {
+                Some(m) => {
+                    let _ = writeln!(
+                        s,
+                        "Paired test on the same {} problems (exact McNemar, v{} vs v{}): {} problems gained, {} lost, two-sided p = {:.3} — **{}**.\n",
+                        m.n,
+                        a.version,
+                        b.version,
+                        m.gained,
+                        m.lost,
+                        m.p_value,
+                        if m.significant(0.05) { "significant at 0.05" } else { "not significant at 0.05" }
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "No paired test: per-problem outcomes were not recorded.\n");
+                }
+            }
         }
         (Some(a), _) => {
             let _ = writeln!(s, "Personalization score: **{:.3}** (policy v{}, {} held-out responses; one version only).\n", a.score.fraction_all_satisfied, a.version, a.score.n);
@@ -410,14 +483,15 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
     }
     let _ = writeln!(s, "## Score per policy version\n");
     let cols = preference_columns(r);
-    let _ = write!(s, "| policy version | interactions seen | held-out responses | personalization score |");
+    let _ = write!(s, "| policy version | interactions seen | held-out responses | personalization score | 95 % CI |");
     for c in &cols {
         let _ = write!(s, " {c} |");
     }
     let _ = writeln!(s, " accuracy |");
-    let _ = writeln!(s, "|---:|---:|---:|---:|{}---:|", "---:|".repeat(cols.len()));
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|{}---:|", "---:|".repeat(cols.len()));
     for c in &r.checkpoints {
-        let _ = write!(s, "| {} | {} | {} | {:.3} |", c.version, c.interactions, c.score.n, c.score.fraction_all_satisfied);
+        let ci = c.interval();
+        let _ = write!(s, "| {} | {} | {} | {:.3} | {:.3}–{:.3} |", c.version, c.interactions, c.score.n, c.score.fraction_all_satisfied, ci.low, ci.high);
         for name in &cols {
             match c.score.per_preference_rate.get(name) {
                 Some(v) => {

@@ -73,6 +73,9 @@ pub struct DemoSummary {
     /// Policy versions that answered the students' requests (more than one: the server swapped weights
     /// while the students were working).
     pub versions_seen: Vec<i64>,
+    /// The one-line result: scores before and after with 95 % intervals and the exact McNemar test
+    /// ([`DemoReport::result_line`]).
+    pub result_line: String,
     /// `report.md`.
     pub report: PathBuf,
     /// Pipeline counts.
@@ -302,7 +305,8 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let mut checkpoints = vec![];
     for (v, seen, responses) in &evals {
         rows.extend(eval_rows(&run_id, &opts.pipeline.name, *v, *seen as i64, responses, &prefs, now));
-        checkpoints.push(CheckpointEval { version: *v, interactions: *seen, score: super::personalization_score(responses, &prefs) });
+        let satisfied = responses.iter().map(|(p, r)| super::check(r, p, &prefs).satisfied).collect();
+        checkpoints.push(CheckpointEval { version: *v, interactions: *seen, score: super::personalization_score(responses, &prefs), satisfied });
     }
     crate::lake::Lake::open(lake.root())?.write_rows(&rows, &format!("demo-{run_id}"), 1)?;
     let mut counts: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
@@ -352,6 +356,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         ],
     };
     let files = write_report(&opts.out, &report)?;
+    let result_line = report.result_line();
     Ok(DemoSummary {
         before,
         after,
@@ -360,6 +365,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         sessions: sh.sessions.load(Ordering::SeqCst),
         failed_requests: sh.failed.load(Ordering::SeqCst),
         versions_seen: sh.versions.lock().map(|v| v.iter().copied().collect()).unwrap_or_default(),
+        result_line,
         report: files.markdown,
         run,
         seconds: started.elapsed().as_secs_f64(),

@@ -21,10 +21,10 @@ fn report() -> DemoReport {
         arm: "combined".into(),
         preferences: Preferences::default(),
         checkpoints: vec![
-            CheckpointEval { version: 0, interactions: 0, score: score(0.17, 0.30, 0.55, 0.60, 0.40, 0.45) },
-            CheckpointEval { version: 1, interactions: 12, score: score(0.33, 0.52, 0.70, 0.71, 0.48, 0.46) },
-            CheckpointEval { version: 2, interactions: 24, score: score(0.58, 0.80, 0.85, 0.83, 0.61, 0.47) },
-            CheckpointEval { version: 3, interactions: 36, score: score(0.81, 0.95, 0.93, 0.94, 0.86, 0.47) },
+            CheckpointEval { version: 0, interactions: 0, score: score(0.17, 0.30, 0.55, 0.60, 0.40, 0.45), satisfied: vec![] },
+            CheckpointEval { version: 1, interactions: 12, score: score(0.33, 0.52, 0.70, 0.71, 0.48, 0.46), satisfied: vec![] },
+            CheckpointEval { version: 2, interactions: 24, score: score(0.58, 0.80, 0.85, 0.83, 0.61, 0.47), satisfied: vec![] },
+            CheckpointEval { version: 3, interactions: 36, score: score(0.81, 0.95, 0.93, 0.94, 0.86, 0.47), satisfied: vec![] },
         ],
         pipeline_counts: BTreeMap::from([
             ("judge".to_string(), BTreeMap::from([("judgments".to_string(), 140u64), ("votes".to_string(), 420)])),
@@ -55,10 +55,13 @@ fn report_files_are_written() {
     assert!(md.starts_with("# Personal-agent demo\n"), "{md}");
     assert!(md.contains("Personalization score: **0.170 → 0.810** (policy v0 → v3, after 36 student interactions; 100 held-out responses per version)."), "{md}");
     assert!(md.contains(
-        "| policy version | interactions seen | held-out responses | personalization score | no_markdown | concise | plain_sentences | answer_at_end | correct_answer | accuracy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| policy version | interactions seen | held-out responses | personalization score | 95 % CI | no_markdown | concise | plain_sentences | answer_at_end | correct_answer | accuracy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     ), "{md}");
-    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 | 0.450 |\n"), "{md}");
-    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 | 0.470 |\n"), "{md}");
+    // Wilson 17/100: [0.1089, 0.2555]; 81/100: [0.7222, 0.8749] (by hand, z = 1.96).
+    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.109–0.255 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 | 0.450 |\n"), "{md}");
+    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.722–0.875 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 | 0.470 |\n"), "{md}");
+    assert!(md.contains("95 % Wilson intervals: v0 [0.109, 0.255], v3 [0.722, 0.875]."), "{md}");
+    assert!(md.contains("No paired test: per-problem outcomes were not recorded."), "{md}");
     assert!(md.contains("| stage | counter | count |\n|---|---|---:|\n| judge | judgments | 140 |\n| judge | votes | 420 |\n| signals | paired | 144 |\n"), "{md}");
     assert!(md.contains("](personalization.png)"));
     assert!(md.contains("- concise: at most 80 words"));
@@ -131,3 +134,30 @@ fn bins_and_ranges() {
     assert_eq!(cell("a|b\nc"), "a\\|b c");
 }
 
+
+#[test]
+fn paired_test_and_result_line_from_per_problem_outcomes() {
+    let mut r = report();
+    r.checkpoints.truncate(2);
+    // 12 problems: 3 met before; after, those 3 and 5 more, and one of the first 3 lost → 7 met.
+    let before: Vec<bool> = (0..12).map(|i| i < 3).collect();
+    let after: Vec<bool> = (0..12).map(|i| (1..8).contains(&i)).collect();
+    for (c, sat) in r.checkpoints.iter_mut().zip([before, after]) {
+        c.score.n = 12;
+        c.score.fraction_all_satisfied = sat.iter().filter(|s| **s).count() as f64 / 12.0;
+        c.satisfied = sat;
+    }
+    let m = r.first_vs_last().unwrap();
+    // 5 gained, 1 lost: p = 2·(C(6,0) + C(6,1))/2^6 = 14/64 = 0.21875.
+    assert_eq!((m.n, m.gained, m.lost), (12, 5, 1));
+    assert!((m.p_value - 0.218_75).abs() < 1e-12, "{m:?}");
+    let md = render_markdown(&r, "p.png", true);
+    assert!(md.contains("Paired test on the same 12 problems (exact McNemar, v0 vs v1): 5 problems gained, 1 lost, two-sided p = 0.219 — **not significant at 0.05**."), "{md}");
+    // Wilson 3/12 = [0.089, 0.532], 7/12 = [0.320, 0.807].
+    assert_eq!(
+        r.result_line(),
+        "personalization score v0 0.250 [95% CI 0.089-0.532] -> v1 0.583 [0.320-0.807] on 12 held-out problems; exact McNemar: 5 gained, 1 lost, p = 0.219: not significant at 0.05"
+    );
+    r.checkpoints.clear();
+    assert_eq!(r.result_line(), "no evaluation results were recorded");
+}

@@ -1,0 +1,149 @@
+//! Statistics for claims of learning: the 95 % Wilson score interval of a proportion (a personalization
+//! score: the fraction of held-out problems whose response meets every preference), and the exact
+//! McNemar test of paired binary outcomes (the same held-out problems answered by two policy versions).
+//! Distributions come from `statrs`.
+//!
+//! Sources: E. B. Wilson (1927), "Probable inference, the law of succession, and statistical inference",
+//! JASA 22(158); the exact (binomial) McNemar test as in Agresti, *Categorical Data Analysis* (3rd ed.),
+//! §11.1: with b pairs that changed 0 → 1 and c that changed 1 → 0, under the null b ~ Binomial(b + c, ½),
+//! two-sided p = min(1, 2·P[X ≤ min(b, c)]).
+
+use serde::{Deserialize, Serialize};
+use statrs::distribution::{Binomial, ContinuousCDF, DiscreteCDF, Normal};
+
+use crate::{input_err, Result};
+
+/// A proportion `successes / n` with its two-sided 95 % Wilson score interval (all fractions 0–1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Proportion {
+    /// Items that succeeded.
+    pub successes: u64,
+    /// Items in all.
+    pub n: u64,
+    /// `successes / n` (0 when `n` is 0).
+    pub estimate: f64,
+    /// Lower end of the 95 % interval (0 when `n` is 0).
+    pub low: f64,
+    /// Upper end of the 95 % interval (1 when `n` is 0).
+    pub high: f64,
+}
+
+/// The normal quantile z with P[Z ≤ z] = 0.975 (1.959964…).
+fn z_975() -> f64 {
+    Normal::standard().inverse_cdf(0.975)
+}
+
+/// `successes / n` with its 95 % Wilson score interval: centre (p̂ + z²/2n)/(1 + z²/n), half-width
+/// z·√(p̂(1−p̂)/n + z²/4n²)/(1 + z²/n), z = 1.96. Unlike the normal (Wald) interval it stays inside
+/// [0, 1] and is not empty at p̂ = 0 or 1. `n = 0` gives the uninformative [0, 1].
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when `successes > n`.
+pub fn wilson_95(successes: u64, n: u64) -> Result<Proportion> {
+    if successes > n {
+        return Err(input_err!("proportion {successes}/{n}: more successes than items"));
+    }
+    if n == 0 {
+        return Ok(Proportion { successes, n, estimate: 0.0, low: 0.0, high: 1.0 });
+    }
+    let (k, nf, z) = (successes as f64, n as f64, z_975());
+    let p = k / nf;
+    let z2 = z * z;
+    let denom = 1.0 + z2 / nf;
+    let centre = (p + z2 / (2.0 * nf)) / denom;
+    let half = z * (p * (1.0 - p) / nf + z2 / (4.0 * nf * nf)).sqrt() / denom;
+    Ok(Proportion { successes, n, estimate: p, low: (centre - half).max(0.0), high: (centre + half).min(1.0) })
+}
+
+/// The exact McNemar test of two paired binary outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct McNemar {
+    /// Pairs compared.
+    pub n: u64,
+    /// Pairs false before and true after.
+    pub gained: u64,
+    /// Pairs true before and false after.
+    pub lost: u64,
+    /// Two-sided exact p-value (1 when no pair changed).
+    pub p_value: f64,
+}
+
+impl McNemar {
+    /// Whether the change is significant at level `alpha` (two-sided).
+    pub fn significant(&self, alpha: f64) -> bool {
+        self.p_value < alpha
+    }
+}
+
+/// The exact McNemar test of `before[i]` against `after[i]` (the same item, e.g. the same held-out
+/// problem, under two policies): see the module docs for the formula.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when the two slices differ in length.
+pub fn mcnemar_exact(before: &[bool], after: &[bool]) -> Result<McNemar> {
+    if before.len() != after.len() {
+        return Err(input_err!("McNemar: {} outcomes before, {} after: they must be the same items", before.len(), after.len()));
+    }
+    let gained = before.iter().zip(after).filter(|(b, a)| !**b && **a).count() as u64;
+    let lost = before.iter().zip(after).filter(|(b, a)| **b && !**a).count() as u64;
+    let discordant = gained + lost;
+    let p_value = if discordant == 0 {
+        1.0
+    } else {
+        let bin = Binomial::new(0.5, discordant).map_err(|e| input_err!("McNemar: {e}"))?;
+        (2.0 * bin.cdf(gained.min(lost))).min(1.0)
+    };
+    Ok(McNemar { n: before.len() as u64, gained, lost, p_value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn wilson_matches_hand_values() {
+        // 3/12: p = 0.25, z = 1.959964; centre = (0.25 + 0.160065)/1.320131 = 0.310625,
+        // half = 1.959964·sqrt(0.015625 + 0.006669)/1.320131 = 0.221697 → [0.0889, 0.5323].
+        let w = wilson_95(3, 12).unwrap();
+        assert_eq!((w.successes, w.n), (3, 12));
+        assert!(close(w.estimate, 0.25, 1e-12));
+        assert!(close(w.low, 0.088_93, 1e-4) && close(w.high, 0.532_32, 1e-4), "{w:?}");
+        // 24/48 is symmetric about 0.5: [0.3635, 0.6365].
+        let w = wilson_95(24, 48).unwrap();
+        assert!(close(w.low + w.high, 1.0, 1e-12) && close(w.low, 0.363_5, 1e-3), "{w:?}");
+        // The ends stay inside [0, 1] and are not empty.
+        let w = wilson_95(0, 12).unwrap();
+        assert_eq!(w.low, 0.0);
+        assert!(close(w.high, 0.242_5, 1e-3), "{w:?}");
+        let w = wilson_95(12, 12).unwrap();
+        assert!(close(w.low, 0.757_5, 1e-3) && w.high == 1.0, "{w:?}");
+        assert_eq!(wilson_95(0, 0).unwrap(), Proportion { successes: 0, n: 0, estimate: 0.0, low: 0.0, high: 1.0 });
+        assert!(wilson_95(5, 4).is_err());
+    }
+
+    #[test]
+    fn mcnemar_matches_the_binomial_by_hand() {
+        // 3 gained, 0 lost: p = 2·(1/2)^3 = 0.25.
+        let before = [false, false, false, true, true, false];
+        let after = [true, true, true, true, true, false];
+        let m = mcnemar_exact(&before, &after).unwrap();
+        assert_eq!((m.n, m.gained, m.lost), (6, 3, 0));
+        assert!(close(m.p_value, 0.25, 1e-12), "{m:?}");
+        // 8 gained, 1 lost: p = 2·(C(9,0) + C(9,1))/2^9 = 2·10/512 = 0.0390625 — significant at 0.05.
+        let mut b = vec![false; 8];
+        let mut a = vec![true; 8];
+        b.push(true);
+        a.push(false);
+        let m = mcnemar_exact(&b, &a).unwrap();
+        assert_eq!((m.gained, m.lost), (8, 1));
+        assert!(close(m.p_value, 0.039_062_5, 1e-12) && m.significant(0.05), "{m:?}");
+        // Balanced changes: p capped at 1; no change at all: p = 1.
+        assert_eq!(mcnemar_exact(&[true, false], &[false, true]).unwrap().p_value, 1.0);
+        assert_eq!(mcnemar_exact(&[true, false], &[true, false]).unwrap().p_value, 1.0);
+        assert!(mcnemar_exact(&[true], &[true, false]).is_err());
+    }
+}
