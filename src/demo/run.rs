@@ -305,8 +305,9 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let mut checkpoints = vec![];
     for (v, seen, responses) in &evals {
         rows.extend(eval_rows(&run_id, &opts.pipeline.name, *v, *seen as i64, responses, &prefs, now));
-        let satisfied = responses.iter().map(|(p, r)| super::check(r, p, &prefs).satisfied).collect();
-        checkpoints.push(CheckpointEval { version: *v, interactions: *seen, score: super::personalization_score(responses, &prefs), satisfied });
+        let verdicts: Vec<super::Verdict> = responses.iter().map(|(p, r)| super::check(r, p, &prefs)).collect();
+        let satisfied = verdicts.iter().map(|v| v.satisfied).collect();
+        checkpoints.push(CheckpointEval { version: *v, interactions: *seen, score: Score::from_verdicts(&verdicts, &prefs), satisfied });
     }
     crate::lake::Lake::open(lake.root())?.write_rows(&rows, &format!("demo-{run_id}"), 1)?;
     let mut counts: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();

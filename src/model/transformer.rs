@@ -447,6 +447,11 @@ impl Builder<'_> {
     }
 }
 
+/// Whether a var-store name is a LoRA adapter tensor (`<module>.lora_A.weight` / `.lora_B.weight`).
+fn is_adapter_name(name: &str) -> bool {
+    name.contains(".lora_A.") || name.contains(".lora_B.")
+}
+
 /// Adds a tensor to the var store under a dotted HF name.
 fn add_var(vs: &VarStore, name: &str, t: Tensor, trainable: bool) -> Tensor {
     let mut parts: Vec<&str> = name.split('.').collect();
@@ -627,7 +632,7 @@ impl Transformer {
             }
         }
         if let Ok(mut vars) = self.vs.variables_.lock() {
-            vars.named_variables.retain(|k, _| !(k.contains(".lora_A.") || k.contains(".lora_B.")));
+            vars.named_variables.retain(|k, _| !is_adapter_name(k));
             vars.named_variables.extend(merged);
             vars.trainable_variables.clear();
         }
@@ -651,7 +656,7 @@ impl Transformer {
             .vs
             .variables()
             .into_iter()
-            .filter(|(k, _)| !(k.contains(".lora_A.") || k.contains(".lora_B.")))
+            .filter(|(k, _)| !is_adapter_name(k))
             .map(|(k, t)| {
                 let t = merged.remove(&k).unwrap_or(t);
                 (k, t)
@@ -664,7 +669,7 @@ impl Transformer {
     /// The adapter weights only (`<module>.lora_A.weight`, `<module>.lora_B.weight`), sorted by name.
     pub fn adapter_state(&self) -> Vec<(String, Tensor)> {
         let mut out: Vec<(String, Tensor)> =
-            self.vs.variables().into_iter().filter(|(k, _)| k.contains(".lora_A.") || k.contains(".lora_B.")).collect();
+            self.vs.variables().into_iter().filter(|(k, _)| is_adapter_name(k)).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
@@ -684,7 +689,7 @@ impl Transformer {
             let name = name.strip_prefix("base_model.model.").unwrap_or(&name).to_string();
             let name = name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.");
             let mut var = vars.get(&name).map(Tensor::shallow_clone).ok_or_else(|| Error::Model(format!("tensor {name} is not a parameter of this model")))?;
-            if self.shared_base.is_some() && !(name.contains(".lora_A.") || name.contains(".lora_B.")) {
+            if self.shared_base.is_some() && !is_adapter_name(&name) {
                 return Err(Error::Model(format!("tensor {name} is a frozen base weight shared with other models of this process; load the model with full training to change it")));
             }
             if var.size() != t.size() {
@@ -694,7 +699,7 @@ impl Transformer {
             seen.insert(name);
         }
         if require_all_adapters {
-            let missing: Vec<&String> = vars.keys().filter(|k| (k.contains(".lora_A.") || k.contains(".lora_B.")) && !seen.contains(*k)).collect();
+            let missing: Vec<&String> = vars.keys().filter(|k| is_adapter_name(k) && !seen.contains(*k)).collect();
             if !missing.is_empty() {
                 return Err(Error::Model(format!("adapter file lacks {} adapter tensors, e.g. {}", missing.len(), missing[0])));
             }

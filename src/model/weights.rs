@@ -97,13 +97,11 @@ pub fn read_checkpoint(dir: &Path) -> Result<HashMap<String, Tensor>> {
 /// when the last such model is dropped. `Tensor` is `Send` but not `Sync`, hence the mutex.
 pub struct SharedWeights {
     tensors: std::sync::Mutex<HashMap<String, Tensor>>,
-    /// Bytes held (sum of the tensors' sizes).
-    pub bytes: u64,
 }
 
 impl std::fmt::Debug for SharedWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedWeights").field("bytes", &self.bytes).finish_non_exhaustive()
+        f.debug_struct("SharedWeights").finish_non_exhaustive()
     }
 }
 
@@ -112,8 +110,8 @@ impl std::fmt::Debug for SharedWeights {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct SharedKey {
     files: Vec<(PathBuf, u64, Option<std::time::SystemTime>)>,
-    kind: String,
-    device: String,
+    kind: Kind,
+    device: Device,
 }
 
 type SharedMap = HashMap<SharedKey, std::sync::Weak<SharedWeights>>;
@@ -141,7 +139,7 @@ pub fn read_checkpoint_shared(dir: &Path, kind: Kind, device: Device) -> Result<
         let path = std::fs::canonicalize(&f).unwrap_or(f);
         files.push((path, meta.len(), meta.modified().ok()));
     }
-    let key = SharedKey { files, kind: format!("{kind:?}"), device: format!("{device:?}") };
+    let key = SharedKey { files, kind, device };
     let mut map = shared_map().lock().unwrap_or_else(|p| p.into_inner());
     map.retain(|_, w| w.strong_count() > 0);
     let shared = match map.get(&key).and_then(std::sync::Weak::upgrade) {
@@ -149,13 +147,10 @@ pub fn read_checkpoint_shared(dir: &Path, kind: Kind, device: Device) -> Result<
         None => {
             let _guard = tch::no_grad_guard();
             let mut tensors = HashMap::new();
-            let mut bytes = 0u64;
             for (name, t) in read_checkpoint(dir)? {
-                let t = t.f_to_kind(kind)?.f_to_device(device)?;
-                bytes += (t.numel() * t.kind().elt_size_in_bytes()) as u64;
-                tensors.insert(name, t);
+                tensors.insert(name, t.f_to_kind(kind)?.f_to_device(device)?);
             }
-            let s = std::sync::Arc::new(SharedWeights { tensors: std::sync::Mutex::new(tensors), bytes });
+            let s = std::sync::Arc::new(SharedWeights { tensors: std::sync::Mutex::new(tensors) });
             map.insert(key, std::sync::Arc::downgrade(&s));
             s
         }
