@@ -163,7 +163,7 @@ enum Command {
         #[arg(long, default_value = "data/gsm8k_test.json")]
         gsm8k: PathBuf,
         /// Student turns answered by the agent before the students stop.
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 112)]
         interactions: usize,
         /// The students keep working past --interactions until this many policy versions answered them
         /// (2: at least one trained checkpoint reached live traffic); 1 stops at --interactions.
@@ -173,13 +173,14 @@ enum Command {
         #[arg(long)]
         max_interactions: Option<usize>,
         /// Students working at once.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 8)]
         students: usize,
-        /// Most agent turns per homework session.
-        #[arg(long, default_value_t = 3)]
+        /// Most agent turns per homework session (1: every trained prompt is a first request, like the
+        /// held-out evaluation's; the student's reply is the next state).
+        #[arg(long, default_value_t = 1)]
         max_turns: u32,
         /// Held-out problems the personalization score is measured on.
-        #[arg(long, default_value_t = 12)]
+        #[arg(long, default_value_t = 48)]
         eval_problems: usize,
         /// Response length limit, tokens.
         #[arg(long, default_value_t = 128)]

@@ -48,6 +48,12 @@ async fn short_demo_against_the_real_broker() {
     assert!(!s.run.reloads.is_empty(), "the server loaded at least one checkpoint");
     assert!(s.versions_seen.len() >= 2, "the weights changed while the students were being served: {:?}", s.versions_seen);
     assert!(s.evaluations.iter().any(|e| e.version >= 1), "a trained version was evaluated");
+    // v0 first, then at most the first, middle and last loaded versions, in order; each with its mean
+    // word count and its drift from v0 (0 for v0 itself).
+    let versions: Vec<i64> = s.evaluations.iter().map(|e| e.version).collect();
+    assert!(versions[0] == 0 && versions.len() <= 4 && versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    assert_eq!(s.evaluations[0].drift_nats_per_token, Some(0.0));
+    assert!(s.evaluations.iter().all(|e| e.mean_words.is_some_and(|w| w > 0.0) && e.drift_nats_per_token.is_some_and(f64::is_finite)), "{:?}", s.evaluations);
     let lake = Lake::open(dir.path().join("out/lake")).unwrap();
     for table in ["interactions", "signals", "judgments", "hints", "samples", "train_steps", "checkpoints", "eval_scores"] {
         let n = nextstate::sql::scalar_i64(&lake, &format!("SELECT count(*) FROM {table}")).await.unwrap();
@@ -59,4 +65,5 @@ async fn short_demo_against_the_real_broker() {
     assert!(s.result_line.contains("on 2 held-out problems; exact McNemar: "), "{}", s.result_line);
     let md = std::fs::read_to_string(&s.report).unwrap();
     assert!(md.contains("Paired test on the same 2 problems (exact McNemar"), "{md}");
+    assert!(md.contains("## What the trainer was given"), "{md}");
 }

@@ -712,6 +712,7 @@ async fn our_policy_server_behind_the_proxy() {
         logprobs_mode: LogprobMode::Sampling,
         load: LoadOptions::default(),
         base_dir: dir.clone(),
+        threads: 0,
     };
     let server = PolicyServer::start(lm, 7, sopts).unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -43,6 +43,7 @@ async fn start(api_key: Option<&str>) -> Option<Running> {
         logprobs_mode: LogprobMode::Sampling,
         load: LoadOptions::default(),
         base_dir: dir.clone(),
+        threads: 0,
     };
     let server = PolicyServer::start(lm, 0, opts).expect("start");
     let handle = server.handle();

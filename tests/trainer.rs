@@ -137,6 +137,7 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
         logprobs_mode: nextstate::model::LogprobMode::Raw,
         load: LoadOptions::default(),
         base_dir: model.clone(),
+        threads: 0,
     };
     let server = nextstate::serve::PolicyServer::start(base, 0, opts).unwrap();
     let handle = server.handle();

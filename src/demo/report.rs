@@ -115,6 +115,8 @@ struct Panel<'a> {
     point_labels: Option<&'a [String]>,
     /// Integer tick labels on x (counts).
     x_integer: bool,
+    /// Vertical error bars `(low, high)` at each point of the first series (95 % intervals), same order.
+    error_bars: Option<&'a [(f64, f64)]>,
 }
 
 fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel, text: bool) -> std::result::Result<(), String> {
@@ -153,11 +155,16 @@ fn draw_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel, text
             });
         }
         chart.draw_series(pts.iter().map(|&pt| Circle::new(pt, 5, c.filled()))).map_err(|x| e(&x))?;
+        if let (0, Some(bars)) = (i, p.error_bars) {
+            chart
+                .draw_series(pts.iter().zip(bars).map(|(&(x, y), &(lo, hi))| ErrorBar::new_vertical(x, lo, y, hi, c.stroke_width(2), 10)))
+                .map_err(|x| e(&x))?;
+        }
         if text && i == 0 {
             if let Some(labels) = p.point_labels {
                 chart
                     .draw_series(pts.iter().zip(labels).map(|(&pt, l)| {
-                        EmptyElement::at(pt) + Text::new(l.clone(), (-8, -24), (FAMILY, 14).into_font().color(&c))
+                        EmptyElement::at(pt) + Text::new(l.clone(), (10, -22), (FAMILY, 14).into_font().color(&c))
                     }))
                     .map_err(|x| e(&x))?;
             }
@@ -195,7 +202,7 @@ fn draw_panels(path: &Path, size: (u32, u32), panels: &[Panel], text: bool) -> R
 /// [`Error::Internal`] naming the file when drawing or writing fails.
 pub fn line_chart(path: impl AsRef<Path>, title: &str, x_label: &str, y_label: &str, series: &[NamedSeries]) -> Result<()> {
     check_finite(series)?;
-    let panel = Panel { title, x_label, y_label, series, y_range: None, point_labels: None, x_integer: false };
+    let panel = Panel { title, x_label, y_label, series, y_range: None, point_labels: None, x_integer: false, error_bars: None };
     draw_panels(path.as_ref(), (1000, 600), &[panel], font_loaded())
 }
 
@@ -318,6 +325,15 @@ pub struct CheckpointEval {
     /// test is made.
     #[serde(default)]
     pub satisfied: Vec<bool>,
+    /// Mean word count of the held-out responses ([`super::student::count_words`], the `concise`
+    /// preference's count); `None` when not recorded.
+    #[serde(default)]
+    pub mean_words: Option<f64>,
+    /// Held-out drift from the initial weights, nats/token: the mean over every token of the initial
+    /// policy's greedy held-out responses of `log π_0(y_t) − log π_v(y_t)` (a Monte Carlo estimate of
+    /// KL(π_0 ‖ π_v) on those prompts; 0 for v0, larger = further moved). `None` when not measured.
+    #[serde(default)]
+    pub drift_nats_per_token: Option<f64>,
 }
 
 impl CheckpointEval {
@@ -328,6 +344,16 @@ impl CheckpointEval {
         let n = self.score.n as u64;
         let k = if self.satisfied.len() as u64 == n { self.satisfied.iter().filter(|s| **s).count() as u64 } else { (self.score.fraction_all_satisfied * n as f64).round() as u64 };
         crate::stats::wilson_95(k.min(n), n).unwrap_or(crate::stats::Proportion { successes: 0, n, estimate: 0.0, low: 0.0, high: 1.0 })
+    }
+}
+
+/// A p-value for text: three decimals, or two significant digits in scientific notation below 0.001
+/// (`0.219`, `2.2e-4`).
+pub fn p_text(p: f64) -> String {
+    if p < 1e-3 {
+        format!("{p:.1e}")
+    } else {
+        format!("{p:.3}")
     }
 }
 
@@ -356,10 +382,10 @@ impl DemoReport {
         );
         match self.first_vs_last() {
             Some(m) => line.push_str(&format!(
-                "; exact McNemar: {} gained, {} lost, p = {:.3}: {}",
+                "; exact McNemar: {} gained, {} lost, p = {}: {}",
                 m.gained,
                 m.lost,
-                m.p_value,
+                p_text(m.p_value),
                 if m.significant(0.05) { "significant at 0.05" } else { "not significant at 0.05" }
             )),
             None => line.push_str("; no paired test (one version, or per-problem outcomes not recorded)"),
@@ -383,8 +409,77 @@ pub struct DemoReport {
     pub checkpoints: Vec<CheckpointEval>,
     /// Per pipeline stage, its counters (rows in/out, drops by reason, ...), as the orchestration passes them.
     pub pipeline_counts: BTreeMap<String, BTreeMap<String, u64>>,
+    /// What the trainer was given (rewards and the two advantage terms); `None` when not measured.
+    #[serde(default)]
+    pub advantages: Option<AdvantageSummary>,
     /// Free-form lines added to the report's notes.
     pub notes: Vec<String>,
+}
+
+/// The trained samples' rewards and the size of the two terms of the combined advantage (METHOD.md §6:
+/// `A_t = w_rl · r + w_opd · (teacher_t − old_t)`, with `old` = the rollout log-probs), over the tokens
+/// the loss trains (loss mask 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdvantageSummary {
+    /// Samples.
+    pub samples: usize,
+    /// Samples with reward > 0 / < 0 (the rest have reward 0).
+    pub positive: usize,
+    /// See `positive`.
+    pub negative: usize,
+    /// Samples whose advantage has the teacher term: teacher log-probs of the response's length on a
+    /// type other than `binary` and `combined-score-only` (an accepted hint).
+    pub hinted: usize,
+    /// Trained tokens over all samples / over the hinted samples.
+    pub tokens: usize,
+    /// See `tokens`.
+    pub hinted_tokens: usize,
+    /// The weights used (trainer config).
+    pub w_rl: f64,
+    /// See `w_rl`.
+    pub w_opd: f64,
+    /// Mean over all trained tokens of `|w_rl · r|` (the binary term, per token).
+    pub mean_abs_rl: f64,
+    /// Mean over the hinted samples' trained tokens of `|w_opd · (teacher_t − old_t)|`, and of the signed
+    /// value (nats scaled by `w_opd`); 0 without hinted samples.
+    pub mean_abs_opd: f64,
+    /// See `mean_abs_opd`.
+    pub mean_opd: f64,
+}
+
+impl AdvantageSummary {
+    /// Computes the summary of `samples` with the trainer weights `w_rl` and `w_opd`. A sample whose
+    /// teacher log-probs differ in length from its response, or whose type has no teacher term, is
+    /// counted as not hinted.
+    pub fn of(samples: &[crate::schema::Sample], w_rl: f64, w_opd: f64) -> AdvantageSummary {
+        let mut a = AdvantageSummary { samples: samples.len(), positive: 0, negative: 0, hinted: 0, tokens: 0, hinted_tokens: 0, w_rl, w_opd, mean_abs_rl: 0.0, mean_abs_opd: 0.0, mean_opd: 0.0 };
+        let (mut rl, mut opd_abs, mut opd) = (0.0, 0.0, 0.0);
+        for s in samples {
+            let r = f64::from(s.reward);
+            a.positive += usize::from(r > 0.0);
+            a.negative += usize::from(r < 0.0);
+            let n = s.loss_mask.iter().filter(|m| **m != 0).count();
+            a.tokens += n;
+            rl += (w_rl * r).abs() * n as f64;
+            // The teacher term applies to every type but binary and combined-score-only (METHOD.md §5–6).
+            let teacher_term = !matches!(s.sample_type, crate::schema::SampleType::Binary | crate::schema::SampleType::CombinedScoreOnly);
+            let Some(t) = s.teacher_logprobs.as_deref().filter(|t| teacher_term && t.len() == s.loss_mask.len() && t.len() == s.rollout_logprobs.len()) else { continue };
+            a.hinted += 1;
+            a.hinted_tokens += n;
+            for ((t, o), m) in t.iter().zip(&s.rollout_logprobs).zip(&s.loss_mask) {
+                if *m != 0 {
+                    let d = w_opd * (f64::from(*t) - f64::from(*o));
+                    opd += d;
+                    opd_abs += d.abs();
+                }
+            }
+        }
+        let mean = |x: f64, n: usize| if n == 0 { 0.0 } else { x / n as f64 };
+        a.mean_abs_rl = mean(rl, a.tokens);
+        a.mean_abs_opd = mean(opd_abs, a.hinted_tokens);
+        a.mean_opd = mean(opd, a.hinted_tokens);
+        a
+    }
 }
 
 /// The files [`write_report`] wrote.
@@ -459,13 +554,13 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
                 Some(m) => {
                     let _ = writeln!(
                         s,
-                        "Paired test on the same {} problems (exact McNemar, v{} vs v{}): {} problems gained, {} lost, two-sided p = {:.3} — **{}**.\n",
+                        "Paired test on the same {} problems (exact McNemar, v{} vs v{}): {} problems gained, {} lost, two-sided p = {} — **{}**.\n",
                         m.n,
                         a.version,
                         b.version,
                         m.gained,
                         m.lost,
-                        m.p_value,
+                        p_text(m.p_value),
                         if m.significant(0.05) { "significant at 0.05" } else { "not significant at 0.05" }
                     );
                 }
@@ -487,8 +582,8 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
     for c in &cols {
         let _ = write!(s, " {c} |");
     }
-    let _ = writeln!(s, " accuracy |");
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|{}---:|", "---:|".repeat(cols.len()));
+    let _ = writeln!(s, " accuracy | mean words | drift from v0 (nats/token) |");
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|{}---:|---:|---:|", "---:|".repeat(cols.len()));
     for c in &r.checkpoints {
         let ci = c.interval();
         let _ = write!(s, "| {} | {} | {} | {:.3} | {:.3}–{:.3} |", c.version, c.interactions, c.score.n, c.score.fraction_all_satisfied, ci.low, ci.high);
@@ -500,7 +595,8 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
                 None => s.push_str(" – |"),
             }
         }
-        let _ = writeln!(s, " {:.3} |", c.score.accuracy);
+        let opt = |v: Option<f64>, digits: usize| v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "–".into());
+        let _ = writeln!(s, " {:.3} | {} | {} |", c.score.accuracy, opt(c.mean_words, 1), opt(c.drift_nats_per_token, 4));
     }
     let _ = writeln!(s, "\n![personalization score and per-preference rates against student interactions]({plot_file})\n");
     if !plot_has_text {
@@ -510,6 +606,27 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
              labels or legend. Left panel: personalization score; right panel: per-preference rates in the table's \
              column order (then accuracy when `correct_answer` is not among them); x = interactions seen, y = 0 to 1.\n",
             FONT_PATHS.join(", ")
+        );
+    }
+    if let Some(a) = &r.advantages {
+        let _ = writeln!(s, "## What the trainer was given\n");
+        let _ = writeln!(
+            s,
+            "{} samples ({} trained tokens): reward +1 on {}, −1 on {}, 0 on {}; {} with an accepted hint ({} tokens). \
+             Advantage per token (METHOD.md §6, `old` = rollout log-probs): mean |w_rl·r| = {:.3} (w_rl = {}); on the hinted \
+             tokens mean |w_opd·(teacher − old)| = {:.3}, signed mean {:+.3} (w_opd = {}).\n",
+            a.samples,
+            a.tokens,
+            a.positive,
+            a.negative,
+            a.samples - a.positive - a.negative,
+            a.hinted,
+            a.hinted_tokens,
+            a.mean_abs_rl,
+            a.w_rl,
+            a.mean_abs_opd,
+            a.mean_opd,
+            a.w_opd
         );
     }
     let _ = writeln!(s, "## Pipeline counts\n");
@@ -551,16 +668,18 @@ pub fn write_report(dir: impl AsRef<Path>, report: &DemoReport) -> Result<Report
     check_finite(&score)?;
     check_finite(&rates)?;
     let labels: Vec<String> = report.checkpoints.iter().map(|c| format!("v{}", c.version)).collect();
+    let bars: Vec<(f64, f64)> = report.checkpoints.iter().map(|c| c.interval()).map(|i| (i.low, i.high)).collect();
     let x_label = "student interactions seen by the pipeline (count)";
     let panels = [
         Panel {
-            title: "Personalization score by policy version",
+            title: "Personalization score by policy version (95 % CI)",
             x_label,
             y_label: "held-out responses meeting all preferences (fraction)",
             series: &score,
             y_range: Some((0.0, 1.05)),
             point_labels: Some(&labels),
             x_integer: true,
+            error_bars: Some(&bars),
         },
         Panel {
             title: "Each preference's satisfaction rate",
@@ -570,6 +689,7 @@ pub fn write_report(dir: impl AsRef<Path>, report: &DemoReport) -> Result<Report
             y_range: Some((0.0, 1.05)),
             point_labels: None,
             x_integer: true,
+            error_bars: None,
         },
     ];
     draw_panels(&plot, (1600, 640), &panels, text)?;

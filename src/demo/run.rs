@@ -3,9 +3,10 @@
 //! extractor, SmolLM2 as policy and teacher): the student's requests go through the capture proxy to the
 //! policy server; the pipeline pairs each answer with the student's reply, judges it, extracts hints,
 //! computes teacher log-probs, trains and publishes checkpoints, and the server loads each one while the
-//! student keeps working. The personalization score on held-out problems is measured for the initial
-//! weights and for every checkpoint the server loaded, then printed, written to the lake
-//! (`eval_scores`) and to `report.md` with a plot.
+//! student keeps working. After the run, the personalization score on held-out problems (greedy) is
+//! measured for the initial weights and for the first, middle and last checkpoints the server loaded
+//! ([`versions_to_evaluate`]), with each version's drift from the initial weights, then printed, written
+//! to the lake (`eval_scores`) and to `report.md` with a plot.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -177,27 +178,105 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
     }
 }
 
-/// Greedy answers of the served policy for the evaluation problems (straight to the server, so they
-/// never become training data). Returns the version that answered and the responses.
-async fn evaluate(client: &reqwest::Client, serve: &str, problems: &[Problem], student: &Student, max_tokens: usize) -> Result<(i64, Vec<(Problem, String)>)> {
-    let mut out = vec![];
-    let mut versions = std::collections::BTreeSet::new();
-    let futs = problems.iter().map(|p| {
-        let body = json!({
-            "model": "policy",
-            "messages": [{"role": "user", "content": student.first_message(p)}],
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-        });
-        chat(client, serve, body, &[])
-    });
-    for (p, r) in problems.iter().zip(futures::future::join_all(futs).await) {
-        let (text, v) = r?;
-        versions.insert(v);
-        out.push((p.clone(), text));
+/// The versions evaluated after the run: the initial weights, then the first, middle and last of the
+/// checkpoint versions the server loaded (each once, in order; fewer when it loaded fewer).
+pub fn versions_to_evaluate(loaded: &[i64]) -> Vec<i64> {
+    let mut v: Vec<i64> = loaded.iter().copied().filter(|&x| x > 0).collect();
+    v.sort_unstable();
+    v.dedup();
+    let mut out = vec![0];
+    if let (Some(&first), Some(&last)) = (v.first(), v.last()) {
+        out.extend([first, v[(v.len() - 1) / 2], last]);
     }
-    // a reload between requests would mix versions: report the oldest (the one guaranteed for all)
-    Ok((versions.iter().next().copied().unwrap_or(0), out))
+    out.dedup();
+    out
+}
+
+/// Held-out answers per generation call (all 48 default problems in one batch: a decoding step costs
+/// about the same for 16 rows as for 48 on CPU).
+const EVAL_BATCH: usize = 48;
+
+/// Answers per scoring call.
+const SCORE_BATCH: usize = 16;
+
+/// The drift is measured on the initial weights' answers to the first this many held-out problems
+/// (scoring all 48 would cost about half a generation pass per version).
+pub const DRIFT_PROBLEMS: usize = 16;
+
+/// Greedy answers of `version` (0 = the initial weights, else checkpoint `<run_dir>/<version>` with its
+/// LoRA adapters merged) on the held-out problems, and the summed log-prob and token count of the
+/// initial weights' answers `v0` to the first [`DRIFT_PROBLEMS`] problems under this version (for the
+/// drift; of its own answers, from the generation, when `v0` is `None`).
+fn evaluate_version(
+    cfg: &PipelineConfig,
+    run_dir: &std::path::Path,
+    version: i64,
+    problems: &[Problem],
+    student: &Student,
+    max_tokens: usize,
+    v0: Option<&[crate::ablate::eval::HeldoutAnswer]>,
+) -> Result<(Vec<crate::ablate::eval::HeldoutAnswer>, (f64, usize))> {
+    let dir = run_dir.join(version.to_string());
+    let lm = crate::ablate::eval::load_policy(cfg, (version > 0).then_some(dir.as_path()))?;
+    let answers = crate::ablate::eval::greedy_generations(&lm, problems, student, max_tokens, EVAL_BATCH)?;
+    let lp = match v0 {
+        Some(v0) => crate::ablate::eval::response_logprob_sum(&lm, &v0[..v0.len().min(DRIFT_PROBLEMS)], SCORE_BATCH)?,
+        None => answers.iter().take(DRIFT_PROBLEMS).flat_map(|a| &a.logprobs).fold((0.0, 0), |(s, n), x| (s + f64::from(*x), n + 1)),
+    };
+    Ok((answers, lp))
+}
+
+/// What the evaluation after the run needs (moved to a blocking thread).
+struct EvalPlan {
+    cfg: PipelineConfig,
+    run_dir: PathBuf,
+    /// Versions the server loaded, with the student turns answered by then.
+    loaded: Vec<(i64, u64)>,
+    problems: Vec<Problem>,
+    student: Student,
+    max_tokens: usize,
+    run_id: String,
+    prefs: Preferences,
+}
+
+impl EvalPlan {
+    /// Evaluates [`versions_to_evaluate`] in order: one [`CheckpointEval`] and its `eval_scores` rows each.
+    fn run(self) -> Result<(Vec<CheckpointEval>, Vec<crate::schema::EvalScore>)> {
+        // The pipeline has stopped: evaluation has every core.
+        crate::model::set_threads(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as i32)?;
+        let loaded_versions: Vec<i64> = self.loaded.iter().map(|l| l.0).collect();
+        let now = crate::schema::now_ms();
+        let (mut checkpoints, mut rows) = (vec![], vec![]);
+        let mut v0: Option<(Vec<crate::ablate::eval::HeldoutAnswer>, f64, usize)> = None;
+        for version in versions_to_evaluate(&loaded_versions) {
+            let t = Instant::now();
+            let (answers, (lp, n)) = evaluate_version(&self.cfg, &self.run_dir, version, &self.problems, &self.student, self.max_tokens, v0.as_ref().map(|a| a.0.as_slice()))?;
+            let drift = match &v0 {
+                None => Some(0.0),
+                Some((_, lp0, n0)) if *n0 == n && n > 0 => Some((lp0 - lp) / n as f64),
+                Some(_) => None,
+            };
+            let responses: Vec<(Problem, String)> = answers.iter().map(|a| (a.problem.clone(), a.text.clone())).collect();
+            let seen = self.loaded.iter().find(|l| l.0 == version).map(|l| l.1).unwrap_or(0);
+            rows.extend(eval_rows(&self.run_id, &self.cfg.name, version, seen as i64, &responses, &self.prefs, now));
+            let verdicts: Vec<super::Verdict> = responses.iter().map(|(p, r)| super::check(r, p, &self.prefs)).collect();
+            let satisfied = verdicts.iter().map(|v| v.satisfied).collect();
+            let words = responses.iter().map(|(_, r)| super::student::count_words(r) as f64).sum::<f64>() / responses.len().max(1) as f64;
+            let score = Score::from_verdicts(&verdicts, &self.prefs);
+            eprintln!(
+                "[demo] version {version}: personalization score {:.3} (accuracy {:.3}, {words:.1} words, drift {} nats/token; {:.0} s)",
+                score.fraction_all_satisfied,
+                score.accuracy,
+                drift.map(|d| format!("{d:.4}")).unwrap_or_else(|| "–".into()),
+                t.elapsed().as_secs_f64()
+            );
+            checkpoints.push(CheckpointEval { version, interactions: seen, score, satisfied, mean_words: Some(words), drift_nats_per_token: drift });
+            if v0.is_none() {
+                v0 = Some((answers, lp, n));
+            }
+        }
+        Ok((checkpoints, rows))
+    }
 }
 
 /// Runs the demo (see module docs) and writes its outputs under `opts.out`.
@@ -222,7 +301,6 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let run_opts = RunOptions { only: None, until_idle: true, checkpoints_dir: Some(ck_dir.clone()), run_id: Some("demo".into()), resume: false };
     let mut running = start_pipeline(&opts.pipeline, &run_opts, stop.clone()).await?;
     running.keep_serving_when_idle();
-    let serve = running.serve_url.clone().ok_or_else(|| Error::Internal("demo pipeline has no server".into()))?;
     let proxy = running.proxy_url.clone().ok_or_else(|| Error::Internal("demo pipeline has no proxy".into()))?;
     let policy = running.policy.clone().ok_or_else(|| Error::Internal("demo pipeline has no server".into()))?;
     let idle = running.idle_flag();
@@ -230,12 +308,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let finish = tokio::spawn(running.finish());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(900)).build().map_err(|e| Error::Http(e.to_string()))?;
 
-    eprintln!("[demo] evaluating the initial policy on {} held-out problems", split.eval.len());
     let prefs = opts.preferences.clone();
-    let (v0, responses) = evaluate(&client, &serve, &split.eval, &student, opts.max_tokens).await?;
-    let mut evals: Vec<(i64, u64, Vec<(Problem, String)>)> = vec![(v0, 0, responses)];
-    let before = super::personalization_score(&evals[0].2, &prefs);
-    eprintln!("[demo] version {v0}: personalization score {:.3} (accuracy {:.3})", before.fraction_all_satisfied, before.accuracy);
 
     let sh = Arc::new(Shared {
         client: client.clone(),
@@ -258,8 +331,9 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         let sh = sh.clone();
         workers.spawn(student_loop(sh, w));
     }
-    // Evaluate every new version the server loads while the students work and the pipeline drains.
-    let mut evaluated = v0;
+    // Record every version the server loads while the students work and the pipeline drains, with the
+    // student turns answered by then; they are evaluated after the run, when the CPU is free.
+    let mut loaded: Vec<(i64, u64)> = vec![];
     let mut students_done = false;
     loop {
         if stop.requested() {
@@ -283,32 +357,41 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         let v = policy.version();
-        if v > evaluated {
+        if v > loaded.last().map(|l| l.0).unwrap_or(0) {
             let seen = sh.answered.load(Ordering::SeqCst);
-            eprintln!("[demo] the server now serves version {v}; evaluating");
-            let (ve, responses) = evaluate(&client, &serve, &split.eval, &sh.student, opts.max_tokens).await?;
-            let s = super::personalization_score(&responses, &prefs);
-            eprintln!("[demo] version {ve}: personalization score {:.3} (accuracy {:.3})", s.fraction_all_satisfied, s.accuracy);
-            evaluated = v.max(ve);
-            evals.push((ve, seen, responses));
+            eprintln!("[demo] the server now serves version {v} ({seen} student turns answered)");
+            loaded.push((v, seen));
         }
-        if students_done && idle.is_set() && policy.version() == last_checkpoint(&ck_dir.join("demo")) && evaluated >= policy.version() {
+        if students_done && idle.is_set() && policy.version() == last_checkpoint(&ck_dir.join("demo")) {
             break;
         }
     }
+    let interrupted = stop.requested();
     stop.request();
     let run = finish.await.map_err(|e| Error::Internal(format!("pipeline task: {e}")))??;
 
-    // Outputs: eval_scores in the lake, report.md + plot, and the summary.
-    let now = crate::schema::now_ms();
-    let mut rows = vec![];
-    let mut checkpoints = vec![];
-    for (v, seen, responses) in &evals {
-        rows.extend(eval_rows(&run_id, &opts.pipeline.name, *v, *seen as i64, responses, &prefs, now));
-        let verdicts: Vec<super::Verdict> = responses.iter().map(|(p, r)| super::check(r, p, &prefs)).collect();
-        let satisfied = verdicts.iter().map(|v| v.satisfied).collect();
-        checkpoints.push(CheckpointEval { version: *v, interactions: *seen, score: Score::from_verdicts(&verdicts, &prefs), satisfied });
-    }
+    drop(policy);
+
+    // Evaluation: v0 and the first, middle and last versions the server loaded, greedy on the held-out
+    // problems, plus each version's drift on v0's answers (skipped when the user interrupted the demo).
+    let (checkpoints, rows) = if interrupted {
+        (vec![], vec![])
+    } else {
+        let eval = EvalPlan {
+            cfg: opts.pipeline.clone(),
+            run_dir: ck_dir.join("demo"),
+            loaded: loaded.clone(),
+            problems: split.eval.clone(),
+            student: sh.student.clone(),
+            max_tokens: opts.max_tokens,
+            run_id: run_id.clone(),
+            prefs: prefs.clone(),
+        };
+        tokio::task::spawn_blocking(move || eval.run()).await.map_err(|e| Error::Internal(format!("evaluation task: {e}")))??
+    };
+    let before = checkpoints.first().map(|c| c.score.clone()).unwrap_or_else(|| Score::from_verdicts(&[], &prefs));
+    let samples: Vec<crate::schema::Sample> = crate::lake::Lake::open(lake.root())?.read_table()?;
+    let advantages = super::report::AdvantageSummary::of(&samples, opts.pipeline.trainer.w_rl, opts.pipeline.trainer.w_opd);
     crate::lake::Lake::open(lake.root())?.write_rows(&rows, &format!("demo-{run_id}"), 1)?;
     let mut counts: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for (stage, c) in &run.stages {
@@ -335,6 +418,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         preferences: prefs.clone(),
         checkpoints: checkpoints.clone(),
         pipeline_counts: counts,
+        advantages: Some(advantages),
         notes: vec![
             format!(
                 "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems.",
@@ -347,13 +431,21 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
                 split.eval.len()
             ),
             format!(
-                "Trainer: method {}, batch {} samples, lr {}, LoRA {}.",
+                "Trainer: method {}, batch {} samples, lr {}, w_rl {}, w_opd {}, LoRA {}.",
                 opts.pipeline.method.as_str(),
                 opts.pipeline.trainer.batch_size,
                 opts.pipeline.trainer.lr,
+                opts.pipeline.trainer.w_rl,
+                opts.pipeline.trainer.w_opd,
                 if opts.pipeline.trainer.lora.enabled { format!("rank {} alpha {}", opts.pipeline.trainer.lora.rank, opts.pipeline.trainer.lora.alpha) } else { "off (full fine-tuning)".into() }
             ),
             "Judge and hint extractor are the embedded rule-based baselines (not LLMs).".into(),
+            format!(
+                "Evaluated after the run: v0 and the first, middle and last of the {} versions the server loaded ({:?}); drift on v0's answers to the first {} held-out problems.",
+                loaded.len(),
+                loaded.iter().map(|l| l.0).collect::<Vec<_>>(),
+                DRIFT_PROBLEMS.min(split.eval.len())
+            ),
         ],
     };
     let files = write_report(&opts.out, &report)?;

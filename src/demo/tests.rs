@@ -73,3 +73,17 @@ proptest! {
         prop_assert_eq!(ids, (0..n).collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn evaluated_versions_are_v0_and_first_middle_last_loaded() {
+    use super::run::versions_to_evaluate;
+    assert_eq!(versions_to_evaluate(&[]), vec![0]);
+    assert_eq!(versions_to_evaluate(&[3]), vec![0, 3]);
+    assert_eq!(versions_to_evaluate(&[1, 2]), vec![0, 1, 2]);
+    // 1..=9 loaded: the middle of 9 is the 5th
+    assert_eq!(versions_to_evaluate(&(1..=9).collect::<Vec<_>>()), vec![0, 1, 5, 9]);
+    // 10 loaded, one skipped by the server (versions 1..=11 but 4): middle = 5th of 10 = 6
+    assert_eq!(versions_to_evaluate(&[1, 2, 3, 5, 6, 7, 8, 9, 10, 11]), vec![0, 1, 6, 11]);
+    // out of order, repeated, and v0 itself are tolerated
+    assert_eq!(versions_to_evaluate(&[4, 0, 2, 2, 3]), vec![0, 2, 3, 4]);
+}

@@ -107,6 +107,7 @@ impl ServeArgs {
             logprobs_mode,
             load,
             base_dir,
+            threads: self.threads.map(|n| n.max(0) as usize).unwrap_or(0),
         };
         let server = PolicyServer::start(lm, self.policy_version, opts)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::io("tokio runtime", "-", e))?;

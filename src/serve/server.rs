@@ -62,6 +62,9 @@ pub struct ServerOptions {
     pub load: LoadOptions,
     /// Base model directory for adapter checkpoints and for config/tokenizer files a checkpoint lacks.
     pub base_dir: PathBuf,
+    /// libtorch intra-op threads of the inference worker (`policy.threads`; 0 = libtorch's default). The
+    /// setting is per thread (OpenMP), so it is applied on the worker itself.
+    pub threads: usize,
 }
 
 /// One token as reported to a request.
@@ -323,7 +326,12 @@ impl PolicyServer {
         let lm = Box::new(lm);
         let worker = std::thread::Builder::new()
             .name("nextstate-inference".into())
-            .spawn(move || worker_loop(lm, version, rx, s2))
+            .spawn(move || {
+                if s2.opts.threads > 0 {
+                    let _ = crate::model::set_threads(s2.opts.threads as i32);
+                }
+                worker_loop(lm, version, rx, s2)
+            })
             .map_err(|e| Error::Internal(format!("spawn inference worker: {e}")))?;
         Ok(PolicyServer { shared, worker: Some(worker) })
     }

@@ -409,6 +409,7 @@ async fn start_server(
         logprobs_mode,
         load,
         base_dir: cfg.policy.model.clone(),
+        threads: cfg.policy.threads,
     };
     let server = crate::serve::PolicyServer::start(lm, version, opts)?;
     let handle = server.handle();

@@ -110,6 +110,9 @@ pub struct TeacherStage<I> {
     cfg: TeacherConfig,
     samples: SampleConfig,
     cache: TeacherCache,
+    /// libtorch threads of the scoring passes (`policy.threads`; 0 = default), set on the blocking
+    /// thread that runs them.
+    threads: usize,
     _in: std::marker::PhantomData<fn() -> I>,
 }
 
@@ -123,6 +126,7 @@ impl<I> TeacherStage<I> {
             cfg: cfg.teacher.clone(),
             samples: cfg.samples.clone(),
             cache: TeacherCache::default(),
+            threads: cfg.policy.threads,
             _in: std::marker::PhantomData,
         }
     }
@@ -321,7 +325,11 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 (rollout, teacher)
             })
             .collect();
+        let threads = self.threads;
         let scored = tokio::task::spawn_blocking(move || -> Result<Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)>> {
+            if threads > 0 {
+                crate::model::set_threads(threads as i32)?;
+            }
             let rollout_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|(r, _)| r.clone()).collect();
             let teacher_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|(_, t)| t.clone()).collect();
             let mut rollout_out = vec![];

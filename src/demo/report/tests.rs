@@ -21,15 +21,16 @@ fn report() -> DemoReport {
         arm: "combined".into(),
         preferences: Preferences::default(),
         checkpoints: vec![
-            CheckpointEval { version: 0, interactions: 0, score: score(0.17, 0.30, 0.55, 0.60, 0.40, 0.45), satisfied: vec![] },
-            CheckpointEval { version: 1, interactions: 12, score: score(0.33, 0.52, 0.70, 0.71, 0.48, 0.46), satisfied: vec![] },
-            CheckpointEval { version: 2, interactions: 24, score: score(0.58, 0.80, 0.85, 0.83, 0.61, 0.47), satisfied: vec![] },
-            CheckpointEval { version: 3, interactions: 36, score: score(0.81, 0.95, 0.93, 0.94, 0.86, 0.47), satisfied: vec![] },
+            CheckpointEval { version: 0, interactions: 0, score: score(0.17, 0.30, 0.55, 0.60, 0.40, 0.45), satisfied: vec![], mean_words: None, drift_nats_per_token: None },
+            CheckpointEval { version: 1, interactions: 12, score: score(0.33, 0.52, 0.70, 0.71, 0.48, 0.46), satisfied: vec![], mean_words: None, drift_nats_per_token: None },
+            CheckpointEval { version: 2, interactions: 24, score: score(0.58, 0.80, 0.85, 0.83, 0.61, 0.47), satisfied: vec![], mean_words: None, drift_nats_per_token: None },
+            CheckpointEval { version: 3, interactions: 36, score: score(0.81, 0.95, 0.93, 0.94, 0.86, 0.47), satisfied: vec![], mean_words: Some(61.25), drift_nats_per_token: Some(0.03125) },
         ],
         pipeline_counts: BTreeMap::from([
             ("judge".to_string(), BTreeMap::from([("judgments".to_string(), 140u64), ("votes".to_string(), 420)])),
             ("signals".to_string(), BTreeMap::from([("paired".to_string(), 144u64)])),
         ]),
+        advantages: None,
         notes: vec!["policy: SmolLM2-135M-Instruct".into()],
     }
 }
@@ -55,11 +56,11 @@ fn report_files_are_written() {
     assert!(md.starts_with("# Personal-agent demo\n"), "{md}");
     assert!(md.contains("Personalization score: **0.170 → 0.810** (policy v0 → v3, after 36 student interactions; 100 held-out responses per version)."), "{md}");
     assert!(md.contains(
-        "| policy version | interactions seen | held-out responses | personalization score | 95 % CI | no_markdown | concise | plain_sentences | answer_at_end | correct_answer | accuracy |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| policy version | interactions seen | held-out responses | personalization score | 95 % CI | no_markdown | concise | plain_sentences | answer_at_end | correct_answer | accuracy | mean words | drift from v0 (nats/token) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     ), "{md}");
     // Wilson 17/100: [0.1089, 0.2555]; 81/100: [0.7222, 0.8749] (by hand, z = 1.96).
-    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.109–0.255 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 | 0.450 |\n"), "{md}");
-    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.722–0.875 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 | 0.470 |\n"), "{md}");
+    assert!(md.contains("| 0 | 0 | 100 | 0.170 | 0.109–0.255 | 0.300 | 0.550 | 0.600 | 0.400 | 0.450 | 0.450 | – | – |\n"), "{md}");
+    assert!(md.contains("| 3 | 36 | 100 | 0.810 | 0.722–0.875 | 0.950 | 0.930 | 0.940 | 0.860 | 0.470 | 0.470 | 61.2 | 0.0312 |\n"), "{md}");
     assert!(md.contains("95 % Wilson intervals: v0 [0.109, 0.255], v3 [0.722, 0.875]."), "{md}");
     assert!(md.contains("No paired test: per-problem outcomes were not recorded."), "{md}");
     assert!(md.contains("| stage | counter | count |\n|---|---|---:|\n| judge | judgments | 140 |\n| judge | votes | 420 |\n| signals | paired | 144 |\n"), "{md}");
@@ -90,7 +91,7 @@ fn panels_draw_without_text() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plain.png");
     let (score, rates) = plot_series(&report());
-    let panel = |series| Panel { title: "t", x_label: "x", y_label: "y", series, y_range: Some((0.0, 1.05)), point_labels: None, x_integer: true };
+    let panel = |series| Panel { title: "t", x_label: "x", y_label: "y", series, y_range: Some((0.0, 1.05)), point_labels: None, x_integer: true, error_bars: None };
     draw_panels(&path, (800, 300), &[panel(&score), panel(&rates)], false).unwrap();
     assert_eq!(png_size(&std::fs::read(&path).unwrap()), (800, 300));
 }
@@ -160,4 +161,29 @@ fn paired_test_and_result_line_from_per_problem_outcomes() {
     );
     r.checkpoints.clear();
     assert_eq!(r.result_line(), "no evaluation results were recorded");
+    assert_eq!((p_text(0.21875), p_text(0.001), p_text(2.2e-4)), ("0.219".into(), "0.001".into(), "2.2e-4".into()));
+}
+
+#[test]
+fn advantage_summary_by_hand() {
+    use crate::ablate::fixtures::sample;
+    use crate::schema::SampleType;
+    // a: reward −1, 2 trained tokens of 3, teacher − old = (−0.5, +1.0) on them (third masked out)
+    // b: reward +1, 1 trained token, no hint; c: reward 0, 2 tokens, teacher − old = (−1.0, 0)
+    let a = sample(SampleType::CombinedBoth, -1.0, &[-1.0, -2.0, -3.0], Some(&[-1.5, -1.0, 9.0]), &[1, 1, 0]);
+    let b = sample(SampleType::CombinedScoreOnly, 1.0, &[-1.0], None, &[1]);
+    let c = sample(SampleType::CombinedBoth, 0.0, &[-1.0, -1.0], Some(&[-2.0, -1.0]), &[1, 1]);
+    // d: combined-score-only carrying teacher log-probs: its advantage has no teacher term
+    let d = sample(SampleType::CombinedScoreOnly, 1.0, &[-1.0], Some(&[-3.0]), &[1]);
+    let s = AdvantageSummary::of(&[a, b, c, d], 0.5, 2.0);
+    assert_eq!((s.samples, s.positive, s.negative, s.hinted, s.tokens, s.hinted_tokens), (4, 2, 1, 2, 6, 4));
+    // |0.5·r| per token: (0.5 + 0.5 + 0.5 + 0 + 0 + 0.5)/6 = 1/3
+    assert!((s.mean_abs_rl - 1.0 / 3.0).abs() < 1e-12, "{s:?}");
+    // 2·(−0.5, 1.0, −1.0, 0) = (−1, 2, −2, 0): |.| mean 5/4, signed mean −1/4
+    assert!((s.mean_abs_opd - 1.25).abs() < 1e-12 && (s.mean_opd + 0.25).abs() < 1e-12, "{s:?}");
+    let mut r = report();
+    r.advantages = Some(s);
+    let md = render_markdown(&r, "p.png", true);
+    assert!(md.contains("4 samples (6 trained tokens): reward +1 on 2, −1 on 1, 0 on 1; 2 with an accepted hint (4 tokens)."), "{md}");
+    assert!(md.contains("mean |w_rl·r| = 0.333 (w_rl = 0.5); on the hinted tokens mean |w_opd·(teacher − old)| = 1.250, signed mean -0.250 (w_opd = 2)."), "{md}");
 }
