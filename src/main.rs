@@ -163,7 +163,7 @@ enum Command {
         #[arg(long, default_value = "data/gsm8k_test.json")]
         gsm8k: PathBuf,
         /// Student turns answered by the agent before the students stop.
-        #[arg(long, default_value_t = 112)]
+        #[arg(long, default_value_t = 88)]
         interactions: usize,
         /// The students keep working past --interactions until this many policy versions answered them
         /// (2: at least one trained checkpoint reached live traffic); 1 stops at --interactions.
@@ -234,7 +234,8 @@ enum Command {
         /// Output folder (default: ablation-out/<name>); re-running resumes it.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Only these arms in this process (run others in parallel processes with the same --out).
+        /// Only these arms in this process (run others in parallel processes with the same --out); an
+        /// arm's name selects all its replicate seeds.
         #[arg(long, value_delimiter = ',')]
         arms: Option<Vec<String>>,
     },
@@ -444,6 +445,14 @@ fn main() -> Result<()> {
                 }
                 if !s.missing.is_empty() {
                     println!("not finished: {}", s.missing.join(", "));
+                }
+                println!("final score per arm (mean over seeds, 95% CI):");
+                for g in &s.groups {
+                    let ci = g.low.zip(g.high).map(|(l, h)| format!("[{l:.3}-{h:.3}]")).unwrap_or_else(|| "(one seed)".into());
+                    println!("  {:<24} {:.3} {ci} over {} seed(s)", g.group, g.mean, g.seeds.len());
+                }
+                if let Some(o) = &s.ordering {
+                    println!("{}", o.replace("**", ""));
                 }
                 println!("report: {}\nresults: {}", s.report.display(), s.results.display());
             }

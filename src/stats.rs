@@ -1,15 +1,19 @@
 //! Statistics for claims of learning: the 95 % Wilson score interval of a proportion (a personalization
-//! score: the fraction of held-out problems whose response meets every preference), and the exact
-//! McNemar test of paired binary outcomes (the same held-out problems answered by two policy versions).
-//! Distributions come from `statrs`.
+//! score: the fraction of held-out problems whose response meets every preference), the exact
+//! McNemar test of paired binary outcomes (the same held-out problems answered by two policy versions),
+//! the 95 % Student-t interval of a mean (an arm's score over seeds) and the paired t-test (two arms'
+//! per-problem outcomes, averaged over seeds). Distributions come from `statrs`.
 //!
 //! Sources: E. B. Wilson (1927), "Probable inference, the law of succession, and statistical inference",
 //! JASA 22(158); the exact (binomial) McNemar test as in Agresti, *Categorical Data Analysis* (3rd ed.),
 //! §11.1: with b pairs that changed 0 → 1 and c that changed 1 → 0, under the null b ~ Binomial(b + c, ½),
-//! two-sided p = min(1, 2·P[X ≤ min(b, c)]).
+//! two-sided p = min(1, 2·P[X ≤ min(b, c)]). The t interval and the paired t-test as in any text, e.g.
+//! Wasserman, *All of Statistics*, §10.11: mean x̄, sample sd s (n − 1 in the denominator),
+//! x̄ ± t_{0.975, n−1}·s/√n, and for differences d the statistic t = d̄/(s_d/√n) with two-sided
+//! p = 2·P[T_{n−1} ≥ |t|].
 
 use serde::{Deserialize, Serialize};
-use statrs::distribution::{Binomial, ContinuousCDF, DiscreteCDF, Normal};
+use statrs::distribution::{Binomial, ContinuousCDF, DiscreteCDF, Normal, StudentsT};
 
 use crate::{input_err, Result};
 
@@ -96,6 +100,97 @@ pub fn mcnemar_exact(before: &[bool], after: &[bool]) -> Result<McNemar> {
     Ok(McNemar { n: before.len() as u64, gained, lost, p_value })
 }
 
+/// A p-value for text: three decimals, or two significant digits in scientific notation below 0.001
+/// (`0.219`, `2.2e-4`).
+pub fn p_text(p: f64) -> String {
+    if p < 1e-3 {
+        format!("{p:.1e}")
+    } else {
+        format!("{p:.3}")
+    }
+}
+
+/// A mean with its two-sided 95 % Student-t interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MeanInterval {
+    /// Values.
+    pub n: u64,
+    /// Their mean.
+    pub mean: f64,
+    /// Sample standard deviation (n − 1 in the denominator; 0 when n = 1).
+    pub sd: f64,
+    /// Lower end of the 95 % interval; `None` when n < 2 (no spread to estimate).
+    pub low: Option<f64>,
+    /// Upper end of the 95 % interval; `None` when n < 2.
+    pub high: Option<f64>,
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// The quantile t with P[T_df ≤ t] = 0.975.
+fn t_975(df: f64) -> Result<f64> {
+    Ok(StudentsT::new(0.0, 1.0, df).map_err(|e| input_err!("Student t with {df} degrees of freedom: {e}"))?.inverse_cdf(0.975))
+}
+
+/// The mean of `xs` with its 95 % Student-t interval x̄ ± t_{0.975, n−1}·s/√n (module docs), e.g. an
+/// arm's final personalization score over its seeds.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when `xs` is empty or holds a non-finite value.
+pub fn mean_t_95(xs: &[f64]) -> Result<MeanInterval> {
+    if xs.is_empty() || xs.iter().any(|x| !x.is_finite()) {
+        return Err(input_err!("mean interval of {} values: needs at least one, all finite", xs.len()));
+    }
+    let (mean, sd) = mean_sd(xs);
+    let n = xs.len();
+    let (low, high) = if n < 2 {
+        (None, None)
+    } else {
+        let half = t_975((n - 1) as f64)? * sd / (n as f64).sqrt();
+        (Some(mean - half), Some(mean + half))
+    };
+    Ok(MeanInterval { n: n as u64, mean, sd, low, high })
+}
+
+/// The paired t-test of differences `d` (one per item, e.g. per held-out problem: arm A's outcome minus
+/// arm B's, averaged over the seeds they share): the mean difference with its 95 % t interval and the
+/// two-sided p-value of "mean difference = 0".
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PairedT {
+    /// The mean difference and its interval (`n` = items).
+    pub diff: MeanInterval,
+    /// Two-sided p-value: 2·P[T_{n−1} ≥ |d̄|/(s/√n)]; with no spread (s = 0) 1 when d̄ = 0 and 0
+    /// otherwise; 1 when n < 2.
+    pub p_value: f64,
+}
+
+/// The paired t-test of `diffs` (module docs; see [`PairedT`]).
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when `diffs` is empty or holds a non-finite value.
+pub fn paired_t(diffs: &[f64]) -> Result<PairedT> {
+    let diff = mean_t_95(diffs)?;
+    let p_value = if diff.n < 2 {
+        1.0
+    } else if diff.sd == 0.0 {
+        if diff.mean == 0.0 {
+            1.0
+        } else {
+            0.0
+        }
+    } else {
+        let t = diff.mean / (diff.sd / (diff.n as f64).sqrt());
+        let dist = StudentsT::new(0.0, 1.0, (diff.n - 1) as f64).map_err(|e| input_err!("paired t: {e}"))?;
+        (2.0 * (1.0 - dist.cdf(t.abs()))).min(1.0)
+    };
+    Ok(PairedT { diff, p_value })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +240,37 @@ mod tests {
         assert_eq!(mcnemar_exact(&[true, false], &[false, true]).unwrap().p_value, 1.0);
         assert_eq!(mcnemar_exact(&[true, false], &[true, false]).unwrap().p_value, 1.0);
         assert!(mcnemar_exact(&[true], &[true, false]).is_err());
+    }
+
+    #[test]
+    fn t_interval_and_paired_t_match_hand_values() {
+        // 1..5: mean 3, s = √2.5 = 1.581139, s/√5 = 0.707107, t_{0.975,4} = 2.776445 → [1.036757, 4.963243].
+        let m = mean_t_95(&[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+        assert_eq!(m.n, 5);
+        assert!(close(m.mean, 3.0, 1e-12) && close(m.sd, 1.581_139, 1e-6), "{m:?}");
+        assert!(close(m.low.unwrap(), 1.036_757, 1e-5) && close(m.high.unwrap(), 4.963_243, 1e-5), "{m:?}");
+        // Three seeds 0.4, 0.5, 0.6: s/√3 = 0.057735, t_{0.975,2} = 4.302653 → 0.5 ± 0.248414.
+        let m = mean_t_95(&[0.4, 0.5, 0.6]).unwrap();
+        assert!(close(m.low.unwrap(), 0.251_586, 1e-5) && close(m.high.unwrap(), 0.748_414, 1e-5), "{m:?}");
+        // One value: no interval.
+        let m = mean_t_95(&[0.7]).unwrap();
+        assert_eq!((m.n, m.mean, m.sd, m.low, m.high), (1, 0.7, 0.0, None, None));
+        assert!(mean_t_95(&[]).is_err() && mean_t_95(&[1.0, f64::NAN]).is_err());
+        // Paired t on 1..5: t = 3/0.707107 = 4.242641, df 4; p = I_{4/(4+18)}(2, 1/2) in closed form:
+        // (4/3 − (2√(9/11) − (2/3)(9/11)^1.5))/(4/3) = 0.013235.
+        let p = paired_t(&[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap();
+        assert!(close(p.p_value, 0.013_235, 1e-5), "{p:?}");
+        // A mean difference exactly at the 95 % quantile has p = 0.05: values 1 + k·o with offsets
+        // o = (−1, −½, 0, ½, 1) have mean 1 and s/√5 = k·√(2.5/4)/√5 = k·0.353553; k = 1/(t_{0.975,4}·0.353553)
+        // puts t = 1/(s/√5) at t_{0.975,4} = 2.776445.
+        let k = 1.0 / (2.776_445_105 * (0.625f64).sqrt() / 5f64.sqrt());
+        let xs: Vec<f64> = [-1.0, -0.5, 0.0, 0.5, 1.0].iter().map(|o| 1.0 + o * k).collect();
+        let p = paired_t(&xs).unwrap();
+        assert!(close(p.p_value, 0.05, 1e-6), "{p:?}");
+        assert!(close(p.diff.low.unwrap(), 0.0, 1e-6), "the interval's end touches 0: {p:?}");
+        // No spread: p = 1 at 0, 0 elsewhere; one item: p = 1.
+        assert_eq!(paired_t(&[0.0, 0.0, 0.0]).unwrap().p_value, 1.0);
+        assert_eq!(paired_t(&[0.5, 0.5]).unwrap().p_value, 0.0);
+        assert_eq!(paired_t(&[0.5]).unwrap().p_value, 1.0);
     }
 }

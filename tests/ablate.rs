@@ -1,7 +1,7 @@
 //! `nextstate replay` and `nextstate ablate`: lineage and cache reuse of a replay (a fake OpenAI-compatible
-//! judge counts the calls), and the tiny ablation run twice — once in one go, once as two invocations
-//! (a partial run of two arms, then the rest: resume) — giving identical numbers, with arms that differ
-//! exactly where `ablations/tiny.toml` says.
+//! judge counts the calls), and the tiny ablation run twice — once as two invocations (a partial run of
+//! two arms, then the rest: resume), once in another folder for two of its arms — giving identical
+//! numbers, with arms that differ exactly where `ablations/tiny.toml` says.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use nextstate::ablate::config::{config_diff, AblationConfig};
+use nextstate::ablate::config::{config_diff, AblationConfig, EvalVersions};
 use nextstate::ablate::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
 use nextstate::ablate::results::*;
 use nextstate::config::PipelineConfig;
@@ -173,9 +173,10 @@ fn ablate(config: &Path, out: &Path, arms: Option<&str>) {
     assert!(ok, "nextstate ablate failed:\n{stdout}\n{stderr}");
 }
 
-fn same_table<T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(a: &Path, b: &Path, table: &str) {
-    let (x, y) = (read_table::<T>(a, table).unwrap(), read_table::<T>(b, table).unwrap());
-    assert_eq!(x, y, "results table {table} differs between the two runs");
+/// The rows of `table` that `keep` selects are identical in both results folders.
+fn same_rows<T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(a: &Path, b: &Path, table: &str, keep: impl Fn(&T) -> bool) {
+    let rows = |d: &Path| read_table::<T>(d, table).unwrap().into_iter().filter(|r| keep(r)).collect::<Vec<_>>();
+    assert_eq!(rows(a), rows(b), "results table {table} differs between the two runs");
 }
 
 #[test]
@@ -185,27 +186,31 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     let config = tiny_config(dir.path(), &model);
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
 
-    // Run 1 in one go; run 2 as two arms, then the rest (resume).
-    ablate(&config, &one, None);
-    ablate(&config, &two, Some("binary,opd"));
-    let marker = two.join("work/arms/binary/train.json");
+    // Run 1 as two invocations: two arms, then the rest (resume: finished work is not redone). Run 2 in
+    // another folder, a separate process, two arms only: the same numbers (determinism).
+    ablate(&config, &one, Some("binary,opd"));
+    let marker = one.join("work/arms/binary/train.json");
     let before = std::fs::metadata(&marker).unwrap().modified().unwrap();
-    let partial = read_table::<ArmRow>(&two.join("results"), "arms").unwrap();
+    let partial = read_table::<ArmRow>(&one.join("results"), "arms").unwrap();
     assert_eq!(partial.iter().map(|a| a.arm.as_str()).collect::<Vec<_>>(), vec!["binary", "opd"]);
-    ablate(&config, &two, None);
+    ablate(&config, &one, None);
     assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), before, "finished work is not redone");
+    let both = ["combined", "control"];
+    ablate(&config, &two, Some(&both.join(",")));
 
-    // Identical numbers (every table but the wall times).
+    // Identical numbers (every table but the wall times) for the arms both runs trained.
     let (r1, r2) = (one.join("results"), two.join("results"));
-    same_table::<ArmRow>(&r1, &r2, "arms");
-    same_table::<CheckpointRow>(&r1, &r2, "checkpoint_metrics");
-    same_table::<PreferenceRow>(&r1, &r2, "preference_rates");
-    same_table::<HeldoutRow>(&r1, &r2, "heldout_losses");
-    same_table::<GapRow>(&r1, &r2, "teacher_gaps");
-    same_table::<StepRow>(&r1, &r2, "steps");
-    same_table::<AdvantageRow>(&r1, &r2, "advantages");
-    same_table::<ResponseRow>(&r1, &r2, "responses");
-    same_table::<StageCountRow>(&r1, &r2, "stage_counts");
+    let mine = |arm: &str| both.contains(&arm);
+    same_rows::<ArmRow>(&r1, &r2, "arms", |r| mine(&r.arm));
+    same_rows::<CheckpointRow>(&r1, &r2, "checkpoint_metrics", |r| mine(&r.arm));
+    same_rows::<PreferenceRow>(&r1, &r2, "preference_rates", |r| mine(&r.arm));
+    same_rows::<HeldoutRow>(&r1, &r2, "heldout_losses", |r| mine(&r.arm));
+    same_rows::<GapRow>(&r1, &r2, "teacher_gaps", |r| mine(&r.arm));
+    same_rows::<StepRow>(&r1, &r2, "steps", |r| mine(&r.arm));
+    same_rows::<AdvantageRow>(&r1, &r2, "advantages", |r| mine(&r.arm));
+    same_rows::<ResponseRow>(&r1, &r2, "responses", |r| mine(&r.arm));
+    same_rows::<StageCountRow>(&r1, &r2, "stage_counts", |_| true);
+    assert_eq!(read_table::<ArmRow>(&r2, "arms").unwrap().len(), 2);
     let ck = read_table::<CheckpointRow>(&r1, "checkpoint_metrics").unwrap();
     assert!(ck.iter().all(|c| c.score.is_finite() && c.heldout_loss.is_some_and(f64::is_finite)), "{ck:?}");
 
@@ -217,9 +222,10 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     assert_eq!(diff("binary", "opd"), vec!["method"]);
     assert_eq!(diff("binary", "combined"), vec!["method"]);
     assert_eq!(diff("opd", "opd-topk"), vec!["teacher.top_k", "trainer.opd_loss"]);
-    assert_eq!(diff("combined", "combined.w_opd=0.5"), vec!["trainer.w_opd"]);
+    assert_eq!(diff("combined", "control"), vec!["trainer.advantage_sign"]);
     let arms = read_table::<ArmRow>(&r1, "arms").unwrap();
     assert_eq!(arms.len(), 5);
+    assert!(arms.iter().all(|a| a.group == a.arm), "one seed: every arm is its own group");
     let row: HashMap<&str, &ArmRow> = arms.iter().map(|a| (a.arm.as_str(), a)).collect();
     for a in &arms {
         assert_eq!((a.seed, a.batch_size, a.lr, a.lora), (42, 2, 1e-3, true), "{}", a.arm);
@@ -227,10 +233,17 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
         assert_eq!(a.config_hash, by[a.arm.as_str()].config_hash);
         assert!(!a.sample_ids.is_empty() && a.sample_ids.len() <= 4, "{}: {} samples", a.arm, a.sample_ids.len());
     }
-    // A trainer-only difference trains on the very same samples, in the same order.
-    assert_eq!(row["combined"].data_pipeline, row["combined.w_opd=0.5"].data_pipeline);
-    assert_eq!(row["combined"].sample_ids, row["combined.w_opd=0.5"].sample_ids);
-    assert_ne!(row["combined"].config_hash, row["combined.w_opd=0.5"].config_hash);
+    // A trainer-only difference (the random-sign control) trains on the very same samples, in the same
+    // order, with the same advantage magnitudes and each sample's own fixed sign.
+    assert_eq!(row["combined"].data_pipeline, row["control"].data_pipeline);
+    assert_eq!(row["combined"].sample_ids, row["control"].sample_ids);
+    assert_ne!(row["combined"].config_hash, row["control"].config_hash);
+    let adv = read_table::<AdvantageRow>(&r1, "advantages").unwrap();
+    let of = |arm: &str| adv.iter().filter(|r| r.arm == arm).map(|r| (r.sample_id.clone(), r.advantage)).collect::<Vec<_>>();
+    let control_cfg = &by["control"].pipeline.trainer;
+    let flipped: Vec<(String, f64)> = of("combined").into_iter().map(|(id, a)| { let s = f64::from(control_cfg.advantage_sign_of(&id)); (id, s * a) }).collect();
+    assert_eq!(of("control"), flipped);
+    assert!(!flipped.is_empty());
     assert_ne!(row["opd"].data_pipeline, row["opd-topk"].data_pipeline);
     assert_eq!(row["opd"].interaction_ids, row["opd-topk"].interaction_ids, "same hints, same turns");
     assert!(row["binary"].sample_types.iter().all(|t| t == "binary"));
@@ -256,7 +269,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
         let trained: Vec<String> = nextstate::trainer::scan(&run).unwrap().complete.into_iter().flat_map(|(_, m)| m.lineage).map(|l| l.sample_id).collect();
         assert_eq!(trained, a.sample_ids, "{}", a.arm);
     }
-    // Every version of every arm was evaluated; v0 is shared.
+    // v0 and the last version of every arm were evaluated (`[eval] versions = "last"`); v0 is shared.
     let v0: Vec<f64> = ck.iter().filter(|c| c.version == 0).map(|c| c.score).collect();
     assert_eq!(v0.len(), 5);
     assert!(v0.windows(2).all(|w| w[0] == w[1]));
@@ -265,7 +278,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
         versions.entry(c.arm.as_str()).or_default().push(c.version);
     }
     for (arm, v) in versions {
-        assert_eq!(v, (0..=row[arm].steps).collect::<Vec<_>>(), "{arm}");
+        assert_eq!(v, EvalVersions::Last.select(&(0..=row[arm].steps).collect::<Vec<_>>()), "{arm}");
     }
     // The second hinted data pipeline took its teacher rows from the cache (same hints as opd's).
     let counts = read_table::<StageCountRow>(&r1, "stage_counts").unwrap();
@@ -276,7 +289,17 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     for a in &arms {
         assert!(md.contains(&format!("### {}", a.arm)), "report lacks arm {}", a.arm);
     }
-    for f in ["score_vs_interactions.png", "train_loss.png", "advantages_binary.png"] {
+    assert!(md.contains("## Arms over seeds") && md.contains("The paper's ordering: "), "{md}");
+    let groups = read_table::<nextstate::ablate::compare::GroupRow>(&r1, "arm_summary").unwrap();
+    assert_eq!(groups.iter().map(|g| g.group.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
+    for g in &groups {
+        assert_eq!((g.seeds.clone(), g.low, g.responses), (vec![42], None, 2), "{g:?}");
+        assert_eq!(g.mean, ck.iter().filter(|c| c.arm == g.group).max_by_key(|c| c.version).unwrap().score);
+    }
+    let pairs = read_table::<nextstate::ablate::compare::PairRow>(&r1, "arm_comparisons").unwrap();
+    assert_eq!(pairs.len(), 10, "every pair of the 5 arms");
+    assert!(pairs.iter().all(|p| p.problems == 2 && (0.0..=1.0).contains(&p.p_value)));
+    for f in ["score_vs_interactions.png", "score_by_arm.png", "train_loss.png", "advantages_binary.png"] {
         assert!(one.join(f).is_file(), "{f} missing");
     }
     assert_eq!(std::fs::read_to_string(one.join(".gitignore")).unwrap().lines().last(), Some("work/"));

@@ -361,6 +361,7 @@ fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
             mask: &b.loss_mask,
             sample_types: &b.sample_types,
             sample_weights: Some(&b.sample_weight),
+            advantage_signs: Some(&b.advantage_sign),
             ref_logprobs: None,
             entropy: Some(&ent),
             topk: None,

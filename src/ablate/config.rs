@@ -4,7 +4,11 @@
 //! 1. the base pipeline (`base_pipeline`, a `pipelines/*.toml` file; else `name`/`method` only),
 //! 2. the `[pipeline]` table (any pipeline keys, shared by every arm),
 //! 3. the `[shared]` settings (initial weights, seed, batch size, learning rate, LoRA),
-//! 4. the arm's own `method` and `set` (dotted pipeline keys → values).
+//! 4. the arm's own `method` and `set` (dotted pipeline keys → values),
+//! 5. with `[shared] seeds = [s1, s2, …]` (more than one), each arm becomes one *replicate* per seed,
+//!    named `<arm>.seed=<s>`, that differs from its siblings in `trainer.seed` only (the LoRA
+//!    initialisation and the random-sign control's signs); replicates share the data pipeline, so they
+//!    train on the same samples in the same order.
 //!
 //! The resolved configurations are compared key by key ([`config_diff`]) so the report and the tests can
 //! show that two arms differ exactly where the file says.
@@ -63,6 +67,9 @@ pub struct SharedSettings {
     pub model: Option<PathBuf>,
     /// Trainer seed (`trainer.seed`; also seeds the LoRA initialisation) (42).
     pub seed: u64,
+    /// Replicate seeds: with two or more, every arm runs once per seed (module docs, layer 5) and the
+    /// report gives each arm's mean and 95 % interval over them; empty (the default) = `[seed]`.
+    pub seeds: Vec<u64>,
     /// Samples per optimizer step (`trainer.batch_size`) (8).
     pub batch_size: usize,
     /// At most this many optimizer steps per arm (each arm trains on the first `steps × batch_size`
@@ -78,9 +85,20 @@ pub struct SharedSettings {
     pub threads: usize,
 }
 
+impl SharedSettings {
+    /// The replicate seeds: `seeds`, or `[seed]` when it is empty.
+    pub fn replicate_seeds(&self) -> Vec<u64> {
+        if self.seeds.is_empty() {
+            vec![self.seed]
+        } else {
+            self.seeds.clone()
+        }
+    }
+}
+
 impl Default for SharedSettings {
     fn default() -> Self {
-        SharedSettings { model: None, seed: 42, batch_size: 8, steps: 4, lr: None, lora: None, checkpoint_every: 1, threads: 0 }
+        SharedSettings { model: None, seed: 42, seeds: vec![], batch_size: 8, steps: 4, lr: None, lora: None, checkpoint_every: 1, threads: 0 }
     }
 }
 
@@ -164,13 +182,38 @@ pub struct EvalSettings {
     pub max_tokens: usize,
     /// Problems generated together (12).
     pub batch: usize,
+    /// Which checkpoints are evaluated: `all` (default; a score-vs-interactions curve per arm) or
+    /// `last` (v0 and the last checkpoint only: a multi-seed run's budget).
+    pub versions: EvalVersions,
     /// Judge-vs-outcome agreement on ingested logs with outcome labels.
     pub judge_agreement: Option<AgreementSettings>,
 }
 
 impl Default for EvalSettings {
     fn default() -> Self {
-        EvalSettings { problems: 12, max_tokens: 128, batch: 12, judge_agreement: None }
+        EvalSettings { problems: 12, max_tokens: 128, batch: 12, versions: EvalVersions::All, judge_agreement: None }
+    }
+}
+
+/// `[eval] versions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalVersions {
+    /// Every checkpoint.
+    #[default]
+    All,
+    /// The initial weights (v0) and the last checkpoint.
+    Last,
+}
+
+impl EvalVersions {
+    /// Keeps the versions to evaluate of `all` (v0 first, then the checkpoints in order).
+    pub fn select<T: Clone>(self, all: &[T]) -> Vec<T> {
+        match self {
+            EvalVersions::All => all.to_vec(),
+            EvalVersions::Last if all.len() > 2 => vec![all[0].clone(), all[all.len() - 1].clone()],
+            EvalVersions::Last => all.to_vec(),
+        }
     }
 }
 
@@ -226,8 +269,13 @@ pub struct SweepSpec {
 /// An arm with its resolved pipeline configuration.
 #[derive(Debug, Clone)]
 pub struct ResolvedArm {
-    /// Arm name.
+    /// Arm name (`<group>.seed=<s>` for a replicate of a multi-seed run, else the group).
     pub name: String,
+    /// The arm as the file names it (the `[[arms]]` or sweep name): replicates of one group differ
+    /// only in `seed`.
+    pub group: String,
+    /// `trainer.seed` of this replicate.
+    pub seed: u64,
     /// Every key the arm itself sets (dotted path → value as TOML text), including `method`.
     pub overrides: BTreeMap<String, String>,
     /// The arm's pipeline configuration (`name` = its data pipeline, `lake` = the ablation lake).
@@ -387,6 +435,15 @@ impl AblationConfig {
                 return Err(config_err!("two arms are named {n:?}"));
             }
         }
+        let seeds = self.shared.replicate_seeds();
+        if seeds.iter().collect::<BTreeSet<_>>().len() != seeds.len() {
+            return Err(config_err!("[shared] seeds {seeds:?}: a seed is listed twice"));
+        }
+        if seeds.len() > 1 {
+            if let Some(n) = names.iter().find(|n| n.contains(".seed=")) {
+                return Err(config_err!("arm name {n:?}: '.seed=' names the replicates of a multi-seed run"));
+            }
+        }
         Ok(())
     }
 
@@ -449,19 +506,27 @@ impl AblationConfig {
         let base = self.base_table()?;
         let mut arms = vec![];
         let mut data_names: BTreeMap<String, String> = BTreeMap::new();
-        for spec in self.arm_specs()? {
+        let seeds = self.shared.replicate_seeds();
+        for (spec, seed) in self.arm_specs()?.into_iter().flat_map(|s| seeds.iter().map(move |seed| (s.clone(), *seed))) {
             let mut t = base.clone();
             let mut sets: BTreeMap<String, toml::Value> = BTreeMap::new();
             flatten("", &spec.set, &mut sets);
             if let Some(m) = spec.method {
                 sets.insert("method".into(), toml::Value::String(m.as_str().into()));
             }
+            let group = spec.name.clone();
+            let name = if seeds.len() > 1 {
+                sets.insert("trainer.seed".into(), toml::Value::Integer(seed as i64));
+                format!("{}.seed={seed}", spec.name)
+            } else {
+                spec.name.clone()
+            };
             for (k, v) in &sets {
-                set_dotted(&mut t, k, v.clone()).map_err(|e| config_err!("arm {}: {e}", spec.name))?;
+                set_dotted(&mut t, k, v.clone()).map_err(|e| config_err!("arm {name}: {e}"))?;
             }
             t.insert("lake".into(), toml::Value::String(lake.display().to_string()));
-            let mut p: PipelineConfig = toml::Value::Table(t).try_into().map_err(|e| config_err!("arm {}: {e}", spec.name))?;
-            p.validate().map_err(|e| config_err!("arm {}: {e}", spec.name))?;
+            let mut p: PipelineConfig = toml::Value::Table(t).try_into().map_err(|e| config_err!("arm {name}: {e}"))?;
+            p.validate().map_err(|e| config_err!("arm {name}: {e}"))?;
             let data_hash = content_hash(&[serde_json::to_string(&data_key(&p))?.as_bytes()]);
             let data_pipeline = data_names.entry(data_hash.clone()).or_insert_with(|| format!("{}-{}", spec.name, &data_hash[..8])).clone();
             p.name = data_pipeline.clone();
@@ -472,7 +537,7 @@ impl AblationConfig {
             hashed.lake = Default::default();
             let config_hash = content_hash(&[serde_json::to_string(&hashed)?.as_bytes(), &(self.shared.steps as u64).to_le_bytes()]);
             let overrides = sets.into_iter().map(|(k, v)| (k, v.to_string())).collect();
-            arms.push(ResolvedArm { name: spec.name, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash });
+            arms.push(ResolvedArm { name, group, seed, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash });
         }
         Ok(arms)
     }
@@ -537,6 +602,58 @@ values = [0.5, 2.0]
         for (a, b) in arms.iter().zip(&elsewhere) {
             assert_eq!((&a.config_hash, &a.data_hash, &a.trainer_hash), (&b.config_hash, &b.data_hash, &b.trainer_hash), "{}", a.name);
         }
+    }
+
+    #[test]
+    fn seeds_make_replicates_that_differ_in_the_trainer_seed_only() {
+        let multi = FILE.replace("seed = 3\n", "seed = 3\nseeds = [7, 8, 9]\n");
+        let cfg = AblationConfig::parse(&multi).unwrap();
+        let arms = cfg.resolve(Path::new("/tmp/lake")).unwrap();
+        assert_eq!(arms.len(), 15);
+        assert_eq!(arms.iter().take(4).map(|a| a.name.as_str()).collect::<Vec<_>>(), vec!["binary.seed=7", "binary.seed=8", "binary.seed=9", "combined.seed=7"]);
+        let by = |n: &str| arms.iter().find(|a| a.name == n).unwrap();
+        let (a, b) = (by("combined.w_opd=0.5.seed=7"), by("combined.w_opd=0.5.seed=9"));
+        assert_eq!((a.group.as_str(), a.seed, b.seed), ("combined.w_opd=0.5", 7, 9));
+        assert_eq!((a.pipeline.trainer.seed, b.pipeline.trainer.seed), (7, 9));
+        assert_eq!(config_diff(&a.pipeline, &b.pipeline), vec!["trainer.seed"]);
+        assert_eq!(a.data_pipeline, b.data_pipeline, "replicates train on the same samples");
+        assert_eq!(a.data_pipeline, by("combined.seed=8").data_pipeline);
+        assert_ne!(a.config_hash, b.config_hash);
+        assert_eq!(a.overrides["trainer.seed"], "7");
+        // across groups, the same seed: only the configured difference
+        assert_eq!(config_diff(&by("binary.seed=8").pipeline, &by("combined.seed=8").pipeline), vec!["method"]);
+        // one seed: names and hashes as without `seeds`
+        let one = AblationConfig::parse(&FILE.replace("seed = 3\n", "seed = 3\nseeds = [3]\n")).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        let plain = AblationConfig::parse(FILE).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        assert_eq!(one.iter().map(|a| (&a.name, &a.config_hash)).collect::<Vec<_>>(), plain.iter().map(|a| (&a.name, &a.config_hash)).collect::<Vec<_>>());
+        assert!(plain.iter().all(|a| a.group == a.name && a.seed == 3));
+        assert!(AblationConfig::parse(&FILE.replace("seed = 3\n", "seed = 3\nseeds = [1, 1]\n")).unwrap_err().to_string().contains("listed twice"));
+        let clash = format!("{multi}\n[[arms]]\nname = \"x.seed=7\"\nmethod = \"opd\"\n");
+        assert!(AblationConfig::parse(&clash).unwrap_err().to_string().contains("names the replicates"));
+    }
+
+    #[test]
+    fn eval_versions_last_keeps_v0_and_the_last() {
+        assert_eq!(EvalVersions::Last.select(&[0, 1, 2, 3]), vec![0, 3]);
+        assert_eq!(EvalVersions::Last.select(&[0, 1]), vec![0, 1]);
+        assert_eq!(EvalVersions::Last.select(&[0]), vec![0]);
+        assert_eq!(EvalVersions::All.select(&[0, 1, 2]), vec![0, 1, 2]);
+        let e: EvalSettings = toml::from_str("versions = \"last\"\n").unwrap();
+        assert_eq!(e.versions, EvalVersions::Last);
+    }
+
+    #[test]
+    fn shipped_ablation_files_resolve() {
+        let tiny = AblationConfig::load(Path::new("ablations/tiny.toml")).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        assert_eq!(tiny.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
+        let cfg = AblationConfig::load(Path::new("ablations/student.toml")).unwrap();
+        let arms = cfg.resolve(Path::new("/tmp/lake")).unwrap();
+        assert_eq!(arms.len(), 15, "5 arms × 3 seeds");
+        let by = |n: &str| arms.iter().find(|a| a.name == n).unwrap();
+        assert_eq!(config_diff(&by("combined.seed=2").pipeline, &by("control.seed=2").pipeline), vec!["trainer.advantage_sign"]);
+        assert_eq!(by("control.seed=2").data_pipeline, by("combined.seed=1").data_pipeline);
+        assert_eq!((by("opd.seed=3").pipeline.trainer.lr, by("opd.seed=3").pipeline.trainer.w_opd), (5e-4, 4.0));
+        assert_eq!(cfg.eval.versions, EvalVersions::Last);
     }
 
     #[test]

@@ -211,7 +211,8 @@ pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample],
 }
 
 /// Each sample's mean advantage over its masked tokens as the arm's loss computes it at the start of
-/// training (METHOD.md §6, [`crate::trainer::loss::advantages`], `old` = the rollout log-probs).
+/// training (METHOD.md §6, [`crate::trainer::loss::advantages`], `old` = the rollout log-probs), times
+/// the sample's sign in a random-sign control arm ([`TrainerConfig::advantage_sign_of`]).
 ///
 /// # Errors
 /// [`crate::Error::InvalidInput`] when a sample lacks what the method needs; tensor errors.
@@ -229,7 +230,8 @@ pub fn sample_advantages(method: Method, trainer: &TrainerConfig, samples: &[Sam
         };
         let a = crate::trainer::loss::advantages(&cfg, &reward, &old, teacher.as_ref(), &[s.sample_type], &mask)?;
         let a: Vec<f32> = Vec::<f32>::try_from(&a.f_reshape([t])?)?;
-        out.push(masked_mean(a.iter().map(|x| f64::from(*x)), &s.loss_mask).unwrap_or(0.0));
+        let sign = f64::from(trainer.advantage_sign_of(&s.sample_id));
+        out.push(sign * masked_mean(a.iter().map(|x| f64::from(*x)), &s.loss_mask).unwrap_or(0.0));
     }
     Ok(out)
 }
@@ -322,6 +324,11 @@ mod tests {
         // OPD with the top-K loss only: no teacher term in the advantage
         let topk = TrainerConfig { opd_loss: crate::trainer::OpdLoss::Topk, ..Default::default() };
         assert_eq!(sample_advantages(Method::Opd, &topk, &[o]).unwrap(), vec![0.0]);
+        // the random-sign control: the same magnitude, the sample's own sign
+        let control = TrainerConfig { advantage_sign: crate::trainer::AdvantageSign::Random, ..t.clone() };
+        let c = sample(SampleType::CombinedBoth, 1.0, &[-1.0, -1.0, -3.0], Some(&[-1.5, -2.0, 9.0]), &[1, 1, 0]);
+        let sign = f64::from(control.advantage_sign_of(&c.sample_id));
+        assert_eq!(sample_advantages(Method::Combined, &control, &[c]).unwrap(), vec![-sign]);
     }
 
     #[test]

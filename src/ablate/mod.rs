@@ -16,20 +16,23 @@
 //!    Judge votes and teacher log-probs are cached by content, so data pipelines that share a judge or
 //!    the same hints pay for them once.
 //! 2. **Train every arm** from the same initial weights with the same seed (which also fixes the LoRA
-//!    initialisation), batch size and step budget, on its samples in one fixed order — the order of the
+//!    initialisation; `[shared] seeds` repeats every arm once per seed), batch size and step budget, on its samples in one fixed order — the order of the
 //!    interactions (event time, session, turn) — read with SQL (`stages::train`, `TrainSource::Sql`).
 //!    The last `heldout_sessions` sessions are held out. Each arm records its config hash, seed and the
 //!    ordered sample ids it trained on.
 //! 3. **Evaluate every checkpoint** ([`eval`]): personalization score on held-out GSM8K problems
 //!    (greedy), held-out loss components, teacher/student log-prob gap, and judge-vs-outcome agreement on
 //!    labelled logs (tau-bench rewards).
-//! 4. **Report** ([`report`]): `report.md`, PNG plots and Parquet tables of every number ([`results`]).
+//! 4. **Report** ([`report`]): `report.md`, PNG plots and Parquet tables of every number ([`results`]);
+//!    with several replicate seeds per arm (`[shared] seeds`), each arm's mean and 95 % interval over
+//!    seeds and paired tests between arms on the same problems ([`compare`]).
 //!
 //! Every phase leaves its result on disk; a killed ablation resumes (see [`run`]). Runs are
 //! deterministic: seeded sampling, synthetic event times, fixed batch compositions, one scoring pass per
 //! teacher row — the same configuration gives the same numbers (`tests/ablate.rs`).
 
 pub mod collect;
+pub mod compare;
 pub mod config;
 pub mod eval;
 pub mod replay;

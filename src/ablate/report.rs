@@ -1,16 +1,20 @@
 //! The ablation report: `report.md` (a comparison table, a table per arm, the data and judge-agreement
 //! tables, timings) and PNG plots drawn with [`crate::demo::line_chart`] / [`crate::demo::histogram`]:
 //! `score_vs_interactions.png` (every arm on one chart), `teacher_gap.png`, `train_loss.png` and one
-//! `advantages_<arm>.png` per arm (by sample type). Plus the Parquet results ([`super::results`]).
+//! `advantages_<arm>.png` per arm (by sample type), and `score_by_arm.png` (each arm group's final score,
+//! mean over seeds with its 95 % interval, and the per-seed scores). Plus the Parquet results
+//! ([`super::results`]), including the across-seeds tables of [`super::compare`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::config::{config_diff, AblationConfig, ResolvedArm};
-use super::results::{CheckpointRow, TABLES};
+use super::compare::{ordering, summarize, GroupRow, PairRow, ALPHA};
+use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
+use super::results::{write_table, CheckpointRow, TABLES};
 use super::run::{gather, write_results, AblationSummary, Gathered, Layout, Stream};
-use crate::demo::{line_chart, Score};
+use crate::demo::{interval_chart, line_chart, IntervalItem, Score};
+use crate::stats::p_text;
 use crate::error::{Error, Result};
 
 fn f3(x: Option<f64>) -> String {
@@ -31,10 +35,22 @@ fn file_safe(s: &str) -> String {
 /// # Errors
 /// I/O, Parquet and plotting errors.
 pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, base: &Score, problems: usize) -> Result<AblationSummary> {
-    let g = gather(arms, stream, lay, problems).await?;
+    let g = gather(cfg, arms, stream, lay, problems).await?;
     write_results(&g, &lay.results())?;
-    let plots = write_plots(&g, &lay.out)?;
-    let md = render(cfg, arms, stream, &g, base, &plots);
+    let (groups, pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
+    write_table(&lay.results(), "arm_summary", &groups)?;
+    write_table(&lay.results(), "arm_comparisons", &pairs)?;
+    let mut plots = write_plots(&g, &lay.out)?;
+    if !groups.is_empty() {
+        let items: Vec<IntervalItem> = groups
+            .iter()
+            .map(|r| IntervalItem { label: r.group.clone(), estimate: r.mean, interval: r.low.zip(r.high), values: r.final_scores.clone() })
+            .collect();
+        interval_chart(lay.out.join("score_by_arm.png"), "Final personalization score per arm (mean over seeds, 95 % interval)", "responses meeting every preference (fraction)", &items, (0.0, 1.0))?;
+        plots.files.insert(0, ("score_by_arm.png".into(), "final personalization score per arm: mean over seeds with its 95 % interval and each seed's score".into()));
+    }
+    let md = render(cfg, arms, stream, &g, base, &plots, &groups, &pairs, &lay.out);
+    let order = ordering(&g.arms, &pairs);
     let report = lay.out.join("report.md");
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary {
@@ -43,6 +59,8 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
         checkpoints: g.checkpoints.clone(),
         reported: g.arms.iter().map(|a| a.arm.clone()).collect(),
         missing: g.missing.clone(),
+        groups,
+        ordering: order,
         seconds: 0.0,
     })
 }
@@ -123,7 +141,67 @@ fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
     Ok(Plots { files, advantages })
 }
 
-fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, plots: &Plots) -> String {
+/// The "Arms over seeds" section: per group, per pair, and the paper's ordering.
+fn render_groups(s: &mut String, g: &Gathered, groups: &[GroupRow], pairs: &[PairRow]) {
+    let _ = writeln!(s, "## Arms over seeds
+");
+    let _ = writeln!(
+        s,
+        "Each arm's final checkpoint, one replicate per seed (the seed changes the LoRA initialisation, and the control's signs; data, samples and their order are the same). Mean over seeds with its 95 % Student-t interval; the pooled Wilson interval counts all replicates' held-out responses together (problem noise only).\n"
+    );
+    let _ = writeln!(s, "| arm | method | seeds | final score per seed | mean | 95 % CI (seeds) | pooled 95 % CI (responses) | accuracy |");
+    let _ = writeln!(s, "|---|---|---|---|---:|---|---|---:|");
+    for r in groups {
+        let ci = match (r.low, r.high) {
+            (Some(l), Some(h)) => format!("{l:.3} – {h:.3}"),
+            _ => "– (one seed)".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | **{:.3}** | {} | {:.3} – {:.3} ({}/{}) | {:.3} |",
+            cell(&r.group),
+            r.method,
+            r.seeds.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
+            r.final_scores.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(", "),
+            r.mean,
+            ci,
+            r.pooled_low,
+            r.pooled_high,
+            r.satisfied,
+            r.responses,
+            r.mean_accuracy
+        );
+    }
+    s.push('\n');
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            s,
+            "Pairwise, on the same held-out problems and the same seeds: per problem the difference of the two arms' outcomes averaged over seeds, then a paired t-test over problems (`src/ablate/compare.rs`). Significant at {ALPHA} in bold.\n"
+        );
+        let _ = writeln!(s, "| A | B | seeds | problems | A − B | 95 % CI | p | only A / only B met all |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---|---:|---|");
+        for p in pairs {
+            let ci = match (p.low, p.high) {
+                (Some(l), Some(h)) => format!("{l:+.3} – {h:+.3}"),
+                _ => "–".into(),
+            };
+            let pv = if p.significant(ALPHA) { format!("**{}**", p_text(p.p_value)) } else { p_text(p.p_value) };
+            let _ = writeln!(s, "| {} | {} | {} | {} | {:+.3} | {} | {} | {} / {} |", cell(&p.a), cell(&p.b), p.seeds.len(), p.problems, p.mean_diff, ci, pv, p.a_only, p.b_only);
+        }
+        s.push('\n');
+    }
+    match ordering(&g.arms, pairs) {
+        Some(o) => {
+            let _ = writeln!(s, "The paper's ordering: {o}\n");
+        }
+        None => {
+            let _ = writeln!(s, "The paper's ordering (combined > OPD > binary) needs plain `binary`, `opd` and `combined` arms on shared seeds; this ablation lacks one.\n");
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, plots: &Plots, groups: &[GroupRow], pairs: &[PairRow], out: &Path) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Ablation `{}`\n", cfg.name);
     if !cfg.description.trim().is_empty() {
@@ -131,6 +209,14 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     }
     let first = arms.first().map(|a| &a.pipeline);
     let _ = writeln!(s, "## Setup\n");
+    let phases: f64 = g.timings.iter().map(|t| t.seconds).sum();
+    let _ = writeln!(
+        s,
+        "- **Command**: `nextstate ablate --config ablations/{}.toml --out {}` (re-running it resumes); its phases took {:.1} minutes in all (\"Timings\" below).",
+        cfg.name,
+        out.display(),
+        phases / 60.0
+    );
     if let Some(c) = &g.collect {
         let _ = writeln!(
             s,
@@ -152,9 +238,9 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     if let Some(p) = first {
         let _ = writeln!(
             s,
-            "- **Shared**: initial weights `{}`; trainer seed {}; batch {} samples; at most {} steps (the first {} samples of each arm's ordered sample stream); lr {}; LoRA {}; a checkpoint every {} step(s). Judge `{}` (m = {}), hint extractor `{}` (m = {}) unless an arm says otherwise.",
+            "- **Shared**: initial weights `{}`; trainer seed(s) {}; batch {} samples; at most {} steps (the first {} samples of each arm's ordered sample stream); lr {}; LoRA {}; a checkpoint every {} step(s). Judge `{}` (m = {}), hint extractor `{}` (m = {}) unless an arm says otherwise.",
             p.policy.model.display(),
-            cfg.shared.seed,
+            cfg.shared.replicate_seeds().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
             cfg.shared.batch_size,
             cfg.shared.steps,
             cfg.shared.steps * cfg.shared.batch_size,
@@ -169,7 +255,11 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     }
     let _ = writeln!(
         s,
-        "- **Evaluation** at every checkpoint: (a) personalization score = fraction of greedy answers (≤ {} tokens) to {} held-out GSM8K problems meeting every preference of the student (one problem = {:.3}); (b) held-out loss components (each arm's own method and settings on its held-out samples) and the mean teacher − student log-prob gap on the hinted held-out samples (nats/token; nearer 0 = the student agrees more with the hint-conditioned teacher); (c) judge vs outcome on labelled logs{}.",
+        "- **Evaluation** at {}: (a) personalization score = fraction of greedy answers (≤ {} tokens) to {} held-out GSM8K problems meeting every preference of the student (one problem = {:.3}); (b) held-out loss components (each arm's own method and settings on its held-out samples) and the mean teacher − student log-prob gap on the hinted held-out samples (nats/token; nearer 0 = the student agrees more with the hint-conditioned teacher); (c) judge vs outcome on labelled logs{}.",
+        match cfg.eval.versions {
+            EvalVersions::All => "every checkpoint",
+            EvalVersions::Last => "the initial weights and each arm's last checkpoint (`[eval] versions = \"last\"`)",
+        },
         cfg.eval.max_tokens,
         cfg.eval.problems,
         1.0 / cfg.eval.problems.max(1) as f64,
@@ -179,6 +269,8 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     if !g.missing.is_empty() {
         let _ = writeln!(s, "**Not finished yet** (not in the tables): {}.\n", g.missing.join(", "));
     }
+
+    render_groups(&mut s, g, groups, pairs);
 
     // Comparison
     let _ = writeln!(s, "## Comparison\n");
@@ -236,7 +328,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
         let _ = writeln!(s, "![{alt}]({file})\n");
     }
     let _ = writeln!(s, "## Reading the numbers\n");
-    let mut finals: Vec<(&str, f64)> = g.arms.iter().filter_map(|a| g.checkpoints.iter().filter(|c| c.arm == a.arm).last().map(|c| (a.arm.as_str(), c.score))).collect();
+    let mut finals: Vec<(&str, f64)> = g.arms.iter().filter_map(|a| g.checkpoints.iter().rfind(|c| c.arm == a.arm).map(|c| (a.arm.as_str(), c.score))).collect();
     finals.sort_by(|x, y| y.1.total_cmp(&x.1));
     if !finals.is_empty() {
         let _ = writeln!(
@@ -261,7 +353,10 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     if !gaps.is_empty() {
         let _ = writeln!(s, "- Change of the teacher − student gap from v0 to the last checkpoint (positive = the student moved toward the hint-conditioned teacher): {}.", gaps.join(", "));
     }
-    let _ = writeln!(s, "- The paper's claim is combined > OPD > binary; this table is what this run measured, with this model, data size and budget.\n");
+    let _ = writeln!(
+        s,
+        "- The paper's claim is combined > OPD > binary; \"Arms over seeds\" above says whether it holds in this run, with this model, data size and budget.\n"
+    );
 
     // Per arm
     let _ = writeln!(s, "## Per arm\n");

@@ -20,6 +20,8 @@ use crate::error::{Error, Result};
 /// Result table names, in report order.
 pub const TABLES: &[&str] = &[
     "arms",
+    "arm_summary",
+    "arm_comparisons",
     "checkpoint_metrics",
     "preference_rates",
     "heldout_losses",
@@ -36,8 +38,11 @@ pub const TABLES: &[&str] = &[
 /// One arm: what it is and exactly what it trained on (`arms`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArmRow {
-    /// Arm name.
+    /// Arm name (a replicate of a multi-seed run: `<group>.seed=<seed>`).
     pub arm: String,
+    /// The arm as the ablation file names it; the replicates of one group differ only in `seed`.
+    #[serde(default)]
+    pub group: String,
     /// Method.
     pub method: String,
     /// The keys the arm sets itself (JSON object: dotted key → TOML value).
@@ -389,6 +394,7 @@ mod tests {
         assert!(read_table::<TimingRow>(dir.path(), "timings").unwrap().is_empty());
         let arm = ArmRow {
             arm: "a".into(),
+            group: "a".into(),
             method: "opd".into(),
             overrides: "{}".into(),
             data_pipeline: "p".into(),

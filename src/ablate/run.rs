@@ -62,6 +62,11 @@ pub struct AblationSummary {
     pub reported: Vec<String>,
     /// Arms not reported yet (not trained or not evaluated by any process).
     pub missing: Vec<String>,
+    /// Each arm group's final score over its seeds ([`super::compare`]).
+    pub groups: Vec<super::compare::GroupRow>,
+    /// The sentence on combined > OPD > binary ([`super::compare::ordering`]), when the ablation has
+    /// the three plain arms.
+    pub ordering: Option<String>,
     /// Wall time of this process, seconds.
     pub seconds: f64,
 }
@@ -301,7 +306,9 @@ struct Prepared {
 }
 
 fn eval_fingerprint(cfg: &AblationConfig) -> Result<String> {
-    let v = serde_json::json!({"eval": cfg.eval, "student": cfg.student, "heldout": cfg.data.heldout_sessions});
+    // Which versions are evaluated does not change any one evaluation's numbers.
+    let eval = super::config::EvalSettings { versions: Default::default(), ..cfg.eval.clone() };
+    let v = serde_json::json!({"eval": eval, "student": cfg.student, "heldout": cfg.data.heldout_sessions});
     Ok(content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
 }
 
@@ -554,8 +561,11 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
     Ok(m)
 }
 
-/// (version, step, interactions seen, samples seen, checkpoint folder) of an arm's versions, v0 first.
-fn versions(lay: &Layout, arm: &str, rank: &HashMap<String, i64>) -> Result<Vec<(i64, i64, i64, i64, Option<PathBuf>)>> {
+/// (version, step, interactions seen, samples seen, checkpoint folder) of one version of an arm.
+type VersionRow = (i64, i64, i64, i64, Option<PathBuf>);
+
+/// Every version of an arm ([`VersionRow`]), v0 first.
+fn versions(lay: &Layout, arm: &str, rank: &HashMap<String, i64>) -> Result<Vec<VersionRow>> {
     let scan = crate::trainer::scan(&lay.checkpoints(arm).join(arm))?;
     let mut out = vec![(0, 0, 0, 0, None)];
     let (mut seen, mut samples, mut last) = (0i64, 0i64, 0i64);
@@ -570,6 +580,12 @@ fn versions(lay: &Layout, arm: &str, rank: &HashMap<String, i64>) -> Result<Vec<
     Ok(out)
 }
 
+/// The versions of `arm` that `[eval] versions` asks for ([`versions`], then
+/// [`super::config::EvalVersions::select`]).
+fn evaluated_versions(cfg: &AblationConfig, lay: &Layout, arm: &str, rank: &HashMap<String, i64>) -> Result<Vec<VersionRow>> {
+    Ok(cfg.eval.versions.select(&versions(lay, arm, rank)?))
+}
+
 async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &BaseEval, lay: &Layout, stop: &Stop) -> Result<Vec<VersionEval>> {
     let lake = Lake::open(lay.lake())?;
     let heldout: Vec<Sample> = match heldout_sql(&arm.data_pipeline, &p.stream.heldout) {
@@ -579,7 +595,7 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
     let dir = lay.arm(&arm.name).join("eval");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
     let mut out = vec![];
-    for (version, step, seen, samples_seen, ck) in versions(lay, &arm.name, &p.stream.rank)? {
+    for (version, step, seen, samples_seen, ck) in evaluated_versions(cfg, lay, &arm.name, &p.stream.rank)? {
         let path = dir.join(format!("v{version}.json"));
         if let Some(m) = read_marker::<EvalMarker>(&path)? {
             if m.fingerprint == p.eval_fingerprint {
@@ -671,7 +687,7 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
     let arms = cfg.resolve(&lay.lake())?;
     if let Some(sel) = &opts.arms {
         for s in sel {
-            if !arms.iter().any(|a| &a.name == s) {
+            if !arms.iter().any(|a| &a.name == s || &a.group == s) {
                 return Err(config_err!("--arms: no arm named {s:?} (arms: {})", arms.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")));
             }
         }
@@ -683,7 +699,7 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
     let p = prepared(cfg, arms, &lay).await?;
     let base = base_eval(cfg, &p, &lay, &stop).await?;
     for arm in &p.arms {
-        if opts.arms.as_ref().is_some_and(|sel| !sel.contains(&arm.name)) {
+        if opts.arms.as_ref().is_some_and(|sel| !sel.contains(&arm.name) && !sel.contains(&arm.group)) {
             continue;
         }
         train_arm(cfg, arm, &p, &lay, &stop).await?;
@@ -712,7 +728,7 @@ pub(crate) struct Gathered {
     pub replayed: u64,
 }
 
-pub(crate) async fn gather(arms: &[ResolvedArm], stream: &Stream, lay: &Layout, problems: usize) -> Result<Gathered> {
+pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, problems: usize) -> Result<Gathered> {
     let state = lay.state();
     let lake = Lake::open(lay.lake())?;
     let mut g = Gathered {
@@ -767,7 +783,7 @@ pub(crate) async fn gather(arms: &[ResolvedArm], stream: &Stream, lay: &Layout, 
             g.missing.push(arm.name.clone());
             continue;
         };
-        let vs = versions(lay, &arm.name, &stream.rank)?;
+        let vs = evaluated_versions(cfg, lay, &arm.name, &stream.rank)?;
         let mut evals = vec![];
         let mut eval_times = vec![];
         for (version, ..) in &vs {
@@ -788,6 +804,7 @@ pub(crate) async fn gather(arms: &[ResolvedArm], stream: &Stream, lay: &Layout, 
         let p = &arm.pipeline;
         g.arms.push(ArmRow {
             arm: arm.name.clone(),
+            group: arm.group.clone(),
             method: p.method.as_str().into(),
             overrides: serde_json::to_string(&arm.overrides)?,
             data_pipeline: arm.data_pipeline.clone(),

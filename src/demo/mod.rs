@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{input_err, Error, Result};
 
-pub use report::{font_loaded, histogram, line_chart, write_report, CheckpointEval, DemoReport, NamedSeries, ReportFiles};
+pub use report::{font_loaded, histogram, interval_chart, line_chart, IntervalItem, write_report, CheckpointEval, DemoReport, NamedSeries, ReportFiles};
 pub use score::{eval_rows, personalization_score, Score};
 pub use student::{check, Preference, Preferences, Student, StudentReply, Verdict, Violation, ViolationKind};
 

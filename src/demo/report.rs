@@ -1,6 +1,6 @@
 //! The demo report: `report.md` (score per checkpoint, pipeline counts) and `personalization.png`
 //! (personalization score and per-preference rates against the student interactions the pipeline had seen),
-//! plus two generic chart helpers the ablation report reuses: [`line_chart`] and [`histogram`].
+//! plus generic chart helpers the ablation report reuses: [`line_chart`], [`histogram`] and [`interval_chart`].
 //!
 //! Plots are drawn with `plotters` into PNG files. Text needs a TrueType font: DejaVu Sans (Debian package
 //! `fonts-dejavu-core`, installed by `scripts/setup.sh`) is loaded once with `ab_glyph` from
@@ -206,6 +206,75 @@ pub fn line_chart(path: impl AsRef<Path>, title: &str, x_label: &str, y_label: &
     draw_panels(path.as_ref(), (1000, 600), &[panel], font_loaded())
 }
 
+/// One column of an [`interval_chart`]: a label, an estimate with its interval, and the values it
+/// summarises (e.g. an arm's mean score over seeds with its 95 % interval and the per-seed scores).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntervalItem {
+    /// Column label (x axis).
+    pub label: String,
+    /// The estimate (filled circle).
+    pub estimate: f64,
+    /// Interval `(low, high)` (vertical error bar); `None` draws none.
+    pub interval: Option<(f64, f64)>,
+    /// The individual values (small hollow circles).
+    pub values: Vec<f64>,
+}
+
+/// One column per item: the estimate, its error bar and the individual values, y in `y_range`, PNG of
+/// 1000×600 pixels; labels under the columns. Text needs the plot font ([`font_loaded`]).
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the item when a value is not finite; [`Error::Internal`] naming the
+/// file when drawing or writing fails.
+pub fn interval_chart(path: impl AsRef<Path>, title: &str, y_label: &str, items: &[IntervalItem], y_range: (f64, f64)) -> Result<()> {
+    let path = path.as_ref();
+    for it in items {
+        let bad = !it.estimate.is_finite() || it.values.iter().any(|v| !v.is_finite()) || it.interval.is_some_and(|(l, h)| !l.is_finite() || !h.is_finite());
+        if bad {
+            return Err(input_err!("interval chart item {:?}: a value is not finite", it.label));
+        }
+    }
+    let text = font_loaded();
+    let draw = || -> std::result::Result<(), String> {
+        let e = |x: &dyn std::fmt::Display| x.to_string();
+        let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|x| e(&x))?;
+        let n = items.len().max(1) as f64;
+        let mut builder = ChartBuilder::on(&root);
+        builder.margin(16);
+        if text {
+            builder.caption(title, (FAMILY, 22)).x_label_area_size(48).y_label_area_size(64);
+        }
+        let mut chart = builder.build_cartesian_2d(-0.5..n - 0.5, y_range.0..y_range.1).map_err(|x| e(&x))?;
+        let label = |v: &f64| {
+            let k = v.round();
+            if (v - k).abs() < 1e-6 && k >= 0.0 {
+                items.get(k as usize).map(|i| i.label.clone()).unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        let mut mesh = chart.configure_mesh();
+        mesh.light_line_style(RGBColor(235, 235, 235)).disable_x_mesh();
+        if text {
+            mesh.y_desc(y_label).label_style((FAMILY, 14)).axis_desc_style((FAMILY, 16)).x_labels(items.len().max(1) * 2 + 1).x_label_formatter(&label).y_label_formatter(&|v: &f64| tick(*v));
+        } else {
+            mesh.x_labels(0).y_labels(0);
+        }
+        mesh.draw().map_err(|x| e(&x))?;
+        for (i, it) in items.iter().enumerate() {
+            let (x, c) = (i as f64, color(i));
+            if let Some((lo, hi)) = it.interval {
+                chart.draw_series(std::iter::once(ErrorBar::new_vertical(x, lo, it.estimate, hi, c.stroke_width(2), 16))).map_err(|x| e(&x))?;
+            }
+            chart.draw_series(it.values.iter().map(|v| Circle::new((x + 0.12, *v), 4, c.stroke_width(1)))).map_err(|x| e(&x))?;
+            chart.draw_series(std::iter::once(Circle::new((x, it.estimate), 6, c.filled()))).map_err(|x| e(&x))?;
+        }
+        root.present().map_err(|x| e(&x))
+    };
+    draw().map_err(|x| plot_err(path, x))
+}
+
 /// Bin edges: `bins` equal-width bins over the range of all `values` (a single value `v` gets `[v − 0.5,
 /// v + 0.5]`), and each series' count per bin (the maximum goes into the last bin).
 fn bin_counts(series: &[(String, Vec<f64>)], bins: usize) -> (f64, f64, Vec<Vec<u64>>) {
@@ -347,15 +416,7 @@ impl CheckpointEval {
     }
 }
 
-/// A p-value for text: three decimals, or two significant digits in scientific notation below 0.001
-/// (`0.219`, `2.2e-4`).
-pub fn p_text(p: f64) -> String {
-    if p < 1e-3 {
-        format!("{p:.1e}")
-    } else {
-        format!("{p:.3}")
-    }
-}
+pub use crate::stats::p_text;
 
 impl DemoReport {
     /// The exact McNemar test of the first evaluated version against the last on the same held-out

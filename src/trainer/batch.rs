@@ -103,7 +103,8 @@ pub struct PackOptions {
     pub current_version: i64,
     /// Device of the tensors.
     pub device: Device,
-    /// Trainer settings used here: `topk_k`, `opd_loss`, `max_staleness`, `staleness`, `staleness_decay`.
+    /// Trainer settings used here: `topk_k`, `opd_loss`, `max_staleness`, `staleness`, `staleness_decay`,
+    /// `advantage_sign` and `seed`.
     pub config: TrainerConfig,
 }
 
@@ -133,6 +134,9 @@ pub struct PackedBatch {
     pub reward: Tensor,
     /// `[B]` f32: aggregation weight (1, or the staleness weight).
     pub sample_weight: Tensor,
+    /// `[B]` f32: factor on each row's advantage, ±1 ([`TrainerConfig::advantage_sign_of`]; all 1
+    /// unless `advantage_sign = random`).
+    pub advantage_sign: Tensor,
     /// `[B, T, K]` int64: teacher top-K ids (0 where absent); `Some` when any row has top-K lists.
     pub topk_ids: Option<Tensor>,
     /// `[B, T, K]` f32: teacher top-K log-probs (0 where absent).
@@ -367,6 +371,7 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
     let rewards: Vec<f32> = rows.iter().map(|r| r.sample.reward).collect();
     let weights: Vec<f64> = rows.iter().map(|r| r.weight).collect();
     let weights_f32: Vec<f32> = weights.iter().map(|&w| w as f32).collect();
+    let signs: Vec<f32> = rows.iter().map(|r| opts.config.advantage_sign_of(&r.sample.sample_id)).collect();
     Ok(PackedBatch {
         input_ids: i2(&input, li)?,
         response_ids: i2(&resp, ti)?,
@@ -379,6 +384,7 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
         teacher_logprobs: if with_teacher { Some(f2(&teacher)?) } else { None },
         reward: Tensor::f_from_slice(&rewards)?.f_to_device(dev)?,
         sample_weight: Tensor::f_from_slice(&weights_f32)?.f_to_device(dev)?,
+        advantage_sign: Tensor::f_from_slice(&signs)?.f_to_device(dev)?,
         topk_ids: if with_topk { Some(Tensor::f_from_slice(&tk_ids)?.f_view([bi, ti, ki])?.f_to_device(dev)?) } else { None },
         topk_logprobs: if with_topk { Some(Tensor::f_from_slice(&tk_lps)?.f_view([bi, ti, ki])?.f_to_device(dev)?) } else { None },
         topk_mask: if with_topk { Some(f2(&tk_mask)?) } else { None },

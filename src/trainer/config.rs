@@ -19,6 +19,35 @@ pub enum Staleness {
     Weight,
 }
 
+/// Whether each sample's advantage keeps the sign its signal gave it (`trainer.advantage_sign`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdvantageSign {
+    /// The method's advantage as METHOD.md §6 defines it.
+    #[default]
+    Signal,
+    /// A control arm: every token advantage `A_t` of a sample is multiplied by one sign s ∈ {−1, +1}
+    /// drawn from (`trainer.seed`, sample id) ([`TrainerConfig::advantage_sign_of`]). The samples, their
+    /// order and the advantages' magnitudes stay; only the direction the next state gave is lost, so
+    /// the arm shows what training does without the signal. The top-K distillation term has no
+    /// advantage and is not affected.
+    Random,
+}
+
+impl AdvantageSign {
+    /// Lower-case name as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdvantageSign::Signal => "signal",
+            AdvantageSign::Random => "random",
+        }
+    }
+
+    fn is_signal(&self) -> bool {
+        *self == AdvantageSign::Signal
+    }
+}
+
 /// LoRA settings (`[trainer.lora]`). The model runtime attaches the adapters; the trainer then trains
 /// and checkpoints only the adapter tensors (METHOD.md §6: rank 16, alpha 32 on q,k,v,o,gate,up,down).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,6 +143,11 @@ pub struct TrainerConfig {
     pub recompute_layers: bool,
     /// Samples with more prompt + response tokens are dropped (`too_long`) (4096).
     pub max_sequence_tokens: usize,
+    /// `signal` (default) or `random`: the control arm's per-sample random sign on the advantage
+    /// ([`AdvantageSign`]). Left out of the serialised form when `signal`, so configurations (and the
+    /// hashes in checkpoint manifests) that predate it are unchanged.
+    #[serde(skip_serializing_if = "AdvantageSign::is_signal")]
+    pub advantage_sign: AdvantageSign,
 }
 
 impl Default for TrainerConfig {
@@ -145,6 +179,7 @@ impl Default for TrainerConfig {
             logits_chunk_tokens: crate::model::score::LOGIT_CHUNK_TOKENS,
             recompute_layers: true,
             max_sequence_tokens: 4096,
+            advantage_sign: AdvantageSign::Signal,
         }
     }
 }
@@ -229,6 +264,24 @@ impl TrainerConfig {
         Ok(content_hash(&[method.as_str().as_bytes(), json.as_bytes()]))
     }
 
+    /// The factor on every token advantage of sample `sample_id`: 1 with `advantage_sign = signal`;
+    /// with `random`, −1 or +1 from the first byte of `content_hash(seed, sample_id)` (even: +1), the
+    /// same on every run, step and machine, and different between seeds.
+    pub fn advantage_sign_of(&self, sample_id: &str) -> f32 {
+        match self.advantage_sign {
+            AdvantageSign::Signal => 1.0,
+            AdvantageSign::Random => {
+                let h = content_hash(&[b"advantage_sign", &self.seed.to_le_bytes(), sample_id.as_bytes()]);
+                let first = u8::from_str_radix(&h[..2], 16).unwrap_or(0);
+                if first.is_multiple_of(2) {
+                    1.0
+                } else {
+                    -1.0
+                }
+            }
+        }
+    }
+
     /// The aggregation weight of a sample produced by `sample_version` when the trainer is at
     /// `current_version`: `Some(1.0)` when fresh enough (or its version is unknown), `None` to drop it,
     /// or `Some(staleness_decay^(age − max_staleness))` in weight mode.
@@ -259,6 +312,28 @@ mod tests {
         assert_eq!((c.lora.enabled, c.lora.rank, c.lora.alpha, c.lora.targets.len()), (false, 16, 32.0, 7));
         assert_eq!((c.checkpoint_every, c.recompute_old_logprobs, c.opd_loss), (1, false, OpdLoss::Ppo));
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn random_advantage_signs_are_fixed_per_seed_and_sample_and_leave_old_hashes_alone() {
+        let signal = TrainerConfig::default();
+        assert_eq!(signal.advantage_sign_of("s1"), 1.0);
+        assert!(!serde_json::to_string(&signal).unwrap().contains("advantage_sign"), "the default is not serialised");
+        let random: TrainerConfig = toml::from_str("advantage_sign = \"random\"\n").unwrap();
+        assert_eq!(random.advantage_sign, AdvantageSign::Random);
+        assert_ne!(random.hash(Method::Combined).unwrap(), signal.hash(Method::Combined).unwrap());
+        let ids: Vec<String> = (0..200).map(|k| format!("sample-{k}")).collect();
+        let signs: Vec<f32> = ids.iter().map(|i| random.advantage_sign_of(i)).collect();
+        assert!(signs.iter().all(|s| *s == 1.0 || *s == -1.0));
+        assert_eq!(signs, ids.iter().map(|i| random.advantage_sign_of(i)).collect::<Vec<_>>(), "deterministic");
+        let plus = signs.iter().filter(|s| **s > 0.0).count();
+        assert!((70..=130).contains(&plus), "{plus} of 200 positive");
+        // by hand: the first byte of content_hash(["advantage_sign", 42u64 LE, "sample-0"])
+        let h = content_hash(&[b"advantage_sign", &42u64.to_le_bytes(), b"sample-0"]);
+        let want = if u8::from_str_radix(&h[..2], 16).unwrap().is_multiple_of(2) { 1.0 } else { -1.0 };
+        assert_eq!(signs[0], want);
+        let other = TrainerConfig { seed: 43, ..random.clone() };
+        assert_ne!(signs, ids.iter().map(|i| other.advantage_sign_of(i)).collect::<Vec<_>>(), "another seed, other signs");
     }
 
     #[test]

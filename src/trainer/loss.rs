@@ -380,6 +380,9 @@ pub struct LossInputs<'a> {
     pub sample_types: &'a [SampleType],
     /// `[B]`: per-sample weight in the aggregation (staleness); all 1 when `None`.
     pub sample_weights: Option<&'a Tensor>,
+    /// `[B]`: factor on each sample's advantages (±1 in a random-sign control arm,
+    /// `TrainerConfig::advantage_sign`); all 1 when `None`.
+    pub advantage_signs: Option<&'a Tensor>,
     /// `[B, T]`: reference-policy log-probs for the k3 KL (required when `kl_coef ≠ 0`).
     pub ref_logprobs: Option<&'a Tensor>,
     /// `[B, T]`: per-token entropy (required when `entropy_coef ≠ 0`).
@@ -465,7 +468,8 @@ fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.f_double_value(&[])?)
 }
 
-/// The full loss of a batch (METHOD.md §6): advantages ([`advantages`]), the PPO clipped surrogate
+/// The full loss of a batch (METHOD.md §6): advantages ([`advantages`], times
+/// [`LossInputs::advantage_signs`] when given), the PPO clipped surrogate
 /// ([`ppo_clipped_loss`]), the k3 KL ([`k3_kl`]), the entropy bonus, the top-K reverse KL
 /// ([`topk_reverse_kl`]), each aggregated by [`mean_of_sample_means`], combined as
 /// `loss = pg_loss + kl_coef·kl − entropy_coef·entropy + topk_coef·topk_kl` (the top-K term only when
@@ -491,7 +495,11 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
     };
     let agg = |x: &Tensor, m: &Tensor, tokens: Option<&Tensor>| mean_of_sample_means(x, m, weights, tokens, n);
 
-    let adv = advantages(cfg, inp.reward, inp.old_logprobs, inp.teacher_logprobs, inp.sample_types, &mask)?;
+    let mut adv = advantages(cfg, inp.reward, inp.old_logprobs, inp.teacher_logprobs, inp.sample_types, &mask)?;
+    if let Some(s) = inp.advantage_signs {
+        check_shape("advantage signs", s, &[b])?;
+        adv = adv.f_mul(&s.f_detach()?.f_to_kind(kind)?.f_unsqueeze(1)?)?;
+    }
     let ppo = ppo_clipped_loss(new, inp.old_logprobs, &adv, cfg.eps_clip, cfg.eps_clip_high)?;
     let pg_per = sample_means_over(&ppo.loss, &mask, tok)?;
     let pg_loss = agg(&ppo.loss, &mask, tok)?;

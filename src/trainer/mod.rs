@@ -44,7 +44,7 @@ use tch::{Kind, Tensor};
 
 pub use batch::{pack_samples, DropReason, Dropped, PackOptions, Packed, PackedBatch};
 pub use checkpoint::{ancestry, consumed_sample_ids, latest_complete, scan, CheckpointScan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
-pub use config::{LoraSettings, Staleness, TrainerConfig};
+pub use config::{AdvantageSign, LoraSettings, Staleness, TrainerConfig};
 pub use loss::{LossConfig, LossMetrics, OpdLoss};
 pub use optim::{AdamW, AdamWConfig};
 
@@ -282,6 +282,7 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
                 mask: &mask_c,
                 sample_types: &batch.sample_types,
                 sample_weights: Some(&weights),
+                advantage_signs: Some(&batch.advantage_sign),
                 ref_logprobs: ref_c.as_ref(),
                 entropy: Some(&ent_c),
                 topk: topk_c.as_ref().map(|(s, t, m)| loss::TopkInputs { student: s, teacher: t, mask: m }),
@@ -322,6 +323,7 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
         mask: &mask,
         sample_types: &batch.sample_types,
         sample_weights: Some(&weights),
+        advantage_signs: Some(&batch.advantage_sign),
         ref_logprobs: ref_lp.as_ref(),
         entropy: Some(&ent_all),
         topk: match (&topk, &student_all) {

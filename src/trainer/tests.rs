@@ -502,6 +502,7 @@ fn chunked_gradients_equal_the_unchunked_loss() {
         mask: &b.loss_mask,
         sample_types: &b.sample_types,
         sample_weights: Some(&b.sample_weight),
+        advantage_signs: Some(&b.advantage_sign),
         ref_logprobs: None,
         entropy: Some(&ent),
         topk: Some(loss::TopkInputs { student: &student, teacher: b.topk_logprobs.as_ref().unwrap(), mask: b.topk_mask.as_ref().unwrap() }),

@@ -182,6 +182,7 @@ fn clip_fraction_and_ppo_kl_over_masked_tokens() {
         mask: &mask,
         sample_types: &types,
         sample_weights: None,
+        advantage_signs: None,
         ref_logprobs: None,
         entropy: None,
         topk: None,
@@ -211,6 +212,21 @@ fn clip_fraction_and_ppo_kl_over_masked_tokens() {
     let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 0.0, 1.0]]);
     let out = compute_loss(&LossConfig::new(Method::Binary), &LossInputs { mask: &mask, ..inp }).unwrap();
     assert_close(out.metrics.clip_fraction, 1.0 / 5.0, 1e-12);
+    // A random-sign control (TrainerConfig::advantage_sign): signs [−1, −1] swap the two rows' advantages
+    // (+1 ↔ −1), so row 1 now scores like row 2 did with its own ratios: A=−1 on log r (0.5, −0.5, 0.1):
+    // unclipped, clipped (0.8), unclipped → (e^0.5 + 0.8 + e^0.1)/3; row 2 with A=+1 on (0.5, −0.5, 0):
+    // clipped (1.28), unclipped, unclipped → (−1.28 − e^−0.5 − 1)/3.
+    let signs = t1(&[-1.0, -1.0]);
+    let flipped = compute_loss(&LossConfig::new(Method::Binary), &LossInputs { advantage_signs: Some(&signs), ..inp }).unwrap();
+    let row1 = (0.5f64.exp() + 0.8 + 0.1f64.exp()) / 3.0;
+    let row2 = (-1.28 - (-0.5f64).exp() - 1.0) / 3.0;
+    assert_all_close(&v1(&flipped.per_sample.pg_loss), &[row1, row2], 1e-12);
+    assert_all_close(&v1(&flipped.per_sample.advantage), &[-1.0, 1.0], 1e-12);
+    let ones = t1(&[1.0, 1.0]);
+    let same = compute_loss(&LossConfig::new(Method::Binary), &LossInputs { advantage_signs: Some(&ones), ..inp }).unwrap();
+    assert_close(same.metrics.pg_loss, out8.metrics.pg_loss * 4.0, 1e-12);
+    let bad = t1(&[1.0]);
+    assert!(compute_loss(&LossConfig::new(Method::Binary), &LossInputs { advantage_signs: Some(&bad), ..inp }).unwrap_err().to_string().contains("advantage signs"));
 }
 
 // ---------- k3 KL ----------
@@ -250,6 +266,7 @@ fn kl_term_enters_the_loss_with_its_coefficient() {
         mask: &mask,
         sample_types: &types,
         sample_weights: None,
+        advantage_signs: None,
         ref_logprobs: Some(&reference),
         entropy: None,
         topk: None,
@@ -430,6 +447,7 @@ fn combined_loss_components_and_identity() {
         mask: &mask,
         sample_types: &types,
         sample_weights: None,
+        advantage_signs: None,
         ref_logprobs: None,
         entropy: Some(&ent),
         topk: None,
@@ -480,6 +498,7 @@ fn opd_topk_loss_replaces_or_joins_the_ppo_term() {
         mask: &mask,
         sample_types: &types,
         sample_weights: None,
+        advantage_signs: None,
         ref_logprobs: None,
         entropy: None,
         topk: Some(TopkInputs { student: &s, teacher: &tt, mask: &mask }),
