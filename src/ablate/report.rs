@@ -143,8 +143,7 @@ fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
 
 /// The "Arms over seeds" section: per group, per pair, and the paper's ordering.
 fn render_groups(s: &mut String, g: &Gathered, groups: &[GroupRow], pairs: &[PairRow]) {
-    let _ = writeln!(s, "## Arms over seeds
-");
+    let _ = writeln!(s, "## Arms over seeds\n");
     let _ = writeln!(
         s,
         "Each arm's final checkpoint, one replicate per seed (the seed changes the LoRA initialisation, and the control's signs; data, samples and their order are the same). Mean over seeds with its 95 % Student-t interval; the pooled Wilson interval counts all replicates' held-out responses together (problem noise only).\n"
