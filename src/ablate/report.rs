@@ -49,8 +49,8 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
         interval_chart(lay.out.join("score_by_arm.png"), "Final personalization score per arm (mean over seeds, 95 % interval)", "responses meeting every preference (fraction)", &items, (0.0, 1.0))?;
         plots.files.insert(0, ("score_by_arm.png".into(), "final personalization score per arm: mean over seeds with its 95 % interval and each seed's score".into()));
     }
-    let md = render(cfg, arms, stream, &g, base, &plots, &groups, &pairs, &lay.out);
     let order = ordering(&g.arms, &pairs);
+    let md = render(cfg, arms, stream, &g, base, &plots, &Across { groups: &groups, pairs: &pairs, ordering: order.as_deref() }, &lay.out);
     let report = lay.out.join("report.md");
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary {
@@ -141,8 +141,17 @@ fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
     Ok(Plots { files, advantages })
 }
 
+/// The across-seeds results ([`super::compare`]) the report renders.
+struct Across<'a> {
+    groups: &'a [GroupRow],
+    pairs: &'a [PairRow],
+    /// [`ordering`]'s sentence.
+    ordering: Option<&'a str>,
+}
+
 /// The "Arms over seeds" section: per group, per pair, and the paper's ordering.
-fn render_groups(s: &mut String, g: &Gathered, groups: &[GroupRow], pairs: &[PairRow]) {
+fn render_groups(s: &mut String, a: &Across<'_>) {
+    let (groups, pairs) = (a.groups, a.pairs);
     let _ = writeln!(s, "## Arms over seeds\n");
     let _ = writeln!(
         s,
@@ -189,7 +198,7 @@ fn render_groups(s: &mut String, g: &Gathered, groups: &[GroupRow], pairs: &[Pai
         }
         s.push('\n');
     }
-    match ordering(&g.arms, pairs) {
+    match a.ordering {
         Some(o) => {
             let _ = writeln!(s, "The paper's ordering: {o}\n");
         }
@@ -200,7 +209,7 @@ fn render_groups(s: &mut String, g: &Gathered, groups: &[GroupRow], pairs: &[Pai
 }
 
 #[allow(clippy::too_many_arguments)]
-fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, plots: &Plots, groups: &[GroupRow], pairs: &[PairRow], out: &Path) -> String {
+fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, plots: &Plots, across: &Across<'_>, out: &Path) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Ablation `{}`\n", cfg.name);
     if !cfg.description.trim().is_empty() {
@@ -269,7 +278,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
         let _ = writeln!(s, "**Not finished yet** (not in the tables): {}.\n", g.missing.join(", "));
     }
 
-    render_groups(&mut s, g, groups, pairs);
+    render_groups(&mut s, across);
 
     // Comparison
     let _ = writeln!(s, "## Comparison\n");
