@@ -222,6 +222,7 @@ impl PipelineConfig {
         self.judge.validate()?;
         self.hint.validate()?;
         self.trainer.validate()?;
+        self.teacher.validate()?;
         if self.bus.partitions < 1 {
             return Err(Error::Config("bus.partitions must be at least 1".into()));
         }

@@ -449,7 +449,8 @@ fn main() -> Result<()> {
                 println!("final score per arm (mean over seeds, 95% CI):");
                 for g in &s.groups {
                     let ci = g.low.zip(g.high).map(|(l, h)| format!("[{l:.3}-{h:.3}]")).unwrap_or_else(|| "(one seed)".into());
-                    println!("  {:<24} {:.3} {ci} over {} seed(s)", g.group, g.mean, g.seeds.len());
+                    let v0 = s.versus_v0.iter().find(|p| p.a == g.group).map(|p| format!("; vs v0 {:+.3}, p = {}", p.mean_diff, nextstate::stats::p_text(p.p_value))).unwrap_or_default();
+                    println!("  {:<24} {:.3} {ci} over {} seed(s){v0}", g.group, g.mean, g.seeds.len());
                 }
                 if let Some(o) = &s.ordering {
                     println!("{}", o.replace("**", ""));

@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::schema::{content_hash, now_ms, HintRecord, Interaction, Judgment, Sample, SampleType, Table, TeacherLogprobs, TurnType};
+use crate::schema::{content_hash, now_ms, HintRecord, Interaction, Judgment, Sample, SampleType, Table, TeacherCandidate, TeacherLogprobs, TurnType};
 use crate::{input_err, Error, Result};
 
 pub use crate::config::Method;
@@ -261,6 +261,7 @@ pub fn assemble(
     let mut topk_ids = None;
     let mut topk_logprobs = None;
     let mut teacher_id = None;
+    let mut teacher_prompt_token_ids = None;
     if uses_teacher {
         let hint_id = hint.map(|h| h.hint_id.as_str()).unwrap_or("");
         let tr = teacher.ok_or_else(|| input_err!("hint {hint_id} was accepted for interaction {iid} but no teacher log-probs were given"))?;
@@ -282,6 +283,7 @@ pub fn assemble(
         }
         teacher_logprobs = Some(tr.teacher_logprobs.clone());
         teacher_id = Some(tr.teacher_id.clone());
+        teacher_prompt_token_ids = Some(tr.teacher_prompt_token_ids.clone());
     } else if sample_type == SampleType::CombinedScoreOnly {
         // No hint: the teacher term A = teacher − old is 0 when teacher := old (METHOD.md §5).
         teacher_logprobs = Some(rollout_logprobs.to_vec());
@@ -307,6 +309,9 @@ pub fn assemble(
         teacher_logprobs,
         topk_ids,
         topk_logprobs,
+        teacher_prompt_token_ids,
+        student_topk_ids: None,
+        candidates: None,
         policy_version: interaction.policy_version,
         judgment_id: judgment.filter(|_| uses_judgment).map(|j| j.judgment_id.clone()),
         hint_id: hint.filter(|_| uses_hint).map(|h| h.hint_id.clone()),
@@ -317,6 +322,55 @@ pub fn assemble(
         event_time: interaction.event_time,
         processed_time: now_ms(),
     }))
+}
+
+/// Multi-candidate hints (METHOD.md §3b): sets `sample.student_topk_ids` and `sample.candidates` from
+/// the teacher rows of a turn's hint candidates, `rows[c]` scored under candidate c's teacher context
+/// (shortest hint first; `hint_indices[c]` is the vote it came from). `rows[0]` must be the row the
+/// sample was assembled with ([`assemble`]). Every row must carry `student_topk_ids` and
+/// `logprobs_at_student_topk` ([T, K]) and top-K lists of the same width K, all for the sample's
+/// response tokens, with finite values at trained positions; the rows must agree on the student's ids.
+///
+/// # Errors
+/// [`Error::InvalidInput`] (and [`Error::LogprobLenMismatch`] / [`Error::NonFinite`] from the checks)
+/// naming the row and what is wrong; the sample is left unchanged then.
+pub fn attach_candidates(sample: &mut Sample, rows: &[TeacherLogprobs], hint_indices: &[i32]) -> Result<()> {
+    if rows.is_empty() || rows.len() != hint_indices.len() {
+        return Err(input_err!("{} teacher rows for {} hint candidates", rows.len(), hint_indices.len()));
+    }
+    if sample.teacher_id.as_deref() != Some(rows[0].teacher_id.as_str()) {
+        return Err(input_err!("candidate 0 is teacher row {}, the sample was assembled with {:?}", rows[0].teacher_id, sample.teacher_id));
+    }
+    let mask = &sample.loss_mask;
+    let mut student: Option<&Vec<Vec<i32>>> = None;
+    let mut out = Vec::with_capacity(rows.len());
+    for (r, &hint_index) in rows.iter().zip(hint_indices) {
+        check_same_turn("teacher row", &r.interaction_id, &sample.interaction_id)?;
+        check_same_tokens(&format!("teacher row {} response_token_ids", r.teacher_id), &r.response_token_ids, &sample.response_token_ids)?;
+        let (Some(ids), Some(lps), Some(s_ids), Some(at_s)) = (&r.topk_ids, &r.topk_logprobs, &r.student_topk_ids, &r.logprobs_at_student_topk) else {
+            return Err(input_err!("teacher row {} lacks top-K lists or log-probs at the student's top-K ids", r.teacher_id));
+        };
+        check_topk(ids, lps, mask)?;
+        check_topk(s_ids, at_s, mask)?;
+        let k = |v: &[Vec<i32>]| v.first().map_or(0, Vec::len);
+        if k(ids) != k(s_ids) {
+            return Err(input_err!("teacher row {}: top-K width {} but {} student ids per position", r.teacher_id, k(ids), k(s_ids)));
+        }
+        match student {
+            Some(s) if s != s_ids => return Err(input_err!("teacher row {} has other student top-K ids than candidate 0", r.teacher_id)),
+            _ => student = Some(s_ids),
+        }
+        out.push(TeacherCandidate {
+            teacher_id: r.teacher_id.clone(),
+            hint_index,
+            topk_ids: ids.clone(),
+            topk_logprobs: lps.clone(),
+            logprobs_at_student_topk: at_s.clone(),
+        });
+    }
+    sample.student_topk_ids = student.cloned();
+    sample.candidates = Some(out);
+    Ok(())
 }
 
 #[cfg(test)]

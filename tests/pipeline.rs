@@ -205,3 +205,149 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     assert_eq!(report.stages["hint"].get("votes_cached"), 8);
     assert_eq!(sorted_samples(&lake2, "t-combined"), combined, "bit-identical samples (but processing time)");
 }
+
+/// Distinct hints per vote for the multi-candidate test: the k-th vote on a case gets variant k
+/// (cases A and B; B's first and third variants are the same text, so it has two candidates).
+fn hint_variant(case: &str, k: usize) -> Option<&'static str> {
+    const A: [&str; 3] = ["State the sum as a single number.", "Answer with digits only and no words at all.", "Give just the number."];
+    const B: [&str; 3] = ["Give just the number.", "Reply with the sum and nothing else.", "Give just the number."];
+    match case {
+        "[A]" => Some(A[k % 3]),
+        "[B]" => Some(B[k % 3]),
+        _ => None,
+    }
+}
+
+async fn scripted_multi(Json(req): Json<serde_json::Value>) -> Json<serde_json::Value> {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let text = req.to_string();
+    let case = ["[A]", "[B]", "[C]", "[D]"].iter().find(|m| text.contains(*m)).copied().unwrap_or("?");
+    let k = {
+        let mut seen = SEEN.lock().unwrap();
+        seen.push(case.to_string());
+        seen.iter().filter(|c| *c == case).count() - 1
+    };
+    let content = match hint_variant(case, k) {
+        Some(h) => format!("\\boxed{{1}} [HINT_START]{h}[HINT_END]"),
+        None => "\\boxed{-1}".to_string(),
+    };
+    Json(serde_json::json!({"id": "x", "object": "chat.completion", "model": "scripted",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}))
+}
+
+/// Multi-candidate hints (METHOD.md §3b) through the real teacher stage: every accepted, distinct hint
+/// vote gets its own teacher row, shortest first; the student's top-K ids are the policy's own on the
+/// original prompt; each candidate's log-probs at them agree with its own top-K lists and with its
+/// log-prob of the sampled token wherever the ids coincide; the trainer's overlap packing takes the
+/// samples; a rerun is served from the teacher cache with identical samples.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
+    let Some(model) = model_dir() else {
+        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    };
+    let url = start_scripted().await;
+    let app = Router::new().route("/v1/chat/completions", post(scripted_multi));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hint_url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    let lake = Lake::open(&lake_dir).unwrap();
+    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    lake.write_rows(&rows, "test", 1).unwrap();
+    let mut cfg = pipeline("t-multi", "combined", &lake_dir, &url, &model);
+    cfg.hint.url = Some(hint_url);
+    cfg.hint.m = 3;
+    cfg.teacher.candidates = 3;
+    cfg.teacher.top_k = 4;
+    cfg.validate().unwrap();
+    let report = run(&cfg).await;
+    let teacher = &report.stages["teacher"];
+    assert_eq!(teacher.get("teacher_logprobs"), 5, "A: 3 distinct hints, B: 2: {teacher:?}");
+    assert_eq!((teacher.get("hint_candidates: 3"), teacher.get("hint_candidates: 2")), (1, 1), "{teacher:?}");
+    assert_eq!(counts(&lake, "t-multi").await, vec![("combined-both".into(), 1), ("combined-hint-only".into(), 1), ("combined-score-only".into(), 1)]);
+
+    let lm = nextstate::model::LanguageModel::load(&model, &Default::default()).unwrap();
+    let trows: std::collections::HashMap<String, nextstate::schema::TeacherLogprobs> =
+        lake.read_table::<nextstate::schema::TeacherLogprobs>().unwrap().into_iter().map(|r| (r.teacher_id.clone(), r)).collect();
+    let samples = sorted_samples(&lake, "t-multi");
+    let u32s = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+    let (mut same_token, mut same_id) = (0, 0);
+    for s in &samples {
+        let Some(cands) = &s.candidates else {
+            assert_eq!(s.sample_type, nextstate::schema::SampleType::CombinedScoreOnly, "only the turn without a hint has no candidates");
+            assert!(s.student_topk_ids.is_none());
+            continue;
+        };
+        let case = if s.sample_type == nextstate::schema::SampleType::CombinedBoth { "[A]" } else { "[B]" };
+        // Shortest first, deduplicated: each candidate's teacher prompt ends its last user message with its hint.
+        let mut want: Vec<&str> = (0..3).filter_map(|k| hint_variant(case, k)).collect();
+        want.sort_by_key(|h| h.len());
+        want.dedup();
+        assert_eq!(cands.len(), want.len());
+        for (c, hint) in cands.iter().zip(&want) {
+            let text = lm.decode(&u32s(&trows[&c.teacher_id].teacher_prompt_token_ids), false).unwrap();
+            assert!(text.contains(&format!("[user's hint / instruction]\n{hint}")), "candidate {} is not {hint:?}: {text}", c.teacher_id);
+        }
+        // Candidate 0 is the sample's teacher.
+        assert_eq!(s.teacher_id.as_deref(), Some(cands[0].teacher_id.as_str()));
+        assert_eq!(s.teacher_logprobs.as_ref(), Some(&trows[&cands[0].teacher_id].teacher_logprobs));
+        // The student's top-4 ids are the policy's own on the original prompt.
+        let own = lm.score(&[(u32s(&s.prompt_token_ids), u32s(&s.response_token_ids))], 4).unwrap().remove(0);
+        let own_ids: Vec<Vec<i32>> = own.topk_ids.unwrap().iter().map(|r| r.iter().map(|&x| x as i32).collect()).collect();
+        assert_eq!(s.student_topk_ids.as_ref(), Some(&own_ids));
+        for c in cands {
+            let row = &trows[&c.teacher_id];
+            assert_eq!(row.student_topk_ids.as_ref(), Some(&own_ids));
+            for (t, ids) in own_ids.iter().enumerate() {
+                for (j, id) in ids.iter().enumerate() {
+                    let at = c.logprobs_at_student_topk[t][j];
+                    if *id == s.response_token_ids[t] {
+                        assert!((at - row.teacher_logprobs[t]).abs() < 1e-5, "t {t}: {at} vs {}", row.teacher_logprobs[t]);
+                        same_token += 1;
+                    }
+                    if let Some(jj) = c.topk_ids[t].iter().position(|x| x == id) {
+                        assert!((at - c.topk_logprobs[t][jj]).abs() < 1e-5, "t {t} id {id}: {at} vs {}", c.topk_logprobs[t][jj]);
+                        same_id += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(same_token > 0 && same_id > 0, "the checks compared something: {same_token} sampled tokens, {same_id} shared ids");
+
+    // The trainer's overlap packing takes every sample.
+    let tcfg = nextstate::trainer::TrainerConfig { opd_loss: nextstate::trainer::OpdLoss::Overlap, recompute_old_logprobs: true, ..Default::default() };
+    let opts = nextstate::trainer::PackOptions { method: nextstate::config::Method::Combined, vocab_size: lm.transformer().config.vocab_size, pad_id: 0, current_version: 0, device: tch::Device::Cpu, config: tcfg };
+    let packed = nextstate::trainer::pack_samples(&samples, &opts).unwrap();
+    assert!(packed.dropped.is_empty(), "{:?}", packed.dropped);
+    let b = packed.batch.unwrap();
+    assert_eq!(b.topk_subset.as_ref().unwrap().size()[2], 4);
+    assert_eq!(b.overlap_fraction.iter().filter(|o| o.is_some()).count(), 2, "the two hinted rows");
+
+    // A replay into a fresh lake with the vote cache and the teacher rows as its teacher cache (what
+    // `nextstate replay` copies): every candidate row is served from the cache, the samples are the same.
+    let lake2_dir = dir.path().join("lake2");
+    let lake2 = Lake::open(&lake2_dir).unwrap();
+    lake2.write_rows(&rows, "test", 1).unwrap();
+    copy_dir(&lake_dir.join("_state/vote_cache"), &lake2.state_dir("vote_cache").unwrap());
+    copy_dir(&lake.table_dir("teacher_logprobs"), &lake2_dir.join("_state/teacher_cache").join("teacher_logprobs"));
+    let cfg2 = nextstate::config::PipelineConfig { lake: lake2_dir.clone(), ..cfg };
+    let report = run(&cfg2).await;
+    assert_eq!(report.stages["teacher"].get("teacher_cache_hit"), 5, "{:?}", report.stages["teacher"]);
+    assert_eq!(sorted_samples(&lake2, "t-multi"), samples);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}

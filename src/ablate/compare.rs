@@ -12,6 +12,9 @@
 //!   difference (= difference of the mean scores), its 95 % interval and the two-sided p-value. The
 //!   problems are the independent units, so seeds that agree on a problem do not count as extra
 //!   evidence. `a_only` / `b_only` count the (seed, problem) pairs only A / only B satisfied.
+//! - **Against the initial weights** ([`versus_initial`], `arm_vs_v0`): each group as A against v0 as
+//!   B, the same paired t-test over problems with v0's outcomes standing in on every seed (every
+//!   replicate starts from those weights, evaluated once): whether training moved the score at all.
 //! - **The paper's ordering** ([`ordering`]): whether combined > OPD > binary holds, at what confidence.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -182,6 +185,35 @@ pub fn summarize(arms: &[ArmRow], checkpoints: &[CheckpointRow], responses: &[Re
         }
     }
     Ok((rows, pairs))
+}
+
+/// Name of the initial weights as group B of [`versus_initial`]'s rows.
+pub const INITIAL: &str = "v0";
+
+/// Every group against the initial weights on the same held-out problems (module docs): one
+/// [`PairRow`] per group with an evaluated checkpoint after v0, `a` = the group, `b` = [`INITIAL`], in
+/// file order. v0's outcomes are those of the version-0 responses (the first arm that has them; the
+/// ablation evaluates the initial weights once for all arms). Empty without version-0 responses.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] only on non-finite values (not expected).
+pub fn versus_initial(arms: &[ArmRow], checkpoints: &[CheckpointRow], responses: &[ResponseRow]) -> Result<Vec<PairRow>> {
+    let Some(base) = arms.iter().map(|a| outcomes(&a.arm, 0, responses)).find(|o| !o.is_empty()) else {
+        return Ok(vec![]);
+    };
+    let mut out = vec![];
+    for (name, reps) in groups(arms) {
+        let (mut ra, mut rb) = (Outcomes::new(), Outcomes::new());
+        for a in reps {
+            let Some(c) = final_checkpoint(&a.arm, checkpoints).filter(|c| c.version > 0) else { continue };
+            ra.insert(a.seed, outcomes(&a.arm, c.version, responses));
+            rb.insert(a.seed, base.clone());
+        }
+        if let Some(p) = compare(&name, &ra, INITIAL, &rb)? {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 fn compare(a: &str, ra: &Outcomes, b: &str, rb: &Outcomes) -> Result<Option<PairRow>> {
@@ -368,6 +400,18 @@ mod tests {
         let t = crate::stats::paired_t(&[0.0, 1.0, 0.5, -0.5]).unwrap();
         assert_eq!(p.p_value, t.p_value);
         assert!(!p.significant(ALPHA));
+
+        // Against v0 (c.seed=1's version-0 responses FFFT, the only ones): c's d_p = p0 (1, 1)/2 = 1,
+        // p1 1, p2 (1 + 0)/2 = ½, p3 (0−1, 0−1)/2 = −1 → mean 0.375; only c: 3 + 2, only v0: 1 + 1.
+        let v0 = versus_initial(&arms, &checkpoints, &responses).unwrap();
+        assert_eq!(v0.iter().map(|p| (p.a.as_str(), p.b.as_str())).collect::<Vec<_>>(), vec![("c", "v0"), ("b", "v0")]);
+        let c0 = &v0[0];
+        assert_eq!((c0.seeds.clone(), c0.problems, c0.a_only, c0.b_only), (vec![1, 2], 4, 5, 2));
+        assert!((c0.mean_diff - 0.375).abs() < 1e-12, "{c0:?}");
+        assert_eq!(c0.p_value, crate::stats::paired_t(&[1.0, 1.0, 0.5, -1.0]).unwrap().p_value);
+        // b: seed 1 TFFF, seed 2 TFFT vs FFFT → d = [1, 0, 0, −½] → mean 0.125.
+        assert!((v0[1].mean_diff - 0.125).abs() < 1e-12, "{:?}", v0[1]);
+        assert!(versus_initial(&arms, &checkpoints, &responses[4..]).unwrap().is_empty(), "no v0 responses, no comparison");
     }
 
     #[test]

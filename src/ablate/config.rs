@@ -648,12 +648,16 @@ values = [0.5, 2.0]
         assert_eq!(tiny.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
         let cfg = AblationConfig::load(Path::new("ablations/student.toml")).unwrap();
         let arms = cfg.resolve(Path::new("/tmp/lake")).unwrap();
-        assert_eq!(arms.len(), 15, "5 arms × 3 seeds");
+        assert_eq!(arms.len(), 18, "6 arms × 3 seeds");
         let by = |n: &str| arms.iter().find(|a| a.name == n).unwrap();
         assert_eq!(config_diff(&by("combined.seed=2").pipeline, &by("control.seed=2").pipeline), vec!["trainer.advantage_sign"]);
         assert_eq!(by("control.seed=2").data_pipeline, by("combined.seed=1").data_pipeline);
         assert_eq!((by("opd.seed=3").pipeline.trainer.lr, by("opd.seed=3").pipeline.trainer.w_opd), (5e-4, 4.0));
         assert_eq!(cfg.eval.versions, EvalVersions::Last);
+        let multi = &by("multi.seed=1").pipeline;
+        assert_eq!((multi.teacher.candidates, multi.teacher.top_k, multi.hint.m), (3, 4, 3));
+        assert_eq!((multi.trainer.opd_loss, multi.trainer.recompute_old_logprobs), (crate::trainer::OpdLoss::Overlap, true));
+        assert_ne!(by("multi.seed=1").data_pipeline, by("combined.seed=1").data_pipeline, "its own hints and teacher rows");
     }
 
     #[test]

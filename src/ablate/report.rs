@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::compare::{ordering, summarize, GroupRow, PairRow, ALPHA};
+use super::compare::{ordering, summarize, versus_initial, GroupRow, PairRow, ALPHA};
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
 use super::results::{write_table, CheckpointRow, TABLES};
 use super::run::{gather, write_results, AblationSummary, Gathered, Layout, Stream};
@@ -40,6 +40,8 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
     let (groups, pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
     write_table(&lay.results(), "arm_summary", &groups)?;
     write_table(&lay.results(), "arm_comparisons", &pairs)?;
+    let versus_v0 = versus_initial(&g.arms, &g.checkpoints, &g.responses)?;
+    write_table(&lay.results(), "arm_vs_v0", &versus_v0)?;
     let mut plots = write_plots(&g, &lay.out)?;
     if !groups.is_empty() {
         let items: Vec<IntervalItem> = groups
@@ -50,7 +52,7 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
         plots.files.insert(0, ("score_by_arm.png".into(), "final personalization score per arm: mean over seeds with its 95 % interval and each seed's score".into()));
     }
     let order = ordering(&g.arms, &pairs);
-    let md = render(cfg, arms, stream, &g, base, &plots, &Across { groups: &groups, pairs: &pairs, ordering: order.as_deref() }, &lay.out);
+    let md = render(cfg, arms, stream, &g, base, &plots, &Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, ordering: order.as_deref() }, &lay.out);
     let report = lay.out.join("report.md");
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary {
@@ -60,6 +62,7 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
         reported: g.arms.iter().map(|a| a.arm.clone()).collect(),
         missing: g.missing.clone(),
         groups,
+        versus_v0,
         ordering: order,
         seconds: 0.0,
     })
@@ -145,11 +148,28 @@ fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
 struct Across<'a> {
     groups: &'a [GroupRow],
     pairs: &'a [PairRow],
+    /// Each group against the initial weights ([`versus_initial`]).
+    versus_v0: &'a [PairRow],
     /// [`ordering`]'s sentence.
     ordering: Option<&'a str>,
 }
 
 /// The "Arms over seeds" section: per group, per pair, and the paper's ordering.
+/// A table of paired comparisons; `b` heads the second arm's column.
+fn pair_table(s: &mut String, pairs: &[PairRow], b: &str) {
+    let _ = writeln!(s, "| A | {b} | seeds | problems | A − {b} | 95 % CI | p | only A / only {b} met all |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---|---:|---|");
+    for p in pairs {
+        let ci = match (p.low, p.high) {
+            (Some(l), Some(h)) => format!("{l:+.3} – {h:+.3}"),
+            _ => "–".into(),
+        };
+        let pv = if p.significant(ALPHA) { format!("**{}**", p_text(p.p_value)) } else { p_text(p.p_value) };
+        let _ = writeln!(s, "| {} | {} | {} | {} | {:+.3} | {} | {} | {} / {} |", cell(&p.a), cell(&p.b), p.seeds.len(), p.problems, p.mean_diff, ci, pv, p.a_only, p.b_only);
+    }
+    s.push('\n');
+}
+
 fn render_groups(s: &mut String, a: &Across<'_>) {
     let (groups, pairs) = (a.groups, a.pairs);
     let _ = writeln!(s, "## Arms over seeds\n");
@@ -181,22 +201,19 @@ fn render_groups(s: &mut String, a: &Across<'_>) {
         );
     }
     s.push('\n');
+    if !a.versus_v0.is_empty() {
+        let _ = writeln!(
+            s,
+            "Each arm against the initial weights (v0), on the same held-out problems: per problem the arm's outcome averaged over seeds minus v0's, then a paired t-test over problems. Significant at {ALPHA} in bold.\n"
+        );
+        pair_table(s, a.versus_v0, "v0");
+    }
     if !pairs.is_empty() {
         let _ = writeln!(
             s,
             "Pairwise, on the same held-out problems and the same seeds: per problem the difference of the two arms' outcomes averaged over seeds, then a paired t-test over problems (`src/ablate/compare.rs`). Significant at {ALPHA} in bold.\n"
         );
-        let _ = writeln!(s, "| A | B | seeds | problems | A − B | 95 % CI | p | only A / only B met all |");
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---|---:|---|");
-        for p in pairs {
-            let ci = match (p.low, p.high) {
-                (Some(l), Some(h)) => format!("{l:+.3} – {h:+.3}"),
-                _ => "–".into(),
-            };
-            let pv = if p.significant(ALPHA) { format!("**{}**", p_text(p.p_value)) } else { p_text(p.p_value) };
-            let _ = writeln!(s, "| {} | {} | {} | {} | {:+.3} | {} | {} | {} / {} |", cell(&p.a), cell(&p.b), p.seeds.len(), p.problems, p.mean_diff, ci, pv, p.a_only, p.b_only);
-        }
-        s.push('\n');
+        pair_table(s, pairs, "B");
     }
     match a.ordering {
         Some(o) => {

@@ -64,6 +64,8 @@ pub struct AblationSummary {
     pub missing: Vec<String>,
     /// Each arm group's final score over its seeds ([`super::compare`]).
     pub groups: Vec<super::compare::GroupRow>,
+    /// Each arm group against the initial weights ([`super::compare::versus_initial`]).
+    pub versus_v0: Vec<super::compare::PairRow>,
     /// The sentence on combined > OPD > binary ([`super::compare::ordering`]), when the ablation has
     /// the three plain arms.
     pub ordering: Option<String>,

@@ -11,7 +11,7 @@ mod rules;
 mod select;
 
 pub use rules::{error_line, first_sentences, RulesHint, MAX_RULE_HINT_CHARS, RULES_HINT_MODEL};
-pub use select::{last_hint_block, parse_hint_vote, select_hint, ParsedHint, Selection, Strategy};
+pub use select::{candidate_hints, last_hint_block, parse_hint_vote, select_hint, ParsedHint, Selection, Strategy};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -135,6 +135,24 @@ pub fn select_hint(strategy: Strategy, candidates: &[HintCandidate], min_hint_ch
     }
 }
 
+/// The hint candidates of a turn for multi-candidate hints (METHOD.md §3b): every accepted vote
+/// (score 1, hint longer than `min_hint_chars` characters), deduplicated by its trimmed text (the
+/// first vote of equal hints is kept), shortest first (ties: the lowest vote index), at most `max`.
+/// Returns `(vote index, hint)` pairs; empty when no vote is accepted.
+pub fn candidate_hints(candidates: &[HintCandidate], min_hint_chars: usize, max: usize) -> Vec<(i32, String)> {
+    let mut out: Vec<(i32, String)> = vec![];
+    for c in candidates.iter().filter(|c| c.score == Some(1)) {
+        let Some(h) = c.hint.as_deref().map(str::trim) else { continue };
+        if h.chars().count() > min_hint_chars && !out.iter().any(|(_, o)| o == h) {
+            out.push((c.index, h.to_string()));
+        }
+    }
+    // A stable sort keeps vote order among hints of equal length.
+    out.sort_by_key(|(i, h)| (h.chars().count(), *i));
+    out.truncate(max);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +245,35 @@ mod tests {
         assert_eq!(s.reason, "2 valid votes, 1 with score 1: no majority for a hint (majority-gated)");
         // Longest would have taken it.
         assert_eq!(select_hint(Strategy::Longest, &c, 10).chosen_index, Some(0));
+    }
+
+    #[test]
+    fn candidate_hints_are_accepted_distinct_shortest_first_and_capped() {
+        let c = vec![
+            cand(0, Some(1), Some("Run `ls` before `cat` to find the right path, then read it.")), // 59
+            cand(1, Some(1), Some("Check the file path first.")),                                   // 26
+            cand(2, Some(-1), Some("A hint from a vote that scored -1 is never a candidate.")),
+            cand(3, Some(1), Some("  Check the file path first.  ")), // a duplicate once trimmed
+            cand(4, Some(1), Some("short")),                          // not > 10 chars
+            cand(5, None, Some("an invalid vote's hint, also ignored")),
+            cand(6, Some(1), Some("Use the absolute path /srv/data.")), // 32
+        ];
+        let got = candidate_hints(&c, 10, 3);
+        assert_eq!(
+            got,
+            vec![
+                (1, "Check the file path first.".to_string()),
+                (6, "Use the absolute path /srv/data.".to_string()),
+                (0, "Run `ls` before `cat` to find the right path, then read it.".to_string()),
+            ]
+        );
+        assert_eq!(candidate_hints(&c, 10, 2).len(), 2);
+        assert_eq!(candidate_hints(&c, 10, 1), vec![(1, "Check the file path first.".to_string())], "C = 1 is the shortest strategy's choice");
+        assert_eq!(select_hint(Strategy::Shortest, &c, 10).chosen_index, Some(1));
+        // Equal lengths keep vote order.
+        let tie = vec![cand(0, Some(1), Some("same length B")), cand(1, Some(1), Some("same length A"))];
+        assert_eq!(candidate_hints(&tie, 10, 3).iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(candidate_hints(&c[2..3], 10, 3).is_empty());
     }
 
     #[test]

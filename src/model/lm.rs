@@ -315,6 +315,14 @@ impl LanguageModel {
     pub fn score(&self, items: &[(Vec<u32>, Vec<u32>)], top_k: usize) -> Result<Vec<ScoredResponse>> {
         score::score(&self.transformer, items, top_k, self.pad_id)
     }
+
+    /// Scores responses and gathers the log-probs at given ids per position (see [`score::score_at`]).
+    ///
+    /// # Errors
+    /// As [`score::score_at`].
+    pub fn score_at(&self, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>]) -> Result<Vec<ScoredResponse>> {
+        score::score_at(&self.transformer, items, top_k, at, self.pad_id)
+    }
 }
 
 /// Writes a file through a temp file in the same folder and a rename.

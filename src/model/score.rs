@@ -332,6 +332,8 @@ pub struct ScoredResponse {
     pub topk_ids: Option<Vec<Vec<u32>>>,
     /// Top-K log-probs per position, `[T][K]`, descending (when asked).
     pub topk_logprobs: Option<Vec<Vec<f32>>>,
+    /// Log-probs (nats) at the ids asked for per position ([`score_at`]), `[T][J]`; `None` when not asked.
+    pub at_logprobs: Option<Vec<Vec<f32>>>,
 }
 
 /// Most tokens (B·L) scored in one forward pass.
@@ -345,10 +347,38 @@ pub const SCORE_BATCH_TOKENS: usize = 8192;
 /// As [`PackedBatch::new`] and [`response_hidden`]; [`Error::InvalidInput`] when `top_k` exceeds
 /// the vocabulary; [`Error::NonFinite`] for a non-finite log-prob.
 pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, pad_id: u32) -> Result<Vec<ScoredResponse>> {
+    score_at(model, items, top_k, &[], pad_id)
+}
+
+/// [`score`], and also the log-probs at given token ids: with `at` non-empty (one entry per item,
+/// `at[i]` = `[T_i][J]` ids, the same J for every position of every item), each result's
+/// `at_logprobs[t][j] = log π(at[i][t][j] | prompt, response_<t)` (nats). Multi-candidate hints
+/// (METHOD.md §3b) use it to score a teacher at the student's top-K ids.
+///
+/// # Errors
+/// As [`score`]; [`Error::InvalidInput`] when `at` has another length than `items`, a row of `at`
+/// has another length than its response, the widths differ, or an id is outside the vocabulary.
+pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32) -> Result<Vec<ScoredResponse>> {
     let _guard = tch::no_grad_guard();
     let v = model.config.vocab_size;
     if top_k > v {
         return Err(crate::input_err!("top_k {top_k} exceeds the vocabulary of {v}"));
+    }
+    let width = match at.first() {
+        None => 0,
+        Some(_) if at.len() != items.len() => return Err(crate::input_err!("{} id lists for {} items", at.len(), items.len())),
+        Some(first) => first.first().map_or(0, Vec::len),
+    };
+    for (i, (rows, (_, r))) in at.iter().zip(items).enumerate() {
+        if rows.len() != r.len() {
+            return Err(crate::input_err!("item {i}: {} id rows for {} response tokens", rows.len(), r.len()));
+        }
+        if let Some(bad) = rows.iter().find(|row| row.len() != width) {
+            return Err(crate::input_err!("item {i}: a row of {} ids, expected {width}", bad.len()));
+        }
+        if let Some(&id) = rows.iter().flatten().find(|&&id| id as usize >= v) {
+            return Err(crate::input_err!("item {i}: id {id} outside the vocabulary of {v}"));
+        }
     }
     let mut out = Vec::with_capacity(items.len());
     let mut start = 0;
@@ -368,7 +398,21 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
         let batch = PackedBatch::new(&chunk, pad_id, v, model.device())?;
         let pass = response_hidden(model, &batch, Gradients::None)?;
         let (b, tmax) = (batch.batch_size() as i64, batch.max_response_len() as i64);
-        let (mut lps, mut ids, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        // [B, Tmax, J] ids to gather (0 on padding), when asked.
+        let at_ids = if width > 0 {
+            let mut flat = vec![0i64; (b * tmax) as usize * width];
+            for (i, rows) in at[start..end].iter().enumerate() {
+                for (t, row) in rows.iter().enumerate() {
+                    for (j, &id) in row.iter().enumerate() {
+                        flat[(i * tmax as usize + t) * width + j] = i64::from(id);
+                    }
+                }
+            }
+            Some(Tensor::f_from_slice(&flat)?.f_view([b, tmax, width as i64])?.f_to_device(model.device())?)
+        } else {
+            None
+        };
+        let (mut lps, mut ids, mut vals, mut ats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (t0, n) in position_chunks(b, tmax, LOGIT_CHUNK_TOKENS) {
             let lsm = model.logits(&pass.hidden.f_narrow(1, t0, n)?)?.f_log_softmax(-1, Kind::Float)?;
             lps.push(lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?);
@@ -377,7 +421,11 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
                 ids.push(ti);
                 vals.push(tv);
             }
+            if let Some(a) = &at_ids {
+                ats.push(lsm.f_gather(2, &a.f_narrow(1, t0, n)?, false)?);
+            }
         }
+        let at_all = if ats.is_empty() { None } else { Some(Tensor::f_cat(&ats, 1)?.f_to_device(Device::Cpu)?) };
         let lp = if lps.is_empty() { Tensor::f_zeros([b, 0], (Kind::Float, Device::Cpu))? } else { Tensor::f_cat(&lps, 1)?.f_mul(&batch.response_mask)?.f_to_device(Device::Cpu)? };
         let topk = if top_k > 0 && !ids.is_empty() { Some((Tensor::f_cat(&ids, 1)?.f_to_device(Device::Cpu)?, Tensor::f_cat(&vals, 1)?.f_to_device(Device::Cpu)?)) } else { None };
         for (i, &tl) in batch.response_lens.iter().enumerate() {
@@ -398,7 +446,15 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
             if let Some(pos) = logprobs.iter().position(|x| !x.is_finite()) {
                 return Err(Error::NonFinite { what: "scored log-prob", position: pos });
             }
-            out.push(ScoredResponse { logprobs, topk_ids, topk_logprobs });
+            let at_logprobs = match &at_all {
+                Some(a) => {
+                    let rows: Vec<Vec<f32>> = Vec::<Vec<f32>>::try_from(&a.f_get(i as i64)?)?;
+                    Some(rows[..tl].to_vec())
+                }
+                None if width > 0 => Some(vec![vec![]; tl]),
+                None => None,
+            };
+            out.push(ScoredResponse { logprobs, topk_ids, topk_logprobs, at_logprobs });
         }
         start = end;
     }

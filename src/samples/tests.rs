@@ -113,6 +113,8 @@ fn teacher(lps: Vec<f32>) -> TeacherLogprobs {
         teacher_logprobs: lps,
         topk_ids: None,
         topk_logprobs: None,
+        student_topk_ids: None,
+        logprobs_at_student_topk: None,
         event_time: 1_000,
         processed_time: 3_000,
     }

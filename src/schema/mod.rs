@@ -26,7 +26,7 @@ pub use eval_scores::EvalScore;
 pub use hints::{HintCandidate, HintRecord};
 pub use interactions::{Interaction, Message, ToolCall, TurnType};
 pub use judgments::{Judgment, Vote};
-pub use samples::{Sample, SampleType};
+pub use samples::{Sample, SampleType, TeacherCandidate};
 pub use signals::{NextStateKind, Signal};
 pub use teacher::TeacherLogprobs;
 pub use train_steps::TrainStep;

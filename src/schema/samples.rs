@@ -42,6 +42,31 @@ impl SampleType {
     }
 }
 
+/// One hint candidate's teacher data over a sample's response (METHOD.md §3b), shapes [T, K].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeacherCandidate {
+    /// The `teacher_logprobs` row of this candidate.
+    pub teacher_id: String,
+    /// Index of the hint vote the candidate's hint came from.
+    pub hint_index: i32,
+    /// The candidate teacher's top-K ids per position P_{t,k}, [T, K].
+    pub topk_ids: Vec<Vec<i32>>,
+    /// Its top-K log-probs (nats, descending), [T, K].
+    pub topk_logprobs: Vec<Vec<f32>>,
+    /// Its log-probs at the student's top-K ids ([`Sample::student_topk_ids`]), [T, K].
+    pub logprobs_at_student_topk: Vec<Vec<f32>>,
+}
+
+fn teacher_candidate_fields() -> Vec<Field> {
+    vec![
+        utf8("teacher_id", false, "The candidate's teacher_logprobs row."),
+        i32f("hint_index", false, "Index of the hint vote the hint came from."),
+        list_of_lists("topk_ids", DataType::Int32, false, "Candidate teacher top-K ids [T, K]."),
+        list_of_lists("topk_logprobs", DataType::Float32, false, "Candidate teacher top-K log-probs [T, K]."),
+        list_of_lists("logprobs_at_student_topk", DataType::Float32, false, "Candidate teacher log-probs at the student's top-K ids [T, K]."),
+    ]
+}
+
 /// One training sample: a main turn's tokens with its reward and/or teacher log-probs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
@@ -79,6 +104,20 @@ pub struct Sample {
     pub topk_ids: Option<Vec<Vec<i32>>>,
     /// Top-K teacher log-probs [T, K] (optional).
     pub topk_logprobs: Option<Vec<Vec<f32>>>,
+    /// Token ids of the teacher's (hint-enhanced) prompt, when the sample has teacher log-probs from a
+    /// hint (lets the trainer score the teacher with its current weights, `trainer.teacher = current`);
+    /// null otherwise and in rows written before the column existed.
+    #[serde(default)]
+    pub teacher_prompt_token_ids: Option<Vec<i32>>,
+    /// Multi-candidate hints (METHOD.md §3b, `teacher.candidates` > 1): the student's top-K ids S_t per
+    /// response position, [T, K]; null otherwise.
+    #[serde(default)]
+    pub student_topk_ids: Option<Vec<Vec<i32>>>,
+    /// Multi-candidate hints: each accepted hint's teacher data, shortest hint first (at most
+    /// `teacher.candidates`; candidate 0 is also the sample's `teacher_logprobs` / `topk_*`); null
+    /// otherwise.
+    #[serde(default)]
+    pub candidates: Option<Vec<TeacherCandidate>>,
     /// Policy version that produced the response.
     pub policy_version: Option<i64>,
     /// The judgment used (null when none).
@@ -126,6 +165,9 @@ impl Sample {
             teacher_logprobs: None,
             topk_ids: None,
             topk_logprobs: None,
+            teacher_prompt_token_ids: None,
+            student_topk_ids: None,
+            candidates: None,
             policy_version: Some(0),
             judgment_id: None,
             hint_id: None,
@@ -173,6 +215,9 @@ impl Table for Sample {
             list_of("teacher_logprobs", DataType::Float32, true, "Teacher log-probs [T]."),
             list_of_lists("topk_ids", DataType::Int32, true, "Teacher top-K ids [T, K]."),
             list_of_lists("topk_logprobs", DataType::Float32, true, "Teacher top-K log-probs [T, K]."),
+            list_of("teacher_prompt_token_ids", DataType::Int32, true, "Teacher (hint-enhanced) prompt token ids, when the sample has a hint's teacher log-probs."),
+            list_of_lists("student_topk_ids", DataType::Int32, true, "Multi-candidate hints: the student's top-K ids [T, K]."),
+            list_of_struct("candidates", teacher_candidate_fields(), true, "Multi-candidate hints: per accepted hint (shortest first) its teacher_id, hint_index, top-K ids and log-probs [T, K] and log-probs at the student's top-K ids [T, K]."),
             i64f("policy_version", true, "Policy version that produced the response."),
             utf8("judgment_id", true, "Judgment used."),
             utf8("hint_id", true, "Hint record used."),

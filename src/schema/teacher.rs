@@ -37,6 +37,14 @@ pub struct TeacherLogprobs {
     pub topk_ids: Option<Vec<Vec<i32>>>,
     /// Top-K teacher log-probs per position, shape [T, K], sorted descending.
     pub topk_logprobs: Option<Vec<Vec<f32>>>,
+    /// Multi-candidate hints (METHOD.md §3b): the student's (the policy's initial weights on the
+    /// original prompt) top-K token ids per position, shape [T, K]; null otherwise (and in rows written
+    /// before the column existed).
+    #[serde(default)]
+    pub student_topk_ids: Option<Vec<Vec<i32>>>,
+    /// Multi-candidate hints: the teacher's log-probs (nats) at `student_topk_ids`, shape [T, K].
+    #[serde(default)]
+    pub logprobs_at_student_topk: Option<Vec<Vec<f32>>>,
     /// Event time of the turn (ms).
     pub event_time: i64,
     /// When computed (ms).
@@ -65,6 +73,8 @@ impl Table for TeacherLogprobs {
             list_of("teacher_logprobs", DataType::Float32, false, "Teacher log-prob of response_token_ids[i] (nats) [T]."),
             list_of_lists("topk_ids", DataType::Int32, true, "Teacher top-K token ids per position [T, K]."),
             list_of_lists("topk_logprobs", DataType::Float32, true, "Teacher top-K log-probs per position [T, K]."),
+            list_of_lists("student_topk_ids", DataType::Int32, true, "Multi-candidate hints: the student's top-K ids per position [T, K]."),
+            list_of_lists("logprobs_at_student_topk", DataType::Float32, true, "Multi-candidate hints: teacher log-probs at student_topk_ids [T, K]."),
             ts("event_time", false, "Event time of the turn (UTC)."),
             ts("processed_time", false, "When computed (UTC)."),
         ]

@@ -73,12 +73,34 @@ fn nested_tables_round_trip() {
         teacher_logprobs: vec![-0.1],
         topk_ids: Some(vec![vec![3, 9]]),
         topk_logprobs: Some(vec![vec![-0.1, -2.5]]),
+        student_topk_ids: Some(vec![vec![3, 4]]),
+        logprobs_at_student_topk: Some(vec![vec![-0.1, -3.0]]),
         event_time: 1,
         processed_time: 2,
     };
     let batch = serde_arrow::to_record_batch(&field_refs::<TeacherLogprobs>(), &vec![t.clone()]).unwrap();
     let back: Vec<TeacherLogprobs> = serde_arrow::from_record_batch(&batch).unwrap();
-    assert_eq!(back, vec![t]);
+    assert_eq!(back, vec![t.clone()]);
+
+    // Files written before the multi-candidate columns existed still read: the columns become null.
+    let keep: Vec<usize> = (0..batch.num_columns()).filter(|&i| !batch.schema().field(i).name().contains("student_topk")).collect();
+    let old = batch.project(&keep).unwrap();
+    assert_eq!(old.num_columns(), batch.num_columns() - 2);
+    let back: Vec<TeacherLogprobs> = serde_arrow::from_record_batch(&old).unwrap();
+    assert_eq!(back, vec![TeacherLogprobs { student_topk_ids: None, logprobs_at_student_topk: None, ..t }]);
+}
+
+#[test]
+fn samples_with_candidates_round_trip_and_old_files_read() {
+    let c = TeacherCandidate { teacher_id: "t0".into(), hint_index: 2, topk_ids: vec![vec![5, 6]], topk_logprobs: vec![vec![-0.2, -1.9]], logprobs_at_student_topk: vec![vec![-0.3, -2.2]] };
+    let s = Sample { teacher_prompt_token_ids: Some(vec![1, 9]), student_topk_ids: Some(vec![vec![5, 7]]), candidates: Some(vec![c]), ..Sample::new(SampleType::Opd, vec![1], vec![5], vec![-0.4], 0.0) };
+    let batch = serde_arrow::to_record_batch(&field_refs::<Sample>(), &vec![s.clone()]).unwrap();
+    let back: Vec<Sample> = serde_arrow::from_record_batch(&batch).unwrap();
+    assert_eq!(back, vec![s.clone()]);
+    let keep: Vec<usize> = (0..batch.num_columns()).filter(|&i| !matches!(batch.schema().field(i).name().as_str(), "student_topk_ids" | "candidates" | "teacher_prompt_token_ids")).collect();
+    assert_eq!(keep.len(), batch.num_columns() - 3);
+    let back: Vec<Sample> = serde_arrow::from_record_batch(&batch.project(&keep).unwrap()).unwrap();
+    assert_eq!(back, vec![Sample { student_topk_ids: None, candidates: None, teacher_prompt_token_ids: None, ..s }]);
 }
 
 #[test]

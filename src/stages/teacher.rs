@@ -26,7 +26,8 @@ use super::{Input, Output, StageCounts, StageLogic};
 use crate::config::{Method, PipelineConfig};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, LoadOptions};
-use crate::samples::{assemble, decide, Decision, SampleConfig, SampleOutcome};
+use crate::hint::{candidate_hints, teacher_messages};
+use crate::samples::{assemble, attach_candidates, decide, Decision, SampleConfig, SampleOutcome};
 use crate::schema::{content_hash, now_ms, DeadLetter, HintRecord, Interaction, Judgment, Message, Table, TeacherLogprobs};
 
 /// The `[teacher]` table of a pipeline.
@@ -42,11 +43,52 @@ pub struct TeacherConfig {
     pub max_tokens: usize,
     /// Turns scored per forward pass.
     pub batch: usize,
+    /// Hint candidates per turn, C (1 = the hint stage's chosen hint only, the default). With C > 1
+    /// (multi-candidate hints, METHOD.md §3b) every accepted hint vote of a turn, deduplicated and
+    /// shortest first, up to C, gets its own teacher context and scoring pass, and one more pass scores
+    /// the student (the policy's initial weights on the original prompt) for its top-K ids; each
+    /// candidate's row also holds the teacher's log-probs at those ids, and the sample carries them all
+    /// (`samples.candidates`) for the trainer's overlap-guided selection (`trainer.opd_loss = overlap`).
+    /// Needs `top_k` ≥ 1 (the reference uses K = 4) and a hint stage with `m` ≥ C votes to have C
+    /// candidates. Left out of the serialised form when 1, so older pipeline hashes are unchanged.
+    #[serde(skip_serializing_if = "is_one")]
+    pub candidates: usize,
 }
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+/// Most hint candidates per turn (`teacher.candidates`).
+pub const MAX_CANDIDATES: usize = 8;
 
 impl Default for TeacherConfig {
     fn default() -> Self {
-        TeacherConfig { model: None, top_k: 0, max_tokens: 8192, batch: 4 }
+        TeacherConfig { model: None, top_k: 0, max_tokens: 8192, batch: 4, candidates: 1 }
+    }
+}
+
+impl TeacherConfig {
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key and its value.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_CANDIDATES).contains(&self.candidates) {
+            return Err(Error::Config(format!("teacher.candidates = {} must be in 1..={MAX_CANDIDATES}", self.candidates)));
+        }
+        if self.candidates > 1 && self.top_k == 0 {
+            return Err(Error::Config(format!(
+                "teacher.candidates = {} needs teacher.top_k >= 1: overlap-guided selection compares top-K ids (the reference uses 4)",
+                self.candidates
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether turns get several hint candidates and the student's top-K ids (`candidates` > 1).
+    pub fn multi_candidate(&self) -> bool {
+        self.candidates > 1
     }
 }
 
@@ -60,6 +102,8 @@ pub struct TeacherModels {
     teacher: Arc<Mutex<LanguageModel>>,
     teacher_id: String,
     teacher_version: i64,
+    /// Name of the policy's initial weights (the student of multi-candidate rows).
+    policy_id: String,
 }
 
 impl TeacherModels {
@@ -76,7 +120,8 @@ impl TeacherModels {
             _ => (policy.clone(), cfg.policy.model.clone()),
         };
         let (teacher_id, teacher_version) = weights_identity(&path)?;
-        Ok(TeacherModels { policy, teacher, teacher_id, teacher_version })
+        let (policy_id, _) = weights_identity(&cfg.policy.model)?;
+        Ok(TeacherModels { policy, teacher, teacher_id, teacher_version, policy_id })
     }
 }
 
@@ -110,6 +155,8 @@ pub struct TeacherStage<I> {
     cfg: TeacherConfig,
     samples: SampleConfig,
     cache: TeacherCache,
+    /// `hint.min_hint_chars`: the length a hint candidate must exceed (multi-candidate hints).
+    min_hint_chars: usize,
     /// libtorch threads of the scoring passes (`policy.threads`; 0 = default), set on the blocking
     /// thread that runs them.
     threads: usize,
@@ -126,6 +173,7 @@ impl<I> TeacherStage<I> {
             cfg: cfg.teacher.clone(),
             samples: cfg.samples.clone(),
             cache: TeacherCache::default(),
+            min_hint_chars: cfg.hint.min_hint_chars,
             threads: cfg.policy.threads,
             _in: std::marker::PhantomData,
         }
@@ -184,9 +232,23 @@ impl TeacherCache {
 }
 
 /// The content-addressed id of a teacher row: hash of the interaction id, the teacher model's name, the
-/// teacher prompt token ids (JSON) and K.
-pub fn teacher_row_id(interaction_id: &str, teacher_model: &str, teacher_prompt: &[u32], top_k: usize) -> String {
-    content_hash(&[interaction_id.as_bytes(), teacher_model.as_bytes(), &serde_json::to_vec(teacher_prompt).unwrap_or_default(), &top_k.to_le_bytes()])
+/// teacher prompt token ids (JSON) and K; for a multi-candidate row (which also holds the teacher's
+/// log-probs at the student's top-K ids) also the student's weights name, `student`.
+pub fn teacher_row_id(interaction_id: &str, teacher_model: &str, teacher_prompt: &[u32], top_k: usize, student: Option<&str>) -> String {
+    let prompt = serde_json::to_vec(teacher_prompt).unwrap_or_default();
+    let parts: [&[u8]; 4] = [interaction_id.as_bytes(), teacher_model.as_bytes(), &prompt, &top_k.to_le_bytes()];
+    match student {
+        None => content_hash(&parts),
+        Some(s) => content_hash(&[parts[0], parts[1], parts[2], parts[3], b"student_topk", s.as_bytes()]),
+    }
+}
+
+/// One teacher context of a turn: the hint's vote index, the teacher prompt ids and the cached row, if any.
+struct TeacherPrompt {
+    hint_index: i32,
+    prompt: Vec<u32>,
+    /// The teacher row from the cache (no model work for it).
+    cached: Option<TeacherLogprobs>,
 }
 
 /// One turn's model work.
@@ -197,10 +259,16 @@ struct Job {
     prompt_ids: Vec<u32>,
     response_ids: Vec<u32>,
     rollout: Option<Vec<f32>>,
-    teacher_prompt: Option<Vec<u32>>,
-    /// The teacher row from the cache (no model work for it).
-    cached: Option<TeacherLogprobs>,
+    /// The teacher contexts: none without a hint, one per hint candidate (shortest first) otherwise.
+    teachers: Vec<TeacherPrompt>,
     lineage: crate::schema::Lineage,
+}
+
+impl Job {
+    /// Whether the turn needs the student's top-K ids scored (multi-candidate and not all cached).
+    fn needs_student(&self, multi: bool) -> bool {
+        multi && self.teachers.iter().any(|t| t.cached.is_none())
+    }
 }
 
 /// Resolves the prompt and response token ids of a turn (see module docs).
@@ -238,9 +306,43 @@ pub fn turn_tokens(lm: &LanguageModel, i: &Interaction) -> Result<(Vec<u32>, Vec
     Ok((prompt_ids, response_ids))
 }
 
+/// The teacher contexts of a turn whose hint was accepted, as `(vote index, messages)`: with
+/// `candidates = 1` the hint stage's own context (`hints.teacher_messages`); with more, one per
+/// [`candidate_hints`] entry (METHOD.md §3b), built from the turn's request with [`teacher_messages`]
+/// (the same construction as the hint stage's), the chosen hint alone when no vote qualifies.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for an accepted hint without a teacher context; JSON errors for a context or
+/// request that is not a message list.
+fn teacher_contexts(hint: Option<&HintRecord>, interaction: &Interaction, candidates: usize, min_hint_chars: usize) -> Result<Vec<(i32, Vec<Message>)>> {
+    let h = hint.ok_or_else(|| Error::InvalidInput("accepted hint without a hint record".into()))?;
+    if candidates > 1 {
+        let mut hints = candidate_hints(&h.candidates, min_hint_chars, candidates);
+        if hints.is_empty() {
+            if let Some(chosen) = &h.chosen_hint {
+                hints.push((h.chosen_index.unwrap_or(0), chosen.clone()));
+            }
+        }
+        if !hints.is_empty() {
+            let request = interaction.messages()?;
+            return Ok(hints.into_iter().map(|(i, text)| (i, teacher_messages(&request, &text))).collect());
+        }
+    }
+    let ctx = h.teacher_messages.as_ref().ok_or_else(|| Error::InvalidInput("accepted hint without teacher context".into()))?;
+    Ok(vec![(h.chosen_index.unwrap_or(0), serde_json::from_str(ctx)?)])
+}
+
 fn to_i32(v: &[u32]) -> Vec<i32> {
     v.iter().map(|&x| x as i32).collect()
 }
+
+fn to_i32_rows(rows: &[Vec<u32>]) -> Vec<Vec<i32>> {
+    rows.iter().map(|r| to_i32(r)).collect()
+}
+
+/// What the blocking scoring call returns for one job: recomputed rollout log-probs, the student's
+/// top-K (multi-candidate), and one scored response per uncached teacher context, in order.
+type Scored = (Option<Vec<f32>>, Option<crate::model::ScoredResponse>, Vec<crate::model::ScoredResponse>);
 
 impl<I: Table> StageLogic for TeacherStage<I> {
     type In = I;
@@ -249,6 +351,8 @@ impl<I: Table> StageLogic for TeacherStage<I> {
     }
     async fn handle(&mut self, batch: Vec<Input<I>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
         // 1. decide and tokenise (cheap), 2. score in one blocking call, 3. assemble and publish.
+        let multi = self.cfg.multi_candidate();
+        let student_name = multi.then(|| self.models.policy_id.clone());
         let mut jobs: Vec<Job> = vec![];
         for input in batch {
             let Some(interaction) = input.carry.interaction.clone() else {
@@ -273,21 +377,20 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             let prepared = {
                 let lm = lock(&self.models.policy);
                 turn_tokens(&lm, &interaction).and_then(|(p, r)| {
-                    let teacher_prompt = if uses_teacher {
-                        let h = hint.as_ref().and_then(|h| h.teacher_messages.as_ref()).ok_or_else(|| Error::InvalidInput("accepted hint without teacher context".into()))?;
-                        let msgs: Vec<Message> = serde_json::from_str(h)?;
+                    let mut prompts = vec![];
+                    if uses_teacher {
                         let tools: Option<serde_json::Value> = match &interaction.tools {
                             Some(t) => Some(serde_json::from_str(t)?),
                             None => None,
                         };
-                        Some(lm.chat_prompt_ids(&msgs, tools.as_ref(), true)).transpose()
-                    } else {
-                        Ok(None)
-                    }?;
-                    Ok((p, r, teacher_prompt))
+                        for (index, msgs) in teacher_contexts(hint.as_ref(), &interaction, self.cfg.candidates, self.min_hint_chars)? {
+                            prompts.push((index, lm.chat_prompt_ids(&msgs, tools.as_ref(), true)?));
+                        }
+                    }
+                    Ok((p, r, prompts))
                 })
             };
-            let (prompt_ids, response_ids, teacher_prompt) = match prepared {
+            let (prompt_ids, response_ids, prompts) = match prepared {
                 Ok(x) => x,
                 Err(e) => {
                     counts.add("dead_letter: tokenization", 1);
@@ -295,21 +398,30 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                     continue;
                 }
             };
-            let longest = prompt_ids.len().max(teacher_prompt.as_ref().map_or(0, Vec::len)) + response_ids.len();
+            let longest = prompts.iter().map(|(_, p)| p.len()).max().unwrap_or(0).max(prompt_ids.len()) + response_ids.len();
             if longest > self.cfg.max_tokens {
                 counts.add("dead_letter: too_long", 1);
                 out.dead(dead("too_long", format!("{longest} tokens exceed teacher.max_tokens = {}", self.cfg.max_tokens))).await?;
                 continue;
             }
             let rollout = interaction.rollout_logprobs.clone().filter(|r| r.len() == response_ids.len());
-            let cached = teacher_prompt.as_ref().and_then(|tp| {
-                let id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, tp, self.cfg.top_k);
-                self.cache.get(&id, &to_i32(tp), &to_i32(&response_ids)).cloned()
-            });
-            if cached.is_some() {
-                counts.add("teacher_cache_hit", 1);
+            let teachers: Vec<TeacherPrompt> = prompts
+                .into_iter()
+                .map(|(hint_index, tp)| {
+                    let id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp, self.cfg.top_k, student_name.as_deref());
+                    let cached = self
+                        .cache
+                        .get(&id, &to_i32(&tp), &to_i32(&response_ids))
+                        .filter(|r| !multi || (r.student_topk_ids.is_some() && r.logprobs_at_student_topk.is_some()))
+                        .cloned();
+                    TeacherPrompt { hint_index, prompt: tp, cached }
+                })
+                .collect();
+            let hits = teachers.iter().filter(|t| t.cached.is_some()).count();
+            if hits > 0 {
+                counts.add("teacher_cache_hit", hits as u64);
             }
-            jobs.push(Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, teacher_prompt, cached, lineage: input.lineage });
+            jobs.push(Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, teachers, lineage: input.lineage });
         }
         if jobs.is_empty() {
             return Ok(());
@@ -317,86 +429,144 @@ impl<I: Table> StageLogic for TeacherStage<I> {
         // Model work on a blocking thread.
         let models = self.models.clone();
         let (top_k, per_pass) = (self.cfg.top_k, self.cfg.batch.max(1));
-        let work: Vec<(Option<(Vec<u32>, Vec<u32>)>, Option<(Vec<u32>, Vec<u32>)>)> = jobs
+        struct Work {
+            rollout: Option<(Vec<u32>, Vec<u32>)>,
+            student: Option<(Vec<u32>, Vec<u32>)>,
+            /// The student's ids from a cached row (all candidates of the turn share them).
+            cached_student: Option<Vec<Vec<u32>>>,
+            teachers: Vec<(Vec<u32>, Vec<u32>)>,
+        }
+        let work: Vec<Work> = jobs
             .iter()
             .map(|j| {
-                let rollout = j.rollout.is_none().then(|| (j.prompt_ids.clone(), j.response_ids.clone()));
-                let teacher = j.teacher_prompt.clone().filter(|_| j.cached.is_none()).map(|tp| (tp, j.response_ids.clone()));
-                (rollout, teacher)
+                let pair = |p: &Vec<u32>| (p.clone(), j.response_ids.clone());
+                let cached_student = j
+                    .teachers
+                    .iter()
+                    .find_map(|t| t.cached.as_ref().and_then(|r| r.student_topk_ids.as_ref()))
+                    .map(|rows| rows.iter().map(|r| r.iter().map(|&x| x as u32).collect()).collect());
+                Work {
+                    rollout: j.rollout.is_none().then(|| pair(&j.prompt_ids)),
+                    student: (j.needs_student(multi) && cached_student.is_none()).then(|| pair(&j.prompt_ids)),
+                    cached_student,
+                    teachers: j.teachers.iter().filter(|t| t.cached.is_none()).map(|t| pair(&t.prompt)).collect(),
+                }
             })
             .collect();
         let threads = self.threads;
-        let scored = tokio::task::spawn_blocking(move || -> Result<Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)>> {
+        let scored = tokio::task::spawn_blocking(move || -> Result<Vec<Scored>> {
             if threads > 0 {
                 crate::model::set_threads(threads as i32)?;
             }
-            let rollout_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|(r, _)| r.clone()).collect();
-            let teacher_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|(_, t)| t.clone()).collect();
+            let rollout_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|w| w.rollout.clone()).collect();
+            let student_items: Vec<(Vec<u32>, Vec<u32>)> = work.iter().filter_map(|w| w.student.clone()).collect();
             let mut rollout_out = vec![];
             for chunk in rollout_items.chunks(per_pass) {
                 rollout_out.extend(lock(&models.policy).score(chunk, 0)?.into_iter().map(|s| s.logprobs));
             }
-            let mut teacher_out = vec![];
-            for chunk in teacher_items.chunks(per_pass) {
-                teacher_out.extend(lock(&models.teacher).score(chunk, top_k)?);
+            let mut student_out = vec![];
+            for chunk in student_items.chunks(per_pass) {
+                student_out.extend(lock(&models.policy).score(chunk, top_k)?);
             }
-            let (mut ri, mut ti) = (rollout_out.into_iter(), teacher_out.into_iter());
-            Ok(work.iter().map(|(r, t)| (r.as_ref().and_then(|_| ri.next()), t.as_ref().and_then(|_| ti.next()))).collect())
+            let (mut ri, mut si) = (rollout_out.into_iter(), student_out.into_iter());
+            let mut per_job: Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)> =
+                work.iter().map(|w| (w.rollout.as_ref().and_then(|_| ri.next()), w.student.as_ref().and_then(|_| si.next()))).collect();
+            // Teacher passes: at the student's ids when the turn has them (multi-candidate).
+            let mut teacher_items = vec![];
+            let mut at = vec![];
+            for (w, (_, student)) in work.iter().zip(&per_job) {
+                let ids = student.as_ref().and_then(|s| s.topk_ids.clone()).or_else(|| w.cached_student.clone());
+                for item in &w.teachers {
+                    teacher_items.push(item.clone());
+                    at.push(ids.clone());
+                }
+            }
+            let mut teacher_out = vec![];
+            let mut start = 0;
+            for chunk in teacher_items.chunks(per_pass) {
+                let ids: Vec<Vec<Vec<u32>>> = at[start..start + chunk.len()].iter().map(|a| a.clone().unwrap_or_default()).collect();
+                start += chunk.len();
+                let lm = lock(&models.teacher);
+                teacher_out.extend(if at[start - chunk.len()..start].iter().all(Option::is_some) { lm.score_at(chunk, top_k, &ids)? } else { lm.score(chunk, top_k)? });
+            }
+            let mut ti = teacher_out.into_iter();
+            Ok(work
+                .iter()
+                .zip(per_job.iter_mut())
+                .map(|(w, (r, s))| (r.take(), s.take(), w.teachers.iter().filter_map(|_| ti.next()).collect()))
+                .collect())
         })
         .await
         .map_err(|e| Error::Internal(format!("teacher worker: {e}")))??;
 
-        for (job, (recomputed, teacher)) in jobs.into_iter().zip(scored) {
-            let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teacher_prompt, cached } = job;
+        for (job, (recomputed, student, teacher_scores)) in jobs.into_iter().zip(scored) {
+            let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teachers } = job;
             let was_recomputed = recomputed.is_some();
             let rollout = rollout.or(recomputed).unwrap_or_default();
-            let teacher_row = match (teacher, teacher_prompt, cached) {
-                (_, _, Some(mut row)) => {
+            let student_ids: Option<Vec<Vec<i32>>> = student.and_then(|s| s.topk_ids).map(|rows| to_i32_rows(&rows));
+            let mut scores = teacher_scores.into_iter();
+            let mut rows: Vec<TeacherLogprobs> = vec![];
+            let mut hint_indices = vec![];
+            for tp in teachers {
+                hint_indices.push(tp.hint_index);
+                if let Some(mut row) = tp.cached {
                     row.pipeline = self.pipeline.clone();
                     row.processed_time = now_ms();
-                    Some(row)
+                    rows.push(row);
+                    continue;
                 }
-                (Some(t), Some(tp), None) => {
-                    let teacher_id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp, top_k);
-                    let row = TeacherLogprobs {
-                        schema_version: TeacherLogprobs::SCHEMA_VERSION,
-                        teacher_id,
-                        pipeline: self.pipeline.clone(),
-                        interaction_id: interaction.interaction_id.clone(),
-                        session_id: interaction.session_id.clone(),
-                        turn_index: interaction.turn_index,
-                        teacher_model: self.models.teacher_id.clone(),
-                        teacher_version: self.models.teacher_version,
-                        teacher_prompt_token_ids: to_i32(&tp),
-                        response_token_ids: to_i32(&response_ids),
-                        teacher_logprobs: t.logprobs,
-                        topk_ids: t.topk_ids.map(|rows| rows.iter().map(|r| to_i32(r)).collect()),
-                        topk_logprobs: t.topk_logprobs,
-                        event_time: interaction.event_time,
-                        processed_time: now_ms(),
-                    };
-                    Some(row)
-                }
-                _ => None,
-            };
+                let Some(t) = scores.next() else { break };
+                let cached_student = rows.iter().find_map(|r| r.student_topk_ids.clone());
+                rows.push(TeacherLogprobs {
+                    schema_version: TeacherLogprobs::SCHEMA_VERSION,
+                    teacher_id: teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp.prompt, top_k, student_name.as_deref()),
+                    pipeline: self.pipeline.clone(),
+                    interaction_id: interaction.interaction_id.clone(),
+                    session_id: interaction.session_id.clone(),
+                    turn_index: interaction.turn_index,
+                    teacher_model: self.models.teacher_id.clone(),
+                    teacher_version: self.models.teacher_version,
+                    teacher_prompt_token_ids: to_i32(&tp.prompt),
+                    response_token_ids: to_i32(&response_ids),
+                    teacher_logprobs: t.logprobs,
+                    topk_ids: t.topk_ids.map(|rows| to_i32_rows(&rows)),
+                    topk_logprobs: t.topk_logprobs,
+                    student_topk_ids: if multi { student_ids.clone().or(cached_student) } else { None },
+                    logprobs_at_student_topk: if multi { t.at_logprobs } else { None },
+                    event_time: interaction.event_time,
+                    processed_time: now_ms(),
+                });
+            }
             let outcome = assemble(
                 self.method,
                 &self.samples,
                 &interaction,
                 judgment.as_ref(),
                 hint.as_ref(),
-                teacher_row.as_ref(),
+                rows.first(),
                 &to_i32(&prompt_ids),
                 &to_i32(&response_ids),
                 &rollout,
                 &self.pipeline,
-            );
+            )
+            .and_then(|o| match o {
+                SampleOutcome::Sample(mut s) if multi && !rows.is_empty() => {
+                    attach_candidates(&mut s, &rows, &hint_indices)?;
+                    Ok(SampleOutcome::Sample(s))
+                }
+                o => Ok(o),
+            });
             match outcome {
                 Ok(SampleOutcome::Sample(mut s)) => {
                     s.rollout_logprobs_recomputed = was_recomputed;
-                    if let Some(t) = &teacher_row {
+                    for t in &rows {
                         out.emit(t, None).await?;
-                        counts.add("teacher_logprobs", 1);
+                    }
+                    if !rows.is_empty() {
+                        counts.add("teacher_logprobs", rows.len() as u64);
+                    }
+                    if rows.len() > 1 {
+                        counts.add(&format!("hint_candidates: {}", rows.len()), 1);
                     }
                     counts.add(&format!("sample: {}", s.sample_type.as_str()), 1);
                     out.emit(&s, None).await?;

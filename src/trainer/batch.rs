@@ -14,7 +14,7 @@
 
 use tch::{Device, Tensor};
 
-use super::config::TrainerConfig;
+use super::config::{CandidateSelection, OverlapSubset, TeacherSource, TrainerConfig};
 use super::loss::OpdLoss;
 use crate::config::Method;
 use crate::schema::{Sample, SampleType};
@@ -143,6 +143,22 @@ pub struct PackedBatch {
     pub topk_logprobs: Option<Tensor>,
     /// `[B, T]` f32: `loss_mask` of the rows that carry top-K lists (0 elsewhere).
     pub topk_mask: Option<Tensor>,
+    /// `[B, T, K]` f32, 0/1, `opd_loss = overlap` only: which of `topk_ids` form each position's subset
+    /// ([`OverlapSubset`]). With `overlap`, `topk_ids` / `topk_logprobs` hold each position's subset
+    /// candidates (the student's or the chosen teacher's top-K ids) and the chosen candidate teacher's
+    /// log-probs at them ([`overlap_rows`]).
+    pub topk_subset: Option<Tensor>,
+    /// `trainer.teacher = current`: the same rows and responses with each hinted row's teacher prompt
+    /// (`samples.teacher_prompt_token_ids`) in place of its prompt, for scoring the teacher with the
+    /// current weights; `None` otherwise.
+    pub teacher_pass: Option<Box<PackedBatch>>,
+    /// `opd_loss = overlap`: for each row, the chosen candidate per response position (empty for rows
+    /// without candidates).
+    pub chosen_candidates: Vec<Vec<usize>>,
+    /// `opd_loss = overlap`: for each row, the mean over its trained positions of
+    /// `O[k*,t] / K`, the share of the student's top-K the chosen teacher also ranks top-K (`None` for
+    /// rows without candidates).
+    pub overlap_fraction: Vec<Option<f64>>,
     /// Sample type of each row.
     pub sample_types: Vec<SampleType>,
     /// Sample id of each row.
@@ -275,7 +291,129 @@ fn check_sample(s: &Sample, opts: &PackOptions) -> std::result::Result<usize, (D
     if k == 0 && opts.method.uses_hints() && opts.config.opd_loss == OpdLoss::Topk && has_hint(s.sample_type) {
         return Err((DropReason::MissingTopk, format!("{} sample without top-K lists and opd_loss = topk", s.sample_type.as_str())));
     }
+    if opts.method.uses_hints() && opts.config.teacher == TeacherSource::Current && has_hint(s.sample_type) {
+        let tp = s.teacher_prompt_token_ids.as_deref().filter(|p| !p.is_empty()).ok_or_else(|| {
+            (DropReason::MissingTeacher, format!("{} sample without teacher prompt ids and trainer.teacher = current (samples made before the column existed?)", s.sample_type.as_str()))
+        })?;
+        check_ids("teacher prompt token", tp, opts.vocab_size)?;
+        let total = tp.len() + t;
+        if total > opts.config.max_sequence_tokens {
+            return Err((DropReason::TooLong, format!("teacher prompt + response: {total} tokens exceed trainer.max_sequence_tokens = {}", opts.config.max_sequence_tokens)));
+        }
+    }
+    if opts.method.uses_hints() && opts.config.opd_loss == OpdLoss::Overlap {
+        return if has_hint(s.sample_type) { check_candidates(s, opts) } else { Ok(0) };
+    }
     Ok(k)
+}
+
+/// Validates a sample's hint candidates for `opd_loss = overlap`; `Ok(K)`, the student's top-K width.
+fn check_candidates(s: &Sample, opts: &PackOptions) -> std::result::Result<usize, (DropReason, String)> {
+    let t = s.response_token_ids.len();
+    let (Some(student), Some(cands)) = (&s.student_topk_ids, &s.candidates) else {
+        return Err((DropReason::MissingTopk, format!("{} sample without hint candidates and opd_loss = overlap (set teacher.candidates > 1)", s.sample_type.as_str())));
+    };
+    if cands.is_empty() {
+        return Err((DropReason::MissingTopk, "0 hint candidates and opd_loss = overlap".into()));
+    }
+    let k = student.first().map_or(0, Vec::len);
+    if k == 0 {
+        return Err((DropReason::TopkWidth, "student top-K lists of width 0".into()));
+    }
+    check_series("student_topk_ids", student.len(), t)?;
+    let width = |what: &str, rows: usize, widths: &mut dyn Iterator<Item = usize>| -> Check {
+        check_series(what, rows, t)?;
+        match widths.enumerate().find(|(_, w)| *w != k) {
+            Some((p, w)) => Err((DropReason::TopkWidth, format!("{what}: width {w} at position {p}, the student's is {k}"))),
+            None => Ok(()),
+        }
+    };
+    width("student_topk_ids", student.len(), &mut student.iter().map(Vec::len))?;
+    for row in student {
+        check_ids("student top-K", row, opts.vocab_size)?;
+    }
+    for (c, cand) in cands.iter().enumerate() {
+        width(&format!("candidate {c} topk_ids"), cand.topk_ids.len(), &mut cand.topk_ids.iter().map(Vec::len))?;
+        width(&format!("candidate {c} topk_logprobs"), cand.topk_logprobs.len(), &mut cand.topk_logprobs.iter().map(Vec::len))?;
+        width(&format!("candidate {c} logprobs_at_student_topk"), cand.logprobs_at_student_topk.len(), &mut cand.logprobs_at_student_topk.iter().map(Vec::len))?;
+        for row in &cand.topk_ids {
+            check_ids(&format!("candidate {c} top-K"), row, opts.vocab_size)?;
+        }
+        for (p, (a, b)) in cand.topk_logprobs.iter().zip(&cand.logprobs_at_student_topk).enumerate() {
+            if s.loss_mask[p] != 0 && a.iter().chain(b).any(|v| !v.is_finite()) {
+                return Err((DropReason::NonFinite, format!("candidate {c}: a non-finite teacher log-prob at trained position {p}")));
+            }
+        }
+    }
+    Ok(k)
+}
+
+/// `O[t] = |S_t ∩ P_t|` for each position: how many of the student's top-K ids `student[t]` the
+/// candidate teacher's top-K `candidate[t]` also holds (METHOD.md §3b).
+pub fn overlap_counts(student: &[Vec<i32>], candidate: &[Vec<i32>]) -> Vec<usize> {
+    student.iter().zip(candidate).map(|(s, p)| s.iter().filter(|id| p.contains(id)).count()).collect()
+}
+
+/// The chosen candidate k*(t) per position (METHOD.md §3b) from `overlaps[k][t]` = O[k,t]
+/// ([`overlap_counts`]), given the loss mask (only trained positions count in the sequence sum). Ties go
+/// to the lower k, i.e. the shorter hint.
+pub fn select_candidates(selection: CandidateSelection, overlaps: &[Vec<usize>], mask: &[i32]) -> Vec<usize> {
+    let t = mask.len();
+    let argmax = |score: &dyn Fn(usize) -> usize| (0..overlaps.len()).fold(0, |best, k| if score(k) > score(best) { k } else { best });
+    match selection {
+        CandidateSelection::Shortest => vec![0; t],
+        CandidateSelection::TokenOptimal => (0..t).map(|p| argmax(&|k| overlaps[k][p])).collect(),
+        CandidateSelection::SequenceOptimal => {
+            let k = argmax(&|k| overlaps[k].iter().zip(mask).filter(|(_, m)| **m != 0).map(|(o, _)| *o).sum());
+            vec![k; t]
+        }
+    }
+}
+
+/// One sample's overlap-term inputs ([`overlap_rows`]), per response position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverlapRows {
+    /// `[T][K]`: the ids of the term (the student's top-K, or the chosen teacher's for `teacher`).
+    pub ids: Vec<Vec<i32>>,
+    /// `[T][K]`: the chosen candidate teacher's log-probs at `ids`.
+    pub teacher: Vec<Vec<f32>>,
+    /// `[T][K]`: which ids are in the subset.
+    pub subset: Vec<Vec<bool>>,
+    /// `[T]`: the chosen candidate k*(t).
+    pub chosen: Vec<usize>,
+    /// Mean over trained positions of `O[k*,t] / K` (0 with no trained position).
+    pub overlap_fraction: f64,
+}
+
+/// Selects a candidate per position and lays out the overlap term's ids, teacher log-probs and subset
+/// (METHOD.md §3b) for a validated sample (`student_topk_ids` and `candidates` present, widths K).
+pub fn overlap_rows(s: &Sample, selection: CandidateSelection, subset: OverlapSubset) -> OverlapRows {
+    let student = s.student_topk_ids.as_deref().unwrap_or_default();
+    let cands = s.candidates.as_deref().unwrap_or_default();
+    let overlaps: Vec<Vec<usize>> = cands.iter().map(|c| overlap_counts(student, &c.topk_ids)).collect();
+    let chosen = select_candidates(selection, &overlaps, &s.loss_mask);
+    let k = student.first().map_or(1, Vec::len).max(1);
+    let (mut ids, mut teacher, mut keep) = (vec![], vec![], vec![]);
+    let (mut sum, mut n) = (0.0, 0usize);
+    for (t, &c) in chosen.iter().enumerate() {
+        let cand = &cands[c];
+        let (row_ids, row_lps, row_keep) = match subset {
+            OverlapSubset::Student => (student[t].clone(), cand.logprobs_at_student_topk[t].clone(), vec![true; k]),
+            OverlapSubset::Teacher => (cand.topk_ids[t].clone(), cand.topk_logprobs[t].clone(), vec![true; k]),
+            OverlapSubset::Overlap => {
+                let keep = student[t].iter().map(|id| cand.topk_ids[t].contains(id)).collect();
+                (student[t].clone(), cand.logprobs_at_student_topk[t].clone(), keep)
+            }
+        };
+        ids.push(row_ids);
+        teacher.push(row_lps);
+        keep.push(row_keep);
+        if s.loss_mask[t] != 0 {
+            sum += overlaps[c][t] as f64 / k as f64;
+            n += 1;
+        }
+    }
+    OverlapRows { ids, teacher, subset: keep, chosen, overlap_fraction: if n > 0 { sum / n as f64 } else { 0.0 } }
 }
 
 /// Packs `samples` into one right-padded batch on `opts.device`, dropping (with reasons) the rows that
@@ -317,7 +455,21 @@ pub fn pack_samples(samples: &[Sample], opts: &PackOptions) -> Result<Packed> {
     if kept.is_empty() {
         return Ok(Packed { batch: None, dropped });
     }
-    Ok(Packed { batch: Some(build(&kept, batch_k, opts)?), dropped })
+    let mut batch = build(&kept, batch_k, opts)?;
+    if opts.method.uses_hints() && opts.config.teacher == TeacherSource::Current {
+        // The same rows with the teacher prompt in place of the prompt (validated above).
+        let swapped: Vec<Sample> = kept
+            .iter()
+            .map(|r| match (&r.sample.teacher_prompt_token_ids, has_hint(r.sample.sample_type)) {
+                (Some(tp), true) => Sample { prompt_token_ids: tp.clone(), ..r.sample.clone() },
+                _ => r.sample.clone(),
+            })
+            .collect();
+        let rows: Vec<Checked<'_>> = kept.iter().zip(&swapped).map(|(r, s)| Checked { index: r.index, sample: s, weight: r.weight, topk: 0 }).collect();
+        let plain = PackOptions { config: TrainerConfig { teacher: TeacherSource::Samples, opd_loss: OpdLoss::Ppo, ..opts.config.clone() }, ..opts.clone() };
+        batch.teacher_pass = Some(Box::new(build(&rows, 0, &plain)?));
+    }
+    Ok(Packed { batch: Some(batch), dropped })
 }
 
 fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBatch> {
@@ -336,6 +488,13 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
     let mut tk_ids = if with_topk { vec![0i64; b * t * k] } else { Vec::new() };
     let mut tk_lps = if with_topk { vec![0f32; b * t * k] } else { Vec::new() };
     let mut tk_mask = if with_topk { vec![0f32; b * t] } else { Vec::new() };
+    // opd_loss = overlap: each row with candidates gets its selected ids, teacher log-probs and subset.
+    let overlap_mode = opts.method.uses_hints() && opts.config.opd_loss == OpdLoss::Overlap;
+    let overlap: Vec<Option<OverlapRows>> = rows
+        .iter()
+        .map(|r| (overlap_mode && r.topk > 0).then(|| overlap_rows(r.sample, opts.config.overlap.selection, opts.config.overlap.subset)))
+        .collect();
+    let mut tk_subset = if overlap_mode && with_topk { vec![0f32; b * t * k] } else { Vec::new() };
     // Only values at trained positions are used; anything else (possibly non-finite) becomes 0.
     let clean = |v: f32, trained: bool| if trained && v.is_finite() { v } else { 0.0 };
     for (i, row) in rows.iter().enumerate() {
@@ -355,7 +514,14 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
             if let (true, Some(tl)) = (with_teacher, &s.teacher_logprobs) {
                 teacher[at] = clean(tl[j], trained);
             }
-            if let (true, Some(ids), Some(lps)) = (row.topk > 0, &s.topk_ids, &s.topk_logprobs) {
+            if let Some(o) = &overlap[i] {
+                for c in 0..k {
+                    tk_ids[at * k + c] = i64::from(o.ids[j][c]);
+                    tk_lps[at * k + c] = clean(o.teacher[j][c], trained);
+                    tk_subset[at * k + c] = if o.subset[j][c] { 1.0 } else { 0.0 };
+                }
+                tk_mask[at] = lmask[at];
+            } else if let (true, Some(ids), Some(lps)) = (row.topk > 0, &s.topk_ids, &s.topk_logprobs) {
                 for c in 0..k {
                     tk_ids[at * k + c] = i64::from(ids[j][c]);
                     tk_lps[at * k + c] = clean(lps[j][c], trained);
@@ -388,6 +554,10 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
         topk_ids: if with_topk { Some(Tensor::f_from_slice(&tk_ids)?.f_view([bi, ti, ki])?.f_to_device(dev)?) } else { None },
         topk_logprobs: if with_topk { Some(Tensor::f_from_slice(&tk_lps)?.f_view([bi, ti, ki])?.f_to_device(dev)?) } else { None },
         topk_mask: if with_topk { Some(f2(&tk_mask)?) } else { None },
+        topk_subset: if tk_subset.is_empty() { None } else { Some(Tensor::f_from_slice(&tk_subset)?.f_view([bi, ti, ki])?.f_to_device(dev)?) },
+        teacher_pass: None,
+        chosen_candidates: overlap.iter().map(|o| o.as_ref().map(|o| o.chosen.clone()).unwrap_or_default()).collect(),
+        overlap_fraction: overlap.iter().map(|o| o.as_ref().map(|o| o.overlap_fraction)).collect(),
         sample_types: rows.iter().map(|r| r.sample.sample_type).collect(),
         sample_ids: rows.iter().map(|r| r.sample.sample_id.clone()).collect(),
         rewards,

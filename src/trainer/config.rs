@@ -48,6 +48,112 @@ impl AdvantageSign {
     }
 }
 
+/// Which weights give the teacher log-probs the trainer uses (`trainer.teacher`, METHOD.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TeacherSource {
+    /// The samples' own `teacher_logprobs`, from the teacher stage (by default the policy's initial
+    /// weights, as in the reference).
+    #[default]
+    Samples,
+    /// The current policy: before each micro-batch's loss, the trainer scores each hinted sample's
+    /// response under its teacher prompt (`samples.teacher_prompt_token_ids`) with the weights being
+    /// trained, without gradient, and uses those log-probs as `teacher` (the PPO teacher term only;
+    /// the top-K and overlap terms keep the teacher stage's lists, so they are refused with it).
+    Current,
+}
+
+impl TeacherSource {
+    /// Lower-case name as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeacherSource::Samples => "samples",
+            TeacherSource::Current => "current",
+        }
+    }
+
+    fn is_samples(&self) -> bool {
+        *self == TeacherSource::Samples
+    }
+}
+
+/// Which hint candidate's teacher a position learns from (`trainer.overlap.selection`, METHOD.md §3b).
+/// With S_t the student's top-K ids at position t and P_{t,k} candidate k's, the overlap is
+/// `O[k,t] = |S_t ∩ P_{t,k}|`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CandidateSelection {
+    /// Candidate 0, the shortest hint.
+    Shortest,
+    /// Per position, `k*(t) = argmax_k O[k,t]` (ties: the lower k).
+    TokenOptimal,
+    /// Per sample, one `k* = argmax_k Σ_t O[k,t]` over its trained positions (ties: the lower k); the
+    /// reference's default.
+    #[default]
+    SequenceOptimal,
+}
+
+impl CandidateSelection {
+    /// Name as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CandidateSelection::Shortest => "shortest",
+            CandidateSelection::TokenOptimal => "token_optimal",
+            CandidateSelection::SequenceOptimal => "sequence_optimal",
+        }
+    }
+}
+
+/// Over which ids of a position the overlap term runs (`trainer.overlap.subset`, METHOD.md §3b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapSubset {
+    /// The student's top-K ids S_t (the reference's default).
+    #[default]
+    Student,
+    /// The chosen candidate teacher's top-K ids P_{t,k*}.
+    Teacher,
+    /// Their intersection `S_t ∩ P_{t,k*}` (empty positions contribute 0).
+    Overlap,
+}
+
+impl OverlapSubset {
+    /// Name as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverlapSubset::Student => "student",
+            OverlapSubset::Teacher => "teacher",
+            OverlapSubset::Overlap => "overlap",
+        }
+    }
+}
+
+/// Settings of the multi-candidate overlap term (`[trainer.overlap]`, used when `opd_loss = overlap`;
+/// METHOD.md §3b).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OverlapSettings {
+    /// Candidate selection (`sequence_optimal`).
+    pub selection: CandidateSelection,
+    /// The ids of each position's term (`student`).
+    pub subset: OverlapSubset,
+    /// Bound c on each id's `teacher − old` (1.0, the reference launcher's value; its loss file's
+    /// default is 2.0).
+    pub clip: f64,
+}
+
+impl Default for OverlapSettings {
+    fn default() -> Self {
+        OverlapSettings { selection: CandidateSelection::SequenceOptimal, subset: OverlapSubset::Student, clip: 1.0 }
+    }
+}
+
+impl OverlapSettings {
+    fn is_default(&self) -> bool {
+        *self == OverlapSettings::default()
+    }
+}
+
 /// LoRA settings (`[trainer.lora]`). The model runtime attaches the adapters; the trainer then trains
 /// and checkpoints only the adapter tensors (METHOD.md §6: rank 16, alpha 32 on q,k,v,o,gate,up,down).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -148,6 +254,14 @@ pub struct TrainerConfig {
     /// hashes in checkpoint manifests) that predate it are unchanged.
     #[serde(skip_serializing_if = "AdvantageSign::is_signal")]
     pub advantage_sign: AdvantageSign,
+    /// The overlap term's settings (`opd_loss = overlap`). Left out of the serialised form when all
+    /// default, as `advantage_sign`.
+    #[serde(skip_serializing_if = "OverlapSettings::is_default")]
+    pub overlap: OverlapSettings,
+    /// Teacher log-probs from the samples (`samples`, default) or from the current policy (`current`,
+    /// [`TeacherSource`]). Left out of the serialised form when `samples`.
+    #[serde(skip_serializing_if = "TeacherSource::is_samples")]
+    pub teacher: TeacherSource,
 }
 
 impl Default for TrainerConfig {
@@ -180,6 +294,8 @@ impl Default for TrainerConfig {
             recompute_layers: true,
             max_sequence_tokens: 4096,
             advantage_sign: AdvantageSign::Signal,
+            overlap: OverlapSettings::default(),
+            teacher: TeacherSource::Samples,
         }
     }
 }
@@ -233,6 +349,20 @@ impl TrainerConfig {
                 return Err(config_err!("trainer.lora.targets must name at least one projection"));
             }
         }
+        if !(self.overlap.clip.is_finite() && self.overlap.clip > 0.0) {
+            return Err(config_err!("trainer.overlap.clip = {} must be a positive number", self.overlap.clip));
+        }
+        if self.opd_loss == OpdLoss::Overlap && !self.recompute_old_logprobs {
+            return Err(config_err!(
+                "trainer.opd_loss = \"overlap\" needs trainer.recompute_old_logprobs = true: the overlap term's old log-probs at the student's top-K ids are the current policy's (as in the reference); rollout log-probs exist only for the sampled token"
+            ));
+        }
+        if self.teacher == TeacherSource::Current && self.opd_loss != OpdLoss::Ppo {
+            return Err(config_err!(
+                "trainer.teacher = \"current\" works with trainer.opd_loss = \"ppo\" only (got \"{}\"): the current policy is scored at the sampled tokens, the top-K and overlap terms need the teacher stage's lists",
+                self.opd_loss.as_str()
+            ));
+        }
         if let Some(bad) = self.lora.targets.iter().find(|t| !LORA_TARGETS.contains(&t.as_str())) {
             return Err(config_err!("trainer.lora.targets: unknown projection {bad:?} (expected one of {LORA_TARGETS:?})"));
         }
@@ -251,6 +381,7 @@ impl TrainerConfig {
             entropy_coef: self.entropy_coef,
             topk_coef: self.topk_coef,
             opd_loss: self.opd_loss,
+            overlap_clip: self.overlap.clip,
         }
     }
 
@@ -312,6 +443,22 @@ mod tests {
         assert_eq!((c.lora.enabled, c.lora.rank, c.lora.alpha, c.lora.targets.len()), (false, 16, 32.0, 7));
         assert_eq!((c.checkpoint_every, c.recompute_old_logprobs, c.opd_loss), (1, false, OpdLoss::Ppo));
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn overlap_settings_parse_validate_and_leave_old_hashes_alone() {
+        let d = TrainerConfig::default();
+        assert!(!serde_json::to_string(&d).unwrap().contains("overlap"), "defaults are not serialised");
+        let c: TrainerConfig = toml::from_str("opd_loss = \"overlap\"\nrecompute_old_logprobs = true\n[overlap]\nselection = \"token_optimal\"\nsubset = \"overlap\"\nclip = 2.0\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.opd_loss, c.overlap.selection, c.overlap.subset, c.overlap.clip), (OpdLoss::Overlap, CandidateSelection::TokenOptimal, OverlapSubset::Overlap, 2.0));
+        assert_eq!(c.loss_config(Method::Combined).overlap_clip, 2.0);
+        assert_ne!(c.hash(Method::Combined).unwrap(), TrainerConfig { opd_loss: OpdLoss::Overlap, recompute_old_logprobs: true, ..d.clone() }.hash(Method::Combined).unwrap());
+        let e = TrainerConfig { opd_loss: OpdLoss::Overlap, ..d.clone() }.validate().unwrap_err().to_string();
+        assert!(e.contains("needs trainer.recompute_old_logprobs = true"), "{e}");
+        let e = TrainerConfig { overlap: OverlapSettings { clip: 0.0, ..Default::default() }, ..d }.validate().unwrap_err().to_string();
+        assert!(e.contains("trainer.overlap.clip = 0"), "{e}");
+        assert!(toml::from_str::<TrainerConfig>("[overlap]\nselection = \"best\"\n").is_err());
     }
 
     #[test]

@@ -19,8 +19,11 @@
 //! | combined, `ppo` | `w_rl·r + w_opd·(teacher_t − old_t)` | no | same |
 //! | combined, `topk` | `w_rl·r` | `topk_coef · topk_kl` | same |
 //! | combined, `both` | `w_rl·r + w_opd·(teacher_t − old_t)` | `topk_coef · topk_kl` | same |
+//! | opd, `overlap` | 0 | `w_opd · overlap term` ([`overlap_opd_loss`]) | same |
+//! | combined, `overlap` | `w_rl·r` | `w_opd · overlap term` | same |
 //!
-//! Total loss: `loss = pg_loss + kl_coef·kl − entropy_coef·entropy + topk_coef·topk_kl`, every term
+//! Total loss: `loss = pg_loss + kl_coef·kl − entropy_coef·entropy + topk_coef·topk_kl` (with
+//! `overlap`, `+ w_opd·overlap term`, reported in the `topk_kl` slot), every term
 //! aggregated as the mean over the step's samples of each sample's mean over its trained tokens
 //! ([`mean_of_sample_means`], METHOD.md §6: the reference's effective loss).
 //!
@@ -62,6 +65,11 @@ pub enum OpdLoss {
     Topk,
     /// Both the PPO teacher advantage and the top-K term.
     Both,
+    /// Multi-candidate hints with overlap-guided selection (METHOD.md §3b): the teacher signal enters
+    /// through [`overlap_opd_loss`] over a subset of each position's top-K ids (weighted `w_opd`); the
+    /// PPO advantage keeps the reward part only. Needs samples with hint candidates
+    /// (`teacher.candidates` > 1) and recomputed old log-probs.
+    Overlap,
 }
 
 impl OpdLoss {
@@ -71,6 +79,7 @@ impl OpdLoss {
             OpdLoss::Ppo => "ppo",
             OpdLoss::Topk => "topk",
             OpdLoss::Both => "both",
+            OpdLoss::Overlap => "overlap",
         }
     }
 }
@@ -96,6 +105,9 @@ pub struct LossConfig {
     pub topk_coef: f64,
     /// How the teacher signal enters (OPD and combined only).
     pub opd_loss: OpdLoss,
+    /// Bound c on each id's log-prob difference `teacher − old` in the overlap term (METHOD.md §3b:
+    /// 1.0 in the reference's launcher).
+    pub overlap_clip: f64,
 }
 
 impl LossConfig {
@@ -112,18 +124,25 @@ impl LossConfig {
             entropy_coef: 0.0,
             topk_coef: 1.0,
             opd_loss: OpdLoss::Ppo,
+            overlap_clip: 1.0,
         }
     }
 
     /// Whether the PPO advantage contains the teacher term `teacher − old` (OPD/combined with
     /// `opd_loss` `ppo` or `both`).
     pub fn teacher_in_advantage(&self) -> bool {
-        self.method.uses_hints() && self.opd_loss != OpdLoss::Topk
+        self.method.uses_hints() && matches!(self.opd_loss, OpdLoss::Ppo | OpdLoss::Both)
     }
 
     /// Whether the top-K reverse KL is part of the loss (OPD/combined with `opd_loss` `topk` or `both`).
     pub fn uses_topk(&self) -> bool {
-        self.method.uses_hints() && self.opd_loss != OpdLoss::Ppo
+        self.method.uses_hints() && matches!(self.opd_loss, OpdLoss::Topk | OpdLoss::Both)
+    }
+
+    /// Whether the overlap-guided multi-candidate term is part of the loss (OPD/combined with
+    /// `opd_loss = overlap`).
+    pub fn uses_overlap(&self) -> bool {
+        self.method.uses_hints() && self.opd_loss == OpdLoss::Overlap
     }
 }
 
@@ -298,6 +317,51 @@ pub fn topk_reverse_kl(student: &Tensor, teacher: &Tensor) -> Result<Tensor> {
     Ok(s.f_exp()?.f_mul(&s.f_sub(&t)?)?.f_sum_dim_intlist(-1i64, false, student.kind())?)
 }
 
+/// The OPD term of multi-candidate hints with overlap-guided selection (METHOD.md §3b), per position
+/// `[B, T]`. At each position, over the ids v of the position's subset (the `J` ids given, those with
+/// `subset` = 1; all when `None`):
+/// - `old(v)` = `new(v)` detached (the reference recomputes old log-probs with the current weights),
+/// - weight `w_v = softmax over the subset of old(v)`,
+/// - advantage `A_v = clip(teacher(v) − old(v), −c, c) · w_v`,
+/// - ratio `ρ_v = exp(clamp(new(v) − old(v), ±20))`, term
+///   `max(−ρ_v·A_v, −clip(ρ_v, 1−ε, 1+ε_high)·A_v)`,
+///
+/// summed over the subset (0 where the subset is empty). `new` `[B, T, J]` = the current policy's
+/// log-probs at the ids (with gradient), `teacher` `[B, T, J]` the chosen candidate teacher's log-probs
+/// at the same ids, `subset` `[B, T, J]` 0/1. At ratio 1 the gradient is `−Σ_v A_v ∇new(v)`: the ids
+/// the teacher prefers over the student are pushed up, in proportion to the student's own mass on them.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when the shapes differ or are not 3-D; [`crate::Error::Torch`] on a
+/// tensor failure.
+pub fn overlap_opd_loss(new: &Tensor, teacher: &Tensor, subset: Option<&Tensor>, clip: f64, eps_clip: f64, eps_clip_high: f64) -> Result<Tensor> {
+    let size = new.size();
+    if size.len() != 3 {
+        return Err(input_err!("log-probs at the subset ids: shape {size:?}, expected [B, T, J]"));
+    }
+    check_shape("teacher log-probs at the subset ids", teacher, &size)?;
+    let kind = new.kind();
+    let keep = match subset {
+        Some(m) => {
+            check_shape("subset mask", m, &size)?;
+            m.f_detach()?.f_gt(0.0)?
+        }
+        None => new.f_ones_like()?.f_gt(0.0)?,
+    };
+    let old = new.f_detach()?;
+    // A large finite negative, so an empty subset gives weights 0 and never NaN.
+    let logits = old.f_where_self(&keep, &old.f_full_like(-1e30)?)?;
+    let keep_f = keep.f_to_kind(kind)?;
+    let w = logits.f_softmax(-1, kind)?.f_mul(&keep_f)?;
+    let teacher = teacher.f_detach()?.f_where_self(&keep, &old)?;
+    let adv = teacher.f_sub(&old)?.f_clamp(-clip, clip)?.f_mul(&w)?;
+    let ratio = new.f_sub(&old)?.f_clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?.f_exp()?;
+    let unclipped = ratio.f_mul(&adv)?.f_neg()?;
+    let clipped = ratio.f_clamp(1.0 - eps_clip, 1.0 + eps_clip_high)?.f_mul(&adv)?.f_neg()?;
+    let term = unclipped.f_maximum(&clipped)?.f_mul(&keep_f)?;
+    Ok(term.f_sum_dim_intlist(-1i64, false, kind)?)
+}
+
 /// Mean of `x` over each sample's masked tokens: `[B, T]` → `[B]`, `Σ_t x·m / max(Σ_t m, 1)` (a sample
 /// with no masked token gives 0). Masked-out values never leak, even if non-finite.
 ///
@@ -361,6 +425,9 @@ pub struct TopkInputs<'a> {
     pub teacher: &'a Tensor,
     /// `[B, T]`: positions that have top-K data (the loss mask of rows that carry top-K lists).
     pub mask: &'a Tensor,
+    /// `[B, T, K]` 0/1: the ids of each position's subset for the overlap term (`opd_loss = overlap`);
+    /// `None` = all K.
+    pub subset: Option<&'a Tensor>,
 }
 
 /// Everything [`compute_loss`] reads. Shapes: B samples, T response positions.
@@ -416,7 +483,8 @@ pub struct LossMetrics {
     pub kl: f64,
     /// Policy entropy (nats; 0 when not computed).
     pub entropy: f64,
-    /// Top-K reverse KL (0 without top-K data).
+    /// Top-K reverse KL (0 without top-K data); with `opd_loss = overlap`, the overlap term
+    /// ([`overlap_opd_loss`]) instead, which enters the loss with weight `w_opd`.
     pub topk_kl: f64,
     /// Mean advantage by sample type (kebab-case names): the mean over that type's samples of each
     /// sample's mean advantage over its masked tokens.
@@ -539,16 +607,20 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
         Some(tk) => {
             check_shape("top-K mask", tk.mask, &[b, t])?;
             let tmask = tk.mask.f_detach()?.f_to_kind(kind)?;
-            let kl = topk_reverse_kl(tk.student, tk.teacher)?;
-            check_shape("top-K reverse KL", &kl, &[b, t])?;
-            let per = sample_means_over(&kl, &tmask, topk_tok)?.f_detach()?;
-            if cfg.uses_topk() {
-                loss = loss.f_add(&agg(&kl, &tmask, topk_tok)?.f_mul_scalar(cfg.topk_coef)?)?;
-                sample_loss = sample_loss.f_add(&per.f_mul_scalar(cfg.topk_coef)?)?;
+            let (term, coef) = if cfg.uses_overlap() {
+                (overlap_opd_loss(tk.student, tk.teacher, tk.subset, cfg.overlap_clip, cfg.eps_clip, cfg.eps_clip_high)?, cfg.w_opd)
+            } else {
+                (topk_reverse_kl(tk.student, tk.teacher)?, cfg.topk_coef)
+            };
+            check_shape("top-K term", &term, &[b, t])?;
+            let per = sample_means_over(&term, &tmask, topk_tok)?.f_detach()?;
+            if cfg.uses_topk() || cfg.uses_overlap() {
+                loss = loss.f_add(&agg(&term, &tmask, topk_tok)?.f_mul_scalar(coef)?)?;
+                sample_loss = sample_loss.f_add(&per.f_mul_scalar(coef)?)?;
             }
             per
         }
-        None if cfg.uses_topk() => return Err(input_err!("opd_loss = {} needs top-K teacher log-probs", cfg.opd_loss.as_str())),
+        None if cfg.uses_topk() || cfg.uses_overlap() => return Err(input_err!("opd_loss = {} needs top-K teacher log-probs", cfg.opd_loss.as_str())),
         None => zeros_b.shallow_clone(),
     };
 

@@ -44,7 +44,7 @@ use tch::{Kind, Tensor};
 
 pub use batch::{pack_samples, DropReason, Dropped, PackOptions, Packed, PackedBatch};
 pub use checkpoint::{ancestry, consumed_sample_ids, latest_complete, scan, CheckpointScan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
-pub use config::{AdvantageSign, LoraSettings, Staleness, TrainerConfig};
+pub use config::{AdvantageSign, CandidateSelection, LoraSettings, OverlapSettings, OverlapSubset, Staleness, TeacherSource, TrainerConfig};
 pub use loss::{LossConfig, LossMetrics, OpdLoss};
 pub use optim::{AdamW, AdamWConfig};
 
@@ -213,7 +213,17 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
     let kind = Kind::Float;
     let mask = batch.loss_mask.f_to_kind(kind)?;
     let rollout = batch.old_logprobs.f_to_kind(kind)?;
-    let teacher = batch.teacher_logprobs.as_ref().map(|x| x.f_to_kind(kind)).transpose()?;
+    // trainer.teacher = current: the teacher is the weights being trained, scored without gradient on
+    // the teacher prompts, before this micro-batch's update (so every micro-batch of a step sees the
+    // same teacher).
+    let teacher = match (&batch.teacher_pass, cfg.teacher) {
+        (Some(pass), TeacherSource::Current) => {
+            let lp = policy.response_logprobs(pass)?;
+            check_hidden(&lp.f_unsqueeze(-1)?, b, t)?;
+            Some(lp.f_detach()?.f_to_kind(kind)?)
+        }
+        _ => batch.teacher_logprobs.as_ref().map(|x| x.f_to_kind(kind)).transpose()?,
+    };
     let ref_lp = match reference {
         Some(r) => {
             let lp = r.response_logprobs(batch)?;
@@ -226,6 +236,8 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
         (Some(ids), Some(lps), Some(m)) => Some((ids.shallow_clone(), lps.f_to_kind(kind)?, m.f_to_kind(kind)?)),
         _ => None,
     };
+    let subset = batch.topk_subset.as_ref().map(|x| x.f_to_kind(kind)).transpose()?;
+    let teacher_topk_grad = lcfg.uses_topk() || lcfg.uses_overlap();
     let weights = batch.sample_weight.f_to_kind(kind)?;
     let tokens = mask.f_sum_dim_intlist(1i64, false, kind)?;
     let topk_tokens = match &topk {
@@ -263,7 +275,7 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
         let student_c = match &topk {
             Some((ids, _, _)) => {
                 let s = lsm.f_gather(2, &cut(ids)?, false)?;
-                Some(if lcfg.uses_topk() { s } else { s.f_detach()? })
+                Some(if teacher_topk_grad { s } else { s.f_detach()? })
             }
             None => None,
         };
@@ -274,6 +286,7 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
                 (Some((_, lps, m)), Some(st)) => Some((st.shallow_clone(), cut(lps)?, cut(m)?)),
                 _ => None,
             };
+            let subset_c = subset.as_ref().map(cut).transpose()?;
             let inputs = loss::LossInputs {
                 new_logprobs: &new_c,
                 old_logprobs: &old_c,
@@ -285,7 +298,7 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
                 advantage_signs: Some(&batch.advantage_sign),
                 ref_logprobs: ref_c.as_ref(),
                 entropy: Some(&ent_c),
-                topk: topk_c.as_ref().map(|(s, t, m)| loss::TopkInputs { student: s, teacher: t, mask: m }),
+                topk: topk_c.as_ref().map(|(s, t, m)| loss::TopkInputs { student: s, teacher: t, mask: m, subset: subset_c.as_ref() }),
                 sample_tokens: Some((&tokens, &topk_tokens)),
                 num_samples: Some(num_samples),
             };
@@ -327,7 +340,7 @@ fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy>, cfg:
         ref_logprobs: ref_lp.as_ref(),
         entropy: Some(&ent_all),
         topk: match (&topk, &student_all) {
-            (Some((_, lps, m)), Some(st)) => Some(loss::TopkInputs { student: st, teacher: lps, mask: m }),
+            (Some((_, lps, m)), Some(st)) => Some(loss::TopkInputs { student: st, teacher: lps, mask: m, subset: subset.as_ref() }),
             _ => None,
         },
         sample_tokens: None,

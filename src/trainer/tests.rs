@@ -505,7 +505,7 @@ fn chunked_gradients_equal_the_unchunked_loss() {
         advantage_signs: Some(&b.advantage_sign),
         ref_logprobs: None,
         entropy: Some(&ent),
-        topk: Some(loss::TopkInputs { student: &student, teacher: b.topk_logprobs.as_ref().unwrap(), mask: b.topk_mask.as_ref().unwrap() }),
+        topk: Some(loss::TopkInputs { student: &student, teacher: b.topk_logprobs.as_ref().unwrap(), mask: b.topk_mask.as_ref().unwrap(), subset: None }),
         sample_tokens: None,
         num_samples: None,
     };
@@ -729,4 +729,61 @@ fn infinite_gradient_and_torch_error_samples_are_skipped_with_their_reasons() {
     assert!(k.detail.contains("simulated kernel failure on token 9"), "{}", k.detail);
     assert_eq!(out.train_step.unwrap().samples, 4);
     assert_eq!((t.step(), t.optimizer().steps()), (2, 2));
+}
+
+#[test]
+fn the_current_policy_as_teacher_scores_the_teacher_prompt_with_the_weights_being_trained() {
+    let p = tiny(11);
+    // Two OPD rows; the bigram policy reads the last prompt token for the first response token, so the
+    // teacher prompt (last token 7 or 9 instead of 2) changes the teacher's first log-prob.
+    let mut samples = vec![
+        sample("o1", SampleType::Opd, &[1, 2], &[3, 4, 5], &[0.0; 3], 0.0),
+        sample("o2", SampleType::Opd, &[6, 2], &[8, 5], &[0.0; 2], 0.0),
+    ];
+    score(&p, &mut samples);
+    samples[0].teacher_prompt_token_ids = Some(vec![1, 2, 7]);
+    samples[1].teacher_prompt_token_ids = Some(vec![6, 2, 9]);
+    // What the current weights give on the teacher prompts.
+    let mut swapped: Vec<Sample> = samples.iter().map(|s| Sample { prompt_token_ids: s.teacher_prompt_token_ids.clone().unwrap(), ..s.clone() }).collect();
+    score(&p, &mut swapped);
+    let current: Vec<Vec<f32>> = swapped.iter().map(|s| s.rollout_logprobs.clone()).collect();
+    assert_ne!(current[0][0], samples[0].rollout_logprobs[0], "the teacher prompt matters at t = 0");
+
+    // Stored teacher log-probs that are far off: `samples` uses them, `current` ignores them.
+    for s in &mut samples {
+        s.teacher_logprobs = Some(vec![-9.0; s.response_token_ids.len()]);
+    }
+    let cur = TrainerConfig { teacher: TeacherSource::Current, ..Default::default() };
+    let with_current = loss_report(&p, None, Method::Opd, &cur, 0, &samples).unwrap();
+    let exact: Vec<Sample> = samples.iter().zip(&current).map(|(s, c)| Sample { teacher_logprobs: Some(c.clone()), ..s.clone() }).collect();
+    let with_exact = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &exact).unwrap();
+    let stale = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &samples).unwrap();
+    for ((a, b), c) in with_current.samples.iter().zip(&with_exact.samples).zip(&stale.samples) {
+        assert!((a.advantage - b.advantage).abs() < 1e-6, "{} vs {}", a.advantage, b.advantage);
+        assert!((a.advantage - c.advantage).abs() > 1.0, "the stored −9 teacher is not used");
+    }
+    // By hand for o1: the mean over its 3 tokens of current − rollout; tokens 1 and 2 have the same
+    // context under both prompts (bigram), so only t = 0 differs.
+    let want = f64::from(current[0][0] - samples[0].rollout_logprobs[0]) / 3.0;
+    assert!((with_current.samples[0].advantage - want).abs() < 1e-6, "{} vs {want}", with_current.samples[0].advantage);
+
+    // The gradients of a step are those of the samples with the current teacher stored.
+    let grads = |cfg: &TrainerConfig, s: &[Sample]| {
+        p.vs.trainable_variables().iter().for_each(|t| { let mut g = t.grad(); if g.defined() { let _ = g.zero_(); } });
+        accumulate_gradients(&p, None, Method::Opd, cfg, 0, s).unwrap();
+        p.vs.trainable_variables().iter().map(|t| t.grad().copy()).collect::<Vec<_>>()
+    };
+    let (g1, g2) = (grads(&cur, &samples), grads(&TrainerConfig::default(), &exact));
+    for (a, b) in g1.iter().zip(&g2) {
+        assert!(a.allclose(b, 1e-6, 1e-7, false));
+    }
+
+    // A hinted sample without teacher prompt ids cannot use the current teacher: dropped with the reason.
+    let mut bare = samples.clone();
+    bare[1].teacher_prompt_token_ids = None;
+    let r = loss_report(&p, None, Method::Opd, &cur, 0, &bare).unwrap();
+    assert_eq!(r.dropped.iter().map(|d| (d.index, d.reason)).collect::<Vec<_>>(), vec![(1, DropReason::MissingTeacher)]);
+    // And the switch refuses the top-K and overlap losses.
+    assert!(TrainerConfig { opd_loss: OpdLoss::Topk, ..cur.clone() }.validate().unwrap_err().to_string().contains("trainer.teacher = \"current\""));
+    assert!(!serde_json::to_string(&TrainerConfig::default()).unwrap().contains("teacher"), "the default is not serialised");
 }

@@ -145,3 +145,93 @@ fn teacher_topk_and_staleness_rules() {
     assert!(packed.batch.is_none());
     assert_eq!(packed.dropped[0].reason, DropReason::WrongMethod);
 }
+
+fn cand(id: &str, ids: Vec<Vec<i32>>, lps: Vec<Vec<f32>>, at_student: Vec<Vec<f32>>) -> crate::schema::TeacherCandidate {
+    crate::schema::TeacherCandidate { teacher_id: id.into(), hint_index: 0, topk_ids: ids, topk_logprobs: lps, logprobs_at_student_topk: at_student }
+}
+
+#[test]
+fn overlap_counts_and_the_three_selections_by_hand() {
+    // S = [[1,2,3,4],[5,6,7,8]]; P0 = [[1,9,9,9],[5,6,7,8]] → O0 = [1, 4]; P1 = [[1,2,3,9],[5,9,9,9]] → O1 = [3, 1].
+    let s = vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]];
+    let o0 = overlap_counts(&s, &[vec![1, 9, 9, 9], vec![5, 6, 7, 8]]);
+    let o1 = overlap_counts(&s, &[vec![1, 2, 3, 9], vec![5, 9, 9, 9]]);
+    assert_eq!((o0.clone(), o1.clone()), (vec![1, 4], vec![3, 1]));
+    let o = vec![o0, o1];
+    assert_eq!(select_candidates(CandidateSelection::Shortest, &o, &[1, 1]), vec![0, 0]);
+    assert_eq!(select_candidates(CandidateSelection::TokenOptimal, &o, &[1, 1]), vec![1, 0]);
+    // Σ O0 = 5 > Σ O1 = 4 → candidate 0; with position 1 masked out, Σ O0 = 1 < Σ O1 = 3 → candidate 1.
+    assert_eq!(select_candidates(CandidateSelection::SequenceOptimal, &o, &[1, 1]), vec![0, 0]);
+    assert_eq!(select_candidates(CandidateSelection::SequenceOptimal, &o, &[1, 0]), vec![1, 1]);
+    // Ties go to the shorter hint (lower k).
+    assert_eq!(select_candidates(CandidateSelection::TokenOptimal, &[vec![2], vec![2]], &[1]), vec![0]);
+}
+
+/// An OPD row with two hint candidates over a 2-token response, K = 2.
+fn candidate_sample() -> Sample {
+    let mut a = sample("a", SampleType::Opd, &[5, 6], &[8, 9], &[-0.1, -0.2], 0.0);
+    a.teacher_logprobs = Some(vec![-0.3, -0.4]);
+    a.student_topk_ids = Some(vec![vec![8, 1], vec![9, 3]]);
+    a.candidates = Some(vec![
+        // candidate 0: P = [[8, 4], [7, 6]] → O = [1, 0]
+        cand("t0", vec![vec![8, 4], vec![7, 6]], vec![vec![-0.2, -2.0], vec![-0.9, -1.1]], vec![vec![-0.2, -3.0], vec![-2.5, -2.6]]),
+        // candidate 1: P = [[1, 8], [3, 9]] → O = [2, 2]
+        cand("t1", vec![vec![1, 8], vec![3, 9]], vec![vec![-0.5, -0.6], vec![-0.7, -0.8]], vec![vec![-0.6, -0.5], vec![-0.8, -0.7]]),
+    ]);
+    a
+}
+
+#[test]
+fn overlap_mode_packs_the_selected_candidates_ids_teacher_and_subset() {
+    let mut o = opts(Method::Opd);
+    o.config.opd_loss = OpdLoss::Overlap;
+    o.config.recompute_old_logprobs = true;
+    // sequence_optimal: Σ O0 = 1, Σ O1 = 4 → candidate 1 everywhere; subset = the student's ids.
+    let p = pack_samples(&[candidate_sample()], &o).unwrap().batch.unwrap();
+    assert_eq!(p.chosen_candidates, vec![vec![1, 1]]);
+    assert_eq!(p.overlap_fraction, vec![Some(1.0)]);
+    assert_eq!(Vec::<Vec<Vec<i64>>>::try_from(p.topk_ids.as_ref().unwrap()).unwrap(), vec![vec![vec![8, 1], vec![9, 3]]]);
+    assert_eq!(Vec::<Vec<Vec<f32>>>::try_from(p.topk_logprobs.as_ref().unwrap()).unwrap(), vec![vec![vec![-0.6, -0.5], vec![-0.8, -0.7]]]);
+    assert_eq!(Vec::<Vec<Vec<f32>>>::try_from(p.topk_subset.as_ref().unwrap()).unwrap(), vec![vec![vec![1.0, 1.0], vec![1.0, 1.0]]]);
+    assert_eq!(f2(p.topk_mask.as_ref().unwrap()), vec![vec![1.0, 1.0]]);
+
+    // shortest + teacher subset: candidate 0's own top-K ids and log-probs.
+    o.config.overlap.selection = CandidateSelection::Shortest;
+    o.config.overlap.subset = OverlapSubset::Teacher;
+    let p = pack_samples(&[candidate_sample()], &o).unwrap().batch.unwrap();
+    assert_eq!(p.chosen_candidates, vec![vec![0, 0]]);
+    assert_eq!(p.overlap_fraction, vec![Some(0.25)], "O = [1, 0] of K = 2");
+    assert_eq!(Vec::<Vec<Vec<i64>>>::try_from(p.topk_ids.as_ref().unwrap()).unwrap(), vec![vec![vec![8, 4], vec![7, 6]]]);
+    assert_eq!(Vec::<Vec<Vec<f32>>>::try_from(p.topk_logprobs.as_ref().unwrap()).unwrap(), vec![vec![vec![-0.2, -2.0], vec![-0.9, -1.1]]]);
+
+    // token_optimal + overlap subset: O0 = [1, 0], O1 = [2, 2] → candidate 1 at both positions;
+    // S ∩ P1 = all of S at both positions. With shortest, S ∩ P0 = [8] then nothing.
+    o.config.overlap.selection = CandidateSelection::TokenOptimal;
+    o.config.overlap.subset = OverlapSubset::Overlap;
+    let p = pack_samples(&[candidate_sample()], &o).unwrap().batch.unwrap();
+    assert_eq!(p.chosen_candidates, vec![vec![1, 1]]);
+    o.config.overlap.selection = CandidateSelection::Shortest;
+    let p = pack_samples(&[candidate_sample()], &o).unwrap().batch.unwrap();
+    assert_eq!(Vec::<Vec<Vec<f32>>>::try_from(p.topk_subset.as_ref().unwrap()).unwrap(), vec![vec![vec![1.0, 0.0], vec![0.0, 0.0]]]);
+    assert_eq!(Vec::<Vec<Vec<f32>>>::try_from(p.topk_logprobs.as_ref().unwrap()).unwrap(), vec![vec![vec![-0.2, -3.0], vec![-2.5, -2.6]]]);
+}
+
+#[test]
+fn overlap_mode_drops_rows_without_valid_candidates() {
+    let mut o = opts(Method::Opd);
+    o.config.opd_loss = OpdLoss::Overlap;
+    o.config.recompute_old_logprobs = true;
+    let mut none = candidate_sample();
+    none.candidates = None;
+    let mut narrow = candidate_sample();
+    narrow.candidates.as_mut().unwrap()[1].topk_ids[1] = vec![3];
+    let mut bad_id = candidate_sample();
+    bad_id.student_topk_ids.as_mut().unwrap()[0][1] = 50;
+    let mut nan = candidate_sample();
+    nan.candidates.as_mut().unwrap()[0].logprobs_at_student_topk[1][0] = f32::NAN;
+    let packed = pack_samples(&[none, narrow, bad_id, nan, candidate_sample()], &o).unwrap();
+    let reasons: Vec<DropReason> = packed.dropped.iter().map(|d| d.reason).collect();
+    assert_eq!(reasons, vec![DropReason::MissingTopk, DropReason::TopkWidth, DropReason::TokenOutOfVocab, DropReason::NonFinite]);
+    assert_eq!(packed.dropped[1].detail, "candidate 1 topk_ids: width 1 at position 1, the student's is 2");
+    assert_eq!(packed.batch.unwrap().batch_size(), 1);
+}

@@ -501,7 +501,7 @@ fn opd_topk_loss_replaces_or_joins_the_ppo_term() {
         advantage_signs: None,
         ref_logprobs: None,
         entropy: None,
-        topk: Some(TopkInputs { student: &s, teacher: &tt, mask: &mask }),
+        topk: Some(TopkInputs { student: &s, teacher: &tt, mask: &mask, subset: None }),
         sample_tokens: None,
         num_samples: None,
     };
@@ -522,4 +522,76 @@ fn opd_topk_loss_replaces_or_joins_the_ppo_term() {
     assert!(compute_loss(&LossConfig { opd_loss: OpdLoss::Topk, ..base }, &LossInputs { topk: None, ..inp }).is_err());
     // The binary method never uses the top-K term.
     assert!(!LossConfig { opd_loss: OpdLoss::Both, ..LossConfig::new(Method::Binary) }.uses_topk());
+}
+
+#[test]
+fn overlap_term_by_hand_with_subsets_and_gradient() {
+    // One position, two ids: old = new = [ln 0.5, ln 0.25], teacher = [ln 0.6, ln 0.5], c = 0.5.
+    // w = softmax(old) = [2/3, 1/3]; teacher − old = [ln 1.2, ln 2] → clipped [0.1823216, 0.5];
+    // A = [0.1215477, 0.1666667]; ratio 1, so the term is −ΣA = −0.2882144 and ∂/∂new = −A.
+    let new = t3(&[&[&[ln(0.5), ln(0.25)]]]).set_requires_grad(true);
+    let teacher = t3(&[&[&[ln(0.6), ln(0.5)]]]);
+    let a = [(2.0 / 3.0) * 1.2f64.ln(), 0.5 / 3.0];
+    let term = overlap_opd_loss(&new, &teacher, None, 0.5, 0.2, 0.28).unwrap();
+    assert_eq!(term.size(), vec![1, 1]);
+    assert_close(v2(&term)[0][0], -(a[0] + a[1]), 1e-12);
+    term.sum(Kind::Double).backward();
+    assert_all_close(&v1(&new.grad().view([-1])), &[-a[0], -a[1]], 1e-12);
+
+    // Subset = the first id only: w = [1, 0], A = [ln 1.2, 0].
+    let new = t3(&[&[&[ln(0.5), ln(0.25)]]]).set_requires_grad(true);
+    let only_first = t3(&[&[&[1.0, 0.0]]]);
+    let term = overlap_opd_loss(&new, &teacher, Some(&only_first), 0.5, 0.2, 0.28).unwrap();
+    assert_close(v2(&term)[0][0], -1.2f64.ln(), 1e-12);
+    term.sum(Kind::Double).backward();
+    assert_all_close(&v1(&new.grad().view([-1])), &[-1.2f64.ln(), 0.0], 1e-12);
+
+    // An empty subset contributes exactly 0 (no NaN), even with a non-finite teacher value there.
+    let bad_teacher = t3(&[&[&[f64::NAN, f64::NEG_INFINITY]]]);
+    let term = overlap_opd_loss(&new, &bad_teacher, Some(&t3(&[&[&[0.0, 0.0]]])), 0.5, 0.2, 0.28).unwrap();
+    assert_eq!(v2(&term), vec![vec![0.0]]);
+    // The clip c binds symmetrically: teacher far below old gives −c per id before weighting.
+    let low = t3(&[&[&[ln(0.5) - 5.0, ln(0.25) - 5.0]]]);
+    let term = overlap_opd_loss(&new.detach(), &low, None, 1.0, 0.2, 0.28).unwrap();
+    assert_close(v2(&term)[0][0], 1.0, 1e-12);
+    assert!(overlap_opd_loss(&new, &t2(&[&[0.0]]), None, 1.0, 0.2, 0.28).is_err(), "shapes must match");
+}
+
+#[test]
+fn overlap_loss_enters_with_w_opd_and_keeps_only_the_reward_in_ppo() {
+    // A combined row, r = 1, one token: old = new = −1 (PPO term −w_rl·r = −1 at ratio 1), teacher
+    // log-prob of the sampled token −0.5 (ignored by the overlap loss's PPO advantage). The overlap
+    // term over ids [ln 0.5, ln 0.25] with teacher [ln 0.6, ln 0.5], c = 0.5 is −0.2882144 (above).
+    let old = t2(&[&[-1.0]]);
+    let teacher = t2(&[&[-0.5]]);
+    let mask = t2(&[&[1.0]]);
+    let reward = t1(&[1.0]);
+    let s = t3(&[&[&[ln(0.5), ln(0.25)]]]);
+    let tt = t3(&[&[&[ln(0.6), ln(0.5)]]]);
+    let types = [SampleType::CombinedBoth];
+    let inp = LossInputs {
+        new_logprobs: &old,
+        old_logprobs: &old,
+        teacher_logprobs: Some(&teacher),
+        reward: &reward,
+        mask: &mask,
+        sample_types: &types,
+        sample_weights: None,
+        advantage_signs: None,
+        ref_logprobs: None,
+        entropy: None,
+        topk: Some(TopkInputs { student: &s, teacher: &tt, mask: &mask, subset: None }),
+        sample_tokens: None,
+        num_samples: None,
+    };
+    let term = -((2.0 / 3.0) * 1.2f64.ln() + 0.5 / 3.0);
+    let cfg = LossConfig { opd_loss: OpdLoss::Overlap, w_opd: 2.0, overlap_clip: 0.5, ..LossConfig::new(Method::Combined) };
+    assert!(cfg.uses_overlap() && !cfg.uses_topk() && !cfg.teacher_in_advantage());
+    let out = compute_loss(&cfg, &inp).unwrap();
+    assert_close(out.metrics.pg_loss, -1.0, 1e-12);
+    assert_close(out.metrics.topk_kl, term, 1e-12);
+    assert_close(out.metrics.loss, -1.0 + 2.0 * term, 1e-12);
+    assert_eq!(v2(&out.advantages), vec![vec![1.0]], "the PPO advantage is w_rl·r only");
+    assert!(compute_loss(&cfg, &LossInputs { topk: None, ..inp }).is_err(), "overlap needs the candidates' data");
+    assert!(!LossConfig { opd_loss: OpdLoss::Overlap, ..LossConfig::new(Method::Binary) }.uses_overlap());
 }
