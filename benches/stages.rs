@@ -143,7 +143,7 @@ fn main() {
             let rollout = vec![-1.0f32; r.len()];
             let teacher_row = teacher_prompt.as_ref().map(|tp| TeacherLogprobs {
                 schema_version: TeacherLogprobs::SCHEMA_VERSION,
-                teacher_id: teacher_row_id(&interaction.interaction_id, teacher_model, tp, 0),
+                teacher_id: teacher_row_id(&interaction.interaction_id, teacher_model, tp, 0, None),
                 pipeline: pipeline.into(),
                 interaction_id: interaction.interaction_id.clone(),
                 session_id: interaction.session_id.clone(),
@@ -155,6 +155,8 @@ fn main() {
                 teacher_logprobs: vec![-1.0; r.len()],
                 topk_ids: None,
                 topk_logprobs: None,
+                student_topk_ids: None,
+                logprobs_at_student_topk: None,
                 event_time: interaction.event_time,
                 processed_time: now_ms(),
             });

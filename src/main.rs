@@ -310,6 +310,9 @@ fn main() -> Result<()> {
             }
             Command::Sql { lake, format, query } => {
                 let lake = Lake::open(&lake)?;
+                for (path, why) in nextstate::sql::stray_files(&lake)? {
+                    eprintln!("note: {}: {}", path.display(), why.explain());
+                }
                 let batches = nextstate::sql::query(&lake, &query).await?;
                 print!("{}", nextstate::sql::render(&batches, format)?);
                 if format == OutputFormat::Table {
@@ -468,6 +471,9 @@ fn main() -> Result<()> {
                 let report = nextstate::stages::run::run_pipeline(&cfg, &opts, stop).await.context("pipeline run failed")?;
                 for (n, c) in &report.republished {
                     eprintln!("republished from lake for {n}: {c}");
+                }
+                if report.sinks_added {
+                    eprintln!("note: the lake sinks ran too: without --brokers the topics live only in this process, so every row produced reaches the lake through them");
                 }
                 for (n, c) in &report.stages {
                     println!("stage {n}: {}", c.line());

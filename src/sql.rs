@@ -75,6 +75,20 @@ async fn register(ctx: &SessionContext, lake: &Lake, name: &str, schema: Arc<Sch
     Ok(())
 }
 
+/// Every Parquet file under the folders of the lake's own tables (those of [`all_schemas`]) that is not
+/// one of the lake's files, with what happens to it ([`Lake::stray_files`]), for `nextstate sql` to say
+/// so. (A folder of any other name with Parquet files directly in it is read as a table of its own.)
+///
+/// # Errors
+/// [`Error::Io`] when a folder cannot be listed.
+pub fn stray_files(lake: &Lake) -> Result<Vec<(std::path::PathBuf, crate::lake::StrayReason)>> {
+    let mut out = vec![];
+    for (name, _) in all_schemas() {
+        out.extend(lake.stray_files(name)?);
+    }
+    Ok(out)
+}
+
 /// Runs `query` over the lake and returns the result batches.
 ///
 /// # Errors

@@ -22,7 +22,7 @@ fn model_dir() -> Option<PathBuf> {
     let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from), Some(common::root().join("models/smollm2-135m-instruct"))];
     let found = candidates.into_iter().flatten().find(|p| p.join("config.json").is_file());
     if found.is_none() {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+        common::missing("models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
     }
     found
 }

@@ -24,7 +24,7 @@ fn sql(lake: &std::path::Path, q: &str) -> String {
 fn ingest_pair_and_query_the_real_logs_through_the_broker() {
     let shared = common::root().join("../shared/data/agent-logs");
     if !shared.exists() {
-        eprintln!("SKIPPED: ../shared/data/agent-logs not present");
+        common::missing("../shared/data/agent-logs not present");
         return;
     }
     let brokers = common::brokers();
@@ -78,7 +78,7 @@ fn ingest_pair_and_query_the_real_logs_through_the_broker() {
 fn signals_name_the_interactions_record_they_were_read_from() {
     let tau = common::root().join("../shared/data/agent-logs/tau-bench__gpt-4o-airline.json");
     if !tau.exists() {
-        eprintln!("SKIPPED: ../shared/data/agent-logs/tau-bench__gpt-4o-airline.json not present");
+        common::missing("../shared/data/agent-logs/tau-bench__gpt-4o-airline.json not present");
         return;
     }
     let brokers = common::brokers();

@@ -10,7 +10,7 @@ use nextstate::lake::Lake;
 async fn short_demo_against_the_real_broker() {
     let model = common::root().join("models/smollm2-135m-instruct");
     if !model.join("model.safetensors").exists() {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     }
     let _ = nextstate::model::set_threads(1);

@@ -1,6 +1,9 @@
 //! Integration tests of the model runtime against the imported SmolLM2-135M-Instruct
 //! (`models/smollm2-135m-instruct`, made by `scripts/setup.sh`; set `NEXTSTATE_TEST_MODEL` to use
-//! another directory). Each test is skipped with a message when the model directory is missing.
+//! another directory). Each test is skipped with a message when the model directory is missing (a failure under `CI=true`
+//! or `NEXTSTATE_REQUIRE_ALL=1`, see `tests/common`).
+
+mod common;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -16,7 +19,7 @@ fn model_dir() -> Option<PathBuf> {
     ];
     let found = candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file());
     if found.is_none() {
-        eprintln!("SKIPPED: model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+        common::missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
     }
     found
 }
@@ -363,7 +366,7 @@ fn kv_cache_decoding_and_growth_match_a_full_forward() {
 #[test]
 fn qwen2_import_matches_transformers() {
     let Some(dir) = std::env::var("NEXTSTATE_TEST_QWEN").ok().map(PathBuf::from) else {
-        eprintln!("SKIPPED: set NEXTSTATE_TEST_QWEN to an imported Qwen2.5-Coder-0.5B directory");
+        common::optional_missing("NEXTSTATE_TEST_QWEN (an imported Qwen2.5-Coder-0.5B directory) not set");
         return;
     };
     threads();

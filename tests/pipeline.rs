@@ -127,7 +127,7 @@ fn sorted_samples(lake: &Lake, pipeline: &str) -> Vec<Sample> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     let url = start_scripted().await;
@@ -243,7 +243,7 @@ async fn scripted_multi(Json(req): Json<serde_json::Value>) -> Json<serde_json::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     let url = start_scripted().await;
@@ -262,6 +262,9 @@ async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
     cfg.hint.m = 3;
     cfg.teacher.candidates = 3;
     cfg.teacher.top_k = 4;
+    // One turn per forward pass: the numbers do not depend on which turns share a padded batch, so
+    // the replay below, which scores other subsets together, reproduces them bit for bit.
+    cfg.teacher.batch = 1;
     cfg.validate().unwrap();
     let report = run(&cfg).await;
     let teacher = &report.stages["teacher"];
@@ -327,16 +330,21 @@ async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
     assert_eq!(b.topk_subset.as_ref().unwrap().size()[2], 4);
     assert_eq!(b.overlap_fraction.iter().filter(|o| o.is_some()).count(), 2, "the two hinted rows");
 
-    // A replay into a fresh lake with the vote cache and the teacher rows as its teacher cache (what
-    // `nextstate replay` copies): every candidate row is served from the cache, the samples are the same.
+    // A replay into a fresh lake with the vote cache and, as its teacher cache (what `nextstate replay`
+    // copies), the rows of every candidate but the shortest: those three are served from the cache, the
+    // shortest ones are scored again at the cached rows' student ids, and the samples are the same.
     let lake2_dir = dir.path().join("lake2");
     let lake2 = Lake::open(&lake2_dir).unwrap();
     lake2.write_rows(&rows, "test", 1).unwrap();
     copy_dir(&lake_dir.join("_state/vote_cache"), &lake2.state_dir("vote_cache").unwrap());
-    copy_dir(&lake.table_dir("teacher_logprobs"), &lake2_dir.join("_state/teacher_cache").join("teacher_logprobs"));
+    let later: std::collections::HashSet<&str> = samples.iter().filter_map(|s| s.candidates.as_ref()).flat_map(|c| c[1..].iter().map(|c| c.teacher_id.as_str())).collect();
+    let cached: Vec<nextstate::schema::TeacherLogprobs> = trows.values().filter(|r| later.contains(r.teacher_id.as_str())).cloned().collect();
+    assert_eq!(cached.len(), 3);
+    Lake::open(lake2_dir.join("_state/teacher_cache")).unwrap().write_rows(&cached, "test", 1).unwrap();
     let cfg2 = nextstate::config::PipelineConfig { lake: lake2_dir.clone(), ..cfg };
     let report = run(&cfg2).await;
-    assert_eq!(report.stages["teacher"].get("teacher_cache_hit"), 5, "{:?}", report.stages["teacher"]);
+    assert_eq!(report.stages["teacher"].get("teacher_cache_hit"), 3, "{:?}", report.stages["teacher"]);
+    assert_eq!(report.stages["teacher"].get("teacher_logprobs"), 5, "{:?}", report.stages["teacher"]);
     assert_eq!(sorted_samples(&lake2, "t-multi"), samples);
 }
 
@@ -349,5 +357,48 @@ fn copy_dir(from: &Path, to: &Path) {
         } else {
             std::fs::copy(e.path(), dst).unwrap();
         }
+    }
+}
+
+/// Each stage run alone (`--only <stage>`, sinks not named) on the embedded bus writes every row it
+/// produces to the lake: the same rows, by key, as one run of the whole chain with its sinks, each key
+/// once. (Before: `--only signals` counted its signals and the lake kept none of them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stage_alone_on_the_embedded_bus_writes_its_rows_to_the_lake() {
+    let Some(model) = model_dir() else {
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    };
+    let url = start_scripted().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    let (alone_dir, chain_dir) = (dir.path().join("alone"), dir.path().join("chain"));
+    for d in [&alone_dir, &chain_dir] {
+        Lake::open(d).unwrap().write_rows(&rows, "test", 1).unwrap();
+    }
+    let alone = pipeline("t-alone", "combined", &alone_dir, &url, &model);
+    for stage in ["signals", "judge", "hint", "teacher"] {
+        let opts = nextstate::stages::run::RunOptions { only: Some(vec![stage.to_string()]), until_idle: true, ..Default::default() };
+        let report = nextstate::stages::run::run_pipeline(&alone, &opts, nextstate::runtime::Stop::default()).await.unwrap();
+        assert!(report.sinks_added && report.stages.contains_key(stage), "{stage}: {report:?}");
+    }
+    run(&pipeline("t-alone", "combined", &chain_dir, &url, &model)).await;
+    let (a, c) = (Lake::open(&alone_dir).unwrap(), Lake::open(&chain_dir).unwrap());
+    fn keys<T: nextstate::schema::Table>(l: &Lake) -> std::collections::BTreeSet<String> {
+        l.keys::<T>().unwrap().into_iter().collect()
+    }
+    use nextstate::schema::{HintRecord, Judgment, Signal, TeacherLogprobs};
+    let pairs = [
+        ("signals", keys::<Signal>(&a), keys::<Signal>(&c)),
+        ("judgments", keys::<Judgment>(&a), keys::<Judgment>(&c)),
+        ("hints", keys::<HintRecord>(&a), keys::<HintRecord>(&c)),
+        ("teacher_logprobs", keys::<TeacherLogprobs>(&a), keys::<TeacherLogprobs>(&c)),
+        ("samples", keys::<Sample>(&a), keys::<Sample>(&c)),
+    ];
+    for (table, alone_keys, chain_keys) in pairs {
+        assert!(!chain_keys.is_empty(), "{table}: the chain wrote rows");
+        assert_eq!(alone_keys, chain_keys, "{table}: the stage run alone wrote the same rows");
+        let n = nextstate::sql::scalar_i64(&a, &format!("SELECT count(*) FROM {table}")).await.unwrap();
+        assert_eq!(n as usize, alone_keys.len(), "{table}: each key once");
     }
 }

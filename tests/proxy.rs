@@ -581,7 +581,7 @@ fn python_with_openai() -> Option<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_openai_client_through_the_proxy() {
     let Some(py) = python_with_openai() else {
-        eprintln!("SKIPPED: no python with the openai package (python3 -m venv .cache/venv-openai && .cache/venv-openai/bin/pip install openai)");
+        common::missing("no python with the openai package (python3 -m venv .cache/venv-openai && .cache/venv-openai/bin/pip install openai)");
         return;
     };
     let (up, fake) = start_fake(Duration::from_millis(10)).await;
@@ -697,7 +697,7 @@ async fn our_policy_server_behind_the_proxy() {
     use nextstate::model::{LanguageModel, LoadOptions, LogprobMode};
     use nextstate::serve::{PolicyServer, ServerOptions};
     let Some(dir) = model_dir() else {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+        common::missing("models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
         return;
     };
     tch::set_num_threads(1);
@@ -736,7 +736,7 @@ async fn our_policy_server_behind_the_proxy() {
         assert!(out.status.success() && stdout.contains("3 passed, 0 failed"), "openai_client.py through the proxy");
         turns += 2;
     } else {
-        eprintln!("SKIPPED (part): no python with the openai package");
+        common::missing("no python with the openai package (part of the test: the openai_client.py checks)");
     }
     // One streamed turn through reqwest, no log-probs asked: the client gets none, the event has them.
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0,

@@ -1,6 +1,8 @@
 //! Integration tests of the policy server: started in-process on a free loopback port with the imported
 //! SmolLM2-135M-Instruct, called over HTTP with reqwest. Skipped with a message when the model
-//! directory is missing (run scripts/setup.sh).
+//! directory is missing (run scripts/setup.sh); a failure under `CI=true` or `NEXTSTATE_REQUIRE_ALL=1`.
+
+mod common;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,7 +19,7 @@ fn model_dir() -> Option<PathBuf> {
     ];
     let found = candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file());
     if found.is_none() {
-        eprintln!("SKIPPED: model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+        common::missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
     }
     found
 }

@@ -61,7 +61,7 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() {
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     let _ = nextstate::model::set_threads(1);
@@ -205,7 +205,7 @@ fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     const N: usize = 12;
@@ -394,7 +394,7 @@ fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     let brokers = common::brokers();

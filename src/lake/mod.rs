@@ -74,6 +74,27 @@ pub enum FileOrigin {
     },
 }
 
+/// Why a Parquet file under a table folder is not one of the lake's files ([`Lake::stray_files`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StrayReason {
+    /// Directly in the table folder, not in a `date=YYYY-MM-DD/` folder: nothing reads it.
+    OutsideDateFolder,
+    /// In a `date=` folder under a name the lake does not write: `sql` reads it, the pipeline does not.
+    ForeignName,
+}
+
+impl StrayReason {
+    /// What happens to such a file, for a user.
+    pub fn explain(self) -> &'static str {
+        match self {
+            StrayReason::OutsideDateFolder => "not read (by sql or anything else): it is not in a date=YYYY-MM-DD folder of the table",
+            StrayReason::ForeignName => {
+                "read by sql, but not by the pipeline (sinks' de-duplication, replay, caches): its name is not one the lake writes"
+            }
+        }
+    }
+}
+
 /// `YYYY-MM-DD` (UTC) of a time in ms since the epoch.
 pub fn date_of(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -153,6 +174,40 @@ impl Lake {
             }
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// Parquet files under table `name`'s folder that [`Lake::files`] does not list, each with why
+    /// (sorted by path): a file outside the `date=YYYY-MM-DD/` folders, which nothing reads (`sql`
+    /// included), or one in them whose name is not one the lake writes, which `sql` reads but the
+    /// pipeline's own readers (sinks' de-duplication, replay, caches) do not (hidden `.parquet` files
+    /// included: `sql` reads them too). The lake's temporary files (`.parquet.tmp`) are not listed.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a folder cannot be read.
+    pub fn stray_files(&self, name: &str) -> Result<Vec<(PathBuf, StrayReason)>> {
+        let dir = self.table_dir(name);
+        let mut out = vec![];
+        if !dir.exists() {
+            return Ok(out);
+        }
+        let is_parquet = |p: &Path| p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".parquet")) && p.is_file();
+        for e in fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?.flatten() {
+            let path = e.path();
+            let pname = e.file_name().to_string_lossy().into_owned();
+            if path.is_dir() && pname.starts_with("date=") {
+                for f in fs::read_dir(&path).map_err(|e| Error::io("list", &path, e))?.flatten() {
+                    let fp = f.path();
+                    let stem = f.file_name().to_string_lossy().trim_end_matches(".parquet").to_string();
+                    if is_parquet(&fp) && (stem.starts_with('.') || parse_stem(&stem).is_none()) {
+                        out.push((fp, StrayReason::ForeignName));
+                    }
+                }
+            } else if is_parquet(&path) {
+                out.push((path, StrayReason::OutsideDateFolder));
+            }
+        }
+        out.sort();
         Ok(out)
     }
 

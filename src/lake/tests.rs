@@ -62,3 +62,33 @@ fn empty_range_files_are_valid() {
     assert!(lake.read_table::<DeadLetter>().unwrap().is_empty());
     assert_eq!(lake.next_offsets("dead_letters").unwrap().values().copied().collect::<Vec<_>>(), vec![5]);
 }
+
+#[tokio::test]
+async fn stray_parquet_files_are_named_with_what_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let paths = lake.write_rows(&[dl(1, 0), dl(2, 0)], "w1", 1).unwrap();
+    assert!(lake.stray_files("dead_letters").unwrap().is_empty(), "the lake's own files are not stray");
+    // A user drops copies of that file: one directly in the table folder, one under another name in the
+    // date folder and a hidden one there (sql reads hidden .parquet files too); the lake's own temporary
+    // files (.parquet.tmp) are not Parquet files to anyone.
+    let table = lake.table_dir("dead_letters");
+    std::fs::copy(&paths[0], table.join("mine.parquet")).unwrap();
+    let date_dir = paths[0].parent().unwrap();
+    std::fs::copy(&paths[0], date_dir.join("export.parquet")).unwrap();
+    std::fs::copy(&paths[0], date_dir.join(".hidden.parquet")).unwrap();
+    std::fs::copy(&paths[0], date_dir.join(".k~x.parquet.tmp")).unwrap();
+    let stray = lake.stray_files("dead_letters").unwrap();
+    assert_eq!(
+        stray,
+        vec![
+            (date_dir.join(".hidden.parquet"), StrayReason::ForeignName),
+            (date_dir.join("export.parquet"), StrayReason::ForeignName),
+            (table.join("mine.parquet"), StrayReason::OutsideDateFolder)
+        ]
+    );
+    // What each reason says is what happens: sql reads the two date-folder copies only, the lake neither.
+    assert_eq!(crate::sql::scalar_i64(&lake, "SELECT count(*) FROM dead_letters").await.unwrap(), 6);
+    assert_eq!(lake.read_table::<DeadLetter>().unwrap().len(), 2);
+    assert_eq!(crate::sql::stray_files(&lake).unwrap(), stray);
+}

@@ -364,11 +364,11 @@ pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usiz
     if top_k > v {
         return Err(crate::input_err!("top_k {top_k} exceeds the vocabulary of {v}"));
     }
-    let width = match at.first() {
-        None => 0,
-        Some(_) if at.len() != items.len() => return Err(crate::input_err!("{} id lists for {} items", at.len(), items.len())),
-        Some(first) => first.first().map_or(0, Vec::len),
-    };
+    if !at.is_empty() && at.len() != items.len() {
+        return Err(crate::input_err!("{} id lists for {} items", at.len(), items.len()));
+    }
+    // J from the first position of any item (an item with an empty response has no rows).
+    let width = at.iter().find_map(|rows| rows.first()).map_or(0, Vec::len);
     for (i, (rows, (_, r))) in at.iter().zip(items).enumerate() {
         if rows.len() != r.len() {
             return Err(crate::input_err!("item {i}: {} id rows for {} response tokens", rows.len(), r.len()));

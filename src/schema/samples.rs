@@ -32,6 +32,11 @@ impl SampleType {
             SampleType::CombinedScoreOnly => "combined-score-only",
         }
     }
+    /// Whether the type has an accepted hint (and so teacher log-probs from a hint-enhanced context):
+    /// `opd`, `combined-both` and `combined-hint-only`.
+    pub fn has_hint(self) -> bool {
+        matches!(self, SampleType::Opd | SampleType::CombinedBoth | SampleType::CombinedHintOnly)
+    }
     /// The method that produces this type: `binary`, `opd` or `combined` (METHOD.md §5).
     pub fn method(self) -> &'static str {
         match self {

@@ -1,6 +1,7 @@
 //! `nextstate run`: the pipeline as tasks of one process — policy server, capture proxy, every stage,
 //! the trainer and the lake sinks on the embedded defaults, or any subset (`--only`) against a real
-//! cluster. The same code either way. Nothing waits for anything else: serving, judging and training
+//! cluster. The same code either way. On the embedded bus the lake sinks run with any subset (its
+//! topics end with the process, so the sinks are the only way a subset's output reaches the lake). Nothing waits for anything else: serving, judging and training
 //! run concurrently, and each checkpoint the trainer publishes is loaded by the server while it serves.
 
 use std::collections::BTreeMap;
@@ -52,6 +53,9 @@ pub struct RunReport {
     pub proxy: Option<crate::serve::proxy::ProxyStats>,
     /// Checkpoint versions the in-process server loaded.
     pub reloads: Vec<i64>,
+    /// The lake sinks ran although `--only` did not name them: on the embedded bus the topics end with
+    /// the process, so what the selected tasks produce reaches the lake only through the sinks.
+    pub sinks_added: bool,
 }
 
 /// The stages of `method`, in chain order.
@@ -148,7 +152,13 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     }
 
     let stage_chain: Vec<&'static str> = chain(cfg.method).into_iter().filter(|n| has(n)).collect();
-    let run_sinks = has("sinks");
+    // On the embedded bus every output must reach the lake before the process exits: the in-process
+    // topics die with it, so the sinks always run there.
+    let run_sinks = has("sinks") || bus.is_embedded();
+    if run_sinks && !has("sinks") {
+        tracing::info!("embedded bus: the lake sinks run too (--only did not name them; the in-process topics end with this process)");
+        report.sinks_added = true;
+    }
     let run_train = has("train");
     // Every consumer is declared before anything is produced (the embedded bus's flow control waits
     // for declared consumers; see bus::flow).

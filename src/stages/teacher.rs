@@ -503,7 +503,12 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teachers } = job;
             let was_recomputed = recomputed.is_some();
             let rollout = rollout.or(recomputed).unwrap_or_default();
-            let student_ids: Option<Vec<Vec<i32>>> = student.and_then(|s| s.topk_ids).map(|rows| to_i32_rows(&rows));
+            // The student's ids: scored now, or from any cached candidate row of the turn (the scoring
+            // pass is skipped then); every candidate row of the turn carries the same.
+            let student_ids: Option<Vec<Vec<i32>>> = student
+                .and_then(|s| s.topk_ids)
+                .map(|rows| to_i32_rows(&rows))
+                .or_else(|| teachers.iter().find_map(|t| t.cached.as_ref()?.student_topk_ids.clone()));
             let mut scores = teacher_scores.into_iter();
             let mut rows: Vec<TeacherLogprobs> = vec![];
             let mut hint_indices = vec![];
@@ -516,7 +521,6 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                     continue;
                 }
                 let Some(t) = scores.next() else { break };
-                let cached_student = rows.iter().find_map(|r| r.student_topk_ids.clone());
                 rows.push(TeacherLogprobs {
                     schema_version: TeacherLogprobs::SCHEMA_VERSION,
                     teacher_id: teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp.prompt, top_k, student_name.as_deref()),
@@ -531,7 +535,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                     teacher_logprobs: t.logprobs,
                     topk_ids: t.topk_ids.map(|rows| to_i32_rows(&rows)),
                     topk_logprobs: t.topk_logprobs,
-                    student_topk_ids: if multi { student_ids.clone().or(cached_student) } else { None },
+                    student_topk_ids: if multi { student_ids.clone() } else { None },
                     logprobs_at_student_topk: if multi { t.at_logprobs } else { None },
                     event_time: interaction.event_time,
                     processed_time: now_ms(),

@@ -197,7 +197,7 @@ fn allowed(method: Method, t: SampleType) -> bool {
 }
 
 fn has_hint(t: SampleType) -> bool {
-    matches!(t, SampleType::Opd | SampleType::CombinedBoth | SampleType::CombinedHintOnly)
+    t.has_hint()
 }
 
 /// A row that passed validation, with its top-K width (0 = none) and weight.
@@ -288,8 +288,8 @@ fn check_sample(s: &Sample, opts: &PackOptions) -> std::result::Result<usize, (D
         (None, None) => 0,
         _ => return Err((DropReason::LengthMismatch, "top-K ids and log-probs: one present, the other absent".into())),
     };
-    if k == 0 && opts.method.uses_hints() && opts.config.opd_loss == OpdLoss::Topk && has_hint(s.sample_type) {
-        return Err((DropReason::MissingTopk, format!("{} sample without top-K lists and opd_loss = topk", s.sample_type.as_str())));
+    if k == 0 && opts.method.uses_hints() && matches!(opts.config.opd_loss, OpdLoss::Topk | OpdLoss::Both) && has_hint(s.sample_type) {
+        return Err((DropReason::MissingTopk, format!("{} sample without top-K lists and opd_loss = {}", s.sample_type.as_str(), opts.config.opd_loss.as_str())));
     }
     if opts.method.uses_hints() && opts.config.teacher == TeacherSource::Current && has_hint(s.sample_type) {
         let tp = s.teacher_prompt_token_ids.as_deref().filter(|p| !p.is_empty()).ok_or_else(|| {

@@ -352,6 +352,9 @@ impl TrainerConfig {
         if !(self.overlap.clip.is_finite() && self.overlap.clip > 0.0) {
             return Err(config_err!("trainer.overlap.clip = {} must be a positive number", self.overlap.clip));
         }
+        if self.opd_loss == OpdLoss::Overlap && self.topk_k > 0 {
+            return Err(config_err!("trainer.topk_k = {} applies to the top-K loss; the overlap loss uses every column the teacher stage kept (set teacher.top_k instead)", self.topk_k));
+        }
         if self.opd_loss == OpdLoss::Overlap && !self.recompute_old_logprobs {
             return Err(config_err!(
                 "trainer.opd_loss = \"overlap\" needs trainer.recompute_old_logprobs = true: the overlap term's old log-probs at the student's top-K ids are the current policy's (as in the reference); rollout log-probs exist only for the sampled token"

@@ -620,7 +620,11 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
             }
             per
         }
-        None if cfg.uses_topk() || cfg.uses_overlap() => return Err(input_err!("opd_loss = {} needs top-K teacher log-probs", cfg.opd_loss.as_str())),
+        // A batch of rows without a hint (e.g. only combined-score-only rows) has no teacher term; a
+        // hinted row without the term's data is an error (the packing drops such rows first).
+        None if (cfg.uses_topk() || cfg.uses_overlap()) && inp.sample_types.iter().any(|s| s.has_hint()) => {
+            return Err(input_err!("opd_loss = {} needs top-K teacher log-probs", cfg.opd_loss.as_str()))
+        }
         None => zeros_b.shallow_clone(),
     };
 

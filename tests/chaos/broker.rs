@@ -9,7 +9,7 @@
 //!   and `{dir}` (its data folder, kept across restarts; also the command's working folder) in it, e.g.
 //!   `nisshi broker --listener-url tcp://127.0.0.1:{port} --advertised-listener-url tcp://127.0.0.1:{port} --storage-engine sqlite://nisshi.db`
 //!   (nisshi 0.8.1 from crates.io; its SQLite path is relative to the working folder); otherwise it
-//!   says SKIPPED.
+//!   says `SKIPPED (optional)` (listed in `.ci/run`'s summary).
 
 use std::path::{Path, PathBuf};
 
@@ -102,7 +102,7 @@ fn free_port() -> u16 {
 async fn broker_stopped_and_restarted_mid_run_loses_and_duplicates_nothing() {
     let _serial = serial();
     if !common::root().join(".tools/noida-db").exists() {
-        eprintln!("SKIPPED: .tools/noida-db not installed (scripts/setup.sh)");
+        common::missing(".tools/noida-db not installed (scripts/setup.sh)");
         return;
     }
     restarts_lose_and_duplicate_nothing(Kind::Noida).await;
@@ -112,7 +112,7 @@ async fn broker_stopped_and_restarted_mid_run_loses_and_duplicates_nothing() {
 async fn durable_broker_killed_and_restarted_mid_run_loses_and_duplicates_nothing() {
     let _serial = serial();
     let Ok(template) = std::env::var("NEXTSTATE_CHAOS_DURABLE_BROKER") else {
-        eprintln!("SKIPPED: NEXTSTATE_CHAOS_DURABLE_BROKER not set (the command of a durable broker; see tests/chaos/broker.rs)");
+        common::optional_missing("NEXTSTATE_CHAOS_DURABLE_BROKER not set (the command of a durable broker; see tests/chaos/broker.rs)");
         return;
     };
     restarts_lose_and_duplicate_nothing(Kind::Durable { template, child: Default::default() }).await;

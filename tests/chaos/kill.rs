@@ -45,7 +45,7 @@ model = "{}"
 async fn every_process_killed_at_random_points_keeps_each_record_exactly_once() {
     let _serial = serial();
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+        common::missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
         return;
     };
     let rounds: usize = setting("NEXTSTATE_CHAOS_ROUNDS", 12);
@@ -150,7 +150,7 @@ async fn trainer_trains_a_resent_sample_once() {
     use nextstate::stages::train::{run_train, TrainOptions, TrainSource};
     let _serial = serial();
     let Some(model) = model_dir() else {
-        eprintln!("SKIPPED: model directory not found");
+        common::missing("model directory not found");
         return;
     };
     let dir = tempfile::tempdir().unwrap();

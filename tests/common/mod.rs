@@ -4,6 +4,48 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// Whether a missing prerequisite fails the test instead of skipping it: `CI` set to `true` or `1`, or
+/// `NEXTSTATE_REQUIRE_ALL=1` (which `.ci/run` sets). In a developer's clone a test without its model or
+/// data skips with a `SKIPPED:` line; in CI that would hide a broken set-up.
+pub fn require_all() -> bool {
+    let on = |k: &str| std::env::var(k).is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"));
+    on("CI") || on("NEXTSTATE_REQUIRE_ALL")
+}
+
+/// A prerequisite of the calling test is missing (`what`: what, and how to get it). Under
+/// [`require_all`] this panics with that message, failing the test; otherwise it prints
+/// `SKIPPED: <what>` and the caller returns.
+pub fn missing(what: &str) {
+    if require_all() {
+        panic!("missing prerequisite (CI / NEXTSTATE_REQUIRE_ALL): {what}");
+    }
+    eprintln!("SKIPPED: {what}");
+    record_skip("required", what);
+}
+
+/// An optional input of the calling test is absent (a durable broker, a Qwen model): the test skips
+/// with `SKIPPED (optional): <what>` everywhere, and the skip is recorded for `.ci/run`'s summary.
+pub fn optional_missing(what: &str) {
+    eprintln!("SKIPPED (optional): {what}");
+    record_skip("optional", what);
+}
+
+/// Appends `<kind>\t<test binary>\t<what>` to the file named by `NEXTSTATE_SKIP_LOG`, when set.
+fn record_skip(kind: &str, what: &str) {
+    use std::io::Write;
+    let Ok(path) = std::env::var("NEXTSTATE_SKIP_LOG") else { return };
+    // The test binary's name without cargo's `-<hash>` suffix.
+    let exe = std::env::current_exe().ok().and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned())).unwrap_or_default();
+    let exe = match exe.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => name.to_string(),
+        _ => exe,
+    };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{kind}\t{exe} {test}\t{what}");
+    }
+}
+
 /// Repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -14,13 +14,13 @@ pub fn fixture(name: &str) -> PathBuf {
 }
 
 /// The big tau-bench file, read from the shared data folder next to the repository (`../shared`, as in
-/// CI). `None`, with a SKIPPED line, in a clone that has no such folder beside it.
+/// CI). `None`, with a SKIPPED line, in a clone that has no such folder beside it (a failure under CI).
 pub fn tau_bench() -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/agent-logs/tau-bench__gpt-4o-airline.json");
     if p.is_file() {
         Some(p)
     } else {
-        eprintln!("SKIPPED: {} not found (the real tau-bench log lives in ../shared/data beside the repository)", p.display());
+        crate::test_env::missing(&format!("{} not found (the real tau-bench log lives in ../shared/data beside the repository)", p.display()));
         None
     }
 }

@@ -2,6 +2,8 @@
 //! (tests/fixtures/agent-logs and ../shared/data/agent-logs) and synthetic fixtures.
 
 mod common;
+#[path = "../common/mod.rs"]
+mod test_env;
 mod detect;
 mod pairing;
 mod real_logs;

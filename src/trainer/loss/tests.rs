@@ -593,5 +593,10 @@ fn overlap_loss_enters_with_w_opd_and_keeps_only_the_reward_in_ppo() {
     assert_close(out.metrics.loss, -1.0 + 2.0 * term, 1e-12);
     assert_eq!(v2(&out.advantages), vec![vec![1.0]], "the PPO advantage is w_rl·r only");
     assert!(compute_loss(&cfg, &LossInputs { topk: None, ..inp }).is_err(), "overlap needs the candidates' data");
+    // A batch with no hinted row (only score-only rows) has no teacher term: 0, not an error.
+    let so = [SampleType::CombinedScoreOnly];
+    let out = compute_loss(&cfg, &LossInputs { topk: None, sample_types: &so, ..inp }).unwrap();
+    assert_close(out.metrics.topk_kl, 0.0, 0.0);
+    assert_close(out.metrics.loss, -1.0, 1e-12);
     assert!(!LossConfig { opd_loss: OpdLoss::Overlap, ..LossConfig::new(Method::Binary) }.uses_overlap());
 }
