@@ -269,6 +269,12 @@ impl Job {
     fn needs_student(&self, multi: bool) -> bool {
         multi && self.teachers.iter().any(|t| t.cached.is_none())
     }
+
+    /// The student's top-K ids from any cached candidate row of the turn (every candidate row of a turn
+    /// carries the same).
+    fn cached_student_ids(&self) -> Option<&Vec<Vec<i32>>> {
+        self.teachers.iter().find_map(|t| t.cached.as_ref()?.student_topk_ids.as_ref())
+    }
 }
 
 /// Resolves the prompt and response token ids of a turn (see module docs).
@@ -440,11 +446,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             .iter()
             .map(|j| {
                 let pair = |p: &Vec<u32>| (p.clone(), j.response_ids.clone());
-                let cached_student = j
-                    .teachers
-                    .iter()
-                    .find_map(|t| t.cached.as_ref().and_then(|r| r.student_topk_ids.as_ref()))
-                    .map(|rows| rows.iter().map(|r| r.iter().map(|&x| x as u32).collect()).collect());
+                let cached_student = j.cached_student_ids().map(|rows| rows.iter().map(|r| r.iter().map(|&x| x as u32).collect()).collect());
                 Work {
                     rollout: j.rollout.is_none().then(|| pair(&j.prompt_ids)),
                     student: (j.needs_student(multi) && cached_student.is_none()).then(|| pair(&j.prompt_ids)),
@@ -500,15 +502,12 @@ impl<I: Table> StageLogic for TeacherStage<I> {
         .map_err(|e| Error::Internal(format!("teacher worker: {e}")))??;
 
         for (job, (recomputed, student, teacher_scores)) in jobs.into_iter().zip(scored) {
+            let cached_ids = job.cached_student_ids().cloned();
             let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teachers } = job;
             let was_recomputed = recomputed.is_some();
             let rollout = rollout.or(recomputed).unwrap_or_default();
-            // The student's ids: scored now, or from any cached candidate row of the turn (the scoring
-            // pass is skipped then); every candidate row of the turn carries the same.
-            let student_ids: Option<Vec<Vec<i32>>> = student
-                .and_then(|s| s.topk_ids)
-                .map(|rows| to_i32_rows(&rows))
-                .or_else(|| teachers.iter().find_map(|t| t.cached.as_ref()?.student_topk_ids.clone()));
+            // The student's ids: scored now, or from a cached candidate row (the scoring pass is skipped then).
+            let student_ids: Option<Vec<Vec<i32>>> = student.and_then(|s| s.topk_ids).map(|rows| to_i32_rows(&rows)).or(cached_ids);
             let mut scores = teacher_scores.into_iter();
             let mut rows: Vec<TeacherLogprobs> = vec![];
             let mut hint_indices = vec![];

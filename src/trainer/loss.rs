@@ -250,6 +250,13 @@ pub fn ppo_clipped_loss(new: &Tensor, old: &Tensor, adv: &Tensor, eps_clip: f64,
     let (b, t) = dims2("new log-probs", new)?;
     check_shape("old log-probs", old, &[b, t])?;
     check_shape("advantages", adv, &[b, t])?;
+    clipped_surrogate(new, old, adv, eps_clip, eps_clip_high)
+}
+
+/// The PPO clipped surrogate elementwise, for any shape (no checks): the ratio from the log-ratio
+/// clamped to ±[`LOG_RATIO_CLAMP`], `max(−ratio·A, −clip(ratio)·A)` and where the clipped term won.
+/// Shared by [`ppo_clipped_loss`] and [`overlap_opd_loss`].
+fn clipped_surrogate(new: &Tensor, old: &Tensor, adv: &Tensor, eps_clip: f64, eps_clip_high: f64) -> Result<PpoTerms> {
     let adv = adv.f_detach()?;
     let ratio = new.f_sub(&old.f_detach()?)?.f_clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?.f_exp()?;
     let unclipped = ratio.f_mul(&adv)?.f_neg()?;
@@ -355,10 +362,7 @@ pub fn overlap_opd_loss(new: &Tensor, teacher: &Tensor, subset: Option<&Tensor>,
     let w = logits.f_softmax(-1, kind)?.f_mul(&keep_f)?;
     let teacher = teacher.f_detach()?.f_where_self(&keep, &old)?;
     let adv = teacher.f_sub(&old)?.f_clamp(-clip, clip)?.f_mul(&w)?;
-    let ratio = new.f_sub(&old)?.f_clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?.f_exp()?;
-    let unclipped = ratio.f_mul(&adv)?.f_neg()?;
-    let clipped = ratio.f_clamp(1.0 - eps_clip, 1.0 + eps_clip_high)?.f_mul(&adv)?.f_neg()?;
-    let term = unclipped.f_maximum(&clipped)?.f_mul(&keep_f)?;
+    let term = clipped_surrogate(new, &old, &adv, eps_clip, eps_clip_high)?.loss.f_mul(&keep_f)?;
     Ok(term.f_sum_dim_intlist(-1i64, false, kind)?)
 }
 
