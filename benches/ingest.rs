@@ -1,8 +1,12 @@
 //! Ingest and pairing throughput on the tau-bench file (200 sessions, 2,454 assistant turns, 4.1 MB):
 //! `ingest` reports MB/s of log read, `pair` and `ingest+pair` report turns/s.
 //!
-//! Run: `cargo bench --bench ingest` (release). The file is read from `../shared/data/agent-logs/`;
-//! the bench is skipped when it is absent.
+//! The group `formats-2026` reads each file of `tests/fixtures/agent-logs-2026/` (one real sample or
+//! one documented variant per format, 2–16 KB each) in its own format and reports MB/s; these are
+//! per-file figures (open, read, detect nothing, emit) on small files, not steady-state throughput.
+//!
+//! Run: `cargo bench --bench ingest` (release). The tau-bench file is read from
+//! `../shared/data/agent-logs/`; that group is skipped when it is absent.
 
 use std::path::PathBuf;
 
@@ -17,9 +21,13 @@ fn tau_bench() -> PathBuf {
 }
 
 fn ingest(path: &std::path::Path) -> Vec<Interaction> {
+    ingest_as(path, Format::TauBench)
+}
+
+fn ingest_as(path: &std::path::Path, format: Format) -> Vec<Interaction> {
     let opts = IngestOptions::new(1_772_323_200_000);
     let mut rows = Vec::with_capacity(2454);
-    read_file(path, Format::TauBench, &opts, &mut |_| {}, &mut |item| {
+    read_file(path, format, &opts, &mut |_| {}, &mut |item| {
         if let IngestItem::Interaction(i) = item {
             rows.push(*i);
         }
@@ -36,6 +44,30 @@ fn pair(rows: Vec<Interaction>) -> usize {
         n += p.push(r, Lineage { source_partition: Some(0), source_offset: Some(i as i64), ..Lineage::default() }).len();
     }
     n + p.finish().len()
+}
+
+fn formats_2026(c: &mut Criterion) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agent-logs-2026");
+    let files = [
+        ("openclaw-session", "openclaw__session-v3__f967d602.jsonl", Format::OpenClawSession),
+        ("claude-code", "claude-code__v2.1.38__short.jsonl", Format::ClaudeCode),
+        ("codex", "synthetic__codex__rollout.jsonl", Format::Codex),
+        ("openai-responses", "synthetic__openai-responses.jsonl", Format::OpenAiResponses),
+        ("anthropic-messages", "synthetic__anthropic-messages.jsonl", Format::AnthropicMessages),
+        ("otel (SDK spans)", "otel-genai-spans__any-agent__OPENAI_trace.json", Format::Otel),
+        ("otel (OTLP/JSON)", "synthetic__otel__otlp.json", Format::Otel),
+        ("langsmith", "langsmith__run-ingest-post-patch__wrap_openai_reasoning.json", Format::LangSmith),
+        ("openhands-v1", "openhands-sdk-v1__events__goal-fixture.jsonl", Format::OpenHandsV1),
+    ];
+    let mut g = c.benchmark_group("formats-2026");
+    for (name, file, format) in files {
+        let path = dir.join(file);
+        let bytes = std::fs::metadata(&path).expect("fixture").len();
+        assert!(!ingest_as(&path, format).is_empty(), "{file} gives no interaction");
+        g.throughput(Throughput::Bytes(bytes));
+        g.bench_function(name, |b| b.iter(|| ingest_as(&path, format).len()));
+    }
+    g.finish();
 }
 
 fn bench(c: &mut Criterion) {
@@ -58,5 +90,5 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, formats_2026);
 criterion_main!(benches);

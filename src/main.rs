@@ -78,8 +78,9 @@ enum Command {
     },
     /// Ingest agent logs into `interactions` (and `dead_letters`) through the bus and the lake.
     Ingest {
-        /// Log format: auto, openclaw, openai-chat, tau-bench, swe-agent, mini-swe-agent, openhands,
-        /// toolbench, agentbench.
+        /// Log format: auto (detected per file), openclaw, openai-chat, tau-bench, swe-agent,
+        /// mini-swe-agent, openhands, toolbench, agentbench, openclaw-session, claude-code, codex,
+        /// openai-responses, anthropic-messages, openhands-v1, langsmith, otel, oasst.
         #[arg(long, default_value = "auto")]
         format: String,
         /// Turn type of turns the log does not mark (main = trainable).
@@ -93,9 +94,25 @@ enum Command {
         pipeline: Option<PathBuf>,
         #[command(flatten)]
         data: DataArgs,
-        /// Log files.
+        /// Log files and directories (walked recursively; `.gz` and `.zst` files are decompressed).
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Follow the files as agents append to them: emit each new turn once, keep read positions
+        /// across restarts (`<lake>/_follow/positions.json`), pick up new files; until Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        /// `--follow`: milliseconds between two looks at the files.
+        #[arg(long, default_value_t = 1000)]
+        poll_ms: u64,
+        /// `--follow`: a session's last turn is emitted once its file is unchanged this long (ms).
+        #[arg(long, default_value_t = 10_000)]
+        settle_ms: u64,
+        /// `--follow`: exit once every file is unchanged this long (ms) and everything is emitted.
+        #[arg(long)]
+        exit_when_idle_ms: Option<u64>,
+        /// `--follow`: the positions file (default `<lake>/_follow/positions.json`).
+        #[arg(long)]
+        positions: Option<PathBuf>,
     },
     /// Train the policy on samples from the `samples` topic (default) or a SQL query over the lake.
     Train {
@@ -319,7 +336,7 @@ fn main() -> Result<()> {
                     println!();
                 }
             }
-            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files } => {
+            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let choice: nextstate::ingest::FormatChoice = format.parse()?;
                 let format = match choice {
@@ -330,8 +347,22 @@ fn main() -> Result<()> {
                     .with_context(|| format!("--default-turn-type must be main or side, got {default_turn_type}"))?;
                 let stop = Stop::default();
                 stop.on_signals();
-                let args = nextstate::stages::source::IngestArgs { files, format, default_turn_type, sink: !no_sink, progress: true };
-                let r = nextstate::stages::source::ingest(&cfg, &args, stop).await.context("ingest failed")?;
+                let r = if follow {
+                    let args = nextstate::stages::follow::FollowArgs {
+                        paths: files,
+                        format,
+                        default_turn_type,
+                        poll: std::time::Duration::from_millis(poll_ms),
+                        settle: std::time::Duration::from_millis(settle_ms),
+                        exit_when_idle: exit_when_idle_ms.map(std::time::Duration::from_millis),
+                        state: positions,
+                        sink: !no_sink,
+                    };
+                    nextstate::stages::follow::follow(&cfg, &args, stop).await.context("ingest --follow failed")?
+                } else {
+                    let args = nextstate::stages::source::IngestArgs { files, format, default_turn_type, sink: !no_sink, progress: true };
+                    nextstate::stages::source::ingest(&cfg, &args, stop).await.context("ingest failed")?
+                };
                 let dl: u64 = r.dead_letters.values().sum();
                 let reasons: Vec<String> = r.dead_letters.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!(

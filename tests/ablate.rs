@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -71,10 +71,8 @@ async fn fake_judge() -> (String, Arc<AtomicU32>) {
 }
 
 fn pipeline(name: &str, lake: &Path, url: &str) -> PipelineConfig {
-    let text = format!(
-        "name = \"{name}\"\nmethod = \"binary\"\nlake = \"{}\"\n[judge]\nbackend = \"openai\"\nurl = \"{url}\"\nmodel = \"fake-judge\"\nm = 2\n",
-        lake.display()
-    );
+    let text =
+        format!("name = \"{name}\"\nmethod = \"binary\"\nlake = \"{}\"\n[judge]\nbackend = \"openai\"\nurl = \"{url}\"\nmodel = \"fake-judge\"\nm = 2\n", lake.display());
     let cfg: PipelineConfig = toml::from_str(&text).unwrap();
     cfg.validate().unwrap();
     cfg
@@ -209,8 +207,19 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     same_rows::<StepRow>(&r1, &r2, "steps", |r| mine(&r.arm));
     same_rows::<AdvantageRow>(&r1, &r2, "advantages", |r| mine(&r.arm));
     same_rows::<ResponseRow>(&r1, &r2, "responses", |r| mine(&r.arm));
-    same_rows::<StageCountRow>(&r1, &r2, "stage_counts", |_| true);
-    assert_eq!(read_table::<ArmRow>(&r2, "arms").unwrap().len(), 2);
+    // Run 2 built only the data pipelines its arms need: combined's (control shares it) and the first
+    // hinted one (opd's: the held-out gap set); their stage counts are run 1's.
+    let built2: BTreeSet<String> = read_table::<StageCountRow>(&r2, "stage_counts").unwrap().into_iter().map(|r| r.data_pipeline).collect();
+    let arms2 = read_table::<ArmRow>(&r2, "arms").unwrap();
+    assert_eq!(arms2.len(), 2);
+    let pipeline_of = |arms: &[ArmRow], name: &str| arms.iter().find(|a| a.arm == name).map(|a| a.data_pipeline.clone()).unwrap();
+    let all1 = read_table::<ArmRow>(&r1, "arms").unwrap();
+    assert_eq!(built2, BTreeSet::from([pipeline_of(&arms2, "combined"), pipeline_of(&all1, "opd")]));
+    // The lake's signals are shared by its data pipelines: whichever ran first paired them (binary's in
+    // run 1, opd's in run 2), so the signals stage is compared as a total.
+    same_rows::<StageCountRow>(&r1, &r2, "stage_counts", |r| built2.contains(&r.data_pipeline) && r.stage != "signals");
+    let signals = |d: &Path| -> i64 { read_table::<StageCountRow>(d, "stage_counts").unwrap().iter().filter(|r| r.stage == "signals" && r.outcome == "interactions").map(|r| r.count).sum() };
+    assert_eq!((signals(&r1), signals(&r2)), (9, 9));
     let ck = read_table::<CheckpointRow>(&r1, "checkpoint_metrics").unwrap();
     assert!(ck.iter().all(|c| c.score.is_finite() && c.heldout_loss.is_some_and(f64::is_finite)), "{ck:?}");
 
@@ -241,7 +250,13 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     let adv = read_table::<AdvantageRow>(&r1, "advantages").unwrap();
     let of = |arm: &str| adv.iter().filter(|r| r.arm == arm).map(|r| (r.sample_id.clone(), r.advantage)).collect::<Vec<_>>();
     let control_cfg = &by["control"].pipeline.trainer;
-    let flipped: Vec<(String, f64)> = of("combined").into_iter().map(|(id, a)| { let s = f64::from(control_cfg.advantage_sign_of(&id)); (id, s * a) }).collect();
+    let flipped: Vec<(String, f64)> = of("combined")
+        .into_iter()
+        .map(|(id, a)| {
+            let s = f64::from(control_cfg.advantage_sign_of(&id));
+            (id, s * a)
+        })
+        .collect();
     assert_eq!(of("control"), flipped);
     assert!(!flipped.is_empty());
     assert_ne!(row["opd"].data_pipeline, row["opd-topk"].data_pipeline);

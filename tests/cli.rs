@@ -125,3 +125,74 @@ fn signals_name_the_interactions_record_they_were_read_from() {
         "the interactions table keeps the file position (its rows are written before they have a Kafka position)"
     );
 }
+
+/// `ingest --follow`: an agent appends to its session file while the follower runs; the follower is
+/// killed (-9) and restarted; every turn reaches the lake exactly once (counted by key).
+#[test]
+fn follow_emits_each_appended_turn_once_across_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = dir.path().join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let lake = dir.path().join("lake");
+    let file = sessions.join("S.jsonl");
+    let turn = |k: usize| {
+        format!(
+            concat!(
+                r#"{{"type":"user","uuid":"u{k}","parentUuid":null,"sessionId":"S","timestamp":"2026-01-01T00:00:{k:02}Z","message":{{"role":"user","content":"question {k}"}}}}"#,
+                "\n",
+                r#"{{"type":"assistant","uuid":"a{k}","parentUuid":"u{k}","sessionId":"S","timestamp":"2026-01-01T00:00:{k:02}Z","message":{{"id":"m{k}","role":"assistant","model":"c","content":[{{"type":"text","text":"answer {k}"}}],"stop_reason":"end_turn"}}}}"#,
+                "\n"
+            ),
+            k = k
+        )
+    };
+    let append = |s: &str| {
+        use std::io::Write;
+        std::fs::OpenOptions::new().create(true).append(true).open(&file).unwrap().write_all(s.as_bytes()).unwrap();
+    };
+    let pipeline = dir.path().join("p.toml");
+    std::fs::write(&pipeline, format!("name = \"follow\"\nmethod = \"binary\"\nlake = \"{}\"\n[sink]\nroll_ms = 200\n", lake.display())).unwrap();
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["ingest", "--follow", "--pipeline", pipeline.to_str().unwrap(), "--poll-ms", "100", "--settle-ms", "400"].iter().map(|s| s.to_string()).collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.push(sessions.display().to_string());
+        a
+    };
+    let count = || -> Vec<(i32, String)> {
+        let (ok, out, _) = common::run_bin(&["sql", "--lake", lake.to_str().unwrap(), "--format", "csv", "SELECT turn_index, response_text FROM interactions ORDER BY turn_index"]);
+        if !ok {
+            return vec![];
+        }
+        out.lines().skip(1).filter_map(|l| l.split_once(',').map(|(t, r)| (t.parse().unwrap(), r.to_string()))).collect()
+    };
+    let wait_for = |n: usize| {
+        let t = std::time::Instant::now();
+        while count().len() < n {
+            assert!(t.elapsed().as_secs() < 60, "lake has {:?}, waited for {n} rows", count());
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    // Turn 0 and half of turn 1 (the assistant line still being written).
+    append(&turn(0));
+    let t1 = turn(1);
+    let (user1, rest1) = t1.split_at(t1.find('\n').unwrap() + 1);
+    append(user1);
+    append(&rest1[..20]);
+    let log = dir.path().join("follow.log");
+    let mut p = common::Proc::spawn("follow", &args(&[]), &log);
+    wait_for(1);
+    append(&rest1[20..]);
+    append(&turn(2));
+    wait_for(3);
+    p.kill();
+    // More turns while it is down; the restart picks them up, and nothing is emitted twice.
+    append(&turn(3));
+    let mut p = common::Proc::spawn("follow-2", &args(&["--exit-when-idle-ms", "1500"]), &log);
+    let t = std::time::Instant::now();
+    while p.exited().is_none() {
+        assert!(t.elapsed().as_secs() < 90, "the follower did not exit when idle:\n{}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(count(), (0..4).map(|k| (k, format!("answer {k}"))).collect::<Vec<_>>(), "{}", std::fs::read_to_string(&log).unwrap());
+    assert!(lake.join("_follow/positions.json").is_file());
+}

@@ -58,9 +58,7 @@ async fn scripted(kind: &'static str, Json(req): Json<serde_json::Value>) -> Jso
 }
 
 async fn start_scripted() -> String {
-    let app = Router::new()
-        .route("/judge/v1/chat/completions", post(|b| scripted("judge", b)))
-        .route("/hint/v1/chat/completions", post(|b| scripted("hint", b)));
+    let app = Router::new().route("/judge/v1/chat/completions", post(|b| scripted("judge", b))).route("/hint/v1/chat/completions", post(|b| scripted("hint", b)));
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
@@ -124,6 +122,25 @@ fn sorted_samples(lake: &Lake, pipeline: &str) -> Vec<Sample> {
     v
 }
 
+/// A fault found by the ablation: an OPD pipeline alone on a fresh lake got its signals live from the
+/// signals stage (the signal is the record, not in its carry) and dead-lettered every one as
+/// `missing_context`, so it built no hint. Stages signals and hint only (no model needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opd_pipeline_alone_on_a_fresh_lake_hints_from_the_live_signals() {
+    let url = start_scripted().await;
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    let lake = Lake::open(&lake_dir).unwrap();
+    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    lake.write_rows(&rows, "test", 1).unwrap();
+    let cfg = pipeline("t-opd-alone", "opd", &lake_dir, &url, Path::new("models/none"));
+    let opts =
+        nextstate::stages::run::RunOptions { only: Some(["signals", "hint", "sinks"].iter().map(|s| s.to_string()).collect()), until_idle: true, ..Default::default() };
+    let report = nextstate::stages::run::run_pipeline(&cfg, &opts, nextstate::runtime::Stop::default()).await.unwrap();
+    let hint = &report.stages["hint"].outcomes;
+    assert_eq!((hint.get("hint: accepted"), hint.get("hint: none"), hint.get("dead_letter: missing_context")), (Some(&2), Some(&2), None), "{hint:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     let Some(model) = model_dir() else {
@@ -144,18 +161,18 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     }
     // METHOD.md §5: combined — A hint+score: both; B hint, score 0: hint-only; C no hint, score −1:
     // score-only; D nothing: none.
-    assert_eq!(
-        counts(&lake, "t-combined").await,
-        vec![("combined-both".into(), 1), ("combined-hint-only".into(), 1), ("combined-score-only".into(), 1)]
-    );
+    assert_eq!(counts(&lake, "t-combined").await, vec![("combined-both".into(), 1), ("combined-hint-only".into(), 1), ("combined-score-only".into(), 1)]);
     // binary — A (+1) and C (−1); B and D score 0: none.
     assert_eq!(counts(&lake, "t-binary").await, vec![("binary".into(), 2)]);
     // opd — the two accepted hints.
     assert_eq!(counts(&lake, "t-opd").await, vec![("opd".into(), 2)]);
     let rewards = nextstate::sql::render(
-        &nextstate::sql::query(&lake, "SELECT sample_type, reward, teacher_logprobs IS NULL AS no_teacher FROM samples WHERE pipeline = 't-combined' ORDER BY sample_type")
-            .await
-            .unwrap(),
+        &nextstate::sql::query(
+            &lake,
+            "SELECT sample_type, reward, teacher_logprobs IS NULL AS no_teacher FROM samples WHERE pipeline = 't-combined' ORDER BY sample_type",
+        )
+        .await
+        .unwrap(),
         nextstate::sql::OutputFormat::Csv,
     )
     .unwrap();
@@ -323,7 +340,14 @@ async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
 
     // The trainer's overlap packing takes every sample.
     let tcfg = nextstate::trainer::TrainerConfig { opd_loss: nextstate::trainer::OpdLoss::Overlap, recompute_old_logprobs: true, ..Default::default() };
-    let opts = nextstate::trainer::PackOptions { method: nextstate::config::Method::Combined, vocab_size: lm.transformer().config.vocab_size, pad_id: 0, current_version: 0, device: tch::Device::Cpu, config: tcfg };
+    let opts = nextstate::trainer::PackOptions {
+        method: nextstate::config::Method::Combined,
+        vocab_size: lm.transformer().config.vocab_size,
+        pad_id: 0,
+        current_version: 0,
+        device: tch::Device::Cpu,
+        config: tcfg,
+    };
     let packed = nextstate::trainer::pack_samples(&samples, &opts).unwrap();
     assert!(packed.dropped.is_empty(), "{:?}", packed.dropped);
     let b = packed.batch.unwrap();
@@ -337,7 +361,8 @@ async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
     let lake2 = Lake::open(&lake2_dir).unwrap();
     lake2.write_rows(&rows, "test", 1).unwrap();
     copy_dir(&lake_dir.join("_state/vote_cache"), &lake2.state_dir("vote_cache").unwrap());
-    let later: std::collections::HashSet<&str> = samples.iter().filter_map(|s| s.candidates.as_ref()).flat_map(|c| c[1..].iter().map(|c| c.teacher_id.as_str())).collect();
+    let later: std::collections::HashSet<&str> =
+        samples.iter().filter_map(|s| s.candidates.as_ref()).flat_map(|c| c[1..].iter().map(|c| c.teacher_id.as_str())).collect();
     let cached: Vec<nextstate::schema::TeacherLogprobs> = trows.values().filter(|r| later.contains(r.teacher_id.as_str())).cloned().collect();
     assert_eq!(cached.len(), 3);
     Lake::open(lake2_dir.join("_state/teacher_cache")).unwrap().write_rows(&cached, "test", 1).unwrap();

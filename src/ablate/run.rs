@@ -326,7 +326,22 @@ fn data_pipelines(arms: &[ResolvedArm]) -> Vec<&ResolvedArm> {
     arms.iter().filter(|a| seen.insert(a.data_pipeline.clone())).collect()
 }
 
-async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], lay: &Layout, stop: &Stop) -> Result<()> {
+/// Whether `arm` is among `--arms` (by name or group); everything is selected without `--arms`.
+fn selected(sel: Option<&[String]>, arm: &ResolvedArm) -> bool {
+    sel.is_none_or(|sel| sel.contains(&arm.name) || sel.contains(&arm.group))
+}
+
+/// `data_pipelines` that a run of the `--arms` selection needs: those of the selected arms, and the
+/// first one that builds hints (the held-out gap set every arm is evaluated on comes from it).
+fn needed_data_pipelines<'a>(arms: &'a [ResolvedArm], sel: Option<&[String]>) -> Vec<&'a ResolvedArm> {
+    let gap_source = arms.iter().find(|a| a.pipeline.method.uses_hints()).map(|a| a.data_pipeline.clone());
+    data_pipelines(arms)
+        .into_iter()
+        .filter(|d| Some(&d.data_pipeline) == gap_source.as_ref() || arms.iter().any(|a| a.data_pipeline == d.data_pipeline && selected(sel, a)))
+        .collect()
+}
+
+async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[String]>, lay: &Layout, stop: &Stop) -> Result<()> {
     let state = lay.state();
     std::fs::create_dir_all(&state).map_err(|e| Error::io("create", &state, e))?;
     let _lock = DataLock::acquire(state.join("data.lock"), stop).await?;
@@ -390,10 +405,13 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], lay: &Layout, 
             return Err(input_err!("[data] sql returned no interactions from {}", source.display()));
         }
         eprintln!("[ablate] replayed {} interactions into {}", r.rows, lay.lake().display());
-        write_marker(&marker, &ReplayMarker { rows: r.rows, vote_cache_files: r.vote_cache_files, teacher_cache_rows: r.teacher_cache_rows, seconds: t.elapsed().as_secs_f64() })?;
+        write_marker(
+            &marker,
+            &ReplayMarker { rows: r.rows, vote_cache_files: r.vote_cache_files, teacher_cache_rows: r.teacher_cache_rows, seconds: t.elapsed().as_secs_f64() },
+        )?;
     }
-    // 3. the stages of each data pipeline
-    for arm in data_pipelines(arms) {
+    // 3. the stages of each data pipeline the selected arms need
+    for arm in needed_data_pipelines(arms, sel) {
         let marker = state.join(format!("data-{}.json", arm.data_pipeline));
         if read_marker::<StagesMarker>(&marker)?.is_some() {
             continue;
@@ -544,7 +562,13 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
         eprintln!("[ablate] arm {}: no training samples in data pipeline {}; only v0 is evaluated", arm.name, arm.data_pipeline);
     } else {
         eprintln!("[ablate] arm {}: training on {} samples (batch {}, method {})", arm.name, samples.len(), cfg.shared.batch_size, arm.pipeline.method.as_str());
-        let opts = TrainOptions { source: TrainSource::Sql(sql.clone()), resume: true, run_id: Some(arm.name.clone()), checkpoints_dir: lay.checkpoints(&arm.name), max_steps: None };
+        let opts = TrainOptions {
+            source: TrainSource::Sql(sql.clone()),
+            resume: true,
+            run_id: Some(arm.name.clone()),
+            checkpoints_dir: lay.checkpoints(&arm.name),
+            max_steps: None,
+        };
         let report = train_command(&arm.pipeline, &opts, true, stop.clone()).await?;
         check_stop(stop)?;
         eprintln!("[ablate] arm {}: {} steps this run, last loss {:?}", arm.name, report.steps, report.last_loss);
@@ -697,11 +721,12 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
     if cfg.shared.threads > 0 {
         crate::model::set_threads(cfg.shared.threads as i32)?;
     }
-    prepare_data(cfg, &arms, &lay, &stop).await?;
+    let sel = opts.arms.as_deref();
+    prepare_data(cfg, &arms, sel, &lay, &stop).await?;
     let p = prepared(cfg, arms, &lay).await?;
     let base = base_eval(cfg, &p, &lay, &stop).await?;
     for arm in &p.arms {
-        if opts.arms.as_ref().is_some_and(|sel| !sel.contains(&arm.name) && !sel.contains(&arm.group)) {
+        if !selected(sel, arm) {
             continue;
         }
         train_arm(cfg, arm, &p, &lay, &stop).await?;

@@ -19,7 +19,7 @@ use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let max = sink.opts.max_line_bytes;
-    let (bytes, blank) = for_each_line(path, max, progress, &mut |n, line, _| {
+    let (bytes, blank) = for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
         sink.record_read();
         match line {
             Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),

@@ -15,8 +15,21 @@
 //! | object with `request` and `response` | openai-chat |
 //! | object with `session_id` and `turn` and `messages`/`response_text`/`prompt_text` | openclaw |
 //! | object with `output` and `index`/`error` | agentbench |
+//!
+//! Checked before those (the formats of 2026; `type` is the first record's `type` value):
+//!
+//! | structure | format |
+//! |---|---|
+//! | object with `resourceSpans`, or `spans` of span objects (`context`/`traceId` + `attributes`); array of such spans | otel |
+//! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
+//! | records `{timestamp, type, payload}`, or a first line `{id, timestamp, instructions}` without `type` | codex |
+//! | records with `message_tree_id` and `prompt`/`message_id` | oasst |
+//! | records with `kind`, `source`, `id`, `timestamp` | openhands-v1 |
+//! | first record `type: "session"` with `cwd`, or entries with `parentId` and `message.role` | openclaw-session |
+//! | records with `sessionId` and `uuid`/`parentUuid`, or `type` `file-history-snapshot`/`summary` + `leafUuid`/`queue-operation` | claude-code |
+//! | `request` + `response` with `request.input` or `response.output` | openai-responses |
+//! | `request` + `response` with `response.content` + `response.stop_reason` or `request.system`/`max_tokens` without `response.choices` | anthropic-messages |
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -124,9 +137,15 @@ pub(crate) fn probe(head: &[u8]) -> (bool, Vec<String>) {
 /// [`Error::Io`] when the file cannot be read; [`Error::InvalidInput`] naming the keys seen when no
 /// rule matches (or the file does not start with JSON).
 pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
-    let mut f = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    if path.is_dir() {
+        if super::is_event_dir(path) {
+            return Ok(Detection { format: Format::OpenHandsV1, reason: "folder of OpenHands event-NNNNN-<id>.json files".into() });
+        }
+        return Err(Error::InvalidInput(format!("{}: a directory that is not an OpenHands events folder; pass files, or let `ingest` walk it", path.display())));
+    }
+    let f = super::stream::open(path)?;
     let mut head = Vec::with_capacity(head_bytes.min(1 << 24));
-    f.by_ref().take(head_bytes as u64).read_to_end(&mut head).map_err(|e| Error::io("read", path, e))?;
+    f.take(head_bytes as u64).read_to_end(&mut head).map_err(|e| Error::io("read", path, e))?;
     detect_bytes(&head).map_err(|e| match e {
         Error::InvalidInput(m) => Error::InvalidInput(format!("{}: {m}", path.display())),
         other => other,
@@ -141,6 +160,66 @@ pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
     let (is_array, paths) = probe(head);
     let has = |p: &str| paths.iter().any(|x| x == p);
     let found = |f: Format, why: String| Ok(Detection { format: f, reason: why });
+    // The first record's `type` (JSONL: the first line), when it fits in the head.
+    let first_type: Option<String> = serde_json::Deserializer::from_slice(head)
+        .into_iter::<serde_json::Value>()
+        .next()
+        .and_then(|v| v.ok())
+        .and_then(|v| v.get("type").and_then(serde_json::Value::as_str).map(str::to_string));
+    let ty = first_type.as_deref();
+    if is_array {
+        if (has("[].context") || has("[].traceId")) && has("[].attributes") {
+            return found(Format::Otel, "array of spans with keys context/traceId, attributes".into());
+        }
+        if has("[].run_type") && (has("[].trace_id") || has("[].dotted_order")) {
+            return found(Format::LangSmith, "array of runs with keys run_type, trace_id/dotted_order".into());
+        }
+    } else {
+        if has("resourceSpans") {
+            return found(Format::Otel, "OTLP/JSON export (resourceSpans)".into());
+        }
+        if has("spans") && (has("spans[].context") || has("spans[].traceId")) {
+            return found(Format::Otel, "object with spans (context/traceId, attributes)".into());
+        }
+        if (has("post") || has("patch")) && (has("post[].run_type") || has("post[].dotted_order") || has("patch[].dotted_order") || has("patch[].trace_id")) {
+            return found(Format::LangSmith, "LangSmith run payloads (post/patch)".into());
+        }
+        if has("run_type") && (has("trace_id") || has("dotted_order")) {
+            return found(Format::LangSmith, "runs with keys run_type, trace_id/dotted_order".into());
+        }
+        if has("type") && has("payload") && has("timestamp") {
+            return found(Format::Codex, "records with keys timestamp, type, payload".into());
+        }
+        if has("id") && has("instructions") && has("timestamp") && !has("type") && !has("request") {
+            return found(Format::Codex, "first record {id, timestamp, instructions} (older Codex rollout)".into());
+        }
+        if has("message_tree_id") && (has("prompt") || has("message_id")) {
+            return found(Format::Oasst, "Open Assistant trees/messages (message_tree_id)".into());
+        }
+        if has("kind") && has("source") && has("id") && has("timestamp") {
+            return found(Format::OpenHandsV1, "events with keys kind, source, id, timestamp".into());
+        }
+        if (ty == Some("session") && has("cwd")) || (has("parentId") && has("message.role")) {
+            return found(Format::OpenClawSession, "session header (type session, cwd) / entries with parentId, message.role".into());
+        }
+        if (has("sessionId") && (has("uuid") || has("parentUuid")))
+            || ty == Some("file-history-snapshot")
+            || ty == Some("queue-operation")
+            || (ty == Some("summary") && has("leafUuid"))
+        {
+            return found(Format::ClaudeCode, "Claude Code lines (sessionId + uuid/parentUuid, or file-history-snapshot/summary)".into());
+        }
+        if has("request") && has("response") {
+            if has("request.input") || has("response.output") {
+                return found(Format::OpenAiResponses, "records with keys request.input/response.output".into());
+            }
+            if !has("response.choices")
+                && ((has("response.content") && has("response.stop_reason")) || has("request.system") || has("request.max_tokens") && has("response.content"))
+            {
+                return found(Format::AnthropicMessages, "records with keys response.content + stop_reason / request.system".into());
+            }
+        }
+    }
     if is_array {
         if has("[].traj") && (has("[].task_id") || has("[].reward")) {
             return found(Format::TauBench, "array of objects with keys traj, task_id/reward".into());

@@ -19,10 +19,20 @@ pub mod sessions;
 mod stream;
 
 mod agentbench;
+mod anthropic_messages;
+mod claude_code;
+mod codex;
+mod items;
+mod langsmith;
 mod mini_swe_agent;
+mod oasst;
 mod openai_chat;
+mod openai_responses;
 mod openclaw;
+mod openclaw_session;
 mod openhands;
+mod openhands_v1;
+mod otel;
 mod swe_agent;
 mod tau_bench;
 mod toolbench;
@@ -34,6 +44,7 @@ use std::path::Path;
 use serde::Serialize;
 
 pub use detect::{detect, detect_bytes, Detection, DEFAULT_HEAD_BYTES};
+pub use stream::Compression;
 
 use crate::schema::{DeadLetter, Interaction, Lineage, Message, TurnType};
 use crate::{Error, Result};
@@ -58,11 +69,32 @@ pub enum Format {
     ToolBench,
     /// AgentBench run output JSONL (`{index, error, info, output: {history}, time}`).
     AgentBench,
+    /// OpenClaw agent-runtime session transcript JSONL (pi session format v1–v3: header line,
+    /// `parentId` tree of `message`/`compaction`/... entries).
+    OpenClawSession,
+    /// Claude Code session JSONL (`user`/`assistant`/`system`/... lines; responses split over lines
+    /// sharing `message.id`; subagent files).
+    ClaudeCode,
+    /// OpenAI Codex CLI rollout JSONL (`{timestamp, type, payload}`: `session_meta`,
+    /// `response_item`, `event_msg`, `turn_context`, `compacted`).
+    Codex,
+    /// JSONL of `{request, response}` OpenAI Responses API logs (input items, `previous_response_id`).
+    OpenAiResponses,
+    /// JSONL of `{request, response}` Anthropic Messages API logs (`system`, content blocks).
+    AnthropicMessages,
+    /// OpenHands V1 (software-agent-sdk) event JSONL (`kind`: `ActionEvent`, `ObservationEvent`, ...).
+    OpenHandsV1,
+    /// LangSmith runs: `{post, patch}` create/update payloads, a JSON array or JSONL of runs.
+    LangSmith,
+    /// OpenTelemetry GenAI spans: OTLP/JSON exports or SDK span dumps.
+    Otel,
+    /// Open Assistant conversation trees (oasst1/oasst2 `trees.jsonl` or `messages.jsonl`).
+    Oasst,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 8] = [
+    pub const ALL: [Format; 17] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -71,6 +103,15 @@ impl Format {
         Format::OpenHands,
         Format::ToolBench,
         Format::AgentBench,
+        Format::OpenClawSession,
+        Format::ClaudeCode,
+        Format::Codex,
+        Format::OpenAiResponses,
+        Format::AnthropicMessages,
+        Format::OpenHandsV1,
+        Format::LangSmith,
+        Format::Otel,
+        Format::Oasst,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -84,6 +125,15 @@ impl Format {
             Format::OpenHands => "openhands",
             Format::ToolBench => "toolbench",
             Format::AgentBench => "agentbench",
+            Format::OpenClawSession => "openclaw-session",
+            Format::ClaudeCode => "claude-code",
+            Format::Codex => "codex",
+            Format::OpenAiResponses => "openai-responses",
+            Format::AnthropicMessages => "anthropic-messages",
+            Format::OpenHandsV1 => "openhands-v1",
+            Format::LangSmith => "langsmith",
+            Format::Otel => "otel",
+            Format::Oasst => "oasst",
         }
     }
 }
@@ -160,6 +210,9 @@ pub struct IngestOptions {
     /// Capacity of the session inferrer (`openai-chat` rows without a session id); see
     /// [`sessions::SessionInferrer`].
     pub session_cache: usize,
+    /// Read at most this many bytes of a JSONL file (`ingest --follow`: up to the end of its last
+    /// complete line, so a line being written is not read half); `None` reads everything.
+    pub read_limit: Option<u64>,
 }
 
 impl IngestOptions {
@@ -171,6 +224,7 @@ impl IngestOptions {
             max_line_bytes: 256 << 20,
             max_document_bytes: 512 << 20,
             session_cache: sessions::DEFAULT_CAPACITY,
+            read_limit: None,
         }
     }
 }
@@ -216,13 +270,7 @@ impl FileSummary {
 /// # Errors
 /// [`Error::Io`] when the file cannot be opened or read; any error returned by `out`. Malformed
 /// content is never an error: it becomes dead letters.
-pub fn read_file(
-    path: &Path,
-    format: Format,
-    opts: &IngestOptions,
-    progress: &mut dyn FnMut(u64),
-    out: &mut dyn FnMut(IngestItem) -> Result<()>,
-) -> Result<FileSummary> {
+pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &mut dyn FnMut(u64), out: &mut dyn FnMut(IngestItem) -> Result<()>) -> Result<FileSummary> {
     let mut sink = Sink::new(format, path, opts, out);
     match format {
         Format::OpenClaw => openclaw::read(path, &mut sink, progress)?,
@@ -233,6 +281,15 @@ pub fn read_file(
         Format::OpenHands => openhands::read(path, &mut sink, progress)?,
         Format::ToolBench => toolbench::read(path, &mut sink, progress)?,
         Format::AgentBench => agentbench::read(path, &mut sink, progress)?,
+        Format::OpenClawSession => openclaw_session::read(path, &mut sink, progress)?,
+        Format::ClaudeCode => claude_code::read(path, &mut sink, progress)?,
+        Format::Codex => codex::read(path, &mut sink, progress)?,
+        Format::OpenAiResponses => openai_responses::read(path, &mut sink, progress)?,
+        Format::AnthropicMessages => anthropic_messages::read(path, &mut sink, progress)?,
+        Format::OpenHandsV1 => openhands_v1::read(path, &mut sink, progress)?,
+        Format::LangSmith => langsmith::read(path, &mut sink, progress)?,
+        Format::Otel => otel::read(path, &mut sink, progress)?,
+        Format::Oasst => oasst::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }
@@ -261,8 +318,94 @@ pub fn read_path(
     }
 }
 
+/// File names `nextstate ingest DIR` reads when it walks a directory: logs (`.json`, `.jsonl`,
+/// `.ndjson`, `.traj`), compressed or not (`.gz`, `.zst`).
+pub fn is_log_file_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    let n = n.strip_suffix(".gz").or_else(|| n.strip_suffix(".zst")).unwrap_or(&n);
+    [".json", ".jsonl", ".ndjson", ".traj"].iter().any(|e| n.ends_with(e))
+}
+
+/// The index of an OpenHands V1 persisted event file name, `event-<index, 5+ digits>-<event id>.json`.
+pub(crate) fn event_file_index(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix("event-")?.strip_suffix(".json")?;
+    let (idx, id) = rest.split_once('-')?;
+    (idx.len() >= 5 && !id.is_empty() && idx.bytes().all(|b| b.is_ascii_digit())).then(|| idx.parse().ok()).flatten()
+}
+
+/// Whether `dir` is an OpenHands V1 events folder (it holds `event-NNNNN-<id>.json` files): one
+/// conversation, read as a whole by `--format openhands-v1`.
+pub fn is_event_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok()).any(|e| event_file_index(&e.file_name().to_string_lossy()).is_some())).unwrap_or(false)
+}
+
+/// The inputs to ingest for `paths`: a file as given; a directory walked recursively (entries in name
+/// order, hidden entries skipped), keeping the files [`is_log_file_name`] accepts, and an OpenHands V1
+/// events folder ([`is_event_dir`]) as one input. The flag is true for inputs found by walking (their
+/// format is detected one by one, and one that cannot be detected is a dead letter rather than an
+/// error).
+///
+/// # Errors
+/// [`Error::Io`] for a path that does not exist or a directory that cannot be read.
+pub fn expand_paths(paths: &[std::path::PathBuf]) -> Result<Vec<(std::path::PathBuf, bool)>> {
+    let mut out = vec![];
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| Error::io("stat", p, e))?;
+        if !meta.is_dir() {
+            out.push((p.clone(), false));
+            continue;
+        }
+        let mut walk = walkdir::WalkDir::new(p).sort_by_file_name().into_iter().filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+        while let Some(e) = walk.next() {
+            let e = e.map_err(|e| {
+                let path = e.path().map(Path::to_path_buf).unwrap_or_else(|| p.clone());
+                Error::io("walk", &path, e.into_io_error().unwrap_or_else(|| std::io::Error::other("directory loop")))
+            })?;
+            if e.file_type().is_dir() && is_event_dir(e.path()) {
+                out.push((e.into_path(), true));
+                walk.skip_current_dir();
+            } else if e.file_type().is_file() && is_log_file_name(&e.file_name().to_string_lossy()) {
+                out.push((e.into_path(), true));
+            }
+        }
+    }
+    Ok(out)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared machinery for the adapters.
+
+/// A JSON object of an input file with its record number (1-based line or element index).
+pub(crate) type Record = (i64, serde_json::Map<String, serde_json::Value>);
+
+/// Every JSON-object line of a JSONL file with its 1-based line number, for formats that need a
+/// whole session file before emitting (session transcripts, event streams). An over-long line, a
+/// line that is not JSON (e.g. stray bytes before the object) or not an object becomes a dead letter
+/// and the rest of the file is still read.
+///
+/// # Errors
+/// [`Error::Io`] on read errors; errors from the sink's callback.
+pub(crate) fn jsonl_objects(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<Vec<Record>> {
+    let max = sink.opts.max_line_bytes;
+    let mut out = vec![];
+    let (bytes, blank) = stream::for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
+        sink.record_read();
+        match line {
+            stream::Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
+            stream::Line::Text(text) => match serde_json::from_slice::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(o)) => {
+                    out.push((n, o));
+                    Ok(())
+                }
+                Ok(v) => sink.dead(Some(n), "wrong_type", format!("line {n} is a JSON {}, expected an object", normalize::json_type(&v)), text),
+                Err(e) => sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
+            },
+        }
+    })?;
+    sink.set_bytes(bytes);
+    sink.count("blank lines", blank);
+    Ok(out)
+}
 
 /// Counts and forwards adapter output; builds interactions and dead letters with the file's lineage.
 pub(crate) struct Sink<'a> {
@@ -283,7 +426,11 @@ impl<'a> Sink<'a> {
         Sink {
             format,
             file: path.display().to_string(),
-            stem: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            stem: {
+                // `x.jsonl.gz` → `x`: the compression extension, then the format's.
+                let inner = if Compression::of(path) == Compression::None { path.to_path_buf() } else { path.with_extension("") };
+                inner.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+            },
             opts,
             out,
             summary: FileSummary {

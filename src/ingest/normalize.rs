@@ -1,11 +1,24 @@
 //! Normalisation shared by every adapter: raw JSON chat messages → [`Message`].
 //!
-//! Rules (METHOD.md §1 and the ingest issue):
-//! - roles: `developer` → `system`, `function` and `ipython` → `tool` (each mapping leaves a note);
-//!   any other role outside `system`/`user`/`assistant`/`tool` is an error ([`NormError::UnknownRole`]).
-//! - content: `null` → `""`; a list of parts → the text parts joined with `"\n"` (parts of type `text`,
-//!   `input_text`, `output_text`, or bare strings); every other part is dropped and counted in a note
-//!   ("dropped 2 non-text content parts"); `thinking`/`reasoning` parts go to the reasoning text.
+//! Rules (METHOD.md §1 and the ingest issues):
+//! - roles: `developer` → `system`, `function`, `ipython` and `toolResult` (OpenClaw) → `tool` (each
+//!   mapping leaves a note); any other role outside `system`/`user`/`assistant`/`tool` is an error
+//!   ([`NormError::UnknownRole`]).
+//! - content: `null` → `""`; a string as is; a list of **content parts** is read by one part
+//!   normaliser whatever API spelled it (Anthropic content blocks, OpenClaw blocks, OpenAI chat and
+//!   Responses parts, OpenTelemetry GenAI message parts):
+//!   - text — `text`, `input_text`, `output_text`, `refusal`, bare strings: joined with `"\n"`;
+//!   - reasoning — `thinking` (`thinking`), `reasoning` (`text`/`content`/`summary[].text`): the
+//!     reasoning text; `redacted_thinking` has none and is counted as dropped;
+//!   - tool call — `tool_use`/`server_tool_use` (`id, name, input`), `toolCall` (`id, name,
+//!     arguments` object), `function_call` (`call_id, name, arguments` string), `tool_call` (`id,
+//!     name, arguments`): the message's tool calls;
+//!   - tool result — `tool_result` (`tool_use_id, content, is_error`), `toolResult` (`toolCallId`),
+//!     `function_call_output` (`call_id, output`), `tool_call_response` (`id, response`): each becomes
+//!     its own `tool` message answering that id, placed before the message's own text
+//!     ([`Normalized::before`]), so the tool's output survives as the next state;
+//!   - everything else (images, audio, files, documents, blobs, URIs) is dropped and counted in a note
+//!     ("dropped 2 non-text content parts").
 //! - reasoning (assistant messages only): a `reasoning_content` or `reasoning` string field; a
 //!   `<think>…</think>` block in the content; a content carrying only the closing `</think>` (the
 //!   opening tag was in the prompt) = everything before it is reasoning; an unclosed `<think>` =
@@ -14,6 +27,7 @@
 //!   `{id, name, arguments}`, or the legacy `function_call` object. String arguments are parsed as JSON
 //!   into [`ToolCall::arguments`] and the string is kept in [`ToolCall::arguments_raw`]; unparseable
 //!   arguments give `null` and a note.
+//! - the id a tool message answers: `tool_call_id`, `toolCallId`, `tool_use_id` or `call_id`.
 //! - text is never rewritten otherwise: CRLF line ends and whitespace stay as logged (except the
 //!   whitespace between a closing `</think>` and the visible answer, which belongs to the tag).
 
@@ -51,7 +65,9 @@ impl NormError {
 impl std::fmt::Display for NormError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NormError::NotAnObject(found) => write!(f, "message is a JSON {found}, expected an object"),
+            NormError::NotAnObject(found) => {
+                write!(f, "message is a JSON {found}, expected an object")
+            }
             NormError::MissingRole => write!(f, "message has no string `role`"),
             NormError::UnknownRole(r) => write!(f, "unknown message role {r:?}"),
             NormError::WrongType(field, found) => write!(f, "field `{field}` is a JSON {found}"),
@@ -69,6 +85,28 @@ pub struct Normalized {
     pub notes: Vec<String>,
     /// The reasoning block never closed (`<think>` without `</think>`): the response was cut.
     pub truncated: bool,
+    /// Tool results carried as content parts of this message (Anthropic `tool_result` blocks in a
+    /// user message, Responses `function_call_output` items, ...), as `tool` messages in part order.
+    /// They come before [`Normalized::message`] in the conversation.
+    pub before: Vec<Message>,
+}
+
+impl Normalized {
+    /// A message that needed no normalisation (no notes, not truncated, no tool results).
+    pub fn new(message: Message) -> Normalized {
+        Normalized { message, notes: vec![], truncated: false, before: vec![] }
+    }
+
+    /// The conversation messages this raw message stands for: its tool results, then the message
+    /// itself — left out when it only carried tool results (no text, reasoning or tool calls).
+    pub fn into_messages(self) -> Vec<Message> {
+        let mut out = self.before;
+        let m = self.message;
+        if out.is_empty() || !m.content.trim().is_empty() || m.reasoning.is_some() || !m.tool_calls.is_empty() {
+            out.push(m);
+        }
+        out
+    }
 }
 
 /// Name of a JSON value's type, for error messages.
@@ -97,6 +135,7 @@ pub fn map_role(role: &str) -> Result<(&'static str, Option<String>), NormError>
         "developer" => ("system", Some("developer role mapped to system".into())),
         "function" => ("tool", Some("function role mapped to tool".into())),
         "ipython" => ("tool", Some("ipython role mapped to tool".into())),
+        "toolResult" | "tool_result" => ("tool", None),
         other => return Err(NormError::UnknownRole(other.to_string())),
     })
 }
@@ -123,8 +162,9 @@ pub fn normalize_message(raw: &Value) -> Result<Normalized, NormError> {
 /// As [`normalize_message`], except for role errors.
 pub fn normalize_with_role(obj: &Map<String, Value>, role: &str, role_note: Option<String>) -> Result<Normalized, NormError> {
     let mut notes: Vec<String> = role_note.into_iter().collect();
-    let (mut content, part_reasoning) = content_text(obj.get("content"), &mut notes)?;
-    let mut reasoning = part_reasoning;
+    let parts = content_parts(obj.get("content"), &mut notes)?;
+    let mut content = parts.text;
+    let mut reasoning = parts.reasoning;
     for key in ["reasoning_content", "reasoning"] {
         match obj.get(key) {
             Some(Value::String(s)) if !s.is_empty() => append(&mut reasoning, s),
@@ -143,7 +183,7 @@ pub fn normalize_with_role(obj: &Map<String, Value>, role: &str, role_note: Opti
         }
         truncated = split.truncated;
     }
-    let mut tool_calls = Vec::new();
+    let mut tool_calls = parts.tool_calls;
     match obj.get("tool_calls") {
         None | Some(Value::Null) => {}
         Some(Value::Array(calls)) => {
@@ -161,7 +201,8 @@ pub fn normalize_with_role(obj: &Map<String, Value>, role: &str, role_note: Opti
         }
         Some(v) => return Err(NormError::WrongType("function_call", json_type(v))),
     }
-    let tool_call_id = match obj.get("tool_call_id") {
+    let id_field = ["tool_call_id", "toolCallId", "tool_use_id", "call_id"].into_iter().find_map(|k| obj.get(k).filter(|v| !v.is_null()));
+    let tool_call_id = match id_field {
         Some(Value::String(s)) => Some(s.clone()),
         None | Some(Value::Null) => match obj.get("tool_call_ids") {
             // SWE-agent (function-calling versions) logs a list of ids on tool messages.
@@ -175,18 +216,15 @@ pub fn normalize_with_role(obj: &Map<String, Value>, role: &str, role_note: Opti
         },
         Some(v) => return Err(NormError::WrongType("tool_call_id", json_type(v))),
     };
-    let name = match obj.get("name") {
+    let name = match obj.get("name").or_else(|| obj.get("toolName")) {
         Some(Value::String(s)) => Some(s.clone()),
         _ => None,
     };
-    Ok(Normalized {
-        message: Message { role: role.to_string(), content, reasoning, tool_calls, tool_call_id, name },
-        notes,
-        truncated,
-    })
+    Ok(Normalized { message: Message { role: role.to_string(), content, reasoning, tool_calls, tool_call_id, name }, notes, truncated, before: parts.results })
 }
 
-fn append(dst: &mut Option<String>, s: &str) {
+/// Appends `s` to an optional text, on a new line when there is text already.
+pub(crate) fn append(dst: &mut Option<String>, s: &str) {
     match dst {
         Some(d) if !d.is_empty() => {
             d.push('\n');
@@ -196,42 +234,125 @@ fn append(dst: &mut Option<String>, s: &str) {
     }
 }
 
-/// Content → (visible text, reasoning from `thinking` parts). Non-text parts are dropped with a note.
-fn content_text(content: Option<&Value>, notes: &mut Vec<String>) -> Result<(String, Option<String>), NormError> {
+/// A message's content read part by part (see the module doc).
+#[derive(Debug, Default)]
+struct Parts {
+    text: String,
+    reasoning: Option<String>,
+    tool_calls: Vec<ToolCall>,
+    results: Vec<Message>,
+}
+
+/// What one content part is.
+enum Part<'a> {
+    Text(&'a str),
+    Reasoning(String),
+    Call,
+    Result,
+    Dropped,
+}
+
+fn classify(p: &Value) -> Part<'_> {
+    let o = match p {
+        Value::String(s) => return Part::Text(s),
+        Value::Object(o) => o,
+        _ => return Part::Dropped,
+    };
+    let ty = o.get("type").and_then(Value::as_str).unwrap_or("text");
+    let str_of = |k: &str| o.get(k).and_then(Value::as_str);
+    match ty {
+        "text" | "input_text" | "output_text" => str_of("text").or_else(|| str_of("content")).map(Part::Text).unwrap_or(Part::Dropped),
+        "refusal" => str_of("refusal").map(Part::Text).unwrap_or(Part::Dropped),
+        "thinking" | "reasoning" | "reasoning_text" | "summary_text" => {
+            if let Some(t) = str_of("thinking").or_else(|| str_of("text")).or_else(|| str_of("content")) {
+                return Part::Reasoning(t.to_string());
+            }
+            // Responses reasoning items: `summary: [{type: summary_text, text}]`.
+            let summary: Vec<&str> =
+                o.get("summary").and_then(Value::as_array).map(|a| a.iter().filter_map(|x| x.get("text").and_then(Value::as_str)).collect()).unwrap_or_default();
+            if summary.is_empty() {
+                Part::Dropped
+            } else {
+                Part::Reasoning(summary.join("\n"))
+            }
+        }
+        "tool_use" | "server_tool_use" | "toolCall" | "function_call" | "tool_call" => Part::Call,
+        "tool_result" | "toolResult" | "function_call_output" | "tool_call_response" => Part::Result,
+        _ => Part::Dropped,
+    }
+}
+
+/// The text of a tool result's payload: a string, content parts (their text joined; other parts
+/// counted in `dropped`), or any other JSON written as JSON.
+fn result_text(v: Option<&Value>, dropped: &mut usize) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => {
+            let mut texts: Vec<&str> = vec![];
+            for it in items {
+                match classify(it) {
+                    Part::Text(t) => texts.push(t),
+                    _ => *dropped += 1,
+                }
+            }
+            texts.join("\n")
+        }
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A tool call content part → [`ToolCall`]: `call_id` (Responses) wins over `id`, `input` (Anthropic)
+/// stands for `arguments`.
+fn call_part(o: &Map<String, Value>, index: usize, notes: &mut Vec<String>) -> Result<ToolCall, NormError> {
+    let mut tc = tool_call(&Value::Object(o.clone()), index, notes)?;
+    if let Some(Value::String(cid)) = o.get("call_id") {
+        tc.id = Some(cid.clone());
+    }
+    Ok(tc)
+}
+
+/// A tool result content part → a `tool` message answering its call id.
+fn result_part(o: &Map<String, Value>, dropped: &mut usize) -> Message {
+    let id = ["tool_use_id", "toolCallId", "call_id", "id"].into_iter().find_map(|k| o.get(k).and_then(Value::as_str)).map(str::to_string);
+    let payload = ["content", "output", "response", "result"].into_iter().find_map(|k| o.get(k));
+    let name = o.get("name").or_else(|| o.get("toolName")).and_then(Value::as_str).map(str::to_string);
+    Message { tool_call_id: id, name, ..Message::text("tool", result_text(payload, dropped)) }
+}
+
+/// Content → text, reasoning, tool calls and tool results. Other parts are dropped with a note.
+fn content_parts(content: Option<&Value>, notes: &mut Vec<String>) -> Result<Parts, NormError> {
+    let mut out = Parts::default();
     match content {
-        None | Some(Value::Null) => Ok((String::new(), None)),
-        Some(Value::String(s)) => Ok((s.clone(), None)),
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => out.text = s.clone(),
         Some(Value::Array(parts)) => {
             let mut texts: Vec<&str> = Vec::new();
-            let mut reasoning: Option<String> = None;
             let mut dropped = 0usize;
             for p in parts {
-                match p {
-                    Value::String(s) => texts.push(s),
-                    Value::Object(o) => {
-                        let ty = o.get("type").and_then(Value::as_str).unwrap_or("text");
-                        match (ty, o.get("text"), o.get("thinking")) {
-                            ("text" | "input_text" | "output_text", Some(Value::String(t)), _) => texts.push(t),
-                            ("thinking" | "reasoning", _, Some(Value::String(t))) | ("thinking" | "reasoning", Some(Value::String(t)), _) => {
-                                append(&mut reasoning, t)
-                            }
-                            _ => dropped += 1,
-                        }
+                match classify(p) {
+                    Part::Text(t) => texts.push(t),
+                    Part::Reasoning(r) => append(&mut out.reasoning, &r),
+                    Part::Call => {
+                        let i = out.tool_calls.len();
+                        out.tool_calls.push(call_part(p.as_object().expect("classified as an object"), i, notes)?);
                     }
-                    _ => dropped += 1,
+                    Part::Result => out.results.push(result_part(p.as_object().expect("classified as an object"), &mut dropped)),
+                    Part::Dropped => dropped += 1,
                 }
             }
             if dropped > 0 {
                 notes.push(format!("dropped {dropped} non-text content part{}", if dropped == 1 { "" } else { "s" }));
             }
-            Ok((texts.join("\n"), reasoning))
+            out.text = texts.join("\n");
         }
         Some(Value::Object(o)) => match o.get("text") {
-            Some(Value::String(t)) => Ok((t.clone(), None)),
-            _ => Err(NormError::WrongType("content", "object")),
+            Some(Value::String(t)) => out.text = t.clone(),
+            _ => return Err(NormError::WrongType("content", "object")),
         },
-        Some(v) => Err(NormError::WrongType("content", json_type(v))),
+        Some(v) => return Err(NormError::WrongType("content", json_type(v))),
     }
+    Ok(out)
 }
 
 /// Result of splitting reasoning tags off an assistant text.
@@ -262,17 +383,9 @@ pub fn split_reasoning(text: &str) -> ReasoningSplit {
         }
         (_, Some(c)) => {
             // Only the closing tag (the template opened the block in the prompt).
-            ReasoningSplit {
-                visible: text[c + CLOSE.len()..].trim_start().to_string(),
-                reasoning: Some(text[..c].trim().to_string()),
-                truncated: false,
-            }
+            ReasoningSplit { visible: text[c + CLOSE.len()..].trim_start().to_string(), reasoning: Some(text[..c].trim().to_string()), truncated: false }
         }
-        (Some(o), None) => ReasoningSplit {
-            visible: text[..o].to_string(),
-            reasoning: Some(text[o + OPEN.len()..].trim().to_string()),
-            truncated: true,
-        },
+        (Some(o), None) => ReasoningSplit { visible: text[..o].to_string(), reasoning: Some(text[o + OPEN.len()..].trim().to_string()), truncated: true },
         (None, None) => ReasoningSplit { visible: text.to_string(), reasoning: None, truncated: false },
     }
 }
@@ -440,5 +553,67 @@ mod tests {
         let n = normalize_message(&json!({"role": "tool", "content": "ok", "tool_call_ids": ["a", "b"]})).unwrap();
         assert_eq!(n.message.tool_call_id.as_deref(), Some("a"));
         assert_eq!(n.notes, vec!["tool message answers 2 call ids; kept the first".to_string()]);
+    }
+
+    #[test]
+    fn content_parts_of_four_apis_are_one_idea() {
+        // Anthropic: tool results in a user message become tool messages before the user's text.
+        let n = normalize_message(&json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}, {"type": "image", "source": {}}], "is_error": false},
+            {"type": "tool_result", "tool_use_id": "t2", "content": "done"},
+            {"type": "text", "text": "thanks"}
+        ]}))
+        .unwrap();
+        let ms = n.clone().into_messages();
+        assert_eq!(
+            ms.iter().map(|m| (m.role.as_str(), m.tool_call_id.as_deref(), m.content.as_str())).collect::<Vec<_>>(),
+            vec![("tool", Some("t1"), "ok"), ("tool", Some("t2"), "done"), ("user", None, "thanks"),]
+        );
+        assert_eq!(n.notes, vec!["dropped 1 non-text content part".to_string()]);
+        // Only tool results: no empty user message after them.
+        let only = normalize_message(&json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]})).unwrap();
+        assert_eq!(only.into_messages().len(), 1);
+        // Anthropic tool_use + thinking, OpenClaw toolCall, Responses function_call, OTel tool_call.
+        let a = normalize_message(&json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "plan", "signature": "s"},
+            {"type": "text", "text": "let me look"},
+            {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}},
+            {"type": "toolCall", "id": "t2", "name": "bash", "arguments": {"cmd": "ls"}},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_3", "name": "get", "arguments": "{\"k\":1}"},
+            {"type": "tool_call", "id": "t4", "name": "w", "arguments": {"x": 2}},
+            {"type": "redacted_thinking", "data": "..."}
+        ]}))
+        .unwrap();
+        assert_eq!(a.message.content, "let me look");
+        assert_eq!(a.message.reasoning.as_deref(), Some("plan"));
+        let calls: Vec<(Option<&str>, &str, &Value)> = a.message.tool_calls.iter().map(|c| (c.id.as_deref(), c.name.as_str(), &c.arguments)).collect();
+        assert_eq!(
+            calls,
+            vec![
+                (Some("t1"), "read", &json!({"path": "a"})),
+                (Some("t2"), "bash", &json!({"cmd": "ls"})),
+                (Some("call_3"), "get", &json!({"k": 1})),
+                (Some("t4"), "w", &json!({"x": 2})),
+            ]
+        );
+        assert_eq!(a.notes, vec!["dropped 1 non-text content part".to_string()]);
+        // OTel tool_call_response (`response`, or `result` as the spec's own example writes it),
+        // Responses function_call_output; OpenClaw toolResult role with toolCallId.
+        let o = normalize_message(&json!({"role": "tool", "content": [
+            {"type": "tool_call_response", "id": "t4", "result": "rainy"},
+            {"type": "function_call_output", "call_id": "call_3", "output": "{\"v\":1}"}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            o.into_messages().iter().map(|m| (m.tool_call_id.as_deref(), m.content.as_str())).collect::<Vec<_>>(),
+            vec![(Some("t4"), "rainy"), (Some("call_3"), "{\"v\":1}")]
+        );
+        let r =
+            normalize_message(&json!({"role": "toolResult", "toolCallId": "t2", "toolName": "bash", "content": [{"type": "text", "text": "a.txt"}], "isError": false}))
+                .unwrap();
+        assert_eq!(
+            (r.message.role.as_str(), r.message.tool_call_id.as_deref(), r.message.name.as_deref(), r.message.content.as_str()),
+            ("tool", Some("t2"), Some("bash"), "a.txt")
+        );
     }
 }

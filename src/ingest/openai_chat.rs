@@ -34,14 +34,25 @@ use crate::schema::TurnType;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    let mut sessions = Sessions::new(sink);
+    exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
+}
+
+/// What reads one line of a `{request, response}` log: (sink, line number, the line's bytes).
+pub(crate) type LineFn<'f> = dyn FnMut(&mut Sink<'_>, i64, &[u8]) -> Result<()> + 'f;
+
+/// Reads the lines of a `{request, response}` log (every request/response format), handing each
+/// line's bytes to `record`; an over-long line is a dead letter.
+///
+/// # Errors
+/// [`crate::Error::Io`] on read errors; errors from `record`.
+pub(crate) fn exchange_lines(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64), record: &mut LineFn<'_>) -> Result<()> {
     let max = sink.opts.max_line_bytes;
-    let mut inferrer = SessionInferrer::with_salt(sink.opts.session_cache, &sink.file);
-    let mut counters: HashMap<String, SessionTurns> = HashMap::new();
-    let (bytes, blank) = for_each_line(path, max, progress, &mut |n, line, _| {
+    let (bytes, blank) = for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
         sink.record_read();
         match line {
             Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
-            Line::Text(text) => record(sink, n, text, &mut inferrer, &mut counters),
+            Line::Text(text) => record(sink, n, text),
         }
     })?;
     sink.set_bytes(bytes);
@@ -91,7 +102,7 @@ fn int_list(v: Option<&Value>) -> Option<Vec<i32>> {
     v?.as_array()?.iter().map(|x| x.as_i64().and_then(|i| i32::try_from(i).ok())).collect()
 }
 
-fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferrer, counters: &mut HashMap<String, SessionTurns>) -> Result<()> {
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> Result<()> {
     let v: Value = match serde_json::from_slice(text) {
         Ok(v) => v,
         Err(e) => return sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
@@ -121,9 +132,9 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
     let mut request = Vec::with_capacity(raw_messages.len());
     for (i, m) in raw_messages.iter().enumerate() {
         match normalize_message(m) {
-            Ok(nm) => {
-                notes.extend(nm.notes);
-                request.push(nm.message);
+            Ok(mut nm) => {
+                notes.append(&mut nm.notes);
+                request.extend(nm.into_messages());
             }
             Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
         }
@@ -144,43 +155,6 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
     notes.extend(resp_norm.notes);
     let response = resp_norm.message;
 
-    // Session, turn type, done flag.
-    let explicit = match marker(line, req, "x-session-id", "session_id") {
-        Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
-        Some(Value::Number(x)) => Some(x.to_string()),
-        _ => None,
-    };
-    let turn_type = match marker(line, req, "x-turn-type", "turn_type") {
-        Some(Value::String(s)) => match TurnType::parse(s) {
-            Some(t) => t,
-            None => {
-                notes.push(format!("unknown turn type {s:?}: default used"));
-                sink.opts.default_turn_type
-            }
-        },
-        _ => sink.opts.default_turn_type,
-    };
-    let done = truthy(marker(line, req, "x-session-done", "session_done"));
-    let (session_id, inferred, turn_index) = match explicit {
-        Some(id) => {
-            // The same request and response logged twice in a session is one turn logged twice.
-            let content = content_key(&request, &response)?;
-            let seen = counters.entry(id.clone()).or_default();
-            if let Some(&turn) = seen.content.get(&content) {
-                let reason = format!("line {n}: the request and response of turn {turn} of session {id:?} logged again");
-                return sink.dead_in_session(Some(n), &id, "duplicate_turn", reason, text);
-            }
-            let turn = seen.next;
-            seen.next += 1;
-            seen.content.insert(content, turn);
-            (id, false, turn)
-        }
-        None => {
-            let inf = inferrer.assign(&request, &response);
-            (inf.session_id, true, inf.turn_index)
-        }
-    };
-
     // Token ids and log-probs.
     let lp_content = choice.get("logprobs").and_then(|l| l.get("content")).and_then(Value::as_array);
     let mut logprobs: Option<Vec<f32>> = None;
@@ -193,9 +167,10 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
                 Some(x) => lps.push(x as f32),
                 None => bad = bad.or(Some(i)),
             }
-            let id = e.get("token_id").and_then(Value::as_i64).or_else(|| {
-                e.get("token").and_then(Value::as_str).and_then(|t| t.strip_prefix("token_id:")).and_then(|x| x.parse().ok())
-            });
+            let id = e
+                .get("token_id")
+                .and_then(Value::as_i64)
+                .or_else(|| e.get("token").and_then(Value::as_str).and_then(|t| t.strip_prefix("token_id:")).and_then(|x| x.parse().ok()));
             if let Some(id) = id.and_then(|i| i32::try_from(i).ok()) {
                 entry_ids.push(id);
             }
@@ -219,19 +194,12 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
     }
     let prompt_ids = int_list(resp.get("prompt_token_ids")).or_else(|| int_list(choice.get("prompt_token_ids")));
 
-    let event_time = line
-        .get("timestamp")
-        .or_else(|| line.get("time"))
-        .and_then(parse_timestamp)
-        .or_else(|| resp.get("created").and_then(parse_timestamp));
+    let event_time = line.get("timestamp").or_else(|| line.get("time")).and_then(parse_timestamp).or_else(|| resp.get("created").and_then(parse_timestamp));
     let tools = match req.get("tools").or_else(|| req.get("functions")) {
         None | Some(Value::Null) => None,
         Some(t) => Some(t.to_string()),
     };
-    let mut t = Turn::new(session_id, turn_index, &request, &response);
-    t.session_inferred = inferred;
-    t.turn_type = turn_type;
-    t.session_done = done;
+    let mut t = Turn::new(String::new(), 0, &request, &response);
     t.model = resp.get("model").or_else(|| req.get("model")).and_then(Value::as_str).map(str::to_string);
     t.tools = tools;
     t.finish_reason = choice.get("finish_reason").and_then(Value::as_str).map(str::to_string);
@@ -243,5 +211,100 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], inferrer: &mut SessionInferr
     t.notes = notes;
     t.event_time = event_time;
     t.source_line = Some(n);
-    sink.turn(t)
+    sessions.place_and_emit(sink, n, text, line, req, t)
+}
+
+/// Session and turn assignment of `{request, response}` log lines, shared by every request/response
+/// format (`openai-chat`, `openai-responses`, `anthropic-messages`).
+pub(crate) struct Sessions {
+    inferrer: SessionInferrer,
+    counters: HashMap<String, SessionTurns>,
+}
+
+impl Sessions {
+    /// Sessions of one file (the inferrer is salted with the file name).
+    pub fn new(sink: &Sink<'_>) -> Sessions {
+        Sessions { inferrer: SessionInferrer::with_salt(sink.opts.session_cache, &sink.file), counters: HashMap::new() }
+    }
+
+    /// Sets `t`'s session, turn index, turn type and done flag from the line's markers (headers, then
+    /// the request body, then the line; see the module doc) or by inference, and emits it; a
+    /// repeated request and response of an explicit session is a `duplicate_turn` dead letter.
+    ///
+    /// # Errors
+    /// Errors from the sink's callback.
+    pub fn place_and_emit(&mut self, sink: &mut Sink<'_>, n: i64, text: &[u8], line: &Map<String, Value>, req: &Map<String, Value>, t: Turn<'_>) -> Result<()> {
+        match self.place(sink, n, text, line, req, t, None)? {
+            Some(row) => sink.emit(row),
+            None => Ok(()),
+        }
+    }
+
+    /// Like [`Sessions::place_and_emit`] but returns the built row instead of emitting it, continuing
+    /// `chained` = (session, inferred, turn index) when the line names no session of its own (a
+    /// Responses request chained by `previous_response_id`). `None` when the line was a duplicate
+    /// (already dead-lettered).
+    ///
+    /// # Errors
+    /// Errors from the sink's callback.
+    #[allow(clippy::too_many_arguments)]
+    pub fn place(
+        &mut self,
+        sink: &mut Sink<'_>,
+        n: i64,
+        text: &[u8],
+        line: &Map<String, Value>,
+        req: &Map<String, Value>,
+        mut t: Turn<'_>,
+        chained: Option<(String, bool, i32)>,
+    ) -> Result<Option<crate::schema::Interaction>> {
+        let (request, response) = (t.request, t.response);
+        let notes = &mut t.notes;
+        let counters = &mut self.counters;
+        let inferrer = &mut self.inferrer;
+        // Session, turn type, done flag.
+        let explicit = match marker(line, req, "x-session-id", "session_id") {
+            Some(Value::String(s)) if !s.trim().is_empty() => Some(s.trim().to_string()),
+            Some(Value::Number(x)) => Some(x.to_string()),
+            _ => None,
+        };
+        let turn_type = match marker(line, req, "x-turn-type", "turn_type") {
+            Some(Value::String(s)) => match TurnType::parse(s) {
+                Some(t) => t,
+                None => {
+                    notes.push(format!("unknown turn type {s:?}: default used"));
+                    sink.opts.default_turn_type
+                }
+            },
+            _ => sink.opts.default_turn_type,
+        };
+        let done = truthy(marker(line, req, "x-session-done", "session_done"));
+        let (session_id, inferred, turn_index) = match (explicit, chained) {
+            (None, Some(c)) => c,
+            (Some(id), _) => {
+                // The same request and response logged twice in a session is one turn logged twice.
+                let content = content_key(request, response)?;
+                let seen = counters.entry(id.clone()).or_default();
+                if let Some(&turn) = seen.content.get(&content) {
+                    let reason = format!("line {n}: the request and response of turn {turn} of session {id:?} logged again");
+                    return sink.dead_in_session(Some(n), &id, "duplicate_turn", reason, text).map(|_| None);
+                }
+                let turn = seen.next;
+                seen.next += 1;
+                seen.content.insert(content, turn);
+                (id, false, turn)
+            }
+            (None, None) => {
+                let inf = inferrer.assign(request, response);
+                (inf.session_id, true, inf.turn_index)
+            }
+        };
+
+        t.session_id = session_id;
+        t.session_inferred = inferred;
+        t.turn_index = turn_index;
+        t.turn_type = turn_type;
+        t.session_done = done;
+        Ok(Some(sink.build(t)?))
+    }
 }

@@ -45,7 +45,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
     let mut held: HashMap<String, Held> = HashMap::new();
     let mut inferrer = SessionInferrer::with_salt(sink.opts.session_cache, &sink.file);
     let mut counters: HashMap<String, i32> = HashMap::new();
-    let (bytes, blank) = for_each_line(path, max, progress, &mut |n, line, _| {
+    let (bytes, blank) = for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
         sink.record_read();
         match line {
             Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
@@ -67,14 +67,7 @@ fn ids<T: TryFrom<i64>>(v: Option<&Value>) -> Option<Vec<T>> {
     v?.as_array()?.iter().map(|x| x.as_i64().and_then(|i| T::try_from(i).ok())).collect()
 }
 
-fn record(
-    sink: &mut Sink<'_>,
-    n: i64,
-    text: &[u8],
-    held: &mut HashMap<String, Held>,
-    inferrer: &mut SessionInferrer,
-    counters: &mut HashMap<String, i32>,
-) -> Result<()> {
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], held: &mut HashMap<String, Held>, inferrer: &mut SessionInferrer, counters: &mut HashMap<String, i32>) -> Result<()> {
     let v: Value = match serde_json::from_slice(text) {
         Ok(v) => v,
         Err(e) => return sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
@@ -93,9 +86,9 @@ fn record(
     let mut request = Vec::with_capacity(raw_messages.len());
     for (i, m) in raw_messages.iter().enumerate() {
         match normalize_message(m) {
-            Ok(nm) => {
-                notes.extend(nm.notes);
-                request.push(nm.message);
+            Ok(mut nm) => {
+                notes.append(&mut nm.notes);
+                request.extend(nm.into_messages());
             }
             Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, message {i}: {e}"), text),
         }
@@ -193,15 +186,16 @@ fn record(
     // continues it.
     if let Some(mut prev) = held.remove(&session_id) {
         let k = prev.request_keys.len();
-        let continues = request.len() > k + 1
-            && (k == 0 || request_keys.get(k - 1) == prev.request_keys.last())
-            && request[k].role == "assistant";
+        let continues = request.len() > k + 1 && (k == 0 || request_keys.get(k - 1) == prev.request_keys.last()) && request[k].role == "assistant";
         let suffix: &[Message] = if continues { &request[k + 1..] } else { &[] };
         if !suffix.is_empty() && suffix.iter().all(|m| m.role != "assistant") {
             let derived = serde_json::to_string(suffix)?;
-            let same = prev.row.next_state.as_deref().and_then(|s| serde_json::from_str::<Vec<Message>>(s).ok()).map(|v| {
-                v.len() == suffix.len() && v.iter().zip(suffix).all(|(a, b)| message_key(a) == message_key(b))
-            });
+            let same = prev
+                .row
+                .next_state
+                .as_deref()
+                .and_then(|s| serde_json::from_str::<Vec<Message>>(s).ok())
+                .map(|v| v.len() == suffix.len() && v.iter().zip(suffix).all(|(a, b)| message_key(a) == message_key(b)));
             if same != Some(true) {
                 prev.row.notes.push(format!(
                     "next state taken from the next record's request ({} message{}) instead of the record's next_state",

@@ -83,9 +83,7 @@ impl Builder {
 
     fn action(&mut self, index: i64, e: &Map<String, Value>, source: &str, action: &str, ts: Option<i64>) {
         let args = e.get("args").and_then(Value::as_object);
-        let text = || {
-            args.and_then(|a| a.get("content")).and_then(Value::as_str).or_else(|| e.get("message").and_then(Value::as_str)).unwrap_or("").to_string()
-        };
+        let text = || args.and_then(|a| a.get("content")).and_then(Value::as_str).or_else(|| e.get("message").and_then(Value::as_str)).unwrap_or("").to_string();
         match (source, action) {
             ("user", "message") => self.t.push(plain("user", text()), MessageMeta { event_time: ts, ..MessageMeta::default() }),
             (_, "system") => self.t.push(plain("system", text()), MessageMeta { event_time: ts, ..MessageMeta::default() }),
@@ -142,7 +140,10 @@ impl Builder {
                     tool_calls: vec![ToolCall { id: call_id, name: fname, arguments: Value::Object(call_args), arguments_raw: None }],
                     ..Message::text("assistant", thought)
                 };
-                super::normalize::Normalized { message: msg, notes: vec!["assistant message rebuilt from the action (no model_response logged)".into()], truncated: false }
+                super::normalize::Normalized {
+                    notes: vec!["assistant message rebuilt from the action (no model_response logged)".into()],
+                    ..super::normalize::Normalized::new(msg)
+                }
             }
         };
         if let Some(rid) = resp_id {
@@ -169,15 +170,12 @@ impl Builder {
             text.push_str(suffix);
         }
         let msg = Message { tool_call_id: call_id, name: Some(fname), ..Message::text("tool", text) };
-        self.t.push(
-            super::normalize::Normalized { message: msg, notes: vec![], truncated: false },
-            MessageMeta { event_time: ts, ..MessageMeta::default() },
-        );
+        self.t.push(super::normalize::Normalized::new(msg), MessageMeta { event_time: ts, ..MessageMeta::default() });
     }
 }
 
 fn plain(role: &str, text: String) -> super::normalize::Normalized {
-    super::normalize::Normalized { message: Message::text(role, text), notes: vec![], truncated: false }
+    super::normalize::Normalized::new(Message::text(role, text))
 }
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
@@ -199,13 +197,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
         ArrayEnd::NotAnArray(e) => return sink.dead(None, "wrong_type", format!("OpenHands file is not a JSON array of events: {e}"), b""),
         ArrayEnd::Broken { elements, error } => {
             // Keep nothing from a broken stream: its last turn and done flag would be wrong.
-            return sink.dead_in_session(
-                Some(elements + 1),
-                &session_id,
-                "malformed_json",
-                format!("event stream broken after {elements} events: {error}"),
-                b"",
-            );
+            return sink.dead_in_session(Some(elements + 1), &session_id, "malformed_json", format!("event stream broken after {elements} events: {error}"), b"");
         }
     }
     if let Some((i, code, reason)) = b.bad {

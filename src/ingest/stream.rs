@@ -25,8 +25,39 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
-fn open(path: &Path) -> Result<File> {
-    File::open(path).map_err(|e| Error::io("open", path, e))
+/// How a log file is compressed, by its extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// Plain text.
+    None,
+    /// `.gz` (gzip; concatenated members are read as one stream).
+    Gzip,
+    /// `.zst` (Zstandard).
+    Zstd,
+}
+
+impl Compression {
+    /// The compression of `path`, by its last extension (`.gz`, `.zst`).
+    pub fn of(path: &Path) -> Compression {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("gz") => Compression::Gzip,
+            Some("zst" | "zstd") => Compression::Zstd,
+            _ => Compression::None,
+        }
+    }
+}
+
+/// Opens a log file for reading its (decompressed) content.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be opened (or the zstd frame header cannot be read).
+pub fn open(path: &Path) -> Result<Box<dyn Read>> {
+    let f = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    Ok(match Compression::of(path) {
+        Compression::None => Box::new(f),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f))),
+        Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(f).map_err(|e| Error::io("open zstd stream", path, e))?),
+    })
 }
 
 /// One JSONL line handed to the callback.
@@ -37,18 +68,14 @@ pub(crate) enum Line<'a> {
     TooLong { head: &'a [u8], len: u64 },
 }
 
-/// Calls `f(line_number, line)` for every non-blank line of a JSONL file (1-based line numbers).
+/// Calls `f(line_number, line)` for every non-blank line of a JSONL file (1-based line numbers),
+/// reading at most `limit` bytes of (decompressed) content when given.
 /// Returns (bytes read, blank lines skipped).
 ///
 /// # Errors
 /// [`Error::Io`] on read errors; errors from `f`.
-pub(crate) fn for_each_line(
-    path: &Path,
-    max_line: usize,
-    progress: &mut dyn FnMut(u64),
-    f: &mut dyn FnMut(i64, Line<'_>, u64) -> Result<()>,
-) -> Result<(u64, u64)> {
-    let mut r = BufReader::with_capacity(1 << 16, open(path)?);
+pub(crate) fn for_each_line(path: &Path, max_line: usize, limit: Option<u64>, progress: &mut dyn FnMut(u64), f: &mut dyn FnMut(i64, Line<'_>, u64) -> Result<()>) -> Result<(u64, u64)> {
+    let mut r = BufReader::with_capacity(1 << 16, open(path)?.take(limit.unwrap_or(u64::MAX)));
     let mut buf: Vec<u8> = Vec::new();
     let mut line_no = 0i64;
     let mut bytes = 0u64;
@@ -158,11 +185,7 @@ impl<'de> DeserializeSeed<'de> for ElementsSeed<'_> {
 /// # Errors
 /// [`Error::Io`] when the file cannot be opened; errors from `f`. Malformed JSON is reported in
 /// [`ArrayEnd`], not as an error.
-pub(crate) fn for_each_element(
-    path: &Path,
-    progress: &mut dyn FnMut(u64),
-    f: &mut dyn FnMut(i64, Value) -> Result<()>,
-) -> Result<(u64, ArrayEnd)> {
+pub(crate) fn for_each_element(path: &Path, progress: &mut dyn FnMut(u64), f: &mut dyn FnMut(i64, Value) -> Result<()>) -> Result<(u64, ArrayEnd)> {
     let count = Rc::new(Cell::new(0u64));
     let reader = BufReader::with_capacity(1 << 16, Counting { inner: open(path)?, count: count.clone() });
     let mut de = serde_json::Deserializer::from_reader(reader);
@@ -201,21 +224,28 @@ pub(crate) enum Document {
     TooLarge { size: u64, head: Vec<u8> },
 }
 
-/// Reads a whole file of at most `max` bytes.
+/// Reads a whole file of at most `max` bytes (of decompressed content).
 ///
 /// # Errors
-/// [`Error::Io`] when the file cannot be opened or read.
+/// [`Error::Io`] when the file cannot be opened or read (including corrupt compressed data).
 pub(crate) fn read_document(path: &Path, max: u64) -> Result<Document> {
-    let mut f = open(path)?;
-    let size = f.metadata().map_err(|e| Error::io("stat", path, e))?.len();
-    if size > max {
-        let mut head = vec![0u8; 1 << 16];
-        let n = f.read(&mut head).map_err(|e| Error::io("read", path, e))?;
-        head.truncate(n);
-        return Ok(Document::TooLarge { size, head });
+    if Compression::of(path) == Compression::None {
+        let size = std::fs::metadata(path).map_err(|e| Error::io("stat", path, e))?.len();
+        if size > max {
+            let mut head = vec![0u8; 1 << 16];
+            let n = open(path)?.read(&mut head).map_err(|e| Error::io("read", path, e))?;
+            head.truncate(n);
+            return Ok(Document::TooLarge { size, head });
+        }
     }
-    let mut buf = Vec::with_capacity(size as usize);
-    f.read_to_end(&mut buf).map_err(|e| Error::io("read", path, e))?;
+    let mut buf = Vec::new();
+    open(path)?.take(max + 1).read_to_end(&mut buf).map_err(|e| Error::io("read", path, e))?;
+    if buf.len() as u64 > max {
+        // Compressed: the decompressed size is only known by reading; report what was read.
+        let size = buf.len() as u64;
+        buf.truncate(1 << 16);
+        return Ok(Document::TooLarge { size, head: buf });
+    }
     Ok(Document::Whole(buf))
 }
 
@@ -234,7 +264,7 @@ mod tests {
     fn lines_crlf_blank_and_too_long() {
         let f = tmp(b"{\"a\":1}\r\n\r\n   \n{\"b\":2}\n0123456789012345678901234567890\n{\"c\":3}");
         let mut seen: Vec<(i64, String)> = vec![];
-        let (bytes, blank) = for_each_line(f.path(), 20, &mut |_| {}, &mut |n, l, _| {
+        let (bytes, blank) = for_each_line(f.path(), 20, None, &mut |_| {}, &mut |n, l, _| {
             seen.push(match l {
                 Line::Text(t) => (n, String::from_utf8_lossy(t).into_owned()),
                 Line::TooLong { len, .. } => (n, format!("too long {len}")),
@@ -242,10 +272,7 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        assert_eq!(
-            seen,
-            vec![(1, "{\"a\":1}".into()), (4, "{\"b\":2}".into()), (5, "too long 32".into()), (6, "{\"c\":3}".into())]
-        );
+        assert_eq!(seen, vec![(1, "{\"a\":1}".into()), (4, "{\"b\":2}".into()), (5, "too long 32".into()), (6, "{\"c\":3}".into())]);
         assert_eq!(blank, 2);
         assert_eq!(bytes, 62);
     }
@@ -279,7 +306,13 @@ mod tests {
     #[test]
     fn callback_errors_propagate() {
         let f = tmp(b"[1,2,3]");
-        let r = for_each_element(f.path(), &mut |_| {}, &mut |i, _| if i == 2 { Err(Error::Cancelled) } else { Ok(()) });
+        let r = for_each_element(f.path(), &mut |_| {}, &mut |i, _| {
+            if i == 2 {
+                Err(Error::Cancelled)
+            } else {
+                Ok(())
+            }
+        });
         assert!(matches!(r, Err(Error::Cancelled)));
     }
 }

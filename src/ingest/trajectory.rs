@@ -32,6 +32,9 @@ pub(crate) struct MessageMeta {
     pub notes: Vec<String>,
     /// Record index of this message in the file, when it has its own (event streams).
     pub line: Option<i64>,
+    /// An assistant message that is context but not a turn: written by a gateway rather than the
+    /// model (OpenClaw's `delivery-mirror`), or kept across a compaction and emitted before it.
+    pub not_turn: bool,
 }
 
 /// One session's messages and what is known about them.
@@ -51,15 +54,39 @@ pub(crate) struct Trajectory {
     pub tools: Option<String>,
     /// Notes for every turn of the session.
     pub notes: Vec<String>,
+    /// Turn index of the first turn (a session rebuilt in segments, e.g. across a compaction, numbers
+    /// its turns on from the previous segment).
+    pub first_turn: i32,
+    /// The messages after the last turn are its whole next state even though the session goes on
+    /// (the segment before a compaction: the next segment's requests no longer hold this one's).
+    pub tail_is_next_state: bool,
 }
 
 impl Trajectory {
     /// Appends a normalised message.
-    pub fn push(&mut self, n: Normalized, mut meta: MessageMeta) {
+    /// Appends a normalised message: first the tool results it carried as content parts
+    /// ([`Normalized::before`], with the message's time and record), then the message itself unless
+    /// it only carried those ([`Normalized::into_messages`]).
+    pub fn push(&mut self, mut n: Normalized, mut meta: MessageMeta) {
         meta.truncated |= n.truncated;
-        meta.notes.extend(n.notes);
-        self.messages.push(n.message);
-        self.meta.push(meta);
+        meta.notes.append(&mut n.notes);
+        let results = n.before.len();
+        let messages = n.into_messages();
+        let own = messages.len() > results;
+        for (k, m) in messages.into_iter().enumerate() {
+            self.messages.push(m);
+            if k < results {
+                self.meta.push(MessageMeta { event_time: meta.event_time, line: meta.line, ..MessageMeta::default() });
+            } else {
+                self.meta.push(std::mem::take(&mut meta));
+            }
+        }
+        if !own && !meta.notes.is_empty() {
+            // Notes of a message that only carried tool results go with the last of them.
+            if let Some(last) = self.meta.last_mut() {
+                last.notes.append(&mut meta.notes);
+            }
+        }
     }
 
     /// Normalises and appends every element of a JSON array of chat messages.
@@ -76,7 +103,12 @@ impl Trajectory {
 
     /// Number of assistant turns.
     pub fn turns(&self) -> usize {
-        self.messages.iter().filter(|m| m.role == "assistant").count()
+        self.turn_positions().len()
+    }
+
+    /// Indices of the messages that are turns (assistant messages not marked [`MessageMeta::not_turn`]).
+    pub fn turn_positions(&self) -> Vec<usize> {
+        self.messages.iter().zip(&self.meta).enumerate().filter(|(_, (m, meta))| m.role == "assistant" && !meta.not_turn).map(|(i, _)| i).collect()
     }
 }
 
@@ -85,7 +117,7 @@ impl Trajectory {
 /// # Errors
 /// Errors from the sink's callback.
 pub(crate) fn emit(sink: &mut Sink<'_>, session_id: &str, t: &Trajectory, source_line: Option<i64>) -> Result<usize> {
-    let assistant: Vec<usize> = t.messages.iter().enumerate().filter(|(_, m)| m.role == "assistant").map(|(i, _)| i).collect();
+    let assistant = t.turn_positions();
     let Some(&last) = assistant.last() else {
         return Ok(0);
     };
@@ -102,13 +134,8 @@ pub(crate) fn emit(sink: &mut Sink<'_>, session_id: &str, t: &Trajectory, source
         seen_upto = i + 1;
         let meta = &t.meta[i];
         let is_last = i == last;
-        let next_state = if is_last && t.complete {
-            let after: Vec<Message> = t.messages[i + 1..]
-                .iter()
-                .zip(&t.meta[i + 1..])
-                .filter(|(_, m)| !m.not_next_state)
-                .map(|(msg, _)| msg.clone())
-                .collect();
+        let next_state = if is_last && (t.complete || t.tail_is_next_state) {
+            let after: Vec<Message> = t.messages[i + 1..].iter().zip(&t.meta[i + 1..]).filter(|(_, m)| !m.not_next_state).map(|(msg, _)| msg.clone()).collect();
             if !after.is_empty() {
                 Some(after)
             } else {
@@ -117,7 +144,7 @@ pub(crate) fn emit(sink: &mut Sink<'_>, session_id: &str, t: &Trajectory, source
         } else {
             None
         };
-        let mut turn_row = Turn::new(session_id.to_string(), turn as i32, &t.messages[..i], &t.messages[i]);
+        let mut turn_row = Turn::new(session_id.to_string(), t.first_turn + turn as i32, &t.messages[..i], &t.messages[i]);
         turn_row.session_done = is_last && t.complete;
         turn_row.model = meta.model.clone().or_else(|| t.model.clone());
         turn_row.tools = t.tools.clone();

@@ -46,11 +46,15 @@ impl<I: Table> StageLogic for HintStage<I> {
     async fn handle(&mut self, batch: Vec<Input<I>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
         let mut jobs = vec![];
         for input in batch {
-            if input.carry.signal.as_ref().is_some_and(|s| s.excluded_reason.is_some()) {
+            let own = (&input.row as &dyn std::any::Any).downcast_ref::<crate::schema::Signal>();
+            if own.or(input.carry.signal.as_ref()).is_some_and(|s| s.excluded_reason.is_some()) {
                 counts.add("skipped: excluded turn (no next state)", 1);
                 continue;
             }
-            match turn_of("hint", &input, None) {
+            // Fed by the signals stage (OPD) the record *is* the signal; fed by the judge (combined) the
+            // signal travels in the carry.
+            let own_signal = (&input.row as &dyn std::any::Any).downcast_ref::<crate::schema::Signal>();
+            match turn_of("hint", &input, own_signal) {
                 Ok(turn) => jobs.push((input, turn)),
                 Err(d) => {
                     counts.add(&format!("dead_letter: {}", d.reason_code), 1);

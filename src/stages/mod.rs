@@ -16,6 +16,7 @@
 //! stage). See [`pending`].
 
 pub mod cache_store;
+pub mod follow;
 pub mod hint;
 pub mod judge;
 pub mod pending;

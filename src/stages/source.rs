@@ -22,7 +22,7 @@ use crate::schema::TurnType;
 /// Options of `nextstate ingest`.
 #[derive(Debug, Clone)]
 pub struct IngestArgs {
-    /// Files to read.
+    /// Files and directories to read (directories walked recursively: [`ingest::expand_paths`]).
     pub files: Vec<PathBuf>,
     /// Format, or None for auto-detection per file.
     pub format: Option<Format>,
@@ -63,20 +63,10 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
     bus.ensure_topics(&["interactions", "dead_letters"]).await?;
     let producer = bus.producer()?;
     let source = TaskCtl::new("ingest", true, stop.clone());
-    let mut sinks = vec![];
-    if args.sink {
-        for table in ["interactions", "dead_letters"] {
-            bus.expect_consumer(&super::run::sink_group(&bus, &cfg.sink, table), table);
-        }
-        for table in ["interactions", "dead_letters"] {
-            let ctl = TaskCtl::new(&format!("sink:{table}"), true, stop.clone()).after(&source.done);
-            let (bus, lake, sc) = (bus.clone(), lake.clone(), cfg.sink.clone());
-            let dl = (table != "dead_letters").then(|| producer.clone());
-            sinks.push((table, tokio::spawn(async move { super::run::spawn_sink(table, &bus, &lake, &sc, &ctl, dl.as_ref()).await })));
-        }
-    }
+    let sinks = start_sinks(cfg, &bus, &lake, &producer, &source, &stop, args.sink);
     let mut report = IngestReport::default();
-    let total_bytes: u64 = args.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    let files = ingest::expand_paths(&args.files)?;
+    let total_bytes: u64 = files.iter().filter_map(|(f, _)| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let bar = if args.progress && total_bytes > (8 << 20) {
         let b = ProgressBar::new(total_bytes);
         b.set_style(ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()));
@@ -85,14 +75,26 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
         ProgressBar::hidden()
     };
     let result = async {
-        for file in &args.files {
+        for (file, walked) in &files {
             let (format, detected) = match args.format {
                 Some(f) => (f, false),
-                None => {
-                    let d = ingest::detect(file, DEFAULT_HEAD_BYTES)?;
-                    eprintln!("{}: {d}", file.display());
-                    (d.format, true)
-                }
+                None => match ingest::detect(file, DEFAULT_HEAD_BYTES) {
+                    Ok(d) => {
+                        eprintln!("{}: {d}", file.display());
+                        (d.format, true)
+                    }
+                    // A file found by walking a directory that is no agent log we know: a dead letter.
+                    Err(Error::InvalidInput(why)) if *walked => {
+                        eprintln!("{}: skipped: {why}", file.display());
+                        let lineage = crate::schema::Lineage { source_file: Some(file.display().to_string()), ..crate::schema::Lineage::default() };
+                        let d = crate::schema::DeadLetter::new("ingest", "undetected_format", why, b"", lineage);
+                        *report.dead_letters.entry(d.reason_code.clone()).or_default() += 1;
+                        settle(send_owned(&producer, &d)?.await?, &mut report);
+                        report.files.push((file.display().to_string(), "undetected".to_string(), true));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
             };
             let how = if detected { "auto-detected" } else { "given" };
             eprintln!("{}: format {} ({how})", file.display(), format.name());
@@ -147,20 +149,51 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
     }
     .await;
     bar.finish_and_clear();
+    finish_sinks(source, &stop, sinks, result.is_err(), &mut report).await?;
+    result?;
+    Ok(report)
+}
+
+/// The in-process lake sinks of `interactions` and `dead_letters`, each finishing once `source` is
+/// done and everything it produced is durable.
+pub(crate) type Sinks = Vec<(&'static str, tokio::task::JoinHandle<Result<SinkStats>>)>;
+
+/// Starts the sinks of `interactions` and `dead_letters` when `sink` (else none).
+pub(crate) fn start_sinks(cfg: &PipelineConfig, bus: &Bus, lake: &Lake, producer: &crate::bus::BusProducer, source: &TaskCtl, stop: &Stop, sink: bool) -> Sinks {
+    let mut sinks = vec![];
+    if sink {
+        for table in ["interactions", "dead_letters"] {
+            bus.expect_consumer(&super::run::sink_group(bus, &cfg.sink, table), table);
+        }
+        for table in ["interactions", "dead_letters"] {
+            let ctl = TaskCtl::new(&format!("sink:{table}"), true, stop.clone()).after(&source.done);
+            let (bus, lake, sc) = (bus.clone(), lake.clone(), cfg.sink.clone());
+            let dl = (table != "dead_letters").then(|| producer.clone());
+            sinks.push((table, tokio::spawn(async move { super::run::spawn_sink(table, &bus, &lake, &sc, &ctl, dl.as_ref()).await })));
+        }
+    }
+    sinks
+}
+
+/// Marks `source` done (a stop is requested first when it `failed`) and waits for the sinks,
+/// recording their statistics.
+///
+/// # Errors
+/// A sink's error, or [`Error::Internal`] when its task panicked.
+pub(crate) async fn finish_sinks(source: TaskCtl, stop: &Stop, sinks: Sinks, failed: bool, report: &mut IngestReport) -> Result<()> {
     source.done.set();
-    if result.is_err() {
+    if failed {
         stop.request();
     }
     for (table, h) in sinks {
         let s = h.await.map_err(|e| Error::Internal(format!("sink task: {e}")))??;
         report.sinks.insert(table.to_string(), s);
     }
-    result?;
-    Ok(report)
+    Ok(())
 }
 
 /// What became of one send.
-enum Sent {
+pub(crate) enum Sent {
     /// Delivered as is.
     Delivered,
     /// Over the bus's record limit: a `record_too_large` dead letter was sent instead.
@@ -168,7 +201,7 @@ enum Sent {
 }
 
 /// Counts a send that was turned into a dead letter.
-fn settle(sent: Sent, report: &mut IngestReport) {
+pub(crate) fn settle(sent: Sent, report: &mut IngestReport) {
     if let Sent::TooLarge = sent {
         report.interactions = report.interactions.saturating_sub(1);
         *report.dead_letters.entry(TOO_LARGE.to_string()).or_default() += 1;
@@ -185,7 +218,7 @@ pub const TOO_LARGE_PAYLOAD_BYTES: usize = 256 << 10;
 /// A send of `row` to its table's topic as an owned future (so sends of different tables can share one
 /// window of in-flight futures). A row the bus refuses for its size becomes a dead letter (stage
 /// `ingest`, reason `record_too_large`, the first [`TOO_LARGE_PAYLOAD_BYTES`] of the record).
-fn send_owned<T: crate::schema::Table>(p: &crate::bus::BusProducer, row: &T) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<Sent>> + Send>>> {
+pub(crate) fn send_owned<T: crate::schema::Table>(p: &crate::bus::BusProducer, row: &T) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<Sent>> + Send>>> {
     let payload = serde_json::to_vec(&crate::bus::Envelope { row, carry: None })?;
     let (p, topic, key) = (p.clone(), p.topic_of::<T>(), row.session_id().to_string());
     let is_dead_letter = T::NAME == <crate::schema::DeadLetter as crate::schema::Table>::NAME;
@@ -195,8 +228,9 @@ fn send_owned<T: crate::schema::Table>(p: &crate::bus::BusProducer, row: &T) -> 
             Ok(_) => Ok(Sent::Delivered),
             Err(e @ Error::RecordTooLarge { .. }) if !is_dead_letter => {
                 let head = &payload[..payload.len().min(TOO_LARGE_PAYLOAD_BYTES)];
-                let d = crate::schema::DeadLetter::new("ingest", TOO_LARGE, format!("{e} (payload: first {} bytes)", head.len()), head, crate::schema::Lineage::default())
-                    .with_keys(&key, Some(&row_key));
+                let d =
+                    crate::schema::DeadLetter::new("ingest", TOO_LARGE, format!("{e} (payload: first {} bytes)", head.len()), head, crate::schema::Lineage::default())
+                        .with_keys(&key, Some(&row_key));
                 p.send(&d, None).await?;
                 Ok(Sent::TooLarge)
             }

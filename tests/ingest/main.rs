@@ -2,10 +2,11 @@
 //! (tests/fixtures/agent-logs and ../shared/data/agent-logs) and synthetic fixtures.
 
 mod common;
-#[path = "../common/mod.rs"]
-mod test_env;
 mod detect;
+mod formats_2026;
 mod pairing;
 mod real_logs;
 mod robustness;
 mod synthetic;
+#[path = "../common/mod.rs"]
+mod test_env;

@@ -1,0 +1,188 @@
+//! OpenAI Responses API logs: JSONL of `{request, response}` (optionally `headers`, `timestamp`),
+//! like `openai-chat`: `--format openai-responses`.
+//!
+//! - request: `instructions` → the system message; `input` (a string = one user message, or items:
+//!   messages, `function_call`, `function_call_output`, `reasoning`; see [`super::items`]); `tools`,
+//!   `model`;
+//! - `previous_response_id`: the request holds only the new items; the conversation is the earlier
+//!   request's, then its response's output, then this input (kept per response id for the file's
+//!   [`super::IngestOptions::session_cache`] most recent responses; a chain whose start is not in the
+//!   file is read from what the request holds, with a note);
+//! - response: its `output` items are one assistant message (text, reasoning summaries, function
+//!   calls by `call_id`); `status = "incomplete"` with `incomplete_details.reason =
+//!   "max_output_tokens"` → finish reason `length`, truncated; a response with function calls has
+//!   finish reason `tool_calls`, else `stop`; `status = "failed"` or an `error` is an `api_error` dead
+//!   letter;
+//! - sessions, turn types and done flags as `openai-chat`; a chained request without an explicit
+//!   session continues the session of its previous response (next turn index), even where its
+//!   conversation no longer starts like the earlier one's (instructions are not carried over a chain).
+//!
+//! Source: the Responses API reference and openai-python `types/responses/` (read, not copied).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::anthropic_messages::{exchange, parse_line};
+use super::items::read_items;
+use super::openai_chat::Sessions;
+use super::{parse_timestamp, Sink, Turn};
+use crate::schema::{Interaction, Message};
+use crate::Result;
+
+/// A response remembered for requests that chain on it: its conversation (request + response), where
+/// it was placed (session, inferred, turn index) and its row, held back until a chained request gives
+/// its next state (the new input items) or the response leaves the cache or the file ends.
+struct Chained {
+    conversation: Vec<Message>,
+    placed: Option<(String, bool, i32)>,
+    held: Option<Interaction>,
+}
+
+/// Conversations of the most recent responses, by response id.
+struct Chains {
+    by_id: HashMap<String, Chained>,
+    order: VecDeque<String>,
+    cap: usize,
+}
+
+pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    let mut sessions = Sessions::new(sink);
+    let mut chains = Chains { by_id: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
+    super::openai_chat::exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
+    let mut rest: Vec<Interaction> = chains.by_id.into_values().filter_map(|c| c.held).collect();
+    rest.sort_by_key(|r| r.source_line);
+    for r in rest {
+        sink.emit(r)?;
+    }
+    Ok(())
+}
+
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, chains: &mut Chains) -> Result<()> {
+    let v = match parse_line(n, text) {
+        Ok(v) => v,
+        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
+    };
+    let (line, req, resp) = match exchange(n, &v) {
+        Ok(x) => x,
+        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
+    };
+    if resp.get("status").and_then(Value::as_str) == Some("failed") || (resp.get("error").is_some_and(|e| !e.is_null()) && !resp.contains_key("output")) {
+        return sink.dead(Some(n), "api_error", format!("line {n}: the server answered with an error: {}", resp.get("error").unwrap_or(&Value::Null)), text);
+    }
+    let mut notes: Vec<String> = vec![];
+    let (input, skipped_in) = match read_items(req.get("input")) {
+        Ok(x) => x,
+        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, request input item {i}: {e}"), text),
+    };
+    let (output, skipped_out) = match read_items(resp.get("output")) {
+        Ok(x) => x,
+        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, response output item {i}: {e}"), text),
+    };
+    for (k, c) in skipped_in.iter().chain(&skipped_out) {
+        sink.count(k, *c);
+    }
+    let mut request: Vec<Message> = vec![];
+    let previous = req.get("previous_response_id").and_then(Value::as_str);
+    let mut chained = None;
+    let mut earlier: Option<Interaction> = None;
+    if let Some(p) = previous {
+        match chains.by_id.get_mut(p) {
+            Some(before) => {
+                // Instructions are not carried over a chain (the API's rule): only this request's count.
+                request.extend(before.conversation.iter().filter(|m| m.role != "system").cloned());
+                chained = before.placed.clone().map(|(s, inf, turn)| (s, inf, turn + 1));
+                earlier = before.held.take();
+            }
+            None => notes.push(format!("previous response {p:?} is not in this file: the conversation starts at this request's input")),
+        }
+    }
+    if let Some(Value::String(s)) = req.get("instructions") {
+        request.insert(0, Message::text("system", s.clone()));
+    }
+    let carried = request.len();
+    for mut nm in input {
+        notes.append(&mut nm.notes);
+        request.extend(nm.into_messages());
+    }
+    // The earlier response's next state is what this request adds after it.
+    if let Some(mut e) = earlier {
+        let added = &request[carried..];
+        if e.next_state.is_none() && !added.is_empty() && added.iter().all(|m| m.role != "assistant") {
+            e.next_state = Some(serde_json::to_string(added)?);
+        }
+        sink.emit(e)?;
+    }
+    // The output is one assistant message.
+    let mut response = Message::text("assistant", "");
+    let mut truncated = false;
+    for mut nm in output {
+        notes.append(&mut nm.notes);
+        truncated |= nm.truncated;
+        for m in nm.into_messages() {
+            if m.role != "assistant" {
+                notes.push(format!("response output item of role {} ignored", m.role));
+                continue;
+            }
+            if !m.content.is_empty() {
+                if !response.content.is_empty() {
+                    response.content.push('\n');
+                }
+                response.content.push_str(&m.content);
+            }
+            if let Some(r) = m.reasoning {
+                response.reasoning = Some(match response.reasoning.take() {
+                    Some(x) => format!("{x}\n{r}"),
+                    None => r,
+                });
+            }
+            response.tool_calls.extend(m.tool_calls);
+        }
+    }
+    let incomplete = resp.get("status").and_then(Value::as_str) == Some("incomplete");
+    let reason = resp.get("incomplete_details").and_then(|d| d.get("reason")).and_then(Value::as_str);
+    let finish = if incomplete && reason == Some("max_output_tokens") {
+        "length".to_string()
+    } else if incomplete {
+        reason.unwrap_or("incomplete").to_string()
+    } else if !response.tool_calls.is_empty() {
+        "tool_calls".to_string()
+    } else {
+        "stop".to_string()
+    };
+    let mut full = request.clone();
+    full.push(response.clone());
+    let mut t = Turn::new(String::new(), 0, &request, &response);
+    t.model = resp.get("model").or_else(|| req.get("model")).and_then(Value::as_str).map(str::to_string);
+    t.tools = req.get("tools").filter(|v| !v.is_null()).map(Value::to_string);
+    t.truncated = truncated || finish == "length";
+    t.finish_reason = Some(finish);
+    t.notes = notes;
+    t.event_time = line.get("timestamp").or_else(|| line.get("time")).and_then(parse_timestamp).or_else(|| resp.get("created_at").and_then(parse_timestamp));
+    t.source_line = Some(n);
+    let Some(row) = sessions.place(sink, n, text, line, req, t, chained)? else {
+        return Ok(());
+    };
+    // Remember this response's conversation for requests that chain on it.
+    let Some(id) = resp.get("id").and_then(Value::as_str) else {
+        return sink.emit(row);
+    };
+    let placed = Some((row.session_id.clone(), row.session_inferred, row.turn_index));
+    if let Some(old) = chains.by_id.insert(id.to_string(), Chained { conversation: full, placed, held: Some(row) }) {
+        if let Some(r) = old.held {
+            sink.emit(r)?;
+        }
+    } else {
+        chains.order.push_back(id.to_string());
+    }
+    while chains.order.len() > chains.cap {
+        if let Some(old) = chains.order.pop_front() {
+            if let Some(r) = chains.by_id.remove(&old).and_then(|c| c.held) {
+                sink.emit(r)?;
+            }
+            sink.count("responses forgotten for chaining (over the session cache)", 1);
+        }
+    }
+    Ok(())
+}

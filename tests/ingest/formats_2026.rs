@@ -1,0 +1,590 @@
+//! The agent log formats of 2026 (tests/fixtures/agent-logs-2026: one real file per family, with
+//! attribution in its README, and `synthetic__*` files built from each format's documentation), plus
+//! variants written here: counts of turns, tool calls and next states by kind, hand-checked against
+//! the files.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+use nextstate::ingest::{detect, Format, DEFAULT_HEAD_BYTES};
+use nextstate::schema::{Interaction, Message, NextStateKind, ToolCall};
+
+fn log2026(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agent-logs-2026").join(name)
+}
+
+fn calls(i: &Interaction) -> Vec<ToolCall> {
+    i.tool_calls.as_deref().map(|s| serde_json::from_str(s).unwrap()).unwrap_or_default()
+}
+
+fn request(i: &Interaction) -> Vec<Message> {
+    messages(&i.request_messages)
+}
+
+/// Pairs the rows and counts the signals by next-state kind (`none` = excluded, with its reason).
+fn kinds(rows: &[Interaction]) -> BTreeMap<String, usize> {
+    let (sigs, _) = pair_all(rows.to_vec());
+    let mut out = BTreeMap::new();
+    for s in sigs {
+        let k = match (s.kind, s.excluded_reason.as_deref()) {
+            (NextStateKind::User, _) => "user".to_string(),
+            (NextStateKind::Tool, _) => "tool".to_string(),
+            (NextStateKind::Environment, _) => "environment".to_string(),
+            (NextStateKind::None, r) => format!("none: {}", r.unwrap_or("")),
+        };
+        *out.entry(k).or_insert(0) += 1;
+    }
+    out
+}
+
+fn map(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn tmp(name: &str, content: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(name);
+    std::fs::write(&p, content).unwrap();
+    (dir, p)
+}
+
+#[test]
+fn every_2026_file_is_detected() {
+    let cases = [
+        ("openclaw__session-v3__f967d602.jsonl", Format::OpenClawSession),
+        ("claude-code__v2.1.38__short.jsonl", Format::ClaudeCode),
+        ("openhands-sdk-v1__events__goal-fixture.jsonl", Format::OpenHandsV1),
+        ("langsmith__run-ingest-post-patch__wrap_openai_reasoning.json", Format::LangSmith),
+        ("otel-genai-spans__any-agent__OPENAI_trace.json", Format::Otel),
+        ("synthetic__otel__otlp.json", Format::Otel),
+        ("synthetic__otel__indexed.json", Format::Otel),
+        ("synthetic__codex__rollout.jsonl", Format::Codex),
+        ("synthetic__openai-responses.jsonl", Format::OpenAiResponses),
+        ("synthetic__anthropic-messages.jsonl", Format::AnthropicMessages),
+    ];
+    for (f, want) in cases {
+        assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
+    }
+}
+
+#[test]
+fn openclaw_session_v3_follows_the_parent_chain_and_skips_the_gateway_message() {
+    let r = ingest(&log2026("openclaw__session-v3__f967d602.jsonl"), Format::OpenClawSession);
+    assert!(r.dead.is_empty());
+    // 9 assistant messages, one of them the gateway's "New session started" mirror.
+    assert_eq!(r.rows.len(), 8);
+    assert_eq!(r.summary.counters.get("gateway messages (not model output)"), Some(&1));
+    assert!(r.rows.iter().all(|i| i.session_id == "f967d602-325a-4a45-8d54-ee17484cfd96"));
+    assert_eq!(r.rows.iter().map(|i| calls(i).len()).collect::<Vec<_>>(), vec![1, 1, 1, 1, 0, 0, 0, 0]);
+    assert_eq!(r.rows.iter().map(|i| i.finish_reason.as_deref().unwrap()).collect::<Vec<_>>(), [["tool_calls"; 4], ["stop"; 4]].concat());
+    assert_eq!(r.rows[0].model.as_deref(), Some("litellm/anthropic/claude-sonnet-4-5"));
+    // The first request is the startup prompt alone (the mirror is neither turn nor context).
+    let req0 = request(&r.rows[0]);
+    assert_eq!(req0.len(), 1);
+    assert!(req0[0].content.starts_with("A new session was started via /new"));
+    assert!(r.rows[0].reasoning_text.is_some(), "thinking block kept as reasoning");
+    // Tool results are their own messages, by toolCallId.
+    let req1 = request(&r.rows[1]);
+    let result = req1.last().unwrap();
+    assert_eq!((result.role.as_str(), result.tool_call_id.as_deref()), ("tool", calls(&r.rows[0])[0].id.as_deref()));
+    assert_eq!(kinds(&r.rows), map(&[("tool", 4), ("user", 3), ("none: session idle for 1800 s without next state", 1)]));
+}
+
+#[test]
+fn openclaw_session_v1_compaction_aborted_and_branches() {
+    // v1 (no ids, line order), then a v3 file with a compaction and an abandoned branch.
+    let v1 = r#"{"type":"session","id":"s-v1","timestamp":"2026-01-01T00:00:00Z","cwd":"/w"}
+{"type":"message","timestamp":"2026-01-01T00:00:01Z","message":{"role":"user","content":"hi","timestamp":1767225601000}}
+{"type":"message","timestamp":"2026-01-01T00:00:02Z","message":{"role":"assistant","content":[{"type":"text","text":"hello"}],"provider":"p","model":"m","stopReason":"stop","timestamp":1767225602000}}
+{"type":"message","timestamp":"2026-01-01T00:00:03Z","message":{"role":"user","content":"run ls","timestamp":1767225603000}}
+{"type":"message","timestamp":"2026-01-01T00:00:04Z","message":{"role":"assistant","content":[],"provider":"p","model":"m","stopReason":"aborted","timestamp":1767225604000}}
+{"type":"message","timestamp":"2026-01-01T00:00:05Z","message":{"role":"user","content":"again","timestamp":1767225605000}}
+{"type":"message","timestamp":"2026-01-01T00:00:06Z","message":{"role":"assistant","content":[{"type":"toolCall","id":"c1","name":"bash","arguments":{"cmd":"ls"}}],"provider":"p","model":"m","stopReason":"toolUse","timestamp":1767225606000}}
+{"type":"message","timestamp":"2026-01-01T00:00:07Z","message":{"role":"toolResult","toolCallId":"c1","toolName":"bash","content":[{"type":"text","text":"a.txt"}],"isError":false,"timestamp":1767225607000}}
+"#;
+    let (_d, p) = tmp("v1.jsonl", v1);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::OpenClawSession);
+    let r = ingest(&p, Format::OpenClawSession);
+    assert_eq!(r.rows.len(), 2, "the aborted empty message is not a turn");
+    assert_eq!(r.summary.counters.get("aborted or failed assistant messages without output"), Some(&1));
+    // The last turn's next state is the tool result that follows it in the file.
+    assert_eq!(messages(r.rows[1].next_state.as_deref().unwrap())[0].content, "a.txt");
+    assert_eq!(kinds(&r.rows), map(&[("user", 1), ("tool", 1)]));
+
+    // v3: root → u1 → a1 → u2 → a2(branch A, abandoned) ; u2 → a2' → u3 → compaction(kept from u2) → u4 → a4.
+    let line = |id: &str, parent: Option<&str>, body: &str| {
+        format!(
+            r#"{{"type":"message","id":"{id}","parentId":{},"timestamp":"2026-01-01T00:00:{:02}Z","message":{body}}}"#,
+            parent.map(|p| format!("\"{p}\"")).unwrap_or("null".into()),
+            id.len()
+        )
+    };
+    let u = |t: &str| format!(r#"{{"role":"user","content":"{t}"}}"#);
+    let a = |t: &str| format!(r#"{{"role":"assistant","content":[{{"type":"text","text":"{t}"}}],"provider":"p","model":"m","stopReason":"stop"}}"#);
+    let v3 = [
+        r#"{"type":"session","version":3,"id":"s-v3","timestamp":"2026-01-01T00:00:00Z","cwd":"/w"}"#.to_string(),
+        line("u1", None, &u("one")),
+        line("a1", Some("u1"), &a("ONE")),
+        line("u2", Some("a1"), &u("two")),
+        line("a2", Some("u2"), &a("abandoned")),
+        line("a2b", Some("u2"), &a("TWO")),
+        line("u3", Some("a2b"), &u("three")),
+        r#"{"type":"compaction","id":"cp","parentId":"u3","timestamp":"2026-01-01T00:01:00Z","summary":"We counted to two.","firstKeptEntryId":"u2","tokensBefore":900}"#
+            .to_string(),
+        line("a3", Some("cp"), &a("THREE")),
+        line("u4", Some("a3"), &u("four")),
+        line("a4", Some("u4"), &a("FOUR")),
+    ]
+    .join("\n");
+    let (_d, p) = tmp("v3.jsonl", &v3);
+    let r = ingest(&p, Format::OpenClawSession);
+    assert_eq!(r.rows.iter().map(|i| i.response_text.as_str()).collect::<Vec<_>>(), vec!["ONE", "TWO", "THREE", "FOUR"]);
+    assert_eq!(r.rows.iter().map(|i| i.turn_index).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert_eq!(r.summary.counters.get("entries on abandoned branches"), Some(&1));
+    assert_eq!(r.summary.counters.get("compactions"), Some(&1));
+    // After the compaction the request is the summary, then the kept entries (u2, a2b, u3).
+    let req = request(&r.rows[2]);
+    assert_eq!(req.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(), vec!["We counted to two.", "two", "TWO", "three"]);
+    // The last turn before the compaction took "three" as its next state.
+    assert_eq!(messages(r.rows[1].next_state.as_deref().unwrap())[0].content, "three");
+    assert_eq!(kinds(&r.rows), map(&[("user", 3), ("none: session idle for 1800 s without next state", 1)]));
+}
+
+#[test]
+fn claude_code_merges_a_response_split_over_lines() {
+    let r = ingest(&log2026("claude-code__v2.1.38__short.jsonl"), Format::ClaudeCode);
+    assert!(r.dead.is_empty());
+    // Five assistant lines share one message.id: one turn with its two tool_use blocks.
+    assert_eq!(r.rows.len(), 1);
+    let t = &r.rows[0];
+    assert_eq!(t.session_id, "55604662-cf2a-4331-851a-ec234028f8ca");
+    assert_eq!(calls(t).len(), 2);
+    assert_eq!(t.model.as_deref(), Some("claude-opus-4-6"));
+    assert!(t.reasoning_text.is_some());
+    assert_eq!(r.summary.counters.get("assistant lines merged into an earlier line of the same response"), Some(&4));
+    assert_eq!(r.summary.counters.get("progress lines"), Some(&3));
+    assert_eq!(r.summary.counters.get("system lines (local_command)"), Some(&2));
+    // Its next state: both (rejected) tool results, then the interruption note.
+    let ns = messages(t.next_state.as_deref().unwrap());
+    assert_eq!(ns.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["tool", "tool", "user"]);
+    assert_eq!(ns[0].tool_call_id, calls(t)[0].id);
+    assert_eq!(ns[1].tool_call_id, calls(t)[1].id);
+    assert_eq!(ns[2].content, "[Request interrupted by user for tool use]");
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1)]));
+}
+
+#[test]
+fn claude_code_sidechains_compaction_and_synthetic_messages() {
+    let l = |ty: &str, uuid: &str, extra: &str, msg: &str| {
+        format!(r#"{{"type":"{ty}","uuid":"{uuid}","parentUuid":null,"sessionId":"S","timestamp":"2026-01-01T00:00:00Z"{extra},"message":{msg}}}"#)
+    };
+    let text = r#"{"role":"user","content":"fix it"}"#;
+    let reply = |id: &str, t: &str, stop: &str| {
+        format!(r#"{{"id":"{id}","role":"assistant","model":"claude-x","content":[{{"type":"text","text":"{t}"}}],"stop_reason":"{stop}"}}"#)
+    };
+    let file = [
+        l("user", "u1", "", text),
+        l("assistant", "a1", "", &reply("m1", "on it", "end_turn")),
+        l("user", "s1", r#","isSidechain":true,"agentId":"ag1""#, r#"{"role":"user","content":"subtask"}"#),
+        l("assistant", "s2", r#","isSidechain":true,"agentId":"ag1""#, &reply("m2", "sub done", "end_turn")),
+        l("user", "u2", "", r#"{"role":"user","content":"more"}"#),
+        l("assistant", "a2", "", r#"{"id":"m3","role":"assistant","model":"<synthetic>","content":[{"type":"text","text":"No response requested."}],"stop_reason":"stop_sequence"}"#),
+        r#"{"type":"system","subtype":"compact_boundary","uuid":"cb","parentUuid":null,"sessionId":"S","timestamp":"2026-01-01T00:00:00Z","content":"Conversation compacted"}"#.to_string(),
+        l("user", "u3", r#","isCompactSummary":true"#, r#"{"role":"user","content":"Summary: fixing it."}"#),
+        l("user", "u4", "", r#"{"role":"user","content":"go on"}"#),
+        l("assistant", "a4", "", &reply("m4", "cut", "max_tokens")),
+        r#"{"type":"summary","summary":"Fixing","leafUuid":"a4"}"#.to_string(),
+    ]
+    .join("\n");
+    let (_d, p) = tmp("S.jsonl", &file);
+    let r = ingest(&p, Format::ClaudeCode);
+    let by_session = |s: &str| r.rows.iter().filter(|i| i.session_id == s).map(|i| i.response_text.as_str()).collect::<Vec<_>>();
+    assert_eq!(by_session("S"), vec!["on it", "cut"], "the <synthetic> message is context, not a turn");
+    assert_eq!(by_session("S:agent-ag1"), vec!["sub done"]);
+    let sub = r.rows.iter().find(|i| i.session_id == "S:agent-ag1").unwrap();
+    assert!(sub.notes.iter().any(|n| n == "subagent session of Claude Code session S"), "{:?}", sub.notes);
+    let cut = r.rows.iter().find(|i| i.response_text == "cut").unwrap();
+    assert_eq!((cut.turn_index, cut.truncated, cut.finish_reason.as_deref()), (1, true, Some("length")));
+    assert_eq!(request(cut).iter().map(|m| m.content.as_str()).collect::<Vec<_>>(), vec!["Summary: fixing it.", "go on"]);
+    let first = r.rows.iter().find(|i| i.response_text == "on it").unwrap();
+    assert_eq!(messages(first.next_state.as_deref().unwrap())[0].content, "more", "next state across the compaction");
+    assert_eq!(r.summary.counters.get("synthetic assistant messages (not model output)"), Some(&1));
+    assert_eq!(r.summary.counters.get("summary lines"), Some(&1));
+}
+
+#[test]
+fn openhands_v1_events_orphans_and_parallel_actions() {
+    let r = ingest(&log2026("openhands-sdk-v1__events__goal-fixture.jsonl"), Format::OpenHandsV1);
+    assert!(r.dead.is_empty());
+    assert_eq!(r.rows.len(), 2);
+    assert_eq!(r.rows.iter().map(|i| calls(i).len()).collect::<Vec<_>>(), vec![1, 1]);
+    assert_eq!(r.summary.counters.get("orphan observations (their action is not in the file)"), Some(&1));
+    assert_eq!(r.summary.counters.get("ConversationStateUpdateEvent events"), Some(&5));
+    assert_eq!(kinds(&r.rows), map(&[("tool", 2)]));
+
+    // Two actions of one response, a message event and a finished status.
+    let ev = |kind: &str, body: &str| format!(r#"{{"kind":"{kind}","id":"{}","source":"agent","timestamp":"2026-06-01T10:00:00"{body}}}"#, uuid_like(kind, body));
+    let act = |call: &str, resp: &str| {
+        ev(
+            "ActionEvent",
+            &format!(
+                r#","thought":[{{"type":"text","text":"t"}}],"tool_name":"terminal","tool_call_id":"{call}","tool_call":{{"id":"{call}","name":"terminal","arguments":"{{\"command\":\"ls\"}}"}},"llm_response_id":"{resp}""#
+            ),
+        )
+    };
+    let obs = |call: &str, out: &str| {
+        ev(
+            "ObservationEvent",
+            &format!(
+                r#","tool_name":"terminal","tool_call_id":"{call}","action_id":"x","observation":{{"kind":"TerminalObservation","content":[{{"type":"text","text":"{out}"}}],"is_error":false}}"#
+            ),
+        )
+    };
+    let file = [
+        ev("SystemPromptEvent", r#","system_prompt":{"type":"text","text":"You are OpenHands."},"tools":[]"#),
+        ev("MessageEvent", r#","llm_message":{"role":"user","content":[{"type":"text","text":"list files"}]}"#),
+        act("c1", "r1"),
+        act("c2", "r1"),
+        obs("c1", "a.txt"),
+        obs("c2", "b.txt"),
+        ev("MessageEvent", r#","llm_message":{"role":"assistant","content":[{"type":"text","text":"done"}]}"#),
+        ev("ConversationStateUpdateEvent", r#","key":"execution_status","value":"finished""#),
+    ]
+    .join("\n");
+    let (_d, p) = tmp("events.jsonl", &file);
+    let r = ingest(&p, Format::OpenHandsV1);
+    assert_eq!(r.rows.len(), 2);
+    assert_eq!(calls(&r.rows[0]).len(), 2, "actions sharing llm_response_id are one turn");
+    assert_eq!(r.rows[1].response_text, "done");
+    assert!(r.rows[1].session_done);
+    let req = request(&r.rows[1]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["system", "user", "assistant", "tool", "tool"]);
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session done without next state", 1)]));
+}
+
+/// A distinct id per event of the synthetic streams.
+fn uuid_like(a: &str, b: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (a, b).hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+#[test]
+fn langsmith_post_and_patch_merge_into_one_turn() {
+    let r = ingest(&log2026("langsmith__run-ingest-post-patch__wrap_openai_reasoning.json"), Format::LangSmith);
+    assert!(r.dead.is_empty());
+    assert_eq!(r.rows.len(), 1);
+    let t = &r.rows[0];
+    assert_eq!(t.session_id, "langsmith:a8b34ded-ccd2-4fb7-bccb-9cd625066a14");
+    assert_eq!((t.model.as_deref(), t.finish_reason.as_deref()), (Some("o1-mini"), Some("stop")));
+    assert!(t.response_text.starts_with("Certainly! Below is a **Bash script**"));
+    assert_eq!(request(t).iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["user"]);
+    assert_eq!(r.summary.counters.get("run updates merged by id"), Some(&1));
+    assert_eq!(kinds(&r.rows), map(&[("none: session idle for 1800 s without next state", 1)]));
+
+    // A JSONL export: LangChain-serialised messages, a chain run, an unfinished llm run.
+    let human = r#"{"lc":1,"type":"constructor","id":["langchain","schema","messages","HumanMessage"],"kwargs":{"content":"2+2?"}}"#;
+    let ai_call = r#"{"lc":1,"type":"constructor","id":["langchain","schema","messages","AIMessage"],"kwargs":{"content":"","tool_calls":[{"name":"calc","args":{"x":"2+2"},"id":"t1"}]}}"#;
+    let tool = r#"{"lc":1,"type":"constructor","id":["langchain","schema","messages","ToolMessage"],"kwargs":{"content":"4","tool_call_id":"t1"}}"#;
+    let run = |id: &str, order: &str, inputs: &str, outputs: &str| {
+        format!(
+            r#"{{"id":"{id}","trace_id":"T","dotted_order":"{order}","run_type":"llm","start_time":"2026-01-01T00:00:0{}Z","inputs":{inputs},"outputs":{outputs}}}"#,
+            order.len() % 10
+        )
+    };
+    let gen = |m: &str| format!(r#"{{"generations":[[{{"message":{m},"generation_info":{{"finish_reason":"stop"}}}}]]}}"#);
+    let file = [
+        r#"{"id":"C","trace_id":"T","dotted_order":"1","run_type":"chain","inputs":{},"outputs":{}}"#.to_string(),
+        run(
+            "L2",
+            "1.2",
+            &format!(r#"{{"messages":[[{human},{ai_call},{tool}]]}}"#),
+            &gen(r#"{"lc":1,"type":"constructor","id":["langchain","schema","messages","AIMessage"],"kwargs":{"content":"4."}}"#),
+        ),
+        run("L1", "1.1", &format!(r#"{{"messages":[[{human}]]}}"#), &gen(ai_call)),
+        r#"{"id":"L3","trace_id":"T","dotted_order":"1.3","run_type":"llm","inputs":{"messages":[]},"outputs":null}"#.to_string(),
+    ]
+    .join("\n");
+    let (_d, p) = tmp("export.jsonl", &file);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::LangSmith);
+    let r = ingest(&p, Format::LangSmith);
+    assert_eq!(r.rows.iter().map(|i| (i.turn_index, calls(i).len(), i.response_text.as_str())).collect::<Vec<_>>(), vec![(0, 1, ""), (1, 0, "4.")]);
+    assert_eq!(r.summary.counters.get("chain runs (not model calls)"), Some(&1));
+    assert_eq!(r.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>(), vec!["no_outputs"]);
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session idle for 1800 s without next state", 1)]));
+}
+
+#[test]
+fn otel_any_agent_spans_rebuild_the_conversation_from_tool_spans() {
+    let r = ingest(&log2026("otel-genai-spans__any-agent__OPENAI_trace.json"), Format::Otel);
+    assert!(r.dead.is_empty());
+    // The 128-bit decimal trace id, exactly, in hex.
+    assert!(r.rows.iter().all(|i| i.session_id == "otel:4bedea77bb33b9c5f280371eae21ea97"));
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(
+        r.rows.iter().map(|i| calls(i).iter().map(|c| c.name.clone()).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        vec![vec!["get_current_time".to_string()], vec!["write_file".into()], vec![]]
+    );
+    // The second call carries no input messages: its request is the first's plus the tool result.
+    let req1 = request(&r.rows[1]);
+    assert_eq!(req1.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["system", "user", "assistant", "tool"]);
+    assert!(req1[3].content.contains("America/New_York"));
+    assert!(r.rows[2].session_done, "the agent span ended the trace");
+    assert_eq!(kinds(&r.rows), map(&[("tool", 2), ("none: session done without next state", 1)]));
+}
+
+#[test]
+fn otel_otlp_export_and_indexed_attributes() {
+    let r = ingest(&log2026("synthetic__otel__otlp.json"), Format::Otel);
+    assert_eq!(r.rows.len(), 2);
+    assert!(r.rows.iter().all(|i| i.session_id == "conv_5j66UpCpwteGg4YSxUnt7lPY"), "gen_ai.conversation.id");
+    assert_eq!(calls(&r.rows[0]).len(), 1);
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session done without next state", 1)]));
+
+    let r = ingest(&log2026("synthetic__otel__indexed.json"), Format::Otel);
+    assert_eq!(r.rows.len(), 2);
+    assert!(r.rows.iter().all(|i| i.session_id == "sess-42"));
+    // traceloop's gen_ai.completion.0.tool_calls.{0,1}.*, then OpenInference's llm.output_messages.
+    assert_eq!(calls(&r.rows[0]).iter().map(|c| c.id.clone().unwrap()).collect::<Vec<_>>(), vec!["call_p1", "call_l2"]);
+    assert_eq!(r.rows[1].response_text, "Paris: rainy, 57°F. London: cloudy, 12°C.");
+    assert_eq!(r.rows[1].reasoning_text.as_deref(), Some("Both results are in."));
+    let (sigs, _) = pair_all(r.rows.clone());
+    let s0 = sigs.iter().find(|s| s.turn_index == 0).unwrap();
+    assert_eq!(messages(&s0.next_state).iter().map(|m| m.content.as_str()).collect::<Vec<_>>(), vec!["rainy, 57°F", "cloudy, 12°C"]);
+}
+
+#[test]
+fn otel_ids_and_spans_without_content() {
+    // One trace written with a hex id and once more with the same id as a decimal integer; a model
+    // span without content capture.
+    let span = |trace: &str, start: u64, attrs: &str| {
+        format!(r#"{{"name":"chat m","context":{{"trace_id":{trace},"span_id":{start}}},"parent":null,"start_time":{start},"attributes":{{{attrs}}},"events":[]}}"#)
+    };
+    let input = r#""gen_ai.operation.name":"chat","gen_ai.input.messages":"[{\"role\":\"user\",\"parts\":[{\"type\":\"text\",\"content\":\"hi\"}]}]","gen_ai.output.messages":"[{\"role\":\"assistant\",\"parts\":[{\"type\":\"text\",\"content\":\"hello\"}],\"finish_reason\":\"stop\"}]""#;
+    let file = format!(
+        "[{},{},{}]",
+        span("\"0x-not-used\"", 1, r#""gen_ai.operation.name":"chat""#),
+        span("\"4BEDEA77BB33B9C5F280371EAE21EA97\"", 2, input),
+        span("100927429609276267646756448943279827607", 3, &input.replace("hello", "hello again").replace("\"hi\"", "\"hi again\"")),
+    );
+    let (_d, p) = tmp("spans.json", &file);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Otel);
+    let r = ingest(&p, Format::Otel);
+    assert_eq!(
+        r.rows.iter().map(|i| (i.session_id.as_str(), i.turn_index)).collect::<Vec<_>>(),
+        vec![("otel:4bedea77bb33b9c5f280371eae21ea97", 0), ("otel:4bedea77bb33b9c5f280371eae21ea97", 1)]
+    );
+    assert_eq!(r.dead.len(), 1);
+    assert_eq!(r.dead[0].reason_code, "no_message_content");
+    assert!(r.dead[0].reason.contains("capture is opt-in"), "{}", r.dead[0].reason);
+}
+
+#[test]
+fn codex_rollout_reads_response_items_once() {
+    let r = ingest(&log2026("synthetic__codex__rollout.jsonl"), Format::Codex);
+    assert!(r.dead.is_empty());
+    assert_eq!(r.rows.len(), 3);
+    assert!(r.rows.iter().all(|i| i.session_id == "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"));
+    assert_eq!(r.rows.iter().map(|i| calls(i).len()).collect::<Vec<_>>(), vec![1, 1, 0]);
+    assert_eq!(r.rows[0].response_text, "I'll start by listing the files.");
+    assert!(r.rows[0].reasoning_text.is_some());
+    // The user_message / agent_message events repeat response items: counted, not read.
+    assert_eq!(r.summary.counters.get("event_msg lines (user_message)"), Some(&1));
+    assert_eq!(r.summary.counters.get("event_msg lines (agent_message)"), Some(&2));
+    let users = request(&r.rows[0]).iter().filter(|m| m.role == "user").count();
+    assert_eq!(users, 2, "the environment context and the prompt");
+    assert_eq!(kinds(&r.rows), map(&[("tool", 2), ("none: session idle for 1800 s without next state", 1)]));
+
+    // The older layout: a bare meta line, bare items, state lines; then a compaction.
+    let file = r#"{"id":"old-1","timestamp":"2025-05-07T17:24:21.123Z","instructions":"be brief"}
+{"record_type":"state"}
+{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}
+{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hello"}]}
+{"type":"message","role":"user","content":[{"type":"input_text","text":"ls"}]}
+{"type":"local_shell_call","call_id":"c1","status":"completed","action":{"type":"exec","command":["ls"]}}
+{"type":"function_call_output","call_id":"c1","output":"a.txt"}
+{"timestamp":"2025-05-07T17:25:00Z","type":"compacted","payload":{"message":"The user said hi and listed files."}}
+{"type":"message","role":"user","content":[{"type":"input_text","text":"thanks"}]}
+{"type":"message","role":"assistant","content":[{"type":"output_text","text":"welcome"}]}
+"#;
+    let (_d, p) = tmp("rollout-old.jsonl", file);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Codex);
+    let r = ingest(&p, Format::Codex);
+    assert_eq!(r.rows.iter().map(|i| (i.turn_index, i.response_text.as_str(), calls(i).len())).collect::<Vec<_>>(), vec![(0, "hello", 0), (1, "", 1), (2, "welcome", 0)]);
+    assert!(r.rows.iter().all(|i| i.session_id == "old-1"));
+    assert_eq!(request(&r.rows[0])[0].content, "be brief");
+    assert_eq!(request(&r.rows[2]).iter().map(|m| m.content.as_str()).collect::<Vec<_>>(), vec!["The user said hi and listed files.", "thanks"]);
+    assert_eq!(messages(r.rows[1].next_state.as_deref().unwrap())[0].content, "a.txt");
+    assert_eq!(r.summary.counters.get("state lines (older layout)"), Some(&1));
+}
+
+#[test]
+fn openai_responses_items_chains_and_truncation() {
+    let r = ingest(&log2026("synthetic__openai-responses.jsonl"), Format::OpenAiResponses);
+    assert!(r.dead.is_empty());
+    assert_eq!(r.rows.len(), 2);
+    assert_eq!(r.rows[0].session_id, r.rows[1].session_id);
+    assert_eq!(calls(&r.rows[0])[0].id.as_deref(), Some("call_Xy12Ab34Cd56Ef78"));
+    assert_eq!(r.rows[0].reasoning_text.as_deref(), Some("**Checking weather tool**"));
+    assert_eq!(r.rows.iter().map(|i| i.finish_reason.as_deref().unwrap()).collect::<Vec<_>>(), vec!["tool_calls", "stop"]);
+    assert_eq!(request(&r.rows[0])[0].role, "system", "instructions");
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session idle for 1800 s without next state", 1)]));
+
+    // previous_response_id: the second request holds only the tool output; cut by max_output_tokens.
+    let file = r#"{"request":{"model":"m","instructions":"sys","input":"weather?"},"response":{"id":"resp_1","status":"completed","output":[{"type":"function_call","call_id":"k1","name":"w","arguments":"{}"}]}}
+{"request":{"model":"m","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"k1","output":"sunny"}]},"response":{"id":"resp_2","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"It is sun"}]}]}}
+{"request":{"model":"m","previous_response_id":"resp_gone","input":"hello"},"response":{"id":"resp_3","status":"failed","error":{"code":"server_error"}}}
+"#;
+    let (_d, p) = tmp("responses.jsonl", file);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::OpenAiResponses);
+    let r = ingest(&p, Format::OpenAiResponses);
+    assert_eq!(r.rows.len(), 2);
+    assert_eq!(request(&r.rows[1]).iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["user", "assistant", "tool"]);
+    assert_eq!((r.rows[1].truncated, r.rows[1].finish_reason.as_deref()), (true, Some("length")));
+    assert_eq!(r.rows[0].session_id, r.rows[1].session_id, "the chain is one session");
+    assert_eq!(r.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>(), vec!["api_error"]);
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session idle for 1800 s without next state", 1)]));
+}
+
+#[test]
+fn anthropic_messages_blocks_tool_results_and_errors() {
+    let r = ingest(&log2026("synthetic__anthropic-messages.jsonl"), Format::AnthropicMessages);
+    assert!(r.dead.is_empty());
+    assert_eq!(r.rows.len(), 2);
+    let req1 = request(&r.rows[1]);
+    // system, user, assistant (tool_use), and the tool_result block as its own tool message.
+    assert_eq!(req1.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), vec!["system", "user", "assistant", "tool"]);
+    assert_eq!(req1[3].tool_call_id.as_deref(), Some("toolu_01A2b3C4d5E6f7G8h9J0k1L2"));
+    assert_eq!(r.rows.iter().map(|i| i.finish_reason.as_deref().unwrap()).collect::<Vec<_>>(), vec!["tool_calls", "stop"]);
+    assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session idle for 1800 s without next state", 1)]));
+
+    let file = r#"{"headers":{"X-Session-Id":"a1"},"request":{"model":"c","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"count"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}]},"response":{"type":"message","role":"assistant","content":[{"type":"thinking","thinking":"1, 2","signature":"s"},{"type":"text","text":"1 2 3"}],"stop_reason":"max_tokens"}}
+{"request":{"model":"c","max_tokens":5,"messages":[{"role":"user","content":"x"}]},"response":{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}}
+"#;
+    let (_d, p) = tmp("anthropic.jsonl", file);
+    let r = ingest(&p, Format::AnthropicMessages);
+    assert_eq!(r.rows.len(), 1);
+    let t = &r.rows[0];
+    assert_eq!((t.session_id.as_str(), t.truncated, t.reasoning_text.as_deref(), t.response_text.as_str()), ("a1", true, Some("1, 2"), "1 2 3"));
+    assert!(t.notes.iter().any(|n| n == "dropped 1 non-text content part"), "{:?}", t.notes);
+    assert_eq!(r.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>(), vec!["api_error"]);
+}
+
+#[test]
+fn compressed_files_read_like_plain_ones_and_a_corrupt_line_is_one_dead_letter() {
+    let src = log2026("openclaw__session-v3__f967d602.jsonl");
+    let plain = ingest(&src, Format::OpenClawSession);
+    let bytes = std::fs::read(&src).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gz = dir.path().join("f967d602.jsonl.gz");
+    let mut e = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::default());
+    e.write_all(&bytes).unwrap();
+    e.finish().unwrap();
+    let zst = dir.path().join("f967d602.jsonl.zst");
+    std::fs::write(&zst, zstd::encode_all(&bytes[..], 3).unwrap()).unwrap();
+    for p in [&gz, &zst] {
+        assert_eq!(detect(p, DEFAULT_HEAD_BYTES).unwrap().format, Format::OpenClawSession, "{}", p.display());
+        let r = ingest(p, Format::OpenClawSession);
+        let ids = |rows: &[Interaction]| rows.iter().map(|i| i.interaction_id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&r.rows), ids(&plain.rows), "{}", p.display());
+        assert_eq!(r.summary.bytes, bytes.len() as u64, "bytes of decompressed content");
+    }
+    // Stray bytes before a line's JSON: that line is a dead letter, the rest still reads.
+    let mut broken = bytes.clone();
+    let at = broken.iter().position(|&b| b == b'\n').unwrap() + 1;
+    broken.splice(at..at, b"\x00\x1b[0m".iter().copied());
+    let bp = dir.path().join("broken.jsonl");
+    std::fs::write(&bp, &broken).unwrap();
+    let r = ingest(&bp, Format::OpenClawSession);
+    assert_eq!(r.dead.iter().map(|d| (d.reason_code.as_str(), d.source_line)).collect::<Vec<_>>(), vec![("malformed_json", Some(2))]);
+    // Line 2 was the gateway message (the parent of everything): the chain from the leaf stops at
+    // its missing parent, and every model turn is still read.
+    assert_eq!(r.rows.len(), 8);
+}
+
+#[test]
+fn directories_are_walked_for_log_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("proj/S/subagents");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::create_dir_all(dir.path().join(".hidden")).unwrap();
+    for (p, text) in [("proj/S.jsonl", "{}"), ("proj/S/subagents/agent-1.jsonl", "{}"), ("proj/notes.txt", "x"), (".hidden/x.jsonl", "{}"), ("b.json.gz", "")] {
+        std::fs::write(dir.path().join(p), text).unwrap();
+    }
+    let got = nextstate::ingest::expand_paths(&[dir.path().to_path_buf()]).unwrap();
+    let rel: Vec<(String, bool)> = got.iter().map(|(p, w)| (p.strip_prefix(dir.path()).unwrap().display().to_string(), *w)).collect();
+    assert_eq!(rel, vec![("b.json.gz".to_string(), true), ("proj/S/subagents/agent-1.jsonl".into(), true), ("proj/S.jsonl".into(), true)]);
+    // A subagent file is its own session, named after the agent.
+    let line = r#"{"type":"user","uuid":"u","parentUuid":null,"sessionId":"S","isSidechain":true,"agentId":"1","timestamp":"2026-01-01T00:00:00Z","message":{"role":"user","content":"sub"}}
+{"type":"assistant","uuid":"a","parentUuid":"u","sessionId":"S","isSidechain":true,"agentId":"1","timestamp":"2026-01-01T00:00:01Z","message":{"id":"m","role":"assistant","model":"c","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn"}}"#;
+    std::fs::write(sub.join("agent-1.jsonl"), line).unwrap();
+    let r = ingest(&sub.join("agent-1.jsonl"), Format::ClaudeCode);
+    assert_eq!(r.rows.iter().map(|i| i.session_id.as_str()).collect::<Vec<_>>(), vec!["S:agent-1"]);
+}
+
+#[test]
+fn oasst_trees_and_messages() {
+    // prompter → {assistant A (rank 0) → {prompter "thanks" → assistant C}, assistant B (rank 1), deleted D}
+    let tree = r#"{"message_tree_id":"T1","tree_state":"ready_for_export","prompt":{"message_id":"p","parent_id":null,"role":"prompter","text":"What is 2+2?","created_date":"2023-02-01T10:00:00Z","replies":[
+      {"message_id":"b","parent_id":"p","role":"assistant","text":"five","rank":1,"created_date":"2023-02-01T10:02:00Z","replies":[]},
+      {"message_id":"a","parent_id":"p","role":"assistant","text":"4","rank":0,"created_date":"2023-02-01T10:01:00Z","replies":[
+        {"message_id":"t","parent_id":"a","role":"prompter","text":"thanks","created_date":"2023-02-01T10:03:00Z","replies":[
+          {"message_id":"c","parent_id":"t","role":"assistant","text":"you're welcome","created_date":"2023-02-01T10:04:00Z","replies":[]}]}]},
+      {"message_id":"d","parent_id":"p","role":"assistant","text":"x","deleted":true,"replies":[]}]}}"#
+        .replace('\n', "");
+    let (_d, p) = tmp("oasst.trees.jsonl", &tree);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Oasst);
+    let r = ingest(&p, Format::Oasst);
+    assert_eq!(r.rows.iter().map(|i| (i.turn_index, i.response_text.as_str())).collect::<Vec<_>>(), vec![(0, "4"), (1, "you're welcome"), (2, "five")]);
+    assert!(r.rows.iter().all(|i| i.session_id == "oasst:T1"));
+    assert_eq!(messages(r.rows[0].next_state.as_deref().unwrap())[0].content, "thanks");
+    assert_eq!(request(&r.rows[1]).iter().map(|m| m.content.as_str()).collect::<Vec<_>>(), vec!["What is 2+2?", "4", "thanks"]);
+    assert_eq!(r.summary.counters.get("deleted messages left out (with their replies)"), Some(&1));
+    assert_eq!(kinds(&r.rows), map(&[("user", 1), ("none: session idle for 1800 s without next state", 2)]));
+
+    // The same tree as flat messages.
+    let v: serde_json::Value = serde_json::from_str(&tree).unwrap();
+    let mut lines = vec![];
+    fn flatten(m: &serde_json::Value, out: &mut Vec<String>) {
+        let mut o = m.as_object().unwrap().clone();
+        let replies = o.remove("replies").unwrap_or_default();
+        o.insert("message_tree_id".into(), "T1".into());
+        out.push(serde_json::to_string(&o).unwrap());
+        for r in replies.as_array().unwrap() {
+            flatten(r, out);
+        }
+    }
+    flatten(&v["prompt"], &mut lines);
+    let (_d, p) = tmp("oasst.messages.jsonl", &lines.join("\n"));
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Oasst);
+    let flat = ingest(&p, Format::Oasst);
+    assert_eq!(flat.rows.iter().map(|i| i.interaction_id.clone()).collect::<Vec<_>>(), r.rows.iter().map(|i| i.interaction_id.clone()).collect::<Vec<_>>());
+}
+
+#[test]
+fn openhands_v1_persisted_events_folder_is_one_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("conversations/abc123/events");
+    std::fs::create_dir_all(&events).unwrap();
+    let lines: Vec<String> = std::fs::read_to_string(log2026("openhands-sdk-v1__events__goal-fixture.jsonl")).unwrap().lines().map(str::to_string).collect();
+    for (i, l) in lines.iter().enumerate() {
+        let id = serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_string();
+        // Indexes past 99999 grow wider: order is numeric.
+        let idx = if i == lines.len() - 1 { format!("{:06}", 100_000) } else { format!("{i:05}") };
+        std::fs::write(events.join(format!("event-{idx}-{id}.json")), l).unwrap();
+    }
+    std::fs::write(dir.path().join("conversations/abc123/base_state.json"), "{}").unwrap();
+    let inputs = nextstate::ingest::expand_paths(&[dir.path().to_path_buf()]).unwrap();
+    assert!(inputs.iter().any(|(p, _)| p == &events), "{inputs:?}");
+    assert_eq!(detect(&events, DEFAULT_HEAD_BYTES).unwrap().format, Format::OpenHandsV1);
+    let r = ingest(&events, Format::OpenHandsV1);
+    let jsonl = ingest(&log2026("openhands-sdk-v1__events__goal-fixture.jsonl"), Format::OpenHandsV1);
+    assert!(r.rows.iter().all(|i| i.session_id == "openhands-v1:abc123"));
+    assert_eq!(
+        r.rows.iter().map(|i| (i.response_text.clone(), i.tool_calls.clone())).collect::<Vec<_>>(),
+        jsonl.rows.iter().map(|i| (i.response_text.clone(), i.tool_calls.clone())).collect::<Vec<_>>()
+    );
+}
