@@ -185,7 +185,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
 
     // Run 1 as two invocations: two arms, then the rest (resume: finished work is not redone). Run 2 in
-    // another folder, a separate process, two arms only: the same numbers (determinism).
+    // another folder, a separate process, one arm only: the same numbers (determinism).
     ablate(&config, &one, Some("binary,opd"));
     let marker = one.join("work/arms/binary/train.json");
     let before = std::fs::metadata(&marker).unwrap().modified().unwrap();
@@ -193,7 +193,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     assert_eq!(partial.iter().map(|a| a.arm.as_str()).collect::<Vec<_>>(), vec!["binary", "opd"]);
     ablate(&config, &one, None);
     assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), before, "finished work is not redone");
-    let both = ["combined", "control"];
+    let both = ["control"];
     ablate(&config, &two, Some(&both.join(",")));
 
     // Identical numbers (every table but the wall times) for the arms both runs trained.
@@ -207,14 +207,14 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     same_rows::<StepRow>(&r1, &r2, "steps", |r| mine(&r.arm));
     same_rows::<AdvantageRow>(&r1, &r2, "advantages", |r| mine(&r.arm));
     same_rows::<ResponseRow>(&r1, &r2, "responses", |r| mine(&r.arm));
-    // Run 2 built only the data pipelines its arms need: combined's (control shares it) and the first
-    // hinted one (opd's: the held-out gap set); their stage counts are run 1's.
+    // Run 2 built only the data pipelines its arm needs: control's (combined's) and the first hinted one
+    // (opd's: the held-out gap set); their stage counts are run 1's.
     let built2: BTreeSet<String> = read_table::<StageCountRow>(&r2, "stage_counts").unwrap().into_iter().map(|r| r.data_pipeline).collect();
     let arms2 = read_table::<ArmRow>(&r2, "arms").unwrap();
-    assert_eq!(arms2.len(), 2);
+    assert_eq!(arms2.len(), 1);
     let pipeline_of = |arms: &[ArmRow], name: &str| arms.iter().find(|a| a.arm == name).map(|a| a.data_pipeline.clone()).unwrap();
     let all1 = read_table::<ArmRow>(&r1, "arms").unwrap();
-    assert_eq!(built2, BTreeSet::from([pipeline_of(&arms2, "combined"), pipeline_of(&all1, "opd")]));
+    assert_eq!(built2, BTreeSet::from([pipeline_of(&arms2, "control"), pipeline_of(&all1, "opd")]));
     // The lake's signals are shared by its data pipelines: whichever ran first paired them (binary's in
     // run 1, opd's in run 2), so the signals stage is compared as a total.
     same_rows::<StageCountRow>(&r1, &r2, "stage_counts", |r| built2.contains(&r.data_pipeline) && r.stage != "signals");

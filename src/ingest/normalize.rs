@@ -13,7 +13,8 @@
 //!   - tool call — `tool_use`/`server_tool_use` (`id, name, input`), `toolCall` (`id, name,
 //!     arguments` object), `function_call` (`call_id, name, arguments` string), `tool_call` (`id,
 //!     name, arguments`): the message's tool calls;
-//!   - tool result — `tool_result` (`tool_use_id, content, is_error`), `toolResult` (`toolCallId`),
+//!   - tool result — `tool_result` (`tool_use_id, content`; `is_error` is not a field of ours: the
+//!     result's text says what failed), `toolResult` (`toolCallId`),
 //!     `function_call_output` (`call_id, output`), `tool_call_response` (`id, response`): each becomes
 //!     its own `tool` message answering that id, placed before the message's own text
 //!     ([`Normalized::before`]), so the tool's output survives as the next state;

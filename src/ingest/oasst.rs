@@ -22,6 +22,9 @@ use super::{parse_timestamp, Sink, Turn};
 use crate::schema::Message;
 use crate::Result;
 
+/// Deepest reply chain read (a deeper one is cut there, with a dead letter): the walk recurses.
+const MAX_DEPTH: usize = 2000;
+
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let records = super::jsonl_objects(path, sink, progress)?;
     let mut flat: Vec<super::Record> = vec![];
@@ -58,17 +61,32 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
                 None => roots.push(i),
             }
         }
-        // Nest the replies as the trees layout does, then read it the same way.
-        fn nest(i: usize, msgs: &[super::Record], children: &HashMap<String, Vec<usize>>) -> Map<String, Value> {
+        // Nest the replies as the trees layout does, then read it the same way. A message seen again
+        // (a repeated id, a parent loop) is not nested twice; nesting stops at MAX_DEPTH.
+        fn nest(
+            i: usize,
+            msgs: &[super::Record],
+            children: &HashMap<String, Vec<usize>>,
+            seen: &mut std::collections::HashSet<usize>,
+            depth: usize,
+        ) -> Map<String, Value> {
             let mut m = msgs[i].1.clone();
             let id = m.get("message_id").and_then(Value::as_str).unwrap_or("").to_string();
-            let replies: Vec<Value> = children.get(&id).map(|c| c.iter().map(|&j| Value::Object(nest(j, msgs, children))).collect()).unwrap_or_default();
+            let mut replies: Vec<Value> = vec![];
+            if depth < MAX_DEPTH {
+                for &j in children.get(&id).map(Vec::as_slice).unwrap_or(&[]) {
+                    if seen.insert(j) {
+                        replies.push(Value::Object(nest(j, msgs, children, seen, depth + 1)));
+                    }
+                }
+            }
             m.insert("replies".into(), Value::Array(replies));
             m
         }
         let reachable = roots.len();
         for r in roots {
-            let root = nest(r, &msgs, &children);
+            let mut seen = std::collections::HashSet::from([r]);
+            let root = nest(r, &msgs, &children, &mut seen, 0);
             tree_session(sink, msgs[r].0, &tree, &root)?;
         }
         if reachable == 0 {
@@ -101,6 +119,9 @@ fn role_of(m: &Map<String, Value>) -> Option<&'static str> {
 }
 
 fn walk(sink: &mut Sink<'_>, session: &str, line: i64, m: &Map<String, Value>, path: &mut Vec<Message>, turn: &mut i32, deleted: &mut u64) -> Result<()> {
+    if path.len() >= MAX_DEPTH {
+        return sink.dead_in_session(Some(line), session, "tree_too_deep", format!("reply chain deeper than {MAX_DEPTH} messages: cut there"), b"");
+    }
     if m.get("deleted").and_then(Value::as_bool) == Some(true) {
         *deleted += 1;
         return Ok(());

@@ -43,13 +43,16 @@ struct Chained {
 /// Conversations of the most recent responses, by response id.
 struct Chains {
     by_id: HashMap<String, Chained>,
+    /// Next turn index of each session chained into (a retry that chains on one response twice is a
+    /// further turn, not a duplicate).
+    next_turn: HashMap<String, i32>,
     order: VecDeque<String>,
     cap: usize,
 }
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
-    let mut chains = Chains { by_id: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
+    let mut chains = Chains { by_id: HashMap::new(), next_turn: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
     super::openai_chat::exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
     let mut rest: Vec<Interaction> = chains.by_id.into_values().filter_map(|c| c.held).collect();
     rest.sort_by_key(|r| r.source_line);
@@ -92,7 +95,10 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, cha
             Some(before) => {
                 // Instructions are not carried over a chain (the API's rule): only this request's count.
                 request.extend(before.conversation.iter().filter(|m| m.role != "system").cloned());
-                chained = before.placed.clone().map(|(s, inf, turn)| (s, inf, turn + 1));
+                chained = before.placed.clone().map(|(s, inf, turn)| {
+                    let next = chains.next_turn.get(&s).copied().unwrap_or(0).max(turn + 1);
+                    (s, inf, next)
+                });
                 earlier = before.held.take();
             }
             None => notes.push(format!("previous response {p:?} is not in this file: the conversation starts at this request's input")),
@@ -169,6 +175,8 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, cha
         return sink.emit(row);
     };
     let placed = Some((row.session_id.clone(), row.session_inferred, row.turn_index));
+    let next = chains.next_turn.entry(row.session_id.clone()).or_insert(0);
+    *next = (*next).max(row.turn_index + 1);
     if let Some(old) = chains.by_id.insert(id.to_string(), Chained { conversation: full, placed, held: Some(row) }) {
         if let Some(r) = old.held {
             sink.emit(r)?;

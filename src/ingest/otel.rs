@@ -224,19 +224,20 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
             }
         }
     }
-    // Traces, in order of first appearance; spans by start time.
-    let mut traces: Vec<String> = vec![];
+    // Traces in order of their first span's start; spans by start time. A conversation spread over
+    // several traces (one per user turn, as agents usually trace) numbers its turns on across them.
     let mut by_trace: HashMap<String, Vec<Span>> = HashMap::new();
     for s in spans {
-        if !by_trace.contains_key(&s.trace) {
-            traces.push(s.trace.clone());
-        }
         by_trace.entry(s.trace.clone()).or_default().push(s);
     }
-    for trace in traces {
-        let mut ss = by_trace.remove(&trace).unwrap_or_default();
+    let mut traces: Vec<(String, Vec<Span>)> = by_trace.into_iter().collect();
+    for (_, ss) in traces.iter_mut() {
         ss.sort_by_key(|s| (s.start_ns, s.record));
-        conversation(sink, &trace, &ss)?;
+    }
+    traces.sort_by_key(|(t, ss)| (ss.first().map(|s| (s.start_ns, s.record)), t.clone()));
+    let mut next_turn: HashMap<String, i32> = HashMap::new();
+    for (trace, ss) in traces {
+        conversation(sink, &trace, &ss, &mut next_turn)?;
     }
     Ok(())
 }
@@ -525,7 +526,7 @@ struct Call {
     start_ms: i64,
 }
 
-fn conversation(sink: &mut Sink<'_>, trace: &str, spans: &[Span]) -> Result<()> {
+fn conversation(sink: &mut Sink<'_>, trace: &str, spans: &[Span], next_turn: &mut HashMap<String, i32>) -> Result<()> {
     let conv = spans.iter().find_map(|s| s.attrs.get("gen_ai.conversation.id").or_else(|| s.attrs.get("session.id")).and_then(Value::as_str).map(str::to_string));
     let session = match conv {
         Some(c) => c,
@@ -537,7 +538,7 @@ fn conversation(sink: &mut Sink<'_>, trace: &str, spans: &[Span]) -> Result<()> 
     // Turns are emitted one behind: the last one's next state is what follows it.
     let mut context: Vec<Message> = vec![];
     let mut pending: Option<Call> = None;
-    let mut turn = 0i32;
+    let mut turn = next_turn.get(&session).copied().unwrap_or(0);
     let emit = |sink: &mut Sink<'_>, p: Call, turn: i32, next: Option<Vec<Message>>, last: bool| -> Result<()> {
         let Call { request, response, finish, model, notes, record, start_ms } = p;
         let mut t = Turn::new(session.clone(), turn, &request, &response);
@@ -632,7 +633,9 @@ fn conversation(sink: &mut Sink<'_>, trace: &str, spans: &[Span]) -> Result<()> 
         let k = p.request.len() + 1;
         let tail = context.get(k..).map(<[Message]>::to_vec);
         emit(sink, p, turn, tail, true)?;
+        turn += 1;
     }
+    next_turn.insert(session.clone(), turn);
     for (k, v) in counts {
         sink.count(&k, v);
     }

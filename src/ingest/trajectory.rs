@@ -1,11 +1,13 @@
 //! Turning one session's full message list into interactions (shared by the trajectory formats:
-//! tau-bench, SWE-agent, mini-swe-agent, OpenHands, ToolBench, AgentBench).
+//! tau-bench, SWE-agent, mini-swe-agent, OpenHands, ToolBench, AgentBench, and the session formats:
+//! OpenClaw sessions, Claude Code, Codex, OpenHands V1).
 //!
-//! Every assistant message at index i is one turn: request = messages[..i], response = messages[i].
-//! The last turn of a complete trajectory carries `session_done = true` and, as its next state, the
-//! messages that follow it in the log (minus those marked as never a next state, e.g. SWE-agent
+//! Every assistant message at index i not marked [`MessageMeta::not_turn`] is one turn: request =
+//! messages[..i], response = messages[i]. The last turn of a complete trajectory carries
+//! `session_done = true` and, as its next state, the messages that follow it in the log (minus those marked as never a next state, e.g. SWE-agent
 //! demonstrations), or the adapter's `final_observation` when the log keeps the last observation
-//! elsewhere. Other turns leave `next_state` empty: the pairing stage derives it from the next turn's
+//! elsewhere; [`Trajectory::tail_is_next_state`] gives the last turn that next state without ending the
+//! session. Other turns leave `next_state` empty: the pairing stage derives it from the next turn's
 //! request.
 
 use serde_json::Value;
@@ -63,7 +65,6 @@ pub(crate) struct Trajectory {
 }
 
 impl Trajectory {
-    /// Appends a normalised message.
     /// Appends a normalised message: first the tool results it carried as content parts
     /// ([`Normalized::before`], with the message's time and record), then the message itself unless
     /// it only carried those ([`Normalized::into_messages`]).

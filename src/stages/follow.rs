@@ -2,14 +2,26 @@
 //! sessions, proxy logs, ...) and emit each new turn once, across restarts.
 //!
 //! Every `poll` the paths are walked again ([`ingest::expand_paths`]: new files are picked up). A file
-//! that grew is read again with its adapter up to the end of its last complete line (a line being
-//! written is never read half; session adapters need the whole session for each turn's context), and
-//! only turns not emitted before are produced:
+//! that grew is read again with its adapter (session adapters need the whole session for each turn's
+//! context); JSONL formats are read up to the end of the last complete line, so a line being written
+//! is never read half (single-document formats — OTel and LangSmith exports, the benchmark
+//! trajectories — are read whole: they are written once, not appended to). An OpenHands V1 events
+//! folder grows by files: it is read again when its number of event files changes. Only turns not
+//! emitted before are produced:
 //! - per (file, session) a watermark holds the next turn index to emit; turns below it are skipped;
 //! - a session's **last** turn is held back until the file has not changed for `settle` (its response
 //!   may still be streaming in, split over lines); the earlier ones are complete because a later turn
 //!   follows them;
-//! - dead letters are emitted once (by id).
+//! - dead letters are emitted once (by reason, session and line: a re-read builds them again with a
+//!   new ingest time).
+//!
+//! A file that cannot be read this time (removed or rotated between the walk and the read, a
+//! compressed file still being written) is named on stderr and tried again on the next poll.
+//!
+//! Known limits: a turn is identified by its index in its session, so a conversation that switches
+//! branch (OpenClaw `/tree`) or a response whose last fragment arrives after `settle` (a Claude Code
+//! tool call that streams longer) keeps the version emitted first; a truncated file is read again
+//! from the start with fresh watermarks.
 //!
 //! **Positions** (per file: format, bytes read, watermarks, dead-letter ids) are saved atomically
 //! after each poll's records are flushed to the bus, in `<lake>/_follow/<name>.json` by default. With
@@ -73,7 +85,7 @@ struct FileState {
     settled: bool,
     /// Next turn index to emit, by session.
     emitted: BTreeMap<String, i32>,
-    /// Dead letters emitted.
+    /// Dead letters emitted, by [`dead_key`].
     dead: BTreeSet<String>,
 }
 
@@ -81,6 +93,12 @@ struct FileState {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Positions {
     files: BTreeMap<String, FileState>,
+}
+
+/// The number of event files of an OpenHands V1 events folder.
+fn event_count(dir: &Path) -> Result<u64> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))?;
+    Ok(rd.filter_map(|e| e.ok()).filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("event-") && n.ends_with(".json"))).count() as u64)
 }
 
 /// The end of the last complete line of `path` (of length `len`): bytes up to and including its last
@@ -102,6 +120,16 @@ fn complete_prefix(path: &Path, len: u64) -> Result<u64> {
     Ok(0)
 }
 
+/// What identifies a dead letter across re-reads of a file (its id hashes the payload, which holds
+/// the ingest time).
+fn key_of(code: &str, session: &str, line: Option<i64>) -> String {
+    format!("{code}\u{1f}{session}\u{1f}{}", line.map(|l| l.to_string()).unwrap_or_default())
+}
+
+fn dead_key(d: &crate::schema::DeadLetter) -> String {
+    key_of(&d.reason_code, &d.session_id, d.source_line)
+}
+
 /// Query results as JSON objects, one per row.
 fn json_rows(batches: &[arrow::record_batch::RecordBatch]) -> Result<Vec<serde_json::Value>> {
     let text = crate::sql::render(batches, crate::sql::OutputFormat::Json)?;
@@ -120,11 +148,12 @@ async fn from_lake(lake: &Lake) -> Result<(HashMap<String, BTreeMap<String, i32>
             }
         }
     }
-    let q = "SELECT source_file, dead_letter_id FROM dead_letters WHERE stage = 'ingest' AND source_file IS NOT NULL";
+    let q = "SELECT source_file, reason_code, session_id, source_line FROM dead_letters WHERE stage = 'ingest' AND source_file IS NOT NULL";
     if let Ok(batches) = crate::sql::query(lake, q).await {
         for row in json_rows(&batches)? {
-            if let (Some(f), Some(id)) = (row["source_file"].as_str(), row["dead_letter_id"].as_str()) {
-                dead.entry(f.to_string()).or_default().insert(id.to_string());
+            if let (Some(f), Some(code)) = (row["source_file"].as_str(), row["reason_code"].as_str()) {
+                let key = key_of(code, row["session_id"].as_str().unwrap_or(""), row["source_line"].as_i64());
+                dead.entry(f.to_string()).or_default().insert(key);
             }
         }
     }
@@ -149,12 +178,13 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Positions::default(),
         Err(e) => return Err(Error::io("read", &state_path, e)),
     };
+    // Embedded bus: the lake is the durable record of what was emitted (for files in the positions
+    // and files first seen now alike).
+    let (lake_turns, lake_dead) = if cfg.bus.brokers.is_none() { from_lake(&lake).await? } else { Default::default() };
     if cfg.bus.brokers.is_none() {
-        // Embedded bus: the lake is the durable record of what was emitted.
-        let (turns, dead) = from_lake(&lake).await?;
         for (f, st) in pos.files.iter_mut() {
-            st.emitted = turns.get(f).cloned().unwrap_or_default();
-            st.dead = dead.get(f).cloned().unwrap_or_default();
+            st.emitted = lake_turns.get(f).cloned().unwrap_or_default();
+            st.dead = lake_dead.get(f).cloned().unwrap_or_default();
             st.settled = false;
         }
     }
@@ -164,10 +194,30 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
         loop {
             let now = crate::schema::now_ms();
             let mut all_idle = true;
-            for (file, _) in ingest::expand_paths(&args.paths)? {
+            let inputs = match ingest::expand_paths(&args.paths) {
+                Ok(i) => i,
+                Err(e) => {
+                    eprintln!("follow: {e} (trying again)");
+                    vec![]
+                }
+            };
+            for (file, _) in inputs {
                 let key = file.display().to_string();
-                let len = std::fs::metadata(&file).map_err(|e| Error::io("stat", &file, e))?.len();
-                let st = pos.files.entry(key.clone()).or_insert_with(|| FileState { changed_ms: now, ..FileState::default() });
+                let is_dir = file.is_dir();
+                // A folder of event files grows by files: its length is their number.
+                let len = match if is_dir { event_count(&file) } else { std::fs::metadata(&file).map(|m| m.len()).map_err(|e| Error::io("stat", &file, e)) } {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("{}: {e} (trying again)", file.display());
+                        continue;
+                    }
+                };
+                let st = pos.files.entry(key.clone()).or_insert_with(|| FileState {
+                    changed_ms: now,
+                    emitted: lake_turns.get(&key).cloned().unwrap_or_default(),
+                    dead: lake_dead.get(&key).cloned().unwrap_or_default(),
+                    ..FileState::default()
+                });
                 if len != st.len {
                     if len < st.read_to {
                         // Truncated or replaced: read it again from the start.
@@ -180,12 +230,26 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
                 let idle = now - st.changed_ms >= args.settle.as_millis() as i64;
                 all_idle &= idle && args.exit_when_idle.is_none_or(|w| now - st.changed_ms >= w.as_millis() as i64);
                 let compressed = Compression::of(&file) != Compression::None;
-                let limit = if compressed { len } else { complete_prefix(&file, len)? };
+                let whole = compressed || is_dir;
+                let limit = if whole {
+                    len
+                } else {
+                    match complete_prefix(&file, len) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            eprintln!("{}: {e} (trying again)", file.display());
+                            continue;
+                        }
+                    }
+                };
                 if limit == st.read_to && (st.settled || !idle) {
                     all_idle &= st.settled;
                     continue;
                 }
                 if compressed && st.settled {
+                    continue;
+                }
+                if limit == 0 {
                     continue;
                 }
                 let known = st.format.as_deref().and_then(|f| f.parse::<Format>().ok());
@@ -208,9 +272,9 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
                 st.format = Some(format.name().to_string());
                 let mut opts = IngestOptions::new(now);
                 opts.default_turn_type = args.default_turn_type;
-                opts.read_limit = (!compressed).then_some(limit);
+                opts.read_limit = (!whole).then_some(limit);
                 let path = file.clone();
-                let items = tokio::task::spawn_blocking(move || {
+                let read = tokio::task::spawn_blocking(move || {
                     let mut items: Vec<IngestItem> = vec![];
                     ingest::read_file(&path, format, &opts, &mut |_| {}, &mut |item| {
                         items.push(item);
@@ -219,7 +283,15 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
                     Ok::<_, Error>(items)
                 })
                 .await
-                .map_err(|e| Error::Internal(format!("reader thread: {e}")))??;
+                .map_err(|e| Error::Internal(format!("reader thread: {e}")))?;
+                let items = match read {
+                    Ok(items) => items,
+                    Err(e @ Error::Io { .. }) => {
+                        eprintln!("{}: {e} (trying again)", file.display());
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 let (new, sent) = select(items, st, idle);
                 for item in new {
                     match item {
@@ -291,10 +363,11 @@ fn select(items: Vec<IngestItem>, st: &mut FileState, idle: bool) -> (Vec<Ingest
             }
             IngestItem::DeadLetter(d) => {
                 // A dead letter about a whole session (no line) may change as the file grows.
-                if (d.source_line.is_none() && !idle) || st.dead.contains(&d.dead_letter_id) {
+                let key = dead_key(&d);
+                if (d.source_line.is_none() && !idle) || st.dead.contains(&key) {
                     continue;
                 }
-                st.dead.insert(d.dead_letter_id.clone());
+                st.dead.insert(key);
                 out.push(IngestItem::DeadLetter(d));
             }
         }

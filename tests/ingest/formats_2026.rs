@@ -588,3 +588,36 @@ fn openhands_v1_persisted_events_folder_is_one_conversation() {
         jsonl.rows.iter().map(|i| (i.response_text.clone(), i.tool_calls.clone())).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn review_faults_multi_trace_conversations_parent_loops_and_retries() {
+    // OTel: one conversation over two traces (one per user turn) numbers its turns on.
+    let span = |trace: u32, start: u64, text: &str| {
+        format!(
+            r#"{{"name":"chat m","context":{{"trace_id":"{trace:032x}","span_id":"{start:016x}"}},"start_time":{start},"attributes":{{"gen_ai.operation.name":"chat","gen_ai.conversation.id":"conv-1","gen_ai.input.messages":"[{{\"role\":\"user\",\"content\":\"{text}\"}}]","gen_ai.output.messages":"[{{\"role\":\"assistant\",\"content\":\"re {text}\",\"finish_reason\":\"stop\"}}]"}},"events":[]}}"#
+        )
+    };
+    let (_d, p) = tmp("two-traces.json", &format!("[{},{}]", span(2, 20, "second"), span(1, 10, "first")));
+    let r = ingest(&p, Format::Otel);
+    assert!(r.dead.is_empty(), "{:?}", r.dead.iter().map(|d| &d.reason).collect::<Vec<_>>());
+    assert_eq!(r.rows.iter().map(|i| (i.session_id.as_str(), i.turn_index, i.response_text.as_str())).collect::<Vec<_>>(), vec![("conv-1", 0, "re first"), ("conv-1", 1, "re second")]);
+
+    // oasst: a message that is its own parent (and a repeated id) does not recurse forever.
+    let file = r#"{"message_id":"a","message_tree_id":"t","role":"prompter","text":"q"}
+{"message_id":"b","parent_id":"a","message_tree_id":"t","role":"assistant","text":"x"}
+{"message_id":"b","parent_id":"b","message_tree_id":"t","role":"assistant","text":"loop"}"#;
+    let (_d, p) = tmp("loop.messages.jsonl", file);
+    let r = ingest(&p, Format::Oasst);
+    assert_eq!(r.rows.iter().map(|i| i.response_text.as_str()).collect::<Vec<_>>(), vec!["x", "loop"]);
+
+    // Responses: two requests chained on one response (a retry) are two turns, not a duplicate.
+    let file = r#"{"request":{"model":"m","input":"hi"},"response":{"id":"r1","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hello"}]}]}}
+{"request":{"model":"m","previous_response_id":"r1","input":"again"},"response":{"id":"r2","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"one"}]}]}}
+{"request":{"model":"m","previous_response_id":"r1","input":"again"},"response":{"id":"r3","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"two"}]}]}}"#;
+    let (_d, p) = tmp("retry.jsonl", file);
+    let r = ingest(&p, Format::OpenAiResponses);
+    assert!(r.dead.is_empty(), "{:?}", r.dead.iter().map(|d| &d.reason).collect::<Vec<_>>());
+    let mut turns: Vec<(i32, String)> = r.rows.iter().map(|i| (i.turn_index, i.response_text.clone())).collect();
+    turns.sort();
+    assert_eq!(turns, vec![(0, "hello".to_string()), (1, "one".into()), (2, "two".into())]);
+}
