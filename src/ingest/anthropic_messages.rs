@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::normalize::{json_type, normalize_message, normalize_with_role};
+use super::normalize::{json_type, normalize_request, normalize_with_role};
 use super::openai_chat::Sessions;
 use super::{parse_timestamp, Sink, Turn};
 use crate::schema::Message;
@@ -80,14 +80,9 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> 
             }
         }
     }
-    for (i, m) in raw_messages.iter().enumerate() {
-        match normalize_message(m) {
-            Ok(mut nm) => {
-                notes.append(&mut nm.notes);
-                request.extend(nm.into_messages());
-            }
-            Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
-        }
+    match normalize_request(raw_messages, &mut notes) {
+        Ok(ms) => request.extend(ms),
+        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
     }
     let resp_norm = match resp.get("role").and_then(Value::as_str) {
         None | Some("assistant") => normalize_with_role(resp, "assistant", None),

@@ -156,6 +156,21 @@ pub fn normalize_message(raw: &Value) -> Result<Normalized, NormError> {
     normalize_with_role(obj, role, role_note)
 }
 
+/// Normalises a request's raw messages in order, appending what normalisation noticed to `notes`; a
+/// message carrying tool results as content parts stands for several ([`Normalized::into_messages`]).
+///
+/// # Errors
+/// The index and error of the first message that does not normalise.
+pub fn normalize_request(raw: &[Value], notes: &mut Vec<String>) -> Result<Vec<Message>, (usize, NormError)> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, m) in raw.iter().enumerate() {
+        let mut n = normalize_message(m).map_err(|e| (i, e))?;
+        notes.append(&mut n.notes);
+        out.extend(n.into_messages());
+    }
+    Ok(out)
+}
+
 /// Like [`normalize_message`] but with the role already decided by the adapter (e.g. AgentBench's
 /// `agent` → `assistant`, an OpenAI response message without a role).
 ///

@@ -26,7 +26,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::normalize::{json_type, normalize_message, normalize_with_role};
+use super::normalize::{json_type, normalize_request, normalize_with_role};
 use super::sessions::SessionInferrer;
 use super::stream::{for_each_line, Line};
 use super::{parse_timestamp, Sink, Turn};
@@ -129,16 +129,10 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> 
         }
     };
     let mut notes = vec![];
-    let mut request = Vec::with_capacity(raw_messages.len());
-    for (i, m) in raw_messages.iter().enumerate() {
-        match normalize_message(m) {
-            Ok(mut nm) => {
-                notes.append(&mut nm.notes);
-                request.extend(nm.into_messages());
-            }
-            Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
-        }
-    }
+    let request = match normalize_request(raw_messages, &mut notes) {
+        Ok(ms) => ms,
+        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
+    };
     let Some(Value::Object(msg)) = choice.get("message") else {
         return sink.dead(Some(n), "missing_message", format!("line {n}: `choices[0].message` is not an object"), text);
     };

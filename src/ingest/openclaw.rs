@@ -24,7 +24,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::canonical::{message_key, prefix_keys, Key};
-use super::normalize::{json_type, normalize_message, normalize_with_role, split_reasoning};
+use super::normalize::{json_type, normalize_message, normalize_request, normalize_with_role, split_reasoning};
 use super::sessions::SessionInferrer;
 use super::stream::{for_each_line, Line};
 use super::{parse_timestamp, Sink, Turn};
@@ -83,16 +83,10 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], held: &mut HashMap<String, H
         }
     };
     let mut notes: Vec<String> = vec![];
-    let mut request = Vec::with_capacity(raw_messages.len());
-    for (i, m) in raw_messages.iter().enumerate() {
-        match normalize_message(m) {
-            Ok(mut nm) => {
-                notes.append(&mut nm.notes);
-                request.extend(nm.into_messages());
-            }
-            Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, message {i}: {e}"), text),
-        }
-    }
+    let request = match normalize_request(raw_messages, &mut notes) {
+        Ok(ms) => ms,
+        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, message {i}: {e}"), text),
+    };
     // The response: rendered text (reasoning split off, end-of-turn marker dropped) + tool calls.
     let mut response_text = match obj.get("response_text") {
         Some(Value::String(s)) => s.clone(),
