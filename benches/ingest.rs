@@ -4,6 +4,9 @@
 //! The group `formats-2026` reads each file of `tests/fixtures/agent-logs-2026/` (one real sample or
 //! one documented variant per format, 2–16 KB each) in its own format and reports MB/s; these are
 //! per-file figures (open, read, detect nothing, emit) on small files, not steady-state throughput.
+//! Beside each, `<format> / peer` reads the same file and parses it into `serde_json::Value`s (per
+//! line for JSONL, whole for JSON) and does nothing else: the floor any JSON-based reader pays, so
+//! the gap between the two is what the adapter itself costs.
 //!
 //! Run: `cargo bench --bench ingest` (release). The tau-bench file is read from
 //! `../shared/data/agent-logs/`; that group is skipped when it is absent.
@@ -46,6 +49,16 @@ fn pair(rows: Vec<Interaction>) -> usize {
     n + p.finish().len()
 }
 
+/// The peer of an adapter: read the file and parse its JSON (per line for `.jsonl`), keeping nothing.
+fn parse_only(path: &std::path::Path) -> usize {
+    let bytes = std::fs::read(path).expect("fixture");
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok()).count()
+    } else {
+        serde_json::from_slice::<serde_json::Value>(&bytes).map(|_| 1).unwrap_or(0)
+    }
+}
+
 fn formats_2026(c: &mut Criterion) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agent-logs-2026");
     let files = [
@@ -58,6 +71,7 @@ fn formats_2026(c: &mut Criterion) {
         ("otel (OTLP/JSON)", "synthetic__otel__otlp.json", Format::Otel),
         ("langsmith", "langsmith__run-ingest-post-patch__wrap_openai_reasoning.json", Format::LangSmith),
         ("openhands-v1", "openhands-sdk-v1__events__goal-fixture.jsonl", Format::OpenHandsV1),
+        ("otel (indexed attributes)", "synthetic__otel__indexed.json", Format::Otel),
     ];
     let mut g = c.benchmark_group("formats-2026");
     for (name, file, format) in files {
@@ -66,6 +80,7 @@ fn formats_2026(c: &mut Criterion) {
         assert!(!ingest_as(&path, format).is_empty(), "{file} gives no interaction");
         g.throughput(Throughput::Bytes(bytes));
         g.bench_function(name, |b| b.iter(|| ingest_as(&path, format).len()));
+        g.bench_function(format!("{name} / peer"), |b| b.iter(|| parse_only(&path)));
     }
     g.finish();
 }

@@ -48,6 +48,30 @@ def criterion(crit, group, bench):
     return secs, None, ""
 
 
+def formats_2026(crit):
+    """[(format, ours, peer, bytes)] of criterion's `formats-2026` group: ours and peer are
+    (median seconds, MB/s, unit) as criterion() gives them; peer None when it did not run."""
+    g = os.path.join(crit, "formats-2026")
+    if not os.path.isdir(g):
+        return []
+    by_id = {}
+    for d in sorted(os.listdir(g)):
+        try:
+            meta = json.load(open(os.path.join(g, d, "new", "benchmark.json")))
+        except (OSError, ValueError):
+            continue
+        r = criterion(crit, "formats-2026", d)
+        if r:
+            by_id[meta["function_id"]] = (r, (meta.get("throughput") or {}).get("Bytes", 0))
+    out = []
+    for fid, (r, size) in by_id.items():
+        if fid.endswith(" / peer"):
+            continue
+        peer = by_id.get(fid + " / peer")
+        out.append((fid, r, peer[0] if peer else None, size))
+    return out
+
+
 def f(x, nd=1):
     if x is None:
         return "—"
@@ -147,6 +171,17 @@ def main():
             if r:
                 L.append(f"| {b} | {f(r[0] * 1e3, 2)} ms | {f(r[1])} {'MB/s of log' if r[2] == 'MB/s' else 'turns/s'} |")
         L.append("\nNo peer: the adapters and the pairer are ours (the reference reads its own logs only).\n")
+        fmt = formats_2026(crit)
+        if fmt:
+            L.append("### The 2026 agent formats (one real sample or documented variant per format, 2–16 KB each)\n")
+            L.append("Per-file figures (open, read, normalise, emit), not steady-state throughput. The peer reads the same "
+                     "file and parses its JSON into `serde_json::Value`s (per line for JSONL) and keeps nothing: the floor "
+                     "of any JSON-based reader, so the ratio is what the adapter itself costs.\n")
+            L.append("| format | file KB | ours: median per file | ours MB/s | peer (parse only) MB/s | ours / peer time |\n|---|---|---|---|---|---|")
+            for name, ours, peer, size in fmt:
+                ratio = f"{ours[0] / peer[0]:.1f}×" if peer else "—"
+                L.append(f"| {name} | {f(size / 1e3)} | {f(ours[0] * 1e6, 1)} µs | {f(ours[1])} | {f(peer[1]) if peer else '—'} | {ratio} |")
+            L.append("")
         cmd_line(L, cmd)
     else:
         not_measured(L, "ingest", cmd, rc, out)

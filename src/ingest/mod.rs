@@ -19,15 +19,15 @@ pub mod sessions;
 mod stream;
 
 mod agentbench;
-mod anthropic_messages;
+pub(crate) mod anthropic_messages;
 mod claude_code;
 mod codex;
-mod items;
+pub(crate) mod items;
 mod langsmith;
 mod mini_swe_agent;
 mod oasst;
 mod openai_chat;
-mod openai_responses;
+pub(crate) mod openai_responses;
 mod openclaw;
 mod openclaw_session;
 mod openhands;

@@ -24,8 +24,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::anthropic_messages::{exchange, parse_line};
-use super::items::read_items;
+use serde_json::Map;
+
+use super::anthropic_messages::{read_exchange, Reply, Unusable};
+use super::items::{read_items, Skipped};
 use super::openai_chat::Sessions;
 use super::{parse_timestamp, Sink, Turn};
 use crate::schema::{Interaction, Message};
@@ -50,77 +52,44 @@ struct Chains {
     cap: usize,
 }
 
-pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let mut sessions = Sessions::new(sink);
-    let mut chains = Chains { by_id: HashMap::new(), next_turn: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
-    super::openai_chat::exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
-    let mut rest: Vec<Interaction> = chains.by_id.into_values().filter_map(|c| c.held).collect();
-    rest.sort_by_key(|r| r.source_line);
-    for r in rest {
-        sink.emit(r)?;
-    }
-    Ok(())
+/// True for a response that failed (`status = "failed"`, or an `error` without `output`).
+pub(crate) fn is_failed(resp: &Map<String, Value>) -> bool {
+    resp.get("status").and_then(Value::as_str) == Some("failed") || (resp.get("error").is_some_and(|e| !e.is_null()) && !resp.contains_key("output"))
 }
 
-fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, chains: &mut Chains) -> Result<()> {
-    let v = match parse_line(n, text) {
-        Ok(v) => v,
-        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
-    };
-    let (line, req, resp) = match exchange(n, &v) {
-        Ok(x) => x,
-        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
-    };
-    if resp.get("status").and_then(Value::as_str) == Some("failed") || (resp.get("error").is_some_and(|e| !e.is_null()) && !resp.contains_key("output")) {
-        return sink.dead(Some(n), "api_error", format!("line {n}: the server answered with an error: {}", resp.get("error").unwrap_or(&Value::Null)), text);
+/// The request's `instructions` as a system message.
+pub(crate) fn instructions(req: &Map<String, Value>) -> Option<Message> {
+    match req.get("instructions") {
+        Some(Value::String(s)) => Some(Message::text("system", s.clone())),
+        _ => None,
     }
-    let mut notes: Vec<String> = vec![];
-    let (input, skipped_in) = match read_items(req.get("input")) {
-        Ok(x) => x,
-        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, request input item {i}: {e}"), text),
-    };
-    let (output, skipped_out) = match read_items(resp.get("output")) {
-        Ok(x) => x,
-        Err((i, e)) => return sink.dead(Some(n), e.code(), format!("line {n}, response output item {i}: {e}"), text),
-    };
-    for (k, c) in skipped_in.iter().chain(&skipped_out) {
-        sink.count(k, *c);
-    }
-    let mut request: Vec<Message> = vec![];
-    let previous = req.get("previous_response_id").and_then(Value::as_str);
-    let mut chained = None;
-    let mut earlier: Option<Interaction> = None;
-    if let Some(p) = previous {
-        match chains.by_id.get_mut(p) {
-            Some(before) => {
-                // Instructions are not carried over a chain (the API's rule): only this request's count.
-                request.extend(before.conversation.iter().filter(|m| m.role != "system").cloned());
-                chained = before.placed.clone().map(|(s, inf, turn)| {
-                    let next = chains.next_turn.get(&s).copied().unwrap_or(0).max(turn + 1);
-                    (s, inf, next)
-                });
-                earlier = before.held.take();
-            }
-            None => notes.push(format!("previous response {p:?} is not in this file: the conversation starts at this request's input")),
-        }
-    }
-    if let Some(Value::String(s)) = req.get("instructions") {
-        request.insert(0, Message::text("system", s.clone()));
-    }
-    let carried = request.len();
+}
+
+/// The request's `input` (a string = one user message, or items; [`super::items`]) as messages, with
+/// the items of other types counted by type; normalisation notes appended to `notes`.
+///
+/// # Errors
+/// The normaliser's code and `request input item N: ...` for the first bad item.
+pub(crate) fn input_conversation(req: &Map<String, Value>, notes: &mut Vec<String>) -> std::result::Result<(Vec<Message>, Skipped), Unusable> {
+    let (input, skipped) = read_items(req.get("input")).map_err(|(i, e)| (e.code(), format!("request input item {i}: {e}")))?;
+    let mut out = vec![];
     for mut nm in input {
         notes.append(&mut nm.notes);
-        request.extend(nm.into_messages());
+        out.extend(nm.into_messages());
     }
-    // The earlier response's next state is what this request adds after it.
-    if let Some(mut e) = earlier {
-        let added = &request[carried..];
-        if e.next_state.is_none() && !added.is_empty() && added.iter().all(|m| m.role != "assistant") {
-            e.next_state = Some(serde_json::to_string(added)?);
-        }
-        sink.emit(e)?;
-    }
-    // The output is one assistant message.
+    Ok((out, skipped))
+}
+
+/// A response's `output` items as one assistant [`Reply`] (text, reasoning summaries, function calls
+/// by `call_id`), with the items of other types counted by type. Finish reason: `status =
+/// "incomplete"` with `incomplete_details.reason = "max_output_tokens"` → `length` (truncated), another
+/// incomplete reason → that reason, function calls → `tool_calls`, else `stop`.
+///
+/// # Errors
+/// The normaliser's code and `response output item N: ...` for the first bad item.
+pub(crate) fn reply(resp: &Map<String, Value>) -> std::result::Result<(Reply, Skipped), Unusable> {
+    let (output, skipped) = read_items(resp.get("output")).map_err(|(i, e)| (e.code(), format!("response output item {i}: {e}")))?;
+    let mut notes = vec![];
     let mut response = Message::text("assistant", "");
     let mut truncated = false;
     for mut nm in output {
@@ -157,13 +126,80 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, cha
     } else {
         "stop".to_string()
     };
+    let model = resp.get("model").and_then(Value::as_str).map(str::to_string);
+    Ok((Reply { message: response, truncated: truncated || finish == "length", finish_reason: Some(finish), model, notes }, skipped))
+}
+
+pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
+    let mut sessions = Sessions::new(sink);
+    let mut chains = Chains { by_id: HashMap::new(), next_turn: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
+    super::openai_chat::exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
+    let mut rest: Vec<Interaction> = chains.by_id.into_values().filter_map(|c| c.held).collect();
+    rest.sort_by_key(|r| r.source_line);
+    for r in rest {
+        sink.emit(r)?;
+    }
+    Ok(())
+}
+
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, chains: &mut Chains) -> Result<()> {
+    let mut v = Value::Null;
+    let (line, req, resp) = match read_exchange(n, text, &mut v, is_failed) {
+        Ok(x) => x,
+        Err((code, reason)) => return sink.dead(Some(n), code, reason, text),
+    };
+    let mut notes: Vec<String> = vec![];
+    let (input, skipped_in) = match input_conversation(req, &mut notes) {
+        Ok(x) => x,
+        Err((code, reason)) => return sink.dead(Some(n), code, format!("line {n}, {reason}"), text),
+    };
+    let (r, skipped_out) = match reply(resp) {
+        Ok(x) => x,
+        Err((code, reason)) => return sink.dead(Some(n), code, format!("line {n}, {reason}"), text),
+    };
+    for (k, c) in skipped_in.iter().chain(&skipped_out) {
+        sink.count(k, *c);
+    }
+    let mut request: Vec<Message> = vec![];
+    let previous = req.get("previous_response_id").and_then(Value::as_str);
+    let mut chained = None;
+    let mut earlier: Option<Interaction> = None;
+    if let Some(p) = previous {
+        match chains.by_id.get_mut(p) {
+            Some(before) => {
+                // Instructions are not carried over a chain (the API's rule): only this request's count.
+                request.extend(before.conversation.iter().filter(|m| m.role != "system").cloned());
+                chained = before.placed.clone().map(|(s, inf, turn)| {
+                    let next = chains.next_turn.get(&s).copied().unwrap_or(0).max(turn + 1);
+                    (s, inf, next)
+                });
+                earlier = before.held.take();
+            }
+            None => notes.push(format!("previous response {p:?} is not in this file: the conversation starts at this request's input")),
+        }
+    }
+    if let Some(sys) = instructions(req) {
+        request.insert(0, sys);
+    }
+    let carried = request.len();
+    request.extend(input);
+    // The earlier response's next state is what this request adds after it.
+    if let Some(mut e) = earlier {
+        let added = &request[carried..];
+        if e.next_state.is_none() && !added.is_empty() && added.iter().all(|m| m.role != "assistant") {
+            e.next_state = Some(serde_json::to_string(added)?);
+        }
+        sink.emit(e)?;
+    }
+    let Reply { message: response, finish_reason, truncated, model, notes: mut reply_notes } = r;
+    notes.append(&mut reply_notes);
     let mut full = request.clone();
     full.push(response.clone());
     let mut t = Turn::new(String::new(), 0, &request, &response);
-    t.model = resp.get("model").or_else(|| req.get("model")).and_then(Value::as_str).map(str::to_string);
+    t.model = model.or_else(|| req.get("model").and_then(Value::as_str).map(str::to_string));
     t.tools = req.get("tools").filter(|v| !v.is_null()).map(Value::to_string);
-    t.truncated = truncated || finish == "length";
-    t.finish_reason = Some(finish);
+    t.truncated = truncated;
+    t.finish_reason = finish_reason;
     t.notes = notes;
     t.event_time = line.get("timestamp").or_else(|| line.get("time")).and_then(parse_timestamp).or_else(|| resp.get("created_at").and_then(parse_timestamp));
     t.source_line = Some(n);

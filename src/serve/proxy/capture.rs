@@ -5,8 +5,9 @@
 use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
 
-use crate::ingest::normalize::{normalize_message, normalize_with_role};
-use crate::ingest::sessions::{Lru, SessionInferrer};
+use super::apis::Api;
+pub use super::sessions::{Chain, Sessions};
+use crate::ingest::normalize::{normalize_request, normalize_with_role};
 use crate::schema::{now_ms, DeadLetter, Interaction, Lineage, Message, Table, TurnType};
 use crate::serve::openai::split_tool_calls;
 use crate::Result;
@@ -117,20 +118,31 @@ pub struct RewriteOptions {
 /// A client request after [`prepare_request`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prepared {
-    /// The JSON body to send upstream (turn keys removed, `logprobs: true` added).
+    /// The JSON body to send upstream (turn keys removed; chat completions: `logprobs: true` added).
     pub upstream_body: Vec<u8>,
-    /// The client asked for log-probs itself (if not, they are removed from its response).
+    /// The client asked for log-probs itself (if not, they are removed from its response). Always
+    /// true for the APIs whose requests the proxy does not rewrite (Responses, Messages).
     pub client_wants_logprobs: bool,
     /// The client asked for a stream.
     pub stream: bool,
     /// Turn metadata.
     pub meta: TurnMeta,
-    /// The request's `messages` (raw OpenAI objects), when it is an array.
-    pub messages: Option<Vec<Value>>,
+    /// The request's conversation, normalised ([`crate::ingest::normalize`]): chat `messages`;
+    /// Responses `instructions` then `input` items; Messages `system` then `messages`.
+    pub messages: Vec<Message>,
+    /// What normalisation noticed (notes of the row).
+    pub notes: Vec<String>,
+    /// The request's conversation as sent (`messages`, or `input`), for dead letters.
+    pub raw_messages: Value,
     /// The request's `tools`, when present and not null.
     pub tools: Option<Value>,
     /// The request's `model`.
     pub model: Option<String>,
+    /// Responses API: the `previous_response_id` this request continues.
+    pub previous_response_id: Option<String>,
+    /// How many leading [`Prepared::messages`] are instructions (Responses: 1 with `instructions`,
+    /// else 0), which a chain does not carry over.
+    pub instructions: usize,
 }
 
 /// Why a client's request is refused before it reaches the upstream (the proxy answers 4xx with
@@ -153,58 +165,66 @@ impl Rejected {
     }
 }
 
-/// Checks a request's `messages` the way the proxy records them: a JSON array of messages that
-/// normalise ([`normalize_message`]: a known role, content a string, a list of parts or null, ...).
-/// A request that could not become an `interactions` row is refused before the upstream runs.
+/// A chat request's `messages` the way the proxy records them: a JSON array of messages that
+/// normalise ([`normalize_request`]: a known role, content a string, a list of parts or null, ...;
+/// notes appended to `notes`). A request that could not become an `interactions` row is refused
+/// before the upstream runs.
 ///
 /// # Errors
 /// [`Rejected`] (400) with code `missing_messages` or the normalisation error's code.
-pub fn check_messages(messages: Option<&Value>) -> std::result::Result<(), Rejected> {
+pub fn chat_conversation(messages: Option<&Value>, notes: &mut Vec<String>) -> std::result::Result<Vec<Message>, Rejected> {
     let list = match messages {
         Some(Value::Array(l)) => l,
         None => return Err(Rejected::bad("missing_messages", "request has no `messages`".into())),
         Some(other) => return Err(Rejected::bad("missing_messages", format!("request `messages` is a JSON {}, expected an array", crate::ingest::normalize::json_type(other)))),
     };
-    for (i, m) in list.iter().enumerate() {
-        if let Err(e) = normalize_message(m) {
-            return Err(Rejected::bad(e.code(), format!("messages[{i}] of {}: {e}", list.len())));
-        }
-    }
-    Ok(())
+    normalize_request(list, notes).map_err(|(i, e)| Rejected::bad(e.code(), format!("messages[{i}] of {}: {e}", list.len())))
 }
 
-/// Parses a client's chat-completions body, checks its messages ([`check_messages`]), takes its turn
-/// metadata and builds the upstream body.
+/// Parses a client's request body for `api`, reads its conversation (chat: [`chat_conversation`];
+/// Responses and Messages: [`super::apis::conversation`]), takes its turn metadata and builds the
+/// upstream body. Only chat requests are rewritten beyond the removal of [`BODY_KEYS`]: `logprobs:
+/// true`, `return_token_ids`, `logprobs_mode` (see [`RewriteOptions`]).
 ///
 /// # Errors
 /// [`Rejected`] (400): `malformed_json` when the body is not JSON (bad syntax, invalid UTF-8, nesting
 /// over serde_json's limit of 128), `wrong_type` when it is not an object, `invalid_turn_metadata`
-/// (see [`take_turn_meta`]), or the codes of [`check_messages`].
-pub fn prepare_request(headers: &HeaderMap, raw: &[u8], opts: &RewriteOptions) -> std::result::Result<Prepared, Rejected> {
+/// (see [`take_turn_meta`]), `missing_messages` (no `messages` / `input`), or the normaliser's code
+/// for a message that does not normalise.
+pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &RewriteOptions) -> std::result::Result<Prepared, Rejected> {
     let v: Value = serde_json::from_slice(raw).map_err(|e| Rejected::bad("malformed_json", format!("request body of {} bytes is not JSON: {e}", raw.len())))?;
     let Value::Object(mut body) = v else {
         return Err(Rejected::bad("wrong_type", format!("request body is a JSON {}, expected an object", crate::ingest::normalize::json_type(&v))));
     };
     let meta = take_turn_meta(headers, &mut body, opts.default_turn_type).map_err(|e| Rejected::bad("invalid_turn_metadata", e.to_string()))?;
-    check_messages(body.get("messages"))?;
-    let client_wants_logprobs = matches!(body.get("logprobs"), Some(Value::Bool(true)));
-    if !client_wants_logprobs {
-        body.insert("logprobs".into(), Value::Bool(true));
-    }
-    if opts.request_token_ids && !body.contains_key("return_token_ids") {
-        body.insert("return_token_ids".into(), Value::Bool(true));
-    }
-    if let Some(mode) = &opts.logprobs_mode {
-        if !body.contains_key("logprobs_mode") {
-            body.insert("logprobs_mode".into(), Value::String(mode.clone()));
+    let mut notes = vec![];
+    let instructions = usize::from(api == Api::Responses && crate::ingest::openai_responses::instructions(&body).is_some());
+    let messages = super::apis::conversation(api, &body, &mut notes).map_err(|(code, reason)| Rejected::bad(code, reason))?;
+    let raw_messages = body.get(if api == Api::Responses { "input" } else { "messages" }).cloned().unwrap_or(Value::Null);
+    let mut client_wants_logprobs = true;
+    if api == Api::ChatCompletions {
+        client_wants_logprobs = matches!(body.get("logprobs"), Some(Value::Bool(true)));
+        if !client_wants_logprobs {
+            body.insert("logprobs".into(), Value::Bool(true));
+        }
+        if opts.request_token_ids && !body.contains_key("return_token_ids") {
+            body.insert("return_token_ids".into(), Value::Bool(true));
+        }
+        if let Some(mode) = &opts.logprobs_mode {
+            if !body.contains_key("logprobs_mode") {
+                body.insert("logprobs_mode".into(), Value::String(mode.clone()));
+            }
         }
     }
     let stream = matches!(body.get("stream"), Some(Value::Bool(true)));
-    let messages = body.get("messages").and_then(Value::as_array).cloned();
     let tools = body.get("tools").filter(|t| !t.is_null()).cloned();
     let model = body.get("model").and_then(Value::as_str).map(str::to_string);
+    let previous_response_id = match api {
+        Api::Responses => body.get("previous_response_id").and_then(Value::as_str).filter(|p| !p.is_empty()).map(str::to_string),
+        _ => None,
+    };
     let upstream_body = serde_json::to_vec(&body).map_err(|e| Rejected::bad("wrong_type", format!("request body cannot be re-serialised: {e}")))?;
-    Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, tools, model })
+    Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, notes, raw_messages, tools, model, previous_response_id, instructions })
 }
 
 /// Sets `logprobs` of every choice to null (for a client that did not ask for them). Works on a full
@@ -224,11 +244,16 @@ pub fn strip_logprobs(v: &mut Value) -> bool {
     changed
 }
 
-/// A finished response, from a JSON body or assembled from stream chunks (choice 0 only).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A finished response, from a JSON body or assembled from stream chunks (chat: choice 0 only).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Completed {
-    /// The assistant message object (`content`, `reasoning_content`, `tool_calls`).
-    pub message: Map<String, Value>,
+    /// The assistant message, normalised (text, reasoning, tool calls).
+    pub message: Message,
+    /// The response was cut: an unclosed reasoning block, or (Responses, Messages) the token limit.
+    pub truncated: bool,
+    /// Responses API: the response's id, what a later `previous_response_id` names (None for the
+    /// other APIs, whose requests carry their whole conversation).
+    pub response_id: Option<String>,
     /// Finish reason of choice 0.
     pub finish_reason: Option<String>,
     /// `choices[0].token_ids` (ours, vLLM with `return_token_ids`).
@@ -256,6 +281,8 @@ pub enum NoTurn {
     StreamError(String),
     /// The stream ended before a finish reason.
     Incomplete,
+    /// The response's message cannot be recorded (reason code of the normaliser, reason).
+    Unusable(&'static str, String),
 }
 
 impl NoTurn {
@@ -265,6 +292,7 @@ impl NoTurn {
             NoTurn::BadResponse(r) => format!("upstream response unusable: {r}"),
             NoTurn::StreamError(e) => format!("upstream reported an error in the stream: {e}"),
             NoTurn::Incomplete => "upstream stream ended without a finish reason".to_string(),
+            NoTurn::Unusable(_, r) => format!("upstream response cannot be recorded: {r}"),
         }
     }
 
@@ -274,22 +302,52 @@ impl NoTurn {
             NoTurn::BadResponse(_) => "bad_response",
             NoTurn::StreamError(_) => "upstream_error",
             NoTurn::Incomplete => "incomplete_stream",
+            NoTurn::Unusable(code, _) => code,
         }
     }
 }
 
+/// A response's assistant message object (OpenAI chat shape), normalised.
+///
+/// # Errors
+/// [`NoTurn::Unusable`] with the normaliser's code.
+fn assistant_message(obj: &Map<String, Value>) -> std::result::Result<crate::ingest::normalize::Normalized, NoTurn> {
+    normalize_with_role(obj, "assistant", None).map_err(|e| NoTurn::Unusable(e.code(), format!("response message: {e}")))
+}
+
 impl Completed {
+    /// A response of the Responses or Messages API ([`super::apis`]): text only, one choice.
+    pub(crate) fn of_reply(r: crate::ingest::anthropic_messages::Reply, response_id: Option<String>, policy_version: Option<i64>) -> Completed {
+        Completed {
+            message: r.message,
+            truncated: r.truncated,
+            response_id,
+            finish_reason: r.finish_reason,
+            token_ids: None,
+            logprobs: None,
+            prompt_token_ids: None,
+            policy_version,
+            model: r.model,
+            n_choices: 1,
+            notes: r.notes,
+        }
+    }
+
     /// Reads a non-streamed chat completion.
     ///
     /// # Errors
-    /// [`NoTurn::BadResponse`] when `choices[0].message` is missing.
+    /// [`NoTurn::BadResponse`] when `choices[0].message` is missing, [`NoTurn::Unusable`] when it does
+    /// not normalise.
     pub fn from_response(v: &Value) -> std::result::Result<Completed, NoTurn> {
         let choices = v.get("choices").and_then(Value::as_array).ok_or_else(|| NoTurn::BadResponse("no choices".into()))?;
         let c0 = choices.first().ok_or_else(|| NoTurn::BadResponse("empty choices".into()))?;
-        let message = c0.get("message").and_then(Value::as_object).cloned().ok_or_else(|| NoTurn::BadResponse("choice 0 has no message".into()))?;
+        let message = c0.get("message").and_then(Value::as_object).ok_or_else(|| NoTurn::BadResponse("choice 0 has no message".into()))?;
+        let n = assistant_message(message)?;
         let logprobs = c0.get("logprobs").and_then(|l| l.get("content")).and_then(Value::as_array).cloned();
         Ok(Completed {
-            message,
+            message: n.message,
+            truncated: n.truncated,
+            response_id: None,
             finish_reason: c0.get("finish_reason").and_then(Value::as_str).map(str::to_string),
             token_ids: c0.get("token_ids").filter(|t| !t.is_null()).cloned(),
             logprobs,
@@ -297,7 +355,7 @@ impl Completed {
             policy_version: v.get("policy_version").and_then(Value::as_i64),
             model: v.get("model").and_then(Value::as_str).map(str::to_string),
             n_choices: choices.len(),
-            notes: vec![],
+            notes: n.notes,
         })
     }
 }
@@ -438,7 +496,8 @@ impl StreamAccumulator {
     ///
     /// # Errors
     /// [`NoTurn::StreamError`] when a chunk carried an error, [`NoTurn::BadResponse`] when a chunk was
-    /// not JSON, [`NoTurn::Incomplete`] when no finish reason arrived.
+    /// not JSON, [`NoTurn::Incomplete`] when no finish reason arrived, [`NoTurn::Unusable`] when the
+    /// assembled message does not normalise.
     pub fn finish(self) -> std::result::Result<Completed, NoTurn> {
         if let Some(e) = self.error {
             return Err(NoTurn::StreamError(e));
@@ -475,8 +534,12 @@ impl StreamAccumulator {
         if !calls.is_empty() {
             message.insert("tool_calls".into(), Value::Array(calls));
         }
+        let n = assistant_message(&message)?;
+        notes.extend(n.notes);
         Ok(Completed {
-            message,
+            message: n.message,
+            truncated: n.truncated,
+            response_id: None,
             finish_reason: self.finish_reason,
             token_ids: self.saw_token_ids.then_some(Value::Array(self.token_ids)),
             logprobs: self.saw_logprobs.then_some(self.logprobs),
@@ -662,93 +725,24 @@ pub fn validate_tokens(prompt: Option<&Value>, ids: Option<&Value>, logprobs: Op
     t
 }
 
-/// Per-process session bookkeeping: inference for requests without a session id, and turn counters
-/// for sessions with one.
-#[derive(Debug)]
-pub struct Sessions {
-    inferrer: SessionInferrer,
-    counters: Lru<String, i32>,
-    /// Turn indices captured per session, as sorted disjoint half-open ranges (a session whose turns
-    /// are numbered 0, 1, 2, ... holds one range).
-    recorded: Lru<String, Vec<(i32, i32)>>,
-}
-
-/// Adds `turn` to sorted disjoint half-open `ranges`; false when it was already there.
-fn insert_turn(ranges: &mut Vec<(i32, i32)>, turn: i32) -> bool {
-    let i = ranges.partition_point(|&(_, end)| end < turn);
-    if let Some(&(start, end)) = ranges.get(i) {
-        if start <= turn && turn < end {
-            return false;
-        }
-    }
-    let end = turn.saturating_add(1);
-    let joins_left = i < ranges.len() && ranges[i].1 == turn;
-    if joins_left {
-        ranges[i].1 = end;
-        if i + 1 < ranges.len() && ranges[i + 1].0 == end {
-            ranges[i].1 = ranges[i + 1].1;
-            ranges.remove(i + 1);
-        }
-    } else if i < ranges.len() && ranges[i].0 == end {
-        ranges[i].0 = turn;
-    } else {
-        ranges.insert(i, (turn, end));
-    }
-    true
-}
-
-impl Sessions {
-    /// Remembers at most `capacity` turns for inference and `capacity` session counters (LRU).
-    pub fn new(capacity: usize) -> Sessions {
-        Sessions { inferrer: SessionInferrer::new(capacity), counters: Lru::new(capacity), recorded: Lru::new(capacity) }
-    }
-
-    /// True when turn `turn` of `session` was already captured (recorded with [`Sessions::record`])
-    /// by this process (forgotten once the session falls out of the LRU or the proxy restarts).
-    pub fn is_recorded(&mut self, session: &str, turn: i32) -> bool {
-        let key = session.to_string();
-        self.recorded.get(&key).is_some_and(|r| r.iter().any(|&(a, b)| a <= turn && turn < b))
-    }
-
-    /// Marks turn `turn` of `session` captured; false when it already was (a duplicate turn).
-    pub fn record(&mut self, session: &str, turn: i32) -> bool {
-        let key = session.to_string();
-        let mut ranges = self.recorded.get(&key).cloned().unwrap_or_default();
-        let fresh = insert_turn(&mut ranges, turn);
-        if fresh {
-            self.recorded.put(key, ranges);
-        }
-        fresh
-    }
-
-    /// Session id, inferred flag and turn index of a finished turn. Explicit sessions: the explicit
-    /// turn index, else the count of turns (main and side) this process has seen in the session;
-    /// inferred sessions: the inferrer's index (assistant messages in the request).
-    pub fn assign(&mut self, meta: &TurnMeta, request: &[Message], response: &Message) -> (String, bool, i32) {
-        match &meta.session_id {
-            Some(id) => {
-                let seen = self.counters.get(id).copied().unwrap_or(0);
-                let index = meta.turn_index.unwrap_or(seen);
-                self.counters.put(id.clone(), seen.max(index.saturating_add(1)));
-                // A later request of this conversation without the header still finds the session.
-                self.inferrer.record(id, request, response);
-                (id.clone(), false, index)
-            }
-            None => {
-                let inf = self.inferrer.assign(request, response);
-                (inf.session_id, true, meta.turn_index.unwrap_or(inf.turn_index))
-            }
-        }
-    }
-}
-
 /// The request side of a turn, kept until its response is known.
 #[derive(Debug, Clone)]
 pub struct TurnRequest {
     /// Turn metadata.
     pub meta: TurnMeta,
-    /// Raw request messages.
-    pub messages: Option<Vec<Value>>,
+    /// The conversation, normalised (for a chained Responses request: the chain's history, then
+    /// this request's instructions and input).
+    pub messages: Vec<Message>,
+    /// What normalisation noticed.
+    pub notes: Vec<String>,
+    /// The conversation as the client sent it, for dead letters.
+    pub raw_messages: Value,
+    /// Responses API: the response this request continues, and the chain rebuilt from it (None when
+    /// this process did not capture it).
+    pub previous: Option<(String, Option<Chain>)>,
+    /// Index in [`TurnRequest::messages`] where this request's own input starts (after the chained
+    /// history and the instructions).
+    pub input_start: usize,
     /// Tool definitions.
     pub tools: Option<Value>,
     /// Requested model.
@@ -767,7 +761,7 @@ pub enum Captured {
 }
 
 fn dead(reason_code: &str, reason: String, req: &TurnRequest, resp: &Completed) -> Captured {
-    let payload = json!({"messages": req.messages, "response": resp.message, "session_id": req.meta.session_id}).to_string();
+    let payload = json!({"messages": req.raw_messages, "response": resp.message, "session_id": req.meta.session_id}).to_string();
     let d = DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default())
         .with_keys(req.meta.session_id.as_deref().unwrap_or(""), None);
     Captured::Dead(Box::new(d))
@@ -777,7 +771,7 @@ fn dead(reason_code: &str, reason: String, req: &TurnRequest, resp: &Completed) 
 /// request's messages and the first 64 KiB of the response (lossy UTF-8) as its payload.
 pub fn dead_response(reason_code: &str, reason: String, req: &TurnRequest, response: &[u8]) -> DeadLetter {
     let head = String::from_utf8_lossy(&response[..response.len().min(64 << 10)]);
-    let payload = json!({"messages": req.messages, "response_head": head, "response_bytes": response.len(), "session_id": req.meta.session_id}).to_string();
+    let payload = json!({"messages": req.raw_messages, "response_head": head, "response_bytes": response.len(), "session_id": req.meta.session_id}).to_string();
     DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default()).with_keys(req.meta.session_id.as_deref().unwrap_or(""), None)
 }
 
@@ -786,43 +780,39 @@ pub fn dead_response(reason_code: &str, reason: String, req: &TurnRequest, respo
 /// index from `sessions`, `source_format = "proxy"`. `header_version` is the upstream's
 /// `X-Policy-Version` header (used when the body has no `policy_version`).
 pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Option<i64>, sessions: &std::sync::Mutex<Sessions>) -> Captured {
-    let Some(raw_messages) = &req.messages else {
-        return dead("missing_messages", "request has no messages list".into(), req, resp);
-    };
-    let mut notes: Vec<String> = vec![];
-    let mut messages = Vec::with_capacity(raw_messages.len());
-    for (i, m) in raw_messages.iter().enumerate() {
-        match normalize_message(m) {
-            Ok(n) => {
-                notes.extend(n.notes.into_iter().map(|x| format!("message {i}: {x}")));
-                messages.push(n.message);
-            }
-            Err(e) => return dead(e.code(), format!("request message {i}: {e}"), req, resp),
+    let messages = &req.messages;
+    let mut notes: Vec<String> = req.notes.clone();
+    if let Some((p, chain)) = &req.previous {
+        match chain {
+            None => notes.push(format!("previous response {p:?} was not captured by this proxy process: the conversation starts at this request's input")),
+            Some(Chain { missing: Some(m), .. }) => notes.push(format!("the chain of previous responses is known back to {m:?} only: the conversation starts there")),
+            Some(_) => {}
         }
     }
-    let response = match normalize_with_role(&resp.message, "assistant", None) {
-        Ok(n) => n,
-        Err(e) => return dead(e.code(), format!("response message: {e}"), req, resp),
-    };
-    notes.extend(response.notes.iter().map(|x| format!("response: {x}")));
     notes.extend(resp.notes.iter().cloned());
     if resp.n_choices > 1 {
         notes.push(format!("{} choices returned; recorded choice 0", resp.n_choices));
     }
     let tokens = validate_tokens(resp.prompt_token_ids.as_ref(), resp.token_ids.as_ref(), resp.logprobs.as_deref());
     notes.extend(tokens.notes.iter().cloned());
+    let msg = &resp.message;
     let (session_id, session_inferred, turn_index, fresh) = {
         let mut s = sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let (id, inferred, turn) = s.assign(&req.meta, &messages, &response.message);
+        let chain = req.previous.as_ref().and_then(|(_, c)| c.as_ref());
+        let (id, inferred, turn) = s.assign_chained(&req.meta, chain, messages, msg);
         let fresh = s.record(&id, turn);
+        if let (true, Some(rid)) = (fresh, &resp.response_id) {
+            let mut added: Vec<Message> = messages[req.input_start.min(messages.len())..].to_vec();
+            added.push(msg.clone());
+            s.remember_response(rid, req.previous.as_ref().map(|(p, _)| p.clone()), added, &id, inferred, turn);
+        }
         (id, inferred, turn, fresh)
     };
     if !fresh {
         let reason = format!("turn {turn_index} of session {session_id:?} was already captured by this proxy; the client got its answer, this copy is not recorded");
         return dead("duplicate_turn", reason, req, resp);
     }
-    let request_messages = serde_json::to_string(&messages).unwrap_or_else(|_| "[]".into());
-    let msg = response.message;
+    let request_messages = serde_json::to_string(messages).unwrap_or_else(|_| "[]".into());
     let tool_calls = if msg.tool_calls.is_empty() { None } else { serde_json::to_string(&msg.tool_calls).ok() };
     let interaction_id = Interaction::compute_id(&session_id, turn_index, &request_messages, &msg.content, tool_calls.as_deref());
     let now = now_ms();
@@ -838,10 +828,10 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
         model: resp.model.clone().or_else(|| req.model.clone()),
         request_messages,
         tools: req.tools.as_ref().map(Value::to_string),
-        response_text: msg.content,
-        reasoning_text: msg.reasoning,
+        response_text: msg.content.clone(),
+        reasoning_text: msg.reasoning.clone(),
         tool_calls,
-        truncated: response.truncated || resp.finish_reason.as_deref() == Some("length"),
+        truncated: resp.truncated || resp.finish_reason.as_deref() == Some("length"),
         finish_reason: resp.finish_reason.clone(),
         prompt_text: None,
         prompt_token_ids: tokens.prompt_ids.clone(),
@@ -877,7 +867,7 @@ mod tests {
         h.insert("x-session-id", HeaderValue::from_static("s-head"));
         h.insert("x-turn-type", HeaderValue::from_static("SIDE"));
         let raw = br#"{"messages":[{"role":"user","content":"hi"}],"session_id":"s-body","turn_type":"main","session_done":"yes","turn_index":3}"#;
-        let p = prepare_request(&h, raw, &opts()).unwrap();
+        let p = prepare_request(Api::ChatCompletions, &h, raw, &opts()).unwrap();
         assert_eq!(p.meta, TurnMeta { session_id: Some("s-head".into()), turn_type: TurnType::Side, session_done: true, turn_index: Some(3) });
         let up: Value = serde_json::from_slice(&p.upstream_body).unwrap();
         for k in BODY_KEYS {
@@ -891,19 +881,19 @@ mod tests {
     #[test]
     fn defaults_and_errors() {
         let h = HeaderMap::new();
-        let p = prepare_request(&h, br#"{"messages":[],"logprobs":true,"stream":true}"#, &RewriteOptions { request_token_ids: true, ..opts() }).unwrap();
+        let p = prepare_request(Api::ChatCompletions, &h, br#"{"messages":[],"logprobs":true,"stream":true}"#, &RewriteOptions { request_token_ids: true, ..opts() }).unwrap();
         assert_eq!(p.meta, TurnMeta { session_id: None, turn_type: TurnType::Main, session_done: false, turn_index: None });
         assert!(p.client_wants_logprobs && p.stream);
         let up: Value = serde_json::from_slice(&p.upstream_body).unwrap();
         assert_eq!(up["return_token_ids"], json!(true));
-        assert!(prepare_request(&h, b"{not json", &opts()).is_err());
-        assert!(prepare_request(&h, b"[1]", &opts()).is_err());
-        assert!(prepare_request(&h, br#"{"turn_type":"bogus"}"#, &opts()).is_err());
-        assert!(prepare_request(&h, br#"{"turn_index":-1}"#, &opts()).is_err());
+        assert!(prepare_request(Api::ChatCompletions, &h, b"{not json", &opts()).is_err());
+        assert!(prepare_request(Api::ChatCompletions, &h, b"[1]", &opts()).is_err());
+        assert!(prepare_request(Api::ChatCompletions, &h, br#"{"turn_type":"bogus"}"#, &opts()).is_err());
+        assert!(prepare_request(Api::ChatCompletions, &h, br#"{"turn_index":-1}"#, &opts()).is_err());
         let mut h2 = HeaderMap::new();
         h2.insert("x-session-done", HeaderValue::from_static("off"));
         h2.insert("x-session-id", HeaderValue::from_static(""));
-        let p = prepare_request(&h2, br#"{"session_done":true,"messages":[]}"#, &opts()).unwrap();
+        let p = prepare_request(Api::ChatCompletions, &h2, br#"{"session_done":true,"messages":[]}"#, &opts()).unwrap();
         assert!(!p.meta.session_done, "header wins");
         assert_eq!(p.meta.session_id, None, "empty id = none");
         for (s, want) in [("1", true), ("TRUE", true), (" yes ", true), ("on", true), ("0", false), ("no", false), ("", false)] {
@@ -957,9 +947,11 @@ mod tests {
         a.push_data("[DONE]");
         assert!(a.done());
         let c = a.finish().unwrap();
-        assert_eq!(c.message["content"], json!("Hello"));
-        assert_eq!(c.message["reasoning_content"], json!("hm"));
-        assert_eq!(c.message["tool_calls"], json!([{"id": "c1", "type": "function", "function": {"name": "get", "arguments": "{\"x\": 1}"}}]));
+        assert_eq!(c.message.content, "Hello");
+        assert_eq!(c.message.reasoning.as_deref(), Some("hm"));
+        assert_eq!(c.message.tool_calls.len(), 1);
+        let call = &c.message.tool_calls[0];
+        assert_eq!((call.id.as_deref(), call.name.as_str(), &call.arguments, call.arguments_raw.as_deref()), (Some("c1"), "get", &json!({"x": 1}), Some("{\"x\": 1}")));
         assert_eq!(c.finish_reason.as_deref(), Some("tool_calls"));
         assert_eq!(c.token_ids, Some(json!([10, 11])));
         assert_eq!(c.logprobs.as_ref().map(Vec::len), Some(2));
@@ -982,7 +974,7 @@ mod tests {
         a.push(&chunk(json!({"content": "ok <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"}), json!({})));
         a.push(&chunk(json!({"tool_calls": [{"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}), json!({"finish_reason": "tool_calls"})));
         let c = a.finish().unwrap();
-        assert_eq!(c.message["content"], json!("ok"));
+        assert_eq!(c.message.content, "ok");
         assert_eq!(c.notes.len(), 1);
     }
 
@@ -1017,36 +1009,10 @@ mod tests {
         assert_eq!(validate_tokens(None, Some(&json!([1])), None).kind(), "ids_only");
     }
 
-    fn m(role: &str, c: &str) -> Message {
-        Message::text(role, c)
-    }
-
-    #[test]
-    fn recorded_turns_are_kept_as_merged_ranges() {
-        let mut r = vec![];
-        for (turn, fresh, want) in [
-            (0, true, vec![(0, 1)]),
-            (1, true, vec![(0, 2)]),
-            (1, false, vec![(0, 2)]),
-            (5, true, vec![(0, 2), (5, 6)]),
-            (3, true, vec![(0, 2), (3, 4), (5, 6)]),
-            (4, true, vec![(0, 2), (3, 6)]),
-            (2, true, vec![(0, 6)]),
-            (5, false, vec![(0, 6)]),
-            (9, true, vec![(0, 6), (9, 10)]),
-            (8, true, vec![(0, 6), (8, 10)]),
-        ] {
-            assert_eq!(insert_turn(&mut r, turn), fresh, "turn {turn}");
-            assert_eq!(r, want, "after turn {turn}");
-        }
-        let mut s = Sessions::new(2);
-        assert!(s.record("a", 0) && !s.record("a", 0) && s.is_recorded("a", 0) && !s.is_recorded("a", 1) && !s.is_recorded("b", 0));
-    }
-
     #[test]
     fn requests_that_cannot_be_recorded_are_refused_with_a_code() {
         let h = HeaderMap::new();
-        let code = |raw: &[u8]| prepare_request(&h, raw, &opts()).map(|_| ()).map_err(|r| (r.status, r.code));
+        let code = |raw: &[u8]| prepare_request(Api::ChatCompletions, &h, raw, &opts()).map(|_| ()).map_err(|r| (r.status, r.code));
         assert_eq!(code(b"{\"messages\": ["), Err((400, "malformed_json")));
         assert_eq!(code(b"\"hi\""), Err((400, "wrong_type")));
         assert_eq!(code(br#"{"model": "m"}"#), Err((400, "missing_messages")));
@@ -1055,7 +1021,7 @@ mod tests {
         assert_eq!(code(br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#), Err((400, "unknown_role")));
         assert_eq!(code(br#"{"messages": [], "turn_index": "x"}"#), Err((400, "invalid_turn_metadata")));
         assert_eq!(code(br#"{"messages": [{"role": "developer", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "b"}]}]}"#), Ok(()));
-        let r = prepare_request(&h, br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#, &opts()).unwrap_err();
+        let r = prepare_request(Api::ChatCompletions, &h, br#"{"messages": [{"role": "user", "content": "a"}, {"role": "elf", "content": "b"}]}"#, &opts()).unwrap_err();
         assert_eq!(r.message, "messages[1] of 2: unknown message role \"elf\"");
     }
 
@@ -1070,28 +1036,24 @@ mod tests {
     }
 
     #[test]
-    fn explicit_sessions_count_turns_and_honour_explicit_indices() {
-        let mut s = Sessions::new(100);
-        let meta = |idx| TurnMeta { session_id: Some("s".into()), turn_type: TurnType::Main, session_done: false, turn_index: idx };
-        let r = vec![m("user", "a")];
-        assert_eq!(s.assign(&meta(None), &r, &m("assistant", "b")), ("s".into(), false, 0));
-        assert_eq!(s.assign(&meta(None), &r, &m("assistant", "b")), ("s".into(), false, 1));
-        assert_eq!(s.assign(&meta(Some(7)), &r, &m("assistant", "b")), ("s".into(), false, 7));
-        assert_eq!(s.assign(&meta(None), &r, &m("assistant", "b")), ("s".into(), false, 8));
-        // A continuation without the header joins the explicit session.
-        let none = TurnMeta { session_id: None, ..meta(None) };
-        let r2 = vec![m("user", "a"), m("assistant", "b"), m("user", "c")];
-        assert_eq!(s.assign(&none, &r2, &m("assistant", "d")), ("s".into(), true, 1));
-    }
-
-    #[test]
     fn builds_an_interaction_from_a_response() {
         let sessions = std::sync::Mutex::new(Sessions::new(100));
+        let mut h = HeaderMap::new();
+        h.insert("x-session-id", HeaderValue::from_static("sess"));
+        h.insert("x-turn-type", HeaderValue::from_static("side"));
+        h.insert("x-session-done", HeaderValue::from_static("1"));
+        let body = json!({"model": "req-model", "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]});
+        let p = prepare_request(Api::ChatCompletions, &h, body.to_string().as_bytes(), &opts()).unwrap();
         let req = TurnRequest {
-            meta: TurnMeta { session_id: Some("sess".into()), turn_type: TurnType::Side, session_done: true, turn_index: None },
-            messages: Some(vec![json!({"role": "developer", "content": "be brief"}), json!({"role": "user", "content": "hi"})]),
-            tools: Some(json!([{"type": "function", "function": {"name": "f"}}])),
-            model: Some("req-model".into()),
+            meta: p.meta,
+            messages: p.messages,
+            notes: p.notes,
+            raw_messages: p.raw_messages,
+            previous: None,
+            input_start: 0,
+            tools: p.tools,
+            model: p.model,
             received_ms: 0,
         };
         let resp = Completed::from_response(&json!({
@@ -1111,15 +1073,16 @@ mod tests {
         assert_eq!(row.prompt_token_ids, Some(vec![1, 2]));
         assert_eq!(row.response_token_ids, Some(vec![9, 8]));
         assert_eq!(row.rollout_logprobs, Some(vec![-0.5, -0.25]));
-        assert_eq!(row.notes, vec!["message 0: developer role mapped to system".to_string()]);
+        assert_eq!(row.notes, vec!["developer role mapped to system".to_string()]);
         assert_eq!(row.source_format, "proxy");
         assert_eq!(serde_json::from_str::<Value>(row.tools.as_deref().unwrap()).unwrap(), json!([{"type": "function", "function": {"name": "f"}}]));
         let msgs = row.messages().unwrap();
         assert_eq!((msgs[0].role.as_str(), msgs[1].content.as_str()), ("system", "hi"));
         assert_eq!(row.interaction_id, Interaction::compute_id("sess", 0, &row.request_messages, "hello", None));
 
-        let bad = TurnRequest { messages: Some(vec![json!({"role": "narrator", "content": "x"})]), ..req };
-        let Captured::Dead(d) = build_interaction(&bad, &resp, None, &sessions) else { panic!("expected a dead letter") };
-        assert_eq!((d.stage.as_str(), d.reason_code.as_str(), d.session_id.as_str()), ("proxy", "unknown_role", "sess"));
+        // The same turn again (an explicit session and index already captured): a duplicate.
+        let again = TurnRequest { meta: TurnMeta { turn_index: Some(0), ..req.meta.clone() }, ..req };
+        let Captured::Dead(d) = build_interaction(&again, &resp, None, &sessions) else { panic!("expected a dead letter") };
+        assert_eq!((d.stage.as_str(), d.reason_code.as_str(), d.session_id.as_str()), ("proxy", "duplicate_turn", "sess"));
     }
 }

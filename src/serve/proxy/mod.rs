@@ -1,7 +1,11 @@
-//! `nextstate proxy`: an OpenAI-compatible capture proxy in front of any OpenAI-compatible policy
-//! server (ours, vLLM, SGLang). It forwards `POST /v1/chat/completions` (streamed or not) and
-//! `GET /v1/models`, and emits one `interactions` event per finished turn (METHOD.md §1) to Kafka
-//! without ever making the client wait on Kafka.
+//! `nextstate proxy`: a capture proxy in front of a policy server (ours, vLLM, SGLang, a hosted
+//! API). It forwards `POST /v1/chat/completions`, `POST /v1/responses` (OpenAI Responses) and
+//! `POST /v1/messages` (Anthropic Messages), streamed or not, and `GET /v1/models`, and emits one
+//! `interactions` event per finished turn (METHOD.md §1) to Kafka without ever making the client
+//! wait on Kafka. What is specific to the Responses and Messages APIs (conversations, responses,
+//! stream events, `previous_response_id` chains, `x-api-key` / `anthropic-*` headers) is in
+//! [`apis`]; everything below holds for all three, except the log-prob rewriting, which is chat
+//! completions only.
 //!
 //! Per request:
 //! - Turn metadata from headers `X-Session-Id`, `X-Turn-Type` (`main`|`side`), `X-Session-Done`
@@ -29,7 +33,8 @@
 //! - The response is returned unchanged otherwise (non-stream: the upstream's bytes, re-serialised
 //!   only when log-probs had to be removed); streams are forwarded chunk by chunk as they arrive.
 //! - Upstream error status → passed through (status and body), no event, counted; upstream
-//!   unreachable → 502 with a JSON error; body over the limit → 413; missing/wrong bearer key → 401
+//!   unreachable → 502 with a JSON error; body over the limit → 413; missing/wrong key (bearer, or
+//!   `x-api-key`) → 401
 //!   (compared in constant time; `/health` is open).
 //! - Requests that could not become a row are refused before the upstream runs, with 400 and
 //!   `error.code` naming why ([`capture::Rejected`]): not JSON (`malformed_json`: bad syntax, invalid
@@ -56,9 +61,11 @@
 //! Events: see [`emit`] (bounded channel → emitter task → Kafka, or a bounded local spool while Kafka
 //! is down, replayed later; at-least-once). `/metrics` ([`metrics`]) and `/health` report the counts.
 
+pub mod apis;
 pub mod capture;
 pub mod emit;
 pub mod metrics;
+pub mod sessions;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -79,7 +86,8 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
-use self::capture::{build_interaction, prepare_request, strip_logprobs, Captured, Completed, NoTurn, RewriteOptions, Sessions, SseEvent, SseFramer, StreamAccumulator, TurnRequest};
+use self::apis::{Accumulator, Api};
+use self::capture::{build_interaction, prepare_request, strip_logprobs, Captured, Completed, NoTurn, RewriteOptions, Sessions, SseEvent, SseFramer, TurnRequest};
 use self::emit::{Emitter, EmitterConfig, EmitterHandle, Outgoing, Spool, SpoolConfig};
 use self::metrics::Metrics;
 use super::openai::error_body;
@@ -258,10 +266,13 @@ impl Proxy {
         Ok(Proxy { shared, emitter })
     }
 
-    /// The routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`.
+    /// The routes: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages`,
+    /// `GET /v1/models`, `GET /health`, `GET /metrics`.
     pub fn router(&self) -> Router {
         Router::new()
-            .route("/v1/chat/completions", post(chat_completions))
+            .route(Api::ChatCompletions.path(), post(chat_completions))
+            .route(Api::Responses.path(), post(responses))
+            .route(Api::Messages.path(), post(messages))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
@@ -339,6 +350,8 @@ fn submit_dead(s: &Shared, d: &DeadLetter) {
 fn route_of(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "chat_completions",
+        "/v1/responses" => "responses",
+        "/v1/messages" => "messages",
         "/v1/models" => "models",
         "/health" => "health",
         "/metrics" => "metrics",
@@ -346,12 +359,18 @@ fn route_of(path: &str) -> &'static str {
     }
 }
 
-/// Bearer auth (constant-time) on every route but `/health`; counts every response by route/status.
+/// Header of Anthropic clients' API key (they send no bearer token).
+const X_API_KEY: &str = "x-api-key";
+
+/// Auth (constant-time) on every route but `/health`: `Authorization: Bearer KEY`, or `x-api-key:
+/// KEY` as Anthropic clients send it; counts every response by route/status.
 async fn auth_and_count(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let route = route_of(req.uri().path());
     if let Some(key) = &s.opts.api_key {
         if route != "health" {
-            let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+            let h = req.headers();
+            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+            let given = bearer.or_else(|| h.get(X_API_KEY).and_then(|v| v.to_str().ok())).unwrap_or("");
             if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
                 s.metrics.request(route, 401);
                 return api_error(StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error");
@@ -369,6 +388,39 @@ fn upstream_auth(s: &Shared, client: &HeaderMap) -> Option<HeaderValue> {
         (Some(k), _) => HeaderValue::from_str(&format!("Bearer {k}")).ok(),
         (None, None) => client.get(header::AUTHORIZATION).cloned(),
         (None, Some(_)) => None,
+    }
+}
+
+/// Anthropic headers passed to the upstream as the client sent them (`anthropic-version`,
+/// `anthropic-beta`, ...).
+fn anthropic_headers(client: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    client.iter().filter(|(k, _)| k.as_str().starts_with("anthropic-"))
+}
+
+/// The upstream request's auth for `api`: a bearer token (chat, Responses), or for Messages the
+/// `x-api-key` header: the configured upstream key, else the client's own `x-api-key` /
+/// `Authorization` when the proxy has no key of its own.
+fn with_auth(s: &Shared, api: Api, client: &HeaderMap, mut rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    if api != Api::Messages {
+        if let Some(a) = upstream_auth(s, client) {
+            rb = rb.header(header::AUTHORIZATION, a);
+        }
+        return rb;
+    }
+    for (k, v) in anthropic_headers(client) {
+        rb = rb.header(k, v);
+    }
+    match (&s.opts.upstream_api_key, &s.opts.api_key) {
+        (Some(k), _) => rb.header(X_API_KEY, k.as_str()),
+        (None, None) => {
+            for name in [HeaderName::from_static(X_API_KEY), header::AUTHORIZATION] {
+                if let Some(v) = client.get(&name) {
+                    rb = rb.header(name, v);
+                }
+            }
+            rb
+        }
+        (None, Some(_)) => rb,
     }
 }
 
@@ -425,6 +477,46 @@ fn capture(s: &Shared, req: &TurnRequest, resp: &Completed, header_version: Opti
 }
 
 async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    forward(Api::ChatCompletions, s, headers, body).await
+}
+
+async fn responses(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    forward(Api::Responses, s, headers, body).await
+}
+
+async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    forward(Api::Messages, s, headers, body).await
+}
+
+/// The request side of a turn from a prepared request: for a chained Responses request, the chain's
+/// history is put between the instructions and the new input.
+fn turn_request(s: &Shared, prepared: &capture::Prepared, received_ms: i64) -> TurnRequest {
+    let mut messages = prepared.messages.clone();
+    let mut input_start = prepared.instructions;
+    let previous = prepared.previous_response_id.as_ref().map(|p| {
+        let chain = s.sessions.lock().unwrap_or_else(|e| e.into_inner()).chain(p);
+        if let Some(c) = &chain {
+            let at = prepared.instructions.min(messages.len());
+            messages.splice(at..at, c.history.iter().cloned());
+            input_start += c.history.len();
+        }
+        (p.clone(), chain)
+    });
+    TurnRequest {
+        meta: prepared.meta.clone(),
+        messages,
+        notes: prepared.notes.clone(),
+        raw_messages: prepared.raw_messages.clone(),
+        previous,
+        input_start,
+        tools: prepared.tools.clone(),
+        model: prepared.model.clone(),
+        received_ms,
+    }
+}
+
+/// Forwards one request of `api` to the upstream and captures its turn (see the module docs).
+async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
     let t0 = Instant::now();
     let received_ms = now_ms();
     let raw = match body {
@@ -435,7 +527,7 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
             return api_error(e.status(), &e.body_text(), kind);
         }
     };
-    let prepared = match prepare_request(&headers, &raw, &s.rewrite) {
+    let prepared = match prepare_request(api, &headers, &raw, &s.rewrite) {
         Ok(p) => p,
         Err(r) => return rejected(&s, &r),
     };
@@ -446,14 +538,12 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
             return rejected(&s, &capture::Rejected { status: 409, code: "duplicate_turn", message });
         }
     }
-    let req = TurnRequest { meta: prepared.meta.clone(), messages: prepared.messages, tools: prepared.tools, model: prepared.model, received_ms };
-    let mut rb = s.client.post(format!("{}/v1/chat/completions", s.base)).header(header::CONTENT_TYPE, "application/json").body(prepared.upstream_body);
+    let req = turn_request(&s, &prepared, received_ms);
+    let mut rb = s.client.post(format!("{}{}", s.base, api.path())).header(header::CONTENT_TYPE, "application/json").body(prepared.upstream_body);
     if prepared.stream {
         rb = rb.header(header::ACCEPT, "text/event-stream");
     }
-    if let Some(a) = upstream_auth(&s, &headers) {
-        rb = rb.header(header::AUTHORIZATION, a);
-    }
+    rb = with_auth(&s, api, &headers, rb);
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => return unreachable_error(&s, &e),
@@ -464,7 +554,8 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
     let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
     if (200..300).contains(&status) && is_sse {
         let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-        tokio::spawn(pump_stream(s.clone(), resp, tx, prepared.client_wants_logprobs, req, header_version, t0));
+        let turn = StreamedTurn { req, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, t0 };
+        tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
         return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
     }
     let body = match resp.bytes().await {
@@ -479,7 +570,7 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
     let mut out = body.clone();
     match serde_json::from_slice::<Value>(&body) {
         Ok(mut v) => {
-            match Completed::from_response(&v) {
+            match apis::completed(api, &v) {
                 Ok(c) => capture(&s, &req, &c, header_version),
                 Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &body)),
             }
@@ -499,10 +590,10 @@ async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body
 }
 
 /// Feeds one SSE event to the accumulator; returns the bytes to forward to the client.
-fn relay_event(acc: &mut StreamAccumulator, ev: SseEvent, strip: bool) -> Vec<u8> {
+fn relay_event(acc: &mut Accumulator, ev: SseEvent, strip: bool) -> Vec<u8> {
     let Some(data) = &ev.data else { return ev.raw };
     if data.trim() == "[DONE]" {
-        acc.push_data(data);
+        acc.done_marker();
         return ev.raw;
     }
     match serde_json::from_str::<Value>(data) {
@@ -521,20 +612,21 @@ fn relay_event(acc: &mut StreamAccumulator, ev: SseEvent, strip: bool) -> Vec<u8
     }
 }
 
-/// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
-/// records the turn when the stream ends with a finish reason.
-async fn pump_stream(
-    s: Arc<Shared>,
-    resp: reqwest::Response,
-    tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>,
-    client_wants_logprobs: bool,
+/// A streamed turn being relayed: its request, the accumulator of its API, whether log-probs are
+/// removed from what the client gets, the upstream's `X-Policy-Version` and when the request arrived.
+struct StreamedTurn {
     req: TurnRequest,
+    acc: Accumulator,
+    strip: bool,
     header_version: Option<i64>,
     t0: Instant,
-) {
-    let strip = !client_wants_logprobs;
+}
+
+/// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
+/// records the turn when the stream ends with a finish reason.
+async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
+    let StreamedTurn { req, mut acc, strip, header_version, t0 } = turn;
     let mut framer = SseFramer::default();
-    let mut acc = StreamAccumulator::default();
     let mut upstream = resp.bytes_stream();
     let mut failed: Option<&'static str> = None;
     // The stream's first bytes, for the dead letter of a stream that cannot be recorded.
@@ -597,10 +689,8 @@ async fn pump_stream(
 }
 
 async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let mut rb = s.client.get(format!("{}/v1/models", s.base));
-    if let Some(a) = upstream_auth(&s, &headers) {
-        rb = rb.header(header::AUTHORIZATION, a);
-    }
+    let rb = s.client.get(format!("{}/v1/models", s.base));
+    let rb = with_auth(&s, Api::ChatCompletions, &headers, rb);
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => return api_error(StatusCode::BAD_GATEWAY, &format!("upstream {}: {e}", s.base), "upstream_error"),

@@ -2,7 +2,10 @@
 //! (axum on a loopback port) returning canned completions with token ids and log-probs, and SSE
 //! streams with delays between chunks; the proxy in front of it, emitting `interactions` events to
 //! the embedded bus (one test: the real broker); Kafka unavailable (spool, drops, replay); errors;
-//! the Python `openai` client; and a bounded latency/throughput measurement.
+//! the Python `openai` client; and a bounded latency/throughput measurement. `apis.rs`: the same
+//! for the OpenAI Responses and Anthropic Messages APIs.
+mod apis;
+#[path = "../common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
@@ -37,8 +40,8 @@ struct Fake {
     chunk_delay: Duration,
 }
 
-const LEAKY_HEADERS: [&str; 4] = ["x-session-id", "x-turn-type", "x-session-done", "x-turn-index"];
-const LEAKY_KEYS: [&str; 4] = ["session_id", "turn_type", "session_done", "turn_index"];
+pub(crate) const LEAKY_HEADERS: [&str; 4] = ["x-session-id", "x-turn-type", "x-session-done", "x-turn-index"];
+pub(crate) const LEAKY_KEYS: [&str; 4] = ["session_id", "turn_type", "session_done", "turn_index"];
 
 fn last_user(body: &Value) -> String {
     body["messages"].as_array().and_then(|m| m.iter().rev().find(|x| x["role"] == "user")).and_then(|m| m["content"].as_str()).unwrap_or("").to_string()
@@ -578,6 +581,18 @@ fn python_with_openai() -> Option<std::path::PathBuf> {
     candidates.into_iter().flatten().find(|py| std::process::Command::new(py).args(["-c", "import openai"]).output().map(|o| o.status.success()).unwrap_or(false))
 }
 
+/// Runs `tests/python/SCRIPT --base-url URL --api-key KEY` with `py`; its stdout, after checking it
+/// exited 0.
+pub(crate) async fn run_python(py: std::path::PathBuf, script: &str, url: String, key: &str) -> String {
+    let script = common::root().join("tests/python").join(script);
+    let key = key.to_string();
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(py).arg(script).args(["--base-url", &url, "--api-key", &key]).output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "python client failed");
+    stdout
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_openai_client_through_the_proxy() {
     let Some(py) = python_with_openai() else {
@@ -591,12 +606,7 @@ async fn python_openai_client_through_the_proxy() {
     let mut o = opts(&up, dir.path());
     o.api_key = Some("py-key".into());
     let p = start_proxy(o, &bus).await;
-    let script = common::root().join("tests/python/proxy_client.py");
-    let url = format!("{}/v1", p.url);
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new(py).arg(script).args(["--base-url", &url, "--api-key", "py-key"]).output().unwrap()).await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "python client failed");
+    let stdout = run_python(py, "proxy_client.py", format!("{}/v1", p.url), "py-key").await;
     assert!(stdout.contains("4 passed, 0 failed"));
     let rows = consume(&mut input, 3, Duration::from_secs(20), Duration::from_millis(500)).await;
     let summary: Vec<(String, i32, TurnType, bool)> = rows.iter().map(|r| (r.session_id.clone(), r.turn_index, r.turn_type, r.session_done)).collect();

@@ -1,0 +1,568 @@
+//! The capture proxy's OpenAI Responses (`/v1/responses`) and Anthropic Messages (`/v1/messages`)
+//! routes: a fake upstream speaking both (a scripted weather agent: a tool call, then the answer from
+//! the tool's result), streamed and not; rows checked by hand, paired with their next states; errors,
+//! cut streams and auth; and the official Python `openai` and `anthropic` clients.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use nextstate::bus::{Bus, Envelope};
+use nextstate::runtime::InputLoop;
+use nextstate::schema::{DeadLetter, Interaction, Lineage, NextStateKind, TurnType};
+use nextstate::signals::{SignalConfig, SignalPairer};
+use serde_json::{json, Value};
+
+use super::{common, consume, embedded, interactions_input, opts, python_with_openai, run_python, start_proxy, LEAKY_HEADERS, LEAKY_KEYS};
+
+// ---------------------------------------------------------------- the fake upstream
+
+#[derive(Default)]
+struct FakeApis {
+    /// (path, request headers, body) of every request received.
+    requests: Mutex<Vec<(String, HeaderMap, Value)>>,
+    /// The bytes of every stream sent, in order.
+    streams: Mutex<Vec<Vec<u8>>>,
+    /// Responses created (for ids).
+    created: Mutex<u32>,
+}
+
+fn leaked(headers: &HeaderMap, body: &Value) -> Vec<&'static str> {
+    LEAKY_HEADERS.iter().filter(|h| headers.contains_key(**h)).chain(LEAKY_KEYS.iter().filter(|k| body.get(**k).is_some())).copied().collect()
+}
+
+/// SSE bytes of `events` (`event:` and `data:` lines), cut into pieces at fixed offsets so events
+/// straddle chunk boundaries.
+fn sse_chunks(events: &[Value], with_done: bool) -> Vec<Bytes> {
+    let mut all = String::new();
+    for e in events {
+        all.push_str(&format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or("message")));
+    }
+    if with_done {
+        all.push_str("data: [DONE]\n\n");
+    }
+    let b = all.into_bytes();
+    b.chunks(97).map(Bytes::copy_from_slice).collect()
+}
+
+async fn stream_response(f: Arc<FakeApis>, chunks: Vec<Bytes>) -> Response {
+    f.streams.lock().unwrap().push(chunks.concat());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(4);
+    tokio::spawn(async move {
+        for c in chunks {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if tx.send(Ok(c)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("x-policy-version", "5")
+        .body(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .unwrap()
+}
+
+fn json_response(v: &Value) -> Response {
+    ([("content-type", "application/json"), ("x-policy-version", "5")], v.to_string()).into_response()
+}
+
+/// Responses API: the last input item decides. A `function_call_output` → the answer "It is
+/// {output}."; user text with `tools` → a reasoning summary and a `get_weather` call; other user text
+/// → "echo: {text}". Model `fail` → 503; model `cut` streams without a terminal event.
+async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    if !leaked(&headers, &body).is_empty() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "fake: turn metadata leaked upstream").into_response();
+    }
+    f.requests.lock().unwrap().push(("/v1/responses".into(), headers, body.clone()));
+    let model = body["model"].as_str().unwrap_or("m").to_string();
+    if model == "fail" {
+        return (StatusCode::SERVICE_UNAVAILABLE, [("content-type", "application/json")], r#"{"error":{"message":"fake overloaded","type":"server_error"}}"#)
+            .into_response();
+    }
+    let n = {
+        let mut c = f.created.lock().unwrap();
+        *c += 1;
+        *c
+    };
+    let id = format!("resp_{n}");
+    let last = match &body["input"] {
+        Value::String(s) => json!({"role": "user", "content": s}),
+        Value::Array(items) => items.last().cloned().unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let output: Vec<Value> = if last["type"] == "function_call_output" {
+        vec![json!({"type": "message", "id": format!("msg_{n}"), "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": format!("It is {}.", last["output"].as_str().unwrap_or("")), "annotations": []}]})]
+    } else {
+        let text = match &last["content"] {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(" "),
+            _ => String::new(),
+        };
+        if body.get("tools").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty())) {
+            vec![
+                json!({"type": "reasoning", "id": format!("rs_{n}"), "summary": [{"type": "summary_text", "text": "The user wants the weather."}]}),
+                json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_{n}"), "name": "get_weather",
+                    "arguments": json!({"city": text}).to_string(), "status": "completed"}),
+            ]
+        } else {
+            vec![json!({"type": "message", "id": format!("msg_{n}"), "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": format!("echo: {text}"), "annotations": []}]})]
+        }
+    };
+    let done = json!({"id": id, "object": "response", "created_at": 1_764_000_000 + n, "status": "completed", "model": "fake-responses",
+        "output": output, "previous_response_id": body["previous_response_id"], "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}});
+    if body["stream"] != json!(true) {
+        return json_response(&done);
+    }
+    let mut created = done.clone();
+    created["status"] = json!("in_progress");
+    created["output"] = json!([]);
+    let mut events = vec![
+        json!({"type": "response.created", "sequence_number": 0, "response": created}),
+        json!({"type": "response.in_progress", "sequence_number": 1, "response": created}),
+    ];
+    for (i, item) in output.iter().enumerate() {
+        events.push(json!({"type": "response.output_item.added", "output_index": i, "item": item}));
+        if let Some(t) = item["content"][0]["text"].as_str() {
+            for piece in t.split_inclusive(' ') {
+                events.push(json!({"type": "response.output_text.delta", "output_index": i, "content_index": 0, "delta": piece}));
+            }
+        }
+        events.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
+    }
+    if model != "cut" {
+        events.push(json!({"type": "response.completed", "response": done}));
+    }
+    stream_response(f, sse_chunks(&events, false)).await
+}
+
+/// Messages API: a user message carrying a `tool_result` → "The result is {content}."; user text
+/// with `tools` → a thinking block, a short text and a `get_weather` tool use; other text → "echo:
+/// {text}". `max_tokens` 5 → "Hel" cut by `max_tokens`. Model `overloaded` → 529; model `boom`
+/// streams an `error` event. Needs `anthropic-version`.
+async fn fake_messages(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    if !leaked(&headers, &body).is_empty() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "fake: turn metadata leaked upstream").into_response();
+    }
+    if !headers.contains_key("anthropic-version") {
+        return (
+            StatusCode::BAD_REQUEST,
+            [("content-type", "application/json")],
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"anthropic-version header is required"}}"#,
+        )
+            .into_response();
+    }
+    f.requests.lock().unwrap().push(("/v1/messages".into(), headers, body.clone()));
+    let model = body["model"].as_str().unwrap_or("m").to_string();
+    if model == "overloaded" {
+        return (
+            StatusCode::from_u16(529).unwrap(),
+            [("content-type", "application/json")],
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        )
+            .into_response();
+    }
+    let n = {
+        let mut c = f.created.lock().unwrap();
+        *c += 1;
+        *c
+    };
+    let last = body["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
+    let blocks: Vec<Value> = match &last["content"] {
+        Value::String(s) => vec![json!({"type": "text", "text": s})],
+        Value::Array(b) => b.clone(),
+        _ => vec![],
+    };
+    let result = blocks.iter().find(|b| b["type"] == "tool_result");
+    let text: String = blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ");
+    let (content, mut stop): (Vec<Value>, &str) = if let Some(r) = result {
+        let c = r["content"].as_str().map(str::to_string).unwrap_or_else(|| r["content"][0]["text"].as_str().unwrap_or("").to_string());
+        (vec![json!({"type": "text", "text": format!("The result is {c}.")})], "end_turn")
+    } else if body.get("tools").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty())) {
+        (
+            vec![
+                json!({"type": "thinking", "thinking": "Need the weather tool.", "signature": "sig-1"}),
+                json!({"type": "text", "text": "Let me check."}),
+                json!({"type": "tool_use", "id": format!("toolu_{n}"), "name": "get_weather", "input": {"city": text}}),
+            ],
+            "tool_use",
+        )
+    } else {
+        (vec![json!({"type": "text", "text": format!("echo: {text}")})], "end_turn")
+    };
+    let mut content = content;
+    if body["max_tokens"] == json!(5) {
+        content = vec![json!({"type": "text", "text": "Hel"})];
+        stop = "max_tokens";
+    }
+    let msg = json!({"id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": "fake-claude", "content": content,
+        "stop_reason": stop, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 5}});
+    if body["stream"] != json!(true) {
+        return json_response(&msg);
+    }
+    let mut start = msg.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    let mut events = vec![json!({"type": "message_start", "message": start}), json!({"type": "ping"})];
+    for (i, b) in content.iter().enumerate() {
+        match b["type"].as_str().unwrap() {
+            "text" => {
+                events.push(json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}));
+                for piece in b["text"].as_str().unwrap().split_inclusive(' ') {
+                    events.push(json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": piece}}));
+                }
+            }
+            "thinking" => {
+                events.push(json!({"type": "content_block_start", "index": i, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}));
+                events.push(json!({"type": "content_block_delta", "index": i, "delta": {"type": "thinking_delta", "thinking": b["thinking"]}}));
+                events.push(json!({"type": "content_block_delta", "index": i, "delta": {"type": "signature_delta", "signature": b["signature"]}}));
+            }
+            _ => {
+                events.push(json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}}));
+                let input = b["input"].to_string();
+                let (a, z) = input.split_at(input.len() / 2);
+                for piece in ["", a, z] {
+                    events.push(json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": piece}}));
+                }
+            }
+        }
+        events.push(json!({"type": "content_block_stop", "index": i}));
+        if model == "boom" {
+            events.push(json!({"type": "error", "error": {"type": "api_error", "message": "Internal server error"}}));
+            break;
+        }
+    }
+    if model != "boom" {
+        events.push(json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 5}}));
+        events.push(json!({"type": "message_stop"}));
+    }
+    stream_response(f, sse_chunks(&events, false)).await
+}
+
+async fn start_fake_apis() -> (String, Arc<FakeApis>) {
+    let f = Arc::new(FakeApis::default());
+    let app = Router::new().route("/v1/responses", post(fake_responses)).route("/v1/messages", post(fake_messages)).with_state(f.clone());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (format!("http://{addr}"), f)
+}
+
+// ---------------------------------------------------------------- helpers
+
+const WEATHER_TOOL_RESPONSES: &str = r#"[{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]"#;
+const WEATHER_TOOL_MESSAGES: &str =
+    r#"[{"name": "get_weather", "description": "weather of a city", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]"#;
+
+fn dead_letters_input(bus: &Bus) -> InputLoop {
+    InputLoop::new(bus, &format!("test-dl-{}", uuid::Uuid::new_v4().simple()), &bus.topic("dead_letters")).unwrap()
+}
+
+async fn dead_letters(input: &mut InputLoop, n: usize) -> Vec<DeadLetter> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut out = vec![];
+    while out.len() < n && std::time::Instant::now() < deadline {
+        for m in input.next_batch(100, Duration::from_millis(300)).await.unwrap() {
+            out.push(serde_json::from_slice::<Envelope<DeadLetter>>(&m.payload).unwrap().row);
+        }
+    }
+    out
+}
+
+/// The next states the pairer gives each row: (turn index, kind, next-state text as the judge reads
+/// it: each message after a `[role]` tag).
+fn paired(rows: &[Interaction]) -> Vec<(i32, NextStateKind, String)> {
+    let mut p = SignalPairer::with_clock(SignalConfig::default(), Box::new(|| 0));
+    let mut out = vec![];
+    for (i, r) in rows.iter().enumerate() {
+        out.extend(p.push(r.clone(), Lineage { source_partition: Some(0), source_offset: Some(i as i64), ..Lineage::default() }));
+    }
+    out.extend(p.finish());
+    let mut v: Vec<(i32, NextStateKind, String)> = out.into_iter().map(|s| (s.turn_index, s.kind, s.next_state_text)).collect();
+    v.sort_by_key(|x| x.0);
+    v
+}
+
+fn roles(row: &Interaction) -> Vec<String> {
+    row.messages().unwrap().iter().map(|m| m.role.clone()).collect()
+}
+
+async fn post_json(c: &reqwest::Client, url: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Vec<u8>, Option<String>) {
+    let mut rb = c.post(url).json(body);
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let ct = r.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+    (status, r.bytes().await.unwrap().to_vec(), ct)
+}
+
+// ---------------------------------------------------------------- tests
+
+/// A three-turn Responses conversation chained by `previous_response_id`, with no session header:
+/// one inferred session, turns 0–2, the chain's history rebuilt into each request, and each turn
+/// paired with the next one's new input (the tool's output, then the user's thanks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_chained_by_previous_response_id_are_one_session() {
+    let (up, fake) = start_fake_apis().await;
+    let bus = embedded().await;
+    let mut input = interactions_input(&bus);
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/responses", p.url);
+    let tools: Value = serde_json::from_str(WEATHER_TOOL_RESPONSES).unwrap();
+
+    let b0 = json!({"model": "gpt-x", "instructions": "You are a weather agent.", "tools": tools, "input": [{"role": "user", "content": "Paris"}]});
+    let (st, bytes, _) = post_json(&c, &url, &b0, &[]).await;
+    assert_eq!(st, 200);
+    let r0: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!((r0["id"].as_str(), r0["output"][1]["call_id"].as_str()), (Some("resp_1"), Some("call_1")), "the upstream's body, unchanged");
+
+    let b1 = json!({"model": "gpt-x", "instructions": "You are a weather agent.", "tools": tools, "previous_response_id": "resp_1",
+        "input": [{"type": "function_call_output", "call_id": "call_1", "output": "18C and sunny"}]});
+    let (st, bytes, _) = post_json(&c, &url, &b1, &[]).await;
+    assert_eq!(st, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap()["output"][0]["content"][0]["text"], "It is 18C and sunny.");
+
+    // Streamed, marked done in the body. Clients send their instructions with every request: they are
+    // not carried over a chain.
+    let b2 =
+        json!({"model": "gpt-x", "instructions": "You are a weather agent.", "previous_response_id": "resp_2", "stream": true, "session_done": true, "input": "thanks!"});
+    let (st, bytes, ct) = post_json(&c, &url, &b2, &[]).await;
+    assert_eq!((st, ct.as_deref()), (200, Some("text/event-stream")));
+    assert_eq!(bytes, fake.streams.lock().unwrap()[0], "the stream reaches the client byte for byte");
+
+    let rows = consume(&mut input, 3, Duration::from_secs(20), Duration::from_millis(500)).await;
+    assert_eq!(rows.len(), 3);
+    let session = rows[0].session_id.clone();
+    assert!(rows.iter().all(|r| r.session_id == session && r.session_inferred), "one inferred session");
+    assert_eq!(rows.iter().map(|r| r.turn_index).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(rows.iter().map(|r| r.session_done).collect::<Vec<_>>(), [false, false, true]);
+    assert!(rows.iter().all(|r| r.source_format == "proxy" && r.policy_version == Some(5) && r.response_token_ids.is_none()));
+
+    // Turn 0: the tool call, with the reasoning summary.
+    assert_eq!(roles(&rows[0]), ["system", "user"]);
+    assert_eq!((rows[0].response_text.as_str(), rows[0].reasoning_text.as_deref()), ("", Some("The user wants the weather.")));
+    let calls: Value = serde_json::from_str(rows[0].tool_calls.as_deref().unwrap()).unwrap();
+    assert_eq!((calls[0]["id"].as_str(), calls[0]["name"].as_str(), &calls[0]["arguments"]), (Some("call_1"), Some("get_weather"), &json!({"city": "Paris"})));
+    assert_eq!((rows[0].finish_reason.as_deref(), rows[0].model.as_deref()), (Some("tool_calls"), Some("fake-responses")));
+    // Turn 1: the chain's history, then the tool's output.
+    assert_eq!(roles(&rows[1]), ["system", "user", "assistant", "tool"]);
+    let m1 = rows[1].messages().unwrap();
+    assert_eq!((m1[3].content.as_str(), m1[3].tool_call_id.as_deref()), ("18C and sunny", Some("call_1")));
+    assert_eq!((rows[1].response_text.as_str(), rows[1].finish_reason.as_deref()), ("It is 18C and sunny.", Some("stop")));
+    // Turn 2 (streamed): the instructions, the chain's history (its instructions not repeated), the input.
+    assert_eq!(roles(&rows[2]), ["system", "user", "assistant", "tool", "assistant", "user"]);
+    assert_eq!(rows[2].response_text, "echo: thanks!");
+    assert!(rows.iter().all(|r| r.notes.is_empty()), "{:?}", rows.iter().map(|r| &r.notes).collect::<Vec<_>>());
+
+    assert_eq!(
+        paired(&rows),
+        [(0, NextStateKind::Tool, "[tool] 18C and sunny".to_string()), (1, NextStateKind::User, "[user] thanks!".to_string()), (2, NextStateKind::None, String::new())]
+    );
+    // The upstream got each body as sent, without the proxy's keys.
+    {
+        let reqs = fake.requests.lock().unwrap();
+        assert_eq!(reqs.len(), 3);
+        assert!(reqs[2].2.get("session_done").is_none() && reqs[2].2["previous_response_id"] == "resp_2");
+        assert!(reqs[0].2.get("logprobs").is_none(), "Responses requests are not rewritten");
+    }
+
+    // A chain this proxy did not see: the conversation starts at the input, with a note.
+    let (st, _, _) =
+        post_json(&c, &url, &json!({"model": "gpt-x", "previous_response_id": "resp_elsewhere", "input": "hello again"}), &[("x-session-id", "s-other")]).await;
+    assert_eq!(st, 200);
+    let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::from_millis(300)).await;
+    assert_eq!((rows[0].session_id.as_str(), rows[0].turn_index, roles(&rows[0])), ("s-other", 0, vec!["user".to_string()]));
+    assert_eq!(rows[0].notes.len(), 1);
+    assert!(rows[0].notes[0].starts_with("previous response \"resp_elsewhere\" was not captured"), "{:?}", rows[0].notes);
+    let st = p.shutdown().await;
+    assert_eq!((st.turns_captured, st.dead_letters, st.events_emitted), (4, 0, 4));
+}
+
+/// Messages, streamed and not, with an explicit session: tool use and its result, thinking, the
+/// token limit; the Anthropic headers reach the upstream, the proxy's own headers do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_streamed_and_not_are_captured_with_tool_use_and_results() {
+    let (up, fake) = start_fake_apis().await;
+    let bus = embedded().await;
+    let mut input = interactions_input(&bus);
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(&up, dir.path());
+    o.upstream_api_key = Some("up-key".into());
+    let p = start_proxy(o, &bus).await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/messages", p.url);
+    let tools: Value = serde_json::from_str(WEATHER_TOOL_MESSAGES).unwrap();
+    let hdr = [("anthropic-version", "2023-06-01"), ("anthropic-beta", "fake-beta"), ("x-session-id", "claude-1")];
+
+    let user0 = json!({"role": "user", "content": "Paris"});
+    let b0 = json!({"model": "claude-x", "max_tokens": 256, "system": "You are a weather agent.", "tools": tools, "stream": true, "messages": [user0]});
+    let (st, bytes, ct) = post_json(&c, &url, &b0, &hdr).await;
+    assert_eq!((st, ct.as_deref()), (200, Some("text/event-stream")));
+    assert_eq!(bytes, fake.streams.lock().unwrap()[0]);
+
+    let assistant0 = json!({"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Need the weather tool.", "signature": "sig-1"},
+        {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]});
+    let user1 = json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C and sunny"}]});
+    let b1 = json!({"model": "claude-x", "max_tokens": 256, "system": [{"type": "text", "text": "You are a weather agent."}], "tools": tools,
+        "messages": [user0, assistant0, user1]});
+    let (st, bytes, _) = post_json(&c, &url, &b1, &hdr).await;
+    assert_eq!(st, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap()["content"][0]["text"], "The result is 18C and sunny.");
+
+    let assistant1 = json!({"role": "assistant", "content": [{"type": "text", "text": "The result is 18C and sunny."}]});
+    let b2 = json!({"model": "claude-x", "max_tokens": 5, "stream": true, "system": "You are a weather agent.",
+        "messages": [user0, assistant0, user1, assistant1, {"role": "user", "content": "More?"}]});
+    let (st, _, _) = post_json(&c, &url, &b2, &[hdr[0], hdr[2], ("x-session-done", "true")]).await;
+    assert_eq!(st, 200);
+
+    let rows = consume(&mut input, 3, Duration::from_secs(20), Duration::from_millis(500)).await;
+    assert_eq!(
+        rows.iter().map(|r| (r.session_id.as_str(), r.turn_index, r.session_done)).collect::<Vec<_>>(),
+        [("claude-1", 0, false), ("claude-1", 1, false), ("claude-1", 2, true)]
+    );
+    assert_eq!((rows[0].response_text.as_str(), rows[0].reasoning_text.as_deref()), ("Let me check.", Some("Need the weather tool.")));
+    let calls: Value = serde_json::from_str(rows[0].tool_calls.as_deref().unwrap()).unwrap();
+    assert_eq!((calls[0]["id"].as_str(), calls[0]["name"].as_str(), &calls[0]["arguments"]), (Some("toolu_1"), Some("get_weather"), &json!({"city": "Paris"})));
+    assert_eq!((rows[0].finish_reason.as_deref(), rows[0].model.as_deref(), rows[0].truncated), (Some("tool_calls"), Some("fake-claude"), false));
+    assert_eq!(roles(&rows[1]), ["system", "user", "assistant", "tool"]);
+    assert_eq!((rows[1].response_text.as_str(), rows[1].finish_reason.as_deref()), ("The result is 18C and sunny.", Some("stop")));
+    assert_eq!((rows[2].response_text.as_str(), rows[2].finish_reason.as_deref(), rows[2].truncated), ("Hel", Some("length"), true));
+    assert_eq!(serde_json::from_str::<Value>(rows[0].tools.as_deref().unwrap()).unwrap(), tools);
+    assert_eq!(
+        paired(&rows),
+        [(0, NextStateKind::Tool, "[tool] 18C and sunny".to_string()), (1, NextStateKind::User, "[user] More?".to_string()), (2, NextStateKind::None, String::new())]
+    );
+    for (path, h, body) in fake.requests.lock().unwrap().iter() {
+        assert_eq!(path, "/v1/messages");
+        assert_eq!(h.get("x-api-key").and_then(|v| v.to_str().ok()), Some("up-key"), "the configured upstream key, as x-api-key");
+        assert!(h.get("authorization").is_none());
+        assert_eq!(h.get("anthropic-version").and_then(|v| v.to_str().ok()), Some("2023-06-01"));
+        assert!(body.get("logprobs").is_none());
+    }
+    assert_eq!(fake.requests.lock().unwrap()[0].1.get("anthropic-beta").and_then(|v| v.to_str().ok()), Some("fake-beta"));
+    let st = p.shutdown().await;
+    assert_eq!((st.turns_captured, st.dead_letters), (3, 0));
+}
+
+/// Errors of both APIs: upstream error statuses and error events pass to the client and make no row;
+/// a Responses stream without its terminal event is an `incomplete_stream` dead letter; requests
+/// that cannot be recorded are refused with a code; Anthropic clients authenticate with `x-api-key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_cut_streams_refusals_and_x_api_key_auth() {
+    let (up, fake) = start_fake_apis().await;
+    let bus = embedded().await;
+    let mut input = interactions_input(&bus);
+    let mut dl = dead_letters_input(&bus);
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(&up, dir.path());
+    o.api_key = Some("sekrit".into());
+    let p = start_proxy(o, &bus).await;
+    let c = reqwest::Client::new();
+    let (responses, messages) = (format!("{}/v1/responses", p.url), format!("{}/v1/messages", p.url));
+    let av = ("anthropic-version", "2023-06-01");
+    let msg = |model: &str, stream: bool| json!({"model": model, "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+
+    // Auth: bearer or x-api-key; neither → 401 before the upstream.
+    assert_eq!(post_json(&c, &messages, &msg("claude-x", false), &[av]).await.0, 401);
+    assert_eq!(post_json(&c, &messages, &msg("claude-x", false), &[av, ("x-api-key", "wrong")]).await.0, 401);
+    let (st, body, _) = post_json(&c, &messages, &msg("claude-x", false), &[av, ("x-api-key", "sekrit")]).await;
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(fake.requests.lock().unwrap()[0].1.get("x-api-key").is_none(), "the proxy's own key is not forwarded");
+    let key = ("authorization", "Bearer sekrit");
+
+    // Upstream error statuses pass through; an error event mid-stream reaches the client; no rows.
+    let (st, body, _) = post_json(&c, &messages, &msg("overloaded", false), &[av, key]).await;
+    assert_eq!((st, serde_json::from_slice::<Value>(&body).unwrap()["error"]["type"].as_str()), (529, Some("overloaded_error")));
+    let (st, body, _) = post_json(&c, &messages, &msg("boom", true), &[av, key]).await;
+    assert_eq!(st, 200);
+    assert!(String::from_utf8_lossy(&body).contains("event: error"));
+    let (st, _, _) = post_json(&c, &responses, &json!({"model": "fail", "input": "hi"}), &[key]).await;
+    assert_eq!(st, 503);
+
+    // A Responses stream cut before `response.completed`: the client has its bytes, the turn is a dead letter.
+    let (st, body, _) = post_json(&c, &responses, &json!({"model": "cut", "input": "hi", "stream": true}), &[key, ("x-session-id", "cut-1")]).await;
+    assert_eq!(st, 200);
+    assert!(String::from_utf8_lossy(&body).contains("response.output_text.delta"));
+    let d = dead_letters(&mut dl, 1).await;
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].stage.as_str(), d[0].reason_code.as_str(), d[0].session_id.as_str()), ("proxy", "incomplete_stream", "cut-1"));
+
+    // Refused before the upstream: no input, no messages, a bad role; codes as in dead letters.
+    let n_before = fake.requests.lock().unwrap().len();
+    for (url, body, code) in [
+        (&responses, json!({"model": "m"}), "missing_messages"),
+        (&responses, json!({"model": "m", "input": [{"role": "elf", "content": "x"}]}), "unknown_role"),
+        (&messages, json!({"model": "m", "max_tokens": 5}), "missing_messages"),
+        (&messages, json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]}), "wrong_type"),
+    ] {
+        let (st, b, _) = post_json(&c, url, &body, &[av, key]).await;
+        assert_eq!((st, serde_json::from_slice::<Value>(&b).unwrap()["error"]["code"].as_str()), (400, Some(code)), "{body}");
+    }
+    assert_eq!(fake.requests.lock().unwrap().len(), n_before);
+
+    let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::from_millis(500)).await;
+    assert_eq!((rows.len(), rows[0].response_text.as_str()), (1, "echo: hi"), "only the one good turn");
+    let metrics = c.get(format!("{}/metrics", p.url)).header("x-api-key", "sekrit").send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"route="messages""#) && metrics.contains(r#"route="responses""#), "{metrics}");
+    let st = p.shutdown().await;
+    // Upstream errors: the 529, the error event, the 503.
+    assert_eq!((st.turns_captured, st.dead_letters, st.upstream_errors), (1, 1, 3));
+}
+
+/// The official `openai` (Responses, streamed and not, chained) and `anthropic` (Messages, streamed and
+/// not, tool use) Python clients through the proxy (tests/python/proxy_apis_client.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_openai_and_anthropic_clients_through_the_proxy() {
+    let Some(py) = python_with_openai() else {
+        common::missing("no python with the openai package (python3 -m venv .cache/venv-openai && .cache/venv-openai/bin/pip install openai anthropic)");
+        return;
+    };
+    if !std::process::Command::new(&py).args(["-c", "import anthropic"]).output().is_ok_and(|o| o.status.success()) {
+        common::missing("the test python has no anthropic package (.cache/venv-openai/bin/pip install anthropic; scripts/setup.sh installs it)");
+        return;
+    }
+    let (up, fake) = start_fake_apis().await;
+    let bus = embedded().await;
+    let mut input = interactions_input(&bus);
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(&up, dir.path());
+    o.api_key = Some("py-key".into());
+    let p = start_proxy(o, &bus).await;
+    let stdout = run_python(py, "proxy_apis_client.py", p.url.clone(), "py-key").await;
+    assert!(stdout.contains("4 passed, 0 failed"));
+    let rows = consume(&mut input, 6, Duration::from_secs(20), Duration::from_millis(500)).await;
+    let summary: Vec<(&str, i32, TurnType, Option<&str>)> = rows.iter().map(|r| (r.session_id.as_str(), r.turn_index, r.turn_type, r.finish_reason.as_deref())).collect();
+    assert_eq!(
+        summary,
+        [
+            ("py-claude", 0, TurnType::Main, Some("tool_calls")),
+            ("py-claude", 1, TurnType::Main, Some("stop")),
+            ("py-claude", 2, TurnType::Side, Some("stop")),
+            ("py-responses", 0, TurnType::Main, Some("tool_calls")),
+            ("py-responses", 1, TurnType::Main, Some("stop")),
+            ("py-responses", 2, TurnType::Main, Some("stop")),
+        ]
+    );
+    assert_eq!(rows[1].response_text, "The result is 18C.");
+    assert_eq!(rows[4].response_text, "It is 18C.");
+    assert_eq!(roles(&rows[5]), ["user", "assistant", "tool", "assistant", "user"], "the chain rebuilt for the streamed turn");
+    assert_eq!(paired(&rows[3..])[0], (0, NextStateKind::Tool, "[tool] 18C".to_string()));
+    assert_eq!(paired(&rows[..3])[0], (0, NextStateKind::Tool, "[tool] 18C".to_string()));
+    assert!(fake.requests.lock().unwrap().iter().all(|(path, h, _)| path != "/v1/messages" || h.contains_key("anthropic-version")));
+    p.shutdown().await;
+}
