@@ -387,8 +387,16 @@ async fn responses_chained_by_previous_response_id_are_one_session() {
     assert_eq!((rows[0].session_id.as_str(), rows[0].turn_index, roles(&rows[0])), ("s-other", 0, vec!["user".to_string()]));
     assert_eq!(rows[0].notes.len(), 1);
     assert!(rows[0].notes[0].starts_with("previous response \"resp_elsewhere\" was not captured"), "{:?}", rows[0].notes);
+
+    // `store: false`: the upstream keeps no copy to chain on, and neither does the proxy.
+    let (_, bytes, _) = post_json(&c, &url, &json!({"model": "gpt-x", "store": false, "input": "one"}), &[("x-session-id", "s-nostore")]).await;
+    let id = serde_json::from_slice::<Value>(&bytes).unwrap()["id"].as_str().unwrap().to_string();
+    post_json(&c, &url, &json!({"model": "gpt-x", "previous_response_id": id, "input": "two"}), &[("x-session-id", "s-nostore")]).await;
+    let rows = consume(&mut input, 2, Duration::from_secs(20), Duration::from_millis(300)).await;
+    assert_eq!((rows[1].turn_index, roles(&rows[1])), (1, vec!["user".to_string()]));
+    assert!(rows[1].notes[0].contains("was not captured by this proxy process"), "{:?}", rows[1].notes);
     let st = p.shutdown().await;
-    assert_eq!((st.turns_captured, st.dead_letters, st.events_emitted), (4, 0, 4));
+    assert_eq!((st.turns_captured, st.dead_letters, st.events_emitted), (6, 0, 6));
 }
 
 /// Messages, streamed and not, with an explicit session: tool use and its result, thinking, the

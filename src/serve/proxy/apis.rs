@@ -55,6 +55,23 @@ pub enum Api {
 }
 
 impl Api {
+    /// An SSE error event in this API's own shape, telling a streaming client that the upstream's
+    /// stream broke off (chat: a `data:` chunk with `error`; Responses: an `error` event; Messages: an
+    /// `error` event with `error.type = "api_error"`, which the Anthropic clients raise).
+    pub fn stream_error_event(self, message: &str) -> Vec<u8> {
+        let (event, data) = match self {
+            Api::ChatCompletions => (None, crate::serve::openai::error_body(message, "upstream_error", None)),
+            Api::Responses => (Some("error"), serde_json::json!({"type": "error", "code": "upstream_error", "message": message, "param": null})),
+            Api::Messages => (Some("error"), serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}})),
+        };
+        let mut out = vec![];
+        if let Some(e) = event {
+            out.extend_from_slice(format!("event: {e}\n").as_bytes());
+        }
+        out.extend_from_slice(&super::capture::SseEvent::with_data(&data.to_string()));
+        out
+    }
+
     /// The request path, the same on the proxy and the upstream.
     pub fn path(self) -> &'static str {
         match self {
@@ -125,6 +142,11 @@ pub fn completed(api: Api, v: &Value) -> Result<Completed, NoTurn> {
 fn responses_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
     if responses_api::is_failed(obj) {
         return Err(NoTurn::Unusable("api_error", format!("the response failed: {}", obj.get("error").unwrap_or(&Value::Null))));
+    }
+    // A background response (`queued`, `in_progress`) or a cancelled one has no finished output.
+    match obj.get("status").and_then(Value::as_str) {
+        None | Some("completed") | Some("incomplete") => {}
+        Some(other) => return Err(NoTurn::Unusable("not_finished", format!("the response's status is {other:?}: no finished output to record"))),
     }
     let (reply, skipped) = responses_api::reply(obj).map_err(|(code, reason)| NoTurn::Unusable(code, reason))?;
     let mut c = Completed::of_reply(reply, obj.get("id").and_then(Value::as_str).map(str::to_string), obj.get("policy_version").and_then(Value::as_i64));
@@ -445,6 +467,14 @@ mod tests {
     }
 
     #[test]
+    fn stream_error_events_in_each_api_shape() {
+        let text = |api: Api| String::from_utf8(api.stream_error_event("cut")).unwrap();
+        assert_eq!(text(Api::ChatCompletions), "data: {\"error\":{\"code\":null,\"message\":\"cut\",\"param\":null,\"type\":\"upstream_error\"}}\n\n");
+        assert_eq!(text(Api::Responses), "event: error\ndata: {\"code\":\"upstream_error\",\"message\":\"cut\",\"param\":null,\"type\":\"error\"}\n\n");
+        assert_eq!(text(Api::Messages), "event: error\ndata: {\"error\":{\"message\":\"cut\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n");
+    }
+
+    #[test]
     fn non_streamed_responses_and_messages() {
         let r = completed(
             Api::Responses,
@@ -457,6 +487,8 @@ mod tests {
         assert_eq!((r.response_id.as_deref(), r.model.as_deref()), (Some("resp_1"), Some("gpt-x")));
         let failed = completed(Api::Responses, &json!({"id": "r", "status": "failed", "error": {"message": "x"}, "output": []})).unwrap_err();
         assert_eq!(failed.code(), "api_error");
+        let queued = completed(Api::Responses, &json!({"id": "r", "status": "queued", "background": true, "output": []})).unwrap_err();
+        assert_eq!(queued.code(), "not_finished");
         let m = completed(
             Api::Messages,
             &json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",

@@ -143,6 +143,9 @@ pub struct Prepared {
     /// How many leading [`Prepared::messages`] are instructions (Responses: 1 with `instructions`,
     /// else 0), which a chain does not carry over.
     pub instructions: usize,
+    /// The request did not say `store: false` (Responses: a response not stored upstream cannot be
+    /// chained on, so the proxy does not remember it).
+    pub store: bool,
 }
 
 /// Why a client's request is refused before it reaches the upstream (the proxy answers 4xx with
@@ -200,7 +203,13 @@ pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &Rewrite
     let mut notes = vec![];
     let instructions = usize::from(api == Api::Responses && crate::ingest::openai_responses::instructions(&body).is_some());
     let messages = super::apis::conversation(api, &body, &mut notes).map_err(|(code, reason)| Rejected::bad(code, reason))?;
-    let raw_messages = body.get(if api == Api::Responses { "input" } else { "messages" }).cloned().unwrap_or(Value::Null);
+    // Dead letters of the Responses and Messages APIs keep the whole body (instructions, system,
+    // previous_response_id): their conversation is more than one field.
+    let raw_messages = match api {
+        Api::ChatCompletions => body.get("messages").cloned().unwrap_or(Value::Null),
+        _ => Value::Object(body.clone()),
+    };
+    let store = !matches!(body.get("store"), Some(Value::Bool(false)));
     let mut client_wants_logprobs = true;
     if api == Api::ChatCompletions {
         client_wants_logprobs = matches!(body.get("logprobs"), Some(Value::Bool(true)));
@@ -224,7 +233,7 @@ pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &Rewrite
         _ => None,
     };
     let upstream_body = serde_json::to_vec(&body).map_err(|e| Rejected::bad("wrong_type", format!("request body cannot be re-serialised: {e}")))?;
-    Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, notes, raw_messages, tools, model, previous_response_id, instructions })
+    Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, notes, raw_messages, tools, model, previous_response_id, instructions, store })
 }
 
 /// Sets `logprobs` of every choice to null (for a client that did not ask for them). Works on a full
@@ -625,6 +634,11 @@ impl SseFramer {
         out
     }
 
+    /// True when bytes of an unfinished event are held (the stream stopped inside an event).
+    pub fn has_partial(&self) -> bool {
+        !self.buf.iter().all(|b| b.is_ascii_whitespace())
+    }
+
     /// The unterminated last event, if the stream ended without a blank line.
     pub fn finish(&mut self) -> Option<SseEvent> {
         if self.buf.iter().all(|b| b.is_ascii_whitespace()) {
@@ -735,8 +749,12 @@ pub struct TurnRequest {
     pub messages: Vec<Message>,
     /// What normalisation noticed.
     pub notes: Vec<String>,
-    /// The conversation as the client sent it, for dead letters.
+    /// The conversation as the client sent it (chat: `messages`; the other APIs: the whole body), for
+    /// dead letters.
     pub raw_messages: Value,
+    /// Remember the response for `previous_response_id` chains (Responses requests without `store:
+    /// false`).
+    pub remember: bool,
     /// Responses API: the response this request continues, and the chain rebuilt from it (None when
     /// this process did not capture it).
     pub previous: Option<(String, Option<Chain>)>,
@@ -786,6 +804,7 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
         match chain {
             None => notes.push(format!("previous response {p:?} was not captured by this proxy process: the conversation starts at this request's input")),
             Some(Chain { missing: Some(m), .. }) => notes.push(format!("the chain of previous responses is known back to {m:?} only: the conversation starts there")),
+            Some(Chain { cycle: Some(m), .. }) => notes.push(format!("the chain of previous responses loops at {m:?} (a reused response id): the conversation starts there")),
             Some(_) => {}
         }
     }
@@ -801,7 +820,7 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
         let chain = req.previous.as_ref().and_then(|(_, c)| c.as_ref());
         let (id, inferred, turn) = s.assign_chained(&req.meta, chain, messages, msg);
         let fresh = s.record(&id, turn);
-        if let (true, Some(rid)) = (fresh, &resp.response_id) {
+        if let (true, true, Some(rid)) = (fresh, req.remember, &resp.response_id) {
             let mut added: Vec<Message> = messages[req.input_start.min(messages.len())..].to_vec();
             added.push(msg.clone());
             s.remember_response(rid, req.previous.as_ref().map(|(p, _)| p.clone()), added, &id, inferred, turn);
@@ -1050,6 +1069,7 @@ mod tests {
             messages: p.messages,
             notes: p.notes,
             raw_messages: p.raw_messages,
+            remember: false,
             previous: None,
             input_start: 0,
             tools: p.tools,

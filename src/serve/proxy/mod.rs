@@ -369,9 +369,11 @@ async fn auth_and_count(State(s): State<Arc<Shared>>, req: Request, next: Next) 
     if let Some(key) = &s.opts.api_key {
         if route != "health" {
             let h = req.headers();
-            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-            let given = bearer.or_else(|| h.get(X_API_KEY).and_then(|v| v.to_str().ok())).unwrap_or("");
-            if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+            let x_key = h.get(X_API_KEY).and_then(|v| v.to_str().ok()).unwrap_or("");
+            // Either header may carry the key (both compared, in constant time).
+            let ok = bearer.as_bytes().ct_eq(key.as_bytes()) | x_key.as_bytes().ct_eq(key.as_bytes());
+            if !bool::from(ok) {
                 s.metrics.request(route, 401);
                 return api_error(StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error");
             }
@@ -490,7 +492,7 @@ async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::r
 
 /// The request side of a turn from a prepared request: for a chained Responses request, the chain's
 /// history is put between the instructions and the new input.
-fn turn_request(s: &Shared, prepared: &capture::Prepared, received_ms: i64) -> TurnRequest {
+fn turn_request(s: &Shared, api: Api, prepared: &capture::Prepared, received_ms: i64) -> TurnRequest {
     let mut messages = prepared.messages.clone();
     let mut input_start = prepared.instructions;
     let previous = prepared.previous_response_id.as_ref().map(|p| {
@@ -507,6 +509,7 @@ fn turn_request(s: &Shared, prepared: &capture::Prepared, received_ms: i64) -> T
         messages,
         notes: prepared.notes.clone(),
         raw_messages: prepared.raw_messages.clone(),
+        remember: prepared.store && api == Api::Responses,
         previous,
         input_start,
         tools: prepared.tools.clone(),
@@ -538,7 +541,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
             return rejected(&s, &capture::Rejected { status: 409, code: "duplicate_turn", message });
         }
     }
-    let req = turn_request(&s, &prepared, received_ms);
+    let req = turn_request(&s, api, &prepared, received_ms);
     let mut rb = s.client.post(format!("{}{}", s.base, api.path())).header(header::CONTENT_TYPE, "application/json").body(prepared.upstream_body);
     if prepared.stream {
         rb = rb.header(header::ACCEPT, "text/event-stream");
@@ -554,7 +557,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
     if (200..300).contains(&status) && is_sse {
         let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-        let turn = StreamedTurn { req, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, t0 };
+        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, t0 };
         tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
         return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
     }
@@ -616,6 +619,7 @@ fn relay_event(acc: &mut Accumulator, ev: SseEvent, strip: bool) -> Vec<u8> {
 /// removed from what the client gets, the upstream's `X-Policy-Version` and when the request arrived.
 struct StreamedTurn {
     req: TurnRequest,
+    api: Api,
     acc: Accumulator,
     strip: bool,
     header_version: Option<i64>,
@@ -625,7 +629,7 @@ struct StreamedTurn {
 /// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
 /// records the turn when the stream ends with a finish reason.
 async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
-    let StreamedTurn { req, mut acc, strip, header_version, t0 } = turn;
+    let StreamedTurn { req, api, mut acc, strip, header_version, t0 } = turn;
     let mut framer = SseFramer::default();
     let mut upstream = resp.bytes_stream();
     let mut failed: Option<&'static str> = None;
@@ -636,8 +640,10 @@ async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<s
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "proxy: upstream stream broke off");
-                let err = error_body(&format!("upstream stream failed: {e}"), "upstream_error", None);
-                let _ = tx.send(Ok(Bytes::from(SseEvent::with_data(&err.to_string())))).await;
+                // In the API's own error shape, after a blank line that ends any event cut mid-way.
+                let mut out = if framer.has_partial() { b"\n\n".to_vec() } else { vec![] };
+                out.extend(api.stream_error_event(&format!("upstream stream failed: {e}")));
+                let _ = tx.send(Ok(Bytes::from(out))).await;
                 failed = Some("upstream_error");
                 break;
             }
@@ -690,7 +696,9 @@ async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<s
 
 async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let rb = s.client.get(format!("{}/v1/models", s.base));
-    let rb = with_auth(&s, Api::ChatCompletions, &headers, rb);
+    // Anthropic clients list models with their own headers.
+    let anthropic = headers.contains_key(X_API_KEY) || headers.contains_key("anthropic-version");
+    let rb = with_auth(&s, if anthropic { Api::Messages } else { Api::ChatCompletions }, &headers, rb);
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => return api_error(StatusCode::BAD_GATEWAY, &format!("upstream {}: {e}", s.base), "upstream_error"),

@@ -36,7 +36,7 @@ pub struct Chain {
     /// The earlier turns' messages (instructions left out: they are not carried over a chain), each
     /// response included, oldest first.
     pub history: Vec<Message>,
-    /// Session of the previous response, whether it was inferred, and that response's turn index.
+    /// Session of the previous response.
     pub session: String,
     /// The previous response's session was inferred.
     pub inferred: bool,
@@ -45,7 +45,14 @@ pub struct Chain {
     /// Where the chain's start is no longer known (forgotten, or never seen by this process): the id
     /// of the first missing response.
     pub missing: Option<String>,
+    /// Where the walk back met a response it had already visited (an upstream that reused a response
+    /// id): that id. The history holds the responses before it.
+    pub cycle: Option<String>,
 }
+
+/// Most responses remembered for `previous_response_id` chains (each holds what its turn added to the
+/// conversation; a request with `store: false` is not remembered: it cannot be chained on).
+pub const MAX_CHAINED_RESPONSES: usize = 10_000;
 
 /// Adds `turn` to sorted disjoint half-open `ranges`; false when it was already there.
 fn insert_turn(ranges: &mut Vec<(i32, i32)>, turn: i32) -> bool {
@@ -72,41 +79,55 @@ fn insert_turn(ranges: &mut Vec<(i32, i32)>, turn: i32) -> bool {
 }
 
 impl Sessions {
-    /// Remembers at most `capacity` turns for inference and `capacity` session counters (LRU).
+    /// Remembers at most `capacity` turns for inference, `capacity` session counters and captured
+    /// turn ranges, and at most min(`capacity`, [`MAX_CHAINED_RESPONSES`]) responses for chains (LRU).
     pub fn new(capacity: usize) -> Sessions {
-        Sessions { inferrer: SessionInferrer::new(capacity), counters: Lru::new(capacity), recorded: Lru::new(capacity), responses: Lru::new(capacity) }
+        Sessions {
+            inferrer: SessionInferrer::new(capacity),
+            counters: Lru::new(capacity),
+            recorded: Lru::new(capacity),
+            responses: Lru::new(capacity.min(MAX_CHAINED_RESPONSES)),
+        }
     }
 
     /// The conversation response `previous` ends, when this process captured it (None otherwise):
-    /// the chain is walked back through [`Sessions::remember_response`]'s links, at most as many steps
-    /// as responses are remembered.
+    /// the chain is walked back through [`Sessions::remember_response`]'s links until a response that
+    /// continued none, one no longer remembered ([`Chain::missing`]) or one already visited (an
+    /// upstream that reused an id: [`Chain::cycle`]).
     pub fn chain(&mut self, previous: &str) -> Option<Chain> {
         let first = self.responses.get(&previous.to_string())?.clone();
         let mut parts = vec![first.added.clone()];
-        let mut missing = None;
+        let (mut missing, mut cycle) = (None, None);
+        let mut seen: std::collections::HashSet<String> = std::iter::once(previous.to_string()).collect();
         let mut at = first.previous.clone();
-        let (mut steps, most) = (0, self.responses.len());
         while let Some(id) = at {
-            steps += 1;
+            if !seen.insert(id.clone()) {
+                cycle = Some(id);
+                break;
+            }
             match self.responses.get(&id) {
-                Some(link) if steps <= most => {
+                Some(link) => {
                     parts.push(link.added.clone());
                     at = link.previous.clone();
                 }
-                _ => {
+                None => {
                     missing = Some(id);
                     break;
                 }
             }
         }
         let history = parts.into_iter().rev().flatten().collect();
-        Some(Chain { history, session: first.session, inferred: first.inferred, turn: first.turn, missing })
+        Some(Chain { history, session: first.session, inferred: first.inferred, turn: first.turn, missing, cycle })
     }
 
     /// Remembers a captured response `id` for requests that chain on it: the response it continued,
     /// what its turn added (input after the chained history, without instructions, then the
     /// response), and where it was placed.
+    /// A response that names itself as its previous one is not remembered.
     pub fn remember_response(&mut self, id: &str, previous: Option<String>, added: Vec<Message>, session: &str, inferred: bool, turn: i32) {
+        if previous.as_deref() == Some(id) {
+            return;
+        }
         self.responses.put(id.to_string(), ResponseLink { previous, added, session: session.to_string(), inferred, turn });
     }
 
@@ -231,5 +252,12 @@ mod tests {
         let c = s.chain("r9").unwrap();
         assert_eq!((c.history.len(), c.missing.as_deref()), (2, Some("r-gone")));
         assert!(s.chain("r-unknown").is_none());
+        // Reused ids: a self-reference is not remembered, a loop ends the walk with a note's worth.
+        s.remember_response("r5", Some("r5".into()), vec![m("user", "z")], "s", false, 0);
+        assert!(s.chain("r5").is_none());
+        s.remember_response("ra", Some("rb".into()), vec![m("user", "a")], "s", false, 1);
+        s.remember_response("rb", Some("ra".into()), vec![m("user", "b")], "s", false, 0);
+        let c = s.chain("ra").unwrap();
+        assert_eq!((c.history.len(), c.cycle.as_deref(), c.missing.as_deref()), (2, Some("ra"), None));
     }
 }
