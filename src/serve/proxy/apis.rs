@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::capture::{chat_conversation, Completed, NoTurn, StreamAccumulator};
+use super::capture::{chat_conversation, Completed, NoTurn, StreamAccumulator, StreamState};
 use crate::ingest::anthropic_messages::{self as messages_api, Unusable};
 use crate::ingest::items::Skipped;
 use crate::ingest::normalize::json_type;
@@ -165,32 +165,6 @@ fn messages_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
 /// The message of an `error` event or error object (`{message}` or `{error: {message}}`).
 fn error_text(v: &Value) -> String {
     v.get("message").or_else(|| v.get("error").and_then(|e| e.get("message"))).and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| v.to_string())
-}
-
-/// What every stream accumulator keeps besides its content: the first error event, the first chunk
-/// that was not JSON, and the number of chunks.
-#[derive(Debug, Clone, Default)]
-struct StreamState {
-    error: Option<String>,
-    unreadable: Option<(usize, String)>,
-    chunks: usize,
-}
-
-impl StreamState {
-    fn unreadable_chunk(&mut self, e: &serde_json::Error) {
-        self.chunks += 1;
-        if self.unreadable.is_none() {
-            self.unreadable = Some((self.chunks, e.to_string()));
-        }
-    }
-
-    /// The error or unreadable chunk that keeps the turn from being recorded.
-    fn failure(&self) -> Option<NoTurn> {
-        if let Some(e) = &self.error {
-            return Some(NoTurn::StreamError(e.clone()));
-        }
-        self.unreadable.as_ref().map(|(n, e)| NoTurn::BadResponse(format!("stream chunk {n} of {} is not JSON: {e}", self.chunks)))
-    }
 }
 
 /// Assembles a Responses API stream (see the module docs).

@@ -393,13 +393,39 @@ pub struct StreamAccumulator {
     model: Option<String>,
     finish_reason: Option<String>,
     max_index: usize,
-    error: Option<String>,
+    state: StreamState,
+    done: bool,
+}
+
+/// What every stream accumulator keeps besides its content: the first error event, the first chunk
+/// that was not JSON, and the number of chunks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StreamState {
+    /// The first error a chunk carried.
+    pub(crate) error: Option<String>,
     /// The first chunk that was not JSON: (chunk number, parse error).
     unreadable: Option<(usize, String)>,
     /// `data:` payloads seen.
-    chunks: usize,
-    done: bool,
+    pub(crate) chunks: usize,
 }
+
+impl StreamState {
+    pub(crate) fn unreadable_chunk(&mut self, e: &serde_json::Error) {
+        self.chunks += 1;
+        if self.unreadable.is_none() {
+            self.unreadable = Some((self.chunks, e.to_string()));
+        }
+    }
+
+    /// The error or unreadable chunk that keeps the turn from being recorded.
+    pub(crate) fn failure(&self) -> Option<NoTurn> {
+        if let Some(e) = &self.error {
+            return Some(NoTurn::StreamError(e.clone()));
+        }
+        self.unreadable.as_ref().map(|(n, e)| NoTurn::BadResponse(format!("stream chunk {n} of {} is not JSON: {e}", self.chunks)))
+    }
+}
+
 
 impl StreamAccumulator {
     /// Feeds one SSE `data:` payload (`[DONE]` or a JSON chunk). A payload that is not JSON (e.g. a
@@ -419,17 +445,14 @@ impl StreamAccumulator {
 
     /// Notes a `data:` payload that is not JSON (see [`StreamAccumulator::push_data`]).
     pub fn unreadable_chunk(&mut self, e: &serde_json::Error) {
-        self.chunks += 1;
-        if self.unreadable.is_none() {
-            self.unreadable = Some((self.chunks, e.to_string()));
-        }
+        self.state.unreadable_chunk(e);
     }
 
     /// Feeds one parsed chunk.
     pub fn push(&mut self, v: &Value) {
-        self.chunks += 1;
+        self.state.chunks += 1;
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            self.error = Some(e.get("message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| e.to_string()));
+            self.state.error = Some(e.get("message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| e.to_string()));
             return;
         }
         if self.prompt_token_ids.is_none() {
@@ -508,11 +531,8 @@ impl StreamAccumulator {
     /// not JSON, [`NoTurn::Incomplete`] when no finish reason arrived, [`NoTurn::Unusable`] when the
     /// assembled message does not normalise.
     pub fn finish(self) -> std::result::Result<Completed, NoTurn> {
-        if let Some(e) = self.error {
-            return Err(NoTurn::StreamError(e));
-        }
-        if let Some((n, e)) = self.unreadable {
-            return Err(NoTurn::BadResponse(format!("stream chunk {n} of {} is not JSON: {e}", self.chunks)));
+        if let Some(f) = self.state.failure() {
+            return Err(f);
         }
         if self.finish_reason.is_none() {
             return Err(NoTurn::Incomplete);

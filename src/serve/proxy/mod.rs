@@ -348,10 +348,10 @@ fn submit_dead(s: &Shared, d: &DeadLetter) {
 }
 
 fn route_of(path: &str) -> &'static str {
+    if let Some(api) = [Api::ChatCompletions, Api::Responses, Api::Messages].into_iter().find(|a| a.path() == path) {
+        return api.route();
+    }
     match path {
-        "/v1/chat/completions" => "chat_completions",
-        "/v1/responses" => "responses",
-        "/v1/messages" => "messages",
         "/v1/models" => "models",
         "/health" => "health",
         "/metrics" => "metrics",
