@@ -104,7 +104,7 @@ fn main() {
             .spawn()
             .expect("spawn nextstate proxy");
         let proxy_url = format!("http://127.0.0.1:{port}");
-        let c = reqwest::Client::new();
+        let c = nextstate::net::http_client(None).unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
         while c.get(format!("{proxy_url}/health")).send().await.map(|r| !r.status().is_success()).unwrap_or(true) {
             assert!(Instant::now() < deadline, "proxy did not start; see {}", tmp.path().join("proxy.log").display());

@@ -7,10 +7,10 @@
 #
 # Sections: ingest (benches/ingest.rs), sink (benches/sink.rs, needs a broker), sql (benches/sql.rs +
 # benches/peer_sql.py), stages (benches/stages.rs), train (benches/train.rs + benches/peer_train.py),
-# model (benches/model.rs + benches/peer_model.py), proxy (benches/proxy.rs, needs a broker).
+# model (benches/model.rs + benches/peer_model.py + scripts/peft_parity.py, needs peft), proxy (benches/proxy.rs, needs a broker).
 # Environment:
 #   LIBTORCH (required by the build), CARGO_TARGET_DIR (default target)
-#   NEXTSTATE_BENCH_PYTHON   Python with torch, transformers, duckdb (default: python3)
+#   NEXTSTATE_BENCH_PYTHON   Python with torch, transformers, peft, duckdb (default: python3)
 #   NEXTSTATE_BENCH_BROKERS  Kafka bootstrap (default: 127.0.0.1:19092 if open, else scripts/broker.sh start)
 #   NEXTSTATE_BENCH_RECORDS / _SCALE_RECORDS / _TURNS / _STEPS   sizes (see each bench's docs)
 #   NEXTSTATE_BENCH_OUT      where raw outputs go (default $CARGO_TARGET_DIR/bench-run)
@@ -106,6 +106,8 @@ if has model; then
   rm -rf "$crit/model"
   run model cargo bench --bench model -- --measurement-time 10 --warm-up-time 1
   run model_peer "$PY" benches/peer_model.py --model "$MODEL" --threads 1 --repeats 3
+  # PEFT parity of LoRA checkpoints: peft + transformers load our adapter folder, logits within 1e-4
+  run peft_parity "$PY" scripts/peft_parity.py --model "$MODEL"
 fi
 if has proxy; then
   BROKERS=$(brokers)

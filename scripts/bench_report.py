@@ -336,6 +336,16 @@ def main():
         cmd_line(L, cmd, pcmd)
     else:
         not_measured(L, "model", cmd, rc, out)
+    par, parcmd, parrc, _ = load(out, "peft_parity")
+    p = next((x for x in (par or []) if x.get("case") == "peft_parity"), None)
+    if p:
+        L.append(f"**PEFT parity of a LoRA checkpoint** (r {p['r']}, α {p['lora_alpha']}, PEFT scaling {p['scaling']}, {p['adapter_tensors']} adapter tensors, "
+                 f"{p['tokens']} tokens): `peft` {p.get('peft', '')} + transformers on the base give logits within "
+                 f"{p['logits_max_abs_diff']:.2e} of nextstate's (merged: {p['merged_logits_max_abs_diff']:.2e}; base model alone: {p['base_logits_max_abs_diff']:.2e}; tolerance {p['tol']:.0e}; "
+                 f"the adapter moves the logits by up to {p['adapter_effect_max_abs_logit']:.2e}).\n")
+        cmd_line(L, parcmd)
+    elif parcmd is not None:
+        not_measured(L, "peft_parity", parcmd, parrc, out)
 
     # 7. proxy
     L.append("## 7. Capture proxy under load from a second process\n")

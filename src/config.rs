@@ -81,11 +81,24 @@ pub struct ServeConfig {
     /// Returned log-probs: `raw` (the policy's own log-softmax, what the trainer's forward pass
     /// computes: PPO ratios start at 1) or `sampling` (the tempered/truncated distribution).
     pub logprobs_mode: String,
-    /// When `serve` is not run in-process: how to make the external server load each checkpoint —
-    /// `nextstate` (`POST {url}/v1/reload`), `sglang` (`POST {url}/update_weights_from_disk`) or `none`.
+    /// How external servers are made to load each checkpoint: `nextstate` (`POST /v1/reload`), `none`,
+    /// `vllm-lora`, `vllm-disk`, `sglang-lora`, `sglang-disk` (`sglang` is its old name). Requests and
+    /// engine docs: [`crate::serve::reload`]. An in-process `serve` task is always reloaded in place.
     pub reload: String,
-    /// URL of the external policy server (for the proxy's upstream and for reloads).
+    /// URL of the external policy server (for the proxy's upstream, and for reloads when
+    /// `reload_urls` is empty).
     pub url: Option<String>,
+    /// The servers to reload with each checkpoint (any number; each gets every version in order).
+    /// Empty: `url`. `url` itself is not reloaded when this is set (it may be a load balancer).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reload_urls: Vec<String>,
+    /// Whole-request timeout of one reload call, seconds (default 600: a full model read from disk
+    /// takes minutes on large models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reload_timeout_s: Option<u64>,
+    /// Serve https with this certificate chain and key (`[serve.tls] cert_file`, `key_file`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::net::ServerTls>,
 }
 
 impl Default for ServeConfig {
@@ -99,6 +112,9 @@ impl Default for ServeConfig {
             logprobs_mode: "raw".into(),
             reload: "nextstate".into(),
             url: None,
+            reload_urls: Vec::new(),
+            reload_timeout_s: None,
+            tls: None,
         }
     }
 }
@@ -119,6 +135,9 @@ pub struct ProxyConfig {
     pub spool_max_bytes: u64,
     /// Environment variable holding the bearer key clients must send (none: open).
     pub api_key_env: Option<String>,
+    /// Listen on https with this certificate chain and key (`[proxy.tls] cert_file`, `key_file`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::net::ServerTls>,
 }
 
 impl Default for ProxyConfig {
@@ -130,6 +149,7 @@ impl Default for ProxyConfig {
             spool_dir: PathBuf::from(".cache/proxy-spool"),
             spool_max_bytes: 256 << 20,
             api_key_env: None,
+            tls: None,
         }
     }
 }
@@ -148,6 +168,10 @@ pub struct PipelineConfig {
     /// Kafka settings.
     #[serde(default)]
     pub bus: BusConfig,
+    /// TLS trust of every HTTP client the pipeline makes (judge, hint, teacher, proxy upstream,
+    /// reloads): `[tls] ca_file` adds a private CA to the platform's roots (see [`crate::net`]).
+    #[serde(default, skip_serializing_if = "crate::net::TlsConfig::is_empty")]
+    pub tls: crate::net::TlsConfig,
     /// Lake sink settings.
     #[serde(default)]
     pub sink: SinkConfig,
@@ -223,6 +247,7 @@ impl PipelineConfig {
         self.hint.validate()?;
         self.trainer.validate()?;
         self.teacher.validate()?;
+        crate::serve::reload::validate(&self.serve)?;
         if self.bus.partitions < 1 {
             return Err(Error::Config("bus.partitions must be at least 1".into()));
         }

@@ -64,6 +64,10 @@ pub enum Error {
     /// An HTTP call to a judge, teacher or policy endpoint failed.
     #[error("http: {0}")]
     Http(String),
+    /// A service could not be reached at all; the message names it and, where the client library
+    /// said, why (e.g. librdkafka's `SSL handshake failed: ... certificate verify failed`).
+    #[error("cannot reach {0}")]
+    Unreachable(String),
     /// A call timed out after the configured number of seconds.
     #[error("timeout after {0:.1} s")]
     Timeout(f64),
@@ -110,7 +114,7 @@ impl Error {
     /// The [`Domain`] of this error.
     pub fn domain(&self) -> Domain {
         match self {
-            Error::Kafka(_) | Error::Http(_) | Error::Timeout(_) => Domain::External,
+            Error::Kafka(_) | Error::Http(_) | Error::Unreachable(_) | Error::Timeout(_) => Domain::External,
             Error::Config(_)
             | Error::InvalidInput(_)
             | Error::Json(_)

@@ -21,6 +21,7 @@ pub mod ingest;
 pub mod judge;
 pub mod lake;
 pub mod model;
+pub mod net;
 pub mod runtime;
 pub mod samples;
 pub mod schema;

@@ -32,6 +32,18 @@ struct DataArgs {
     /// its groups; a restarted process then takes over its partitions at once ([bus] group_instance_id).
     #[arg(long, env = "NEXTSTATE_GROUP_INSTANCE_ID")]
     group_instance_id: Option<String>,
+    /// A librdkafka setting for the cluster at --brokers, `KEY=VALUE` (repeatable), e.g.
+    /// `security.protocol=SASL_SSL`; added to the pipeline's [bus.properties].
+    #[arg(long = "kafka-property", value_parser = nextstate::net::parse_key_value)]
+    kafka_properties: Vec<(String, String)>,
+    /// A librdkafka setting read from an environment variable, `KEY=VARIABLE` (repeatable), e.g.
+    /// `sasl.password=KAFKA_PASSWORD`; added to the pipeline's [bus.secret_env].
+    #[arg(long = "kafka-secret-env", value_parser = nextstate::net::parse_key_value)]
+    kafka_secret_env: Vec<(String, String)>,
+    /// Extra CA certificates (PEM) trusted by every HTTP client (judge, hint, teacher, reloads),
+    /// besides the platform's roots and SSL_CERT_FILE ([tls] ca_file).
+    #[arg(long, env = "NEXTSTATE_CA_FILE")]
+    ca_file: Option<PathBuf>,
 }
 
 impl DataArgs {
@@ -47,6 +59,11 @@ impl DataArgs {
         }
         if let Some(g) = &self.group_instance_id {
             cfg.bus.group_instance_id = Some(g.clone());
+        }
+        cfg.bus.properties.extend(self.kafka_properties.iter().cloned());
+        cfg.bus.secret_env.extend(self.kafka_secret_env.iter().cloned());
+        if let Some(c) = &self.ca_file {
+            cfg.tls.ca_file = Some(c.clone());
         }
     }
 }
@@ -261,8 +278,10 @@ enum Command {
         /// Pipeline file (pipelines/*.toml). Default: the built-in combined pipeline.
         #[arg(long)]
         pipeline: Option<PathBuf>,
-        /// Comma-separated subset of: serve, proxy, signals, judge, hint, teacher, train, sinks.
-        /// Default: all of them; with --until-idle, all but serve and proxy (unbounded inputs).
+        /// Comma-separated subset of: serve, proxy, signals, judge, hint, teacher, train, sinks, reload
+        /// (the reload follower: loads each checkpoint of the `checkpoints` topic into the servers of
+        /// `[serve] reload_urls` / `url`). Default: all but reload; with --until-idle, all but serve,
+        /// proxy (unbounded inputs) and reload.
         #[arg(long, value_delimiter = ',')]
         only: Option<Vec<String>>,
         /// Exit once every input is processed (batch use and tests).
@@ -289,6 +308,7 @@ fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConf
     };
     data.apply(&mut cfg);
     cfg.validate()?;
+    cfg.tls.apply()?;
     Ok(cfg)
 }
 

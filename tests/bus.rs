@@ -212,3 +212,96 @@ async fn embedded_bus_delivers_every_record_up_to_its_limit_and_refuses_larger_o
     p.send_raw(&topic, "after", b"ok").await.unwrap();
     assert_eq!(drain(&mut input, 1, Duration::from_secs(20)).await.len(), 1);
 }
+
+/// A TLS terminator on 127.0.0.1:0 in front of the real broker, with `pki`'s certificate: each
+/// connection's handshake is counted (completed, failed), then bytes are relayed both ways.
+struct TlsRelay {
+    addr: String,
+    ok: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn tls_relay(pki: &common::Pki, upstream: String) -> TlsRelay {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let tls = nextstate::net::ServerTls { cert_file: pki.cert.clone(), key_file: pki.key.clone() };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.load().unwrap());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (ok2, failed2) = (ok.clone(), failed.clone());
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (acceptor, upstream, ok, failed) = (acceptor.clone(), upstream.clone(), ok2.clone(), failed2.clone());
+            tokio::spawn(async move {
+                match acceptor.accept(s).await {
+                    Ok(mut tls) => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                        if let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                        }
+                    }
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    TlsRelay { addr, ok, failed }
+}
+
+/// `[bus.properties]` reach librdkafka: with `security.protocol = SSL` and the private CA as
+/// `ssl.ca.location`, the bus connects through a TLS terminator to the real broker (librdkafka's
+/// OpenSSL verifies our certificate; the cluster's metadata and id come back over TLS); with another CA
+/// the handshake fails and so does the connect. The broker advertises its own plaintext address, so
+/// what runs over TLS here is the bootstrap connection (metadata, cluster id), not produce/consume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bus_connects_over_tls_with_a_private_ca_from_bus_properties() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, rogue) = (common::make_pki(dir.path(), "kafka"), common::make_pki(dir.path(), "rogue"));
+    let relay = tls_relay(&pki, common::brokers()).await;
+    let tls_cfg = |ca: &std::path::Path| BusConfig {
+        brokers: Some(relay.addr.clone()),
+        properties: [("security.protocol", "SSL".to_string()), ("ssl.ca.location", ca.display().to_string())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ..cfg(&common::prefix())
+    };
+    let bus = Bus::connect(tls_cfg(&pki.ca)).await.expect("connect over TLS");
+    assert!(!bus.is_embedded());
+    assert!(relay.ok.load(Ordering::SeqCst) >= 1, "no TLS handshake reached the relay");
+    assert_eq!(relay.failed.load(Ordering::SeqCst), 0);
+
+    let e = Bus::connect(tls_cfg(&rogue.ca)).await.expect_err("a certificate from an untrusted CA must fail");
+    assert!(relay.failed.load(Ordering::SeqCst) >= 1, "the failing connect did not try TLS: {e}");
+}
+
+/// SASL settings: the password comes from the environment variable `[bus.secret_env]` names; an unset
+/// variable is a configuration error naming the variable; librdkafka is built with SSL and SCRAM (it
+/// accepts `SASL_SSL` with `SCRAM-SHA-512`, which a build without OpenSSL refuses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_scram_settings_take_the_password_from_the_environment() {
+    let var = format!("NEXTSTATE_TEST_KAFKA_PASSWORD_{}", std::process::id());
+    let c = BusConfig {
+        brokers: Some("127.0.0.1:1".into()),
+        properties: [("security.protocol", "SASL_SSL"), ("sasl.mechanisms", "SCRAM-SHA-512"), ("sasl.username", "nextstate")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        secret_env: [("sasl.password".to_string(), var.clone())].into_iter().collect(),
+        ..BusConfig::default()
+    };
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains(&var) && e.contains("sasl.password"), "{e}");
+    std::env::set_var(&var, "s3cret-value");
+    let client = c.client_config("127.0.0.1:1").unwrap();
+    assert_eq!(client.get("sasl.password"), Some("s3cret-value"));
+    assert_eq!(client.get("sasl.mechanisms"), Some("SCRAM-SHA-512"));
+    let p: Result<rdkafka::producer::BaseProducer, _> = client.create();
+    assert!(p.is_ok(), "librdkafka refused SASL_SSL/SCRAM: {:?}", p.err());
+    // The configuration's Debug output never shows the secret (only variable names are stored).
+    assert!(!format!("{c:?}").contains("s3cret-value"));
+}

@@ -72,7 +72,7 @@ fn germany(extra: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_stream_completion_with_logprobs_matches_score() {
     let Some(s) = start(None).await else { return };
-    let client = reqwest::Client::new();
+    let client = nextstate::net::http_client(None).unwrap();
     let r = client.post(format!("{}/v1/chat/completions", s.base)).json(&germany(json!({"logprobs": true, "top_logprobs": 3}))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-policy-version"], "0");
@@ -115,7 +115,7 @@ async fn sse_payloads(r: reqwest::Response) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_sends_one_chunk_per_token() {
     let Some(s) = start(None).await else { return };
-    let client = reqwest::Client::new();
+    let client = nextstate::net::http_client(None).unwrap();
     let body = germany(json!({"stream": true, "logprobs": true, "stream_options": {"include_usage": true}}));
     let r = client.post(format!("{}/v1/chat/completions", s.base)).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -142,7 +142,7 @@ async fn streaming_sends_one_chunk_per_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_while_requests_are_in_flight() {
     let Some(s) = start(None).await else { return };
-    let client = reqwest::Client::new();
+    let client = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/chat/completions", s.base);
     let mut tasks = Vec::new();
     for i in 0..4 {
@@ -191,7 +191,7 @@ async fn reload_while_requests_are_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_models_and_bad_requests() {
     let Some(s) = start(Some("sekrit")).await else { return };
-    let client = reqwest::Client::new();
+    let client = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/chat/completions", s.base);
     let r = client.post(&url).json(&germany(json!({"max_tokens": 2}))).send().await.unwrap();
     assert_eq!(r.status(), 401);

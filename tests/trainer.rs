@@ -147,7 +147,7 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     handle.reload(ck.path.clone(), 1).await.unwrap();
     let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "What is 1 plus 1? Answer briefly."}],
         "max_tokens": 12, "temperature": 0.0, "logprobs": true});
-    let v: serde_json::Value = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap().json().await.unwrap();
+    let v: serde_json::Value = nextstate::net::http_client(None).unwrap().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["policy_version"], 1);
     let prompt: Vec<u32> = v["prompt_token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let toks: Vec<u32> = v["choices"][0]["token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();

@@ -11,7 +11,7 @@
 
 pub mod flow;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +64,76 @@ pub struct BusConfig {
     /// expire a killed member, and its group then never rebalances). None (default): dynamic
     /// membership. Ignored by the embedded cluster.
     pub group_instance_id: Option<String>,
+    /// Any librdkafka setting, passed to every client of a real cluster (`[bus.properties]`), e.g.
+    /// `"security.protocol" = "SASL_SSL"`, `"sasl.mechanisms" = "SCRAM-SHA-512"`, `"sasl.username"`,
+    /// `"ssl.ca.location" = "/etc/kafka/ca.pem"`. librdkafka is built with OpenSSL, so `SSL` and
+    /// `SASL_SSL` with `PLAIN`, `SCRAM-SHA-256` and `SCRAM-SHA-512` work (GSSAPI/Kerberos does not: no
+    /// cyrus-sasl). The settings nextstate makes itself for correctness (idempotence, acks, offsets
+    /// committed by hand, group ids, size limits; see [`Bus::producer`] and [`Bus::consumer`]) take
+    /// precedence; `bootstrap.servers` is refused (use `brokers`). Ignored by the embedded cluster.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
+    /// librdkafka settings whose values come from environment variables (`[bus.secret_env]`, setting
+    /// → variable name), e.g. `"sasl.password" = "KAFKA_PASSWORD"`: secrets stay out of the file, and
+    /// neither the values nor the configuration holding them are ever printed. A variable that is not
+    /// set is a configuration error naming the variable.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub secret_env: BTreeMap<String, String>,
+}
+
+/// librdkafka settings `[bus.properties]` may not set, with the key to use instead.
+const RESERVED_PROPERTIES: &[(&str, &str)] = &[("bootstrap.servers", "bus.brokers (or --brokers)"), ("metadata.broker.list", "bus.brokers (or --brokers)")];
+
+impl BusConfig {
+    /// Checks `properties` and `secret_env` (reserved keys; secret variables set and non-empty).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key or the environment variable (never a secret's value).
+    pub fn validate(&self) -> Result<()> {
+        for k in self.properties.keys().chain(self.secret_env.keys()) {
+            if let Some((_, instead)) = RESERVED_PROPERTIES.iter().find(|(r, _)| r == k) {
+                return Err(Error::Config(format!("bus.properties: {k:?} is set by nextstate; use {instead}")));
+            }
+        }
+        if let Some(k) = self.properties.keys().find(|k| self.secret_env.contains_key(*k)) {
+            return Err(Error::Config(format!("bus: {k:?} is in both [bus.properties] and [bus.secret_env]")));
+        }
+        if self.brokers.is_some() {
+            self.secrets()?;
+        }
+        Ok(())
+    }
+
+    /// The `secret_env` settings with their values read from the environment.
+    fn secrets(&self) -> Result<Vec<(&str, String)>> {
+        self.secret_env
+            .iter()
+            .map(|(k, var)| match std::env::var(var) {
+                Ok(v) if !v.is_empty() => Ok((k.as_str(), v)),
+                _ => Err(Error::Config(format!("bus.secret_env: environment variable {var} (for {k:?}) is not set or empty"))),
+            })
+            .collect()
+    }
+
+    /// The client configuration of a real cluster at `bootstrap`: `bootstrap.servers`, then
+    /// `properties`, then the `secret_env` values. Callers add their own settings after, which win.
+    ///
+    /// # Errors
+    /// As [`BusConfig::validate`].
+    pub fn client_config(&self, bootstrap: &str) -> Result<ClientConfig> {
+        self.validate()?;
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", bootstrap);
+        if self.brokers.is_some() {
+            for (k, v) in &self.properties {
+                c.set(k, v);
+            }
+            for (k, v) in self.secrets()? {
+                c.set(k, v);
+            }
+        }
+        Ok(c)
+    }
 }
 
 impl Default for BusConfig {
@@ -78,6 +148,8 @@ impl Default for BusConfig {
             receive_max_bytes: 1 << 30,
             max_poll_interval_ms: 300_000,
             group_instance_id: None,
+            properties: BTreeMap::new(),
+            secret_env: BTreeMap::new(),
         }
     }
 }
@@ -146,12 +218,21 @@ impl Bus {
                 Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))), flow: Some(Arc::new(flow::Flow::default())) })
             }
             Some(brokers) => {
+                let mut client = cfg.client_config(&brokers)?;
+                // Warnings at least, whatever the log crate's level, so the context sees why a connect fails.
+                client.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
                 let b = brokers.clone();
                 let cluster_id = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
-                    let admin: AdminClient<DefaultClientContext> =
-                        ClientConfig::new().set("bootstrap.servers", &b).create()?;
-                    admin.inner().fetch_metadata(None, Duration::from_secs(10))?;
-                    Ok(admin.inner().fetch_cluster_id(Duration::from_secs(5)))
+                    // A plain client whose poll() hands librdkafka's log and error events to the context.
+                    let probe: rdkafka::producer::BaseProducer<ConnectContext> = client.create_with_context(ConnectContext::default())?;
+                    if let Err(e) = probe.client().fetch_metadata(None, Duration::from_secs(10)) {
+                        // librdkafka's own account of why (a TLS certificate, SASL authentication,
+                        // a refused connection) is in its log, not in the error code: name it.
+                        probe.poll(Duration::from_millis(100));
+                        let why = probe.context().last_problem().map(|p| format!("; librdkafka: {p}")).unwrap_or_default();
+                        return Err(Error::Unreachable(format!("the Kafka cluster at {b}: {e}{why}")));
+                    }
+                    Ok(probe.client().fetch_cluster_id(Duration::from_secs(5)))
                 })
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))??;
@@ -243,7 +324,7 @@ impl Bus {
             }
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = self.base_config().create()?;
+        let admin: AdminClient<DefaultClientContext> = self.base_config()?.create()?;
         let names: Vec<String> = tables.iter().map(|t| self.topic(t)).collect();
         let new: Vec<NewTopic> = names
             .iter()
@@ -259,15 +340,14 @@ impl Bus {
         Ok(())
     }
 
-    fn base_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.bootstrap);
+    fn base_config(&self) -> Result<ClientConfig> {
+        let mut c = self.cfg.client_config(&self.bootstrap)?;
         // librdkafka debug contexts (e.g. "consumer,cgrp,fetch") for diagnosing a cluster.
         if let Ok(d) = std::env::var("NEXTSTATE_KAFKA_DEBUG") {
             c.set("debug", d);
             c.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
         }
-        c
+        Ok(c)
     }
 
     /// A producer (idempotent, acks=all, lz4-free: no compression so any broker accepts it).
@@ -287,7 +367,7 @@ impl Bus {
     /// [`Error::Kafka`] on an invalid configuration.
     pub fn producer_with_timeout(&self, message_timeout: Duration, queue_timeout: Duration) -> Result<BusProducer> {
         let p: FutureProducer = self
-            .base_config()
+            .base_config()?
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "5")
@@ -318,7 +398,7 @@ impl Bus {
         let max_poll_ms = max_poll_ms.max(self.cfg.max_poll_interval_ms);
         let flag = RebalanceFlag::default();
         let ctx = BusContext { flag: flag.clone() };
-        let mut cfg = self.base_config();
+        let mut cfg = self.base_config()?;
         if let (Some(id), None) = (&self.cfg.group_instance_id, &self.mock) {
             cfg.set("group.instance.id", format!("{id}.{group}"));
         }
@@ -345,7 +425,7 @@ impl Bus {
     /// # Errors
     /// [`Error::Kafka`] when metadata or watermarks cannot be fetched.
     pub async fn watermarks(&self, topic: &str) -> Result<HashMap<i32, (i64, i64)>> {
-        let cfg = self.base_config();
+        let cfg = self.base_config()?;
         let topic = topic.to_string();
         tokio::task::spawn_blocking(move || -> Result<HashMap<i32, (i64, i64)>> {
             let c: rdkafka::consumer::BaseConsumer = cfg.create()?;
@@ -393,6 +473,48 @@ pub struct BusContext {
 }
 
 impl ClientContext for BusContext {}
+
+/// The context of the first connection to a cluster ([`Bus::connect`]): keeps librdkafka's first
+/// distinct warnings and errors (e.g. `SSL handshake failed: ... certificate verify failed`, `SASL
+/// authentication error`) so a failed connect can say why, and forwards every message to the log.
+#[derive(Default)]
+struct ConnectContext {
+    seen: std::sync::Mutex<Vec<String>>,
+}
+
+impl ConnectContext {
+    /// The distinct problems reported, ` | `-separated (None when librdkafka said nothing).
+    fn last_problem(&self) -> Option<String> {
+        let g = self.seen.lock().ok()?;
+        (!g.is_empty()).then(|| g.join(" | "))
+    }
+    fn remember(&self, what: String) {
+        if let Ok(mut g) = self.seen.lock() {
+            if g.len() < 2 && !g.contains(&what) {
+                g.push(what);
+            }
+        }
+    }
+}
+
+impl rdkafka::producer::ProducerContext for ConnectContext {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+impl ClientContext for ConnectContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if matches!(level, L::Emerg | L::Alert | L::Critical | L::Error | L::Warning) {
+            self.remember(format!("{fac}: {log_message}"));
+        }
+        DefaultClientContext.log(level, fac, log_message);
+    }
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.remember(reason.to_string());
+        DefaultClientContext.error(error, reason);
+    }
+}
 impl ConsumerContext for BusContext {
     fn post_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
         match r {
@@ -473,4 +595,33 @@ struct EnvelopeRef<'a, T> {
     row: &'a T,
     #[serde(skip_serializing_if = "Option::is_none")]
     carry: Option<&'a Carry>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_pass_through_to_a_real_cluster_only_and_reserved_keys_are_refused() {
+        let mut c = BusConfig { brokers: Some("k:9093".into()), ..BusConfig::default() };
+        c.properties.insert("security.protocol".into(), "SSL".into());
+        let cc = c.client_config("k:9093").unwrap();
+        assert_eq!((cc.get("bootstrap.servers"), cc.get("security.protocol")), (Some("k:9093"), Some("SSL")));
+        // The embedded cluster speaks plaintext: the properties are for the real one.
+        c.brokers = None;
+        assert_eq!(c.client_config("mock:1").unwrap().get("security.protocol"), None);
+        c.properties.insert("bootstrap.servers".into(), "other:1".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("bootstrap.servers") && e.contains("bus.brokers"), "{e}");
+    }
+
+    #[test]
+    fn pipeline_toml_reads_properties_and_secret_env() {
+        let c: BusConfig = toml::from_str(
+            "brokers = \"k:9093\"\n[properties]\n\"security.protocol\" = \"SASL_SSL\"\n[secret_env]\n\"sasl.password\" = \"KAFKA_PASSWORD\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.properties["security.protocol"], "SASL_SSL");
+        assert_eq!(c.secret_env["sasl.password"], "KAFKA_PASSWORD");
+    }
 }

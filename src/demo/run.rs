@@ -306,7 +306,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let idle = running.idle_flag();
     let lake = running.lake.clone();
     let finish = tokio::spawn(running.finish());
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(900)).build().map_err(|e| Error::Http(e.to_string()))?;
+    let client = crate::net::http_client(Some(Duration::from_secs(900)))?;
 
     let prefs = opts.preferences.clone();
 

@@ -79,6 +79,9 @@ pub struct VoteRequest<'a> {
 pub enum CallError {
     /// Connection refused/reset, DNS, body read error: retried.
     Transport(String),
+    /// The TLS layer refused the connection (an untrusted or expired certificate, a name mismatch, a
+    /// failed handshake): not retried, since the same certificate fails the same way.
+    Tls(String),
     /// No answer within the per-attempt timeout (seconds): retried.
     Timeout(f64),
     /// A non-success HTTP status: retried for 5xx, 408 and 429, not for other 4xx.
@@ -98,7 +101,7 @@ impl CallError {
         match self {
             CallError::Transport(_) | CallError::Timeout(_) => true,
             CallError::Status { status, .. } => *status >= 500 || *status == 408 || *status == 429,
-            CallError::BadResponse(_) => false,
+            CallError::BadResponse(_) | CallError::Tls(_) => false,
         }
     }
 
@@ -115,6 +118,7 @@ impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CallError::Transport(m) => write!(f, "transport error: {m}"),
+            CallError::Tls(m) => write!(f, "TLS error: {m}"),
             CallError::Timeout(s) => write!(f, "timeout after {s:.1} s"),
             CallError::Status { status, body } => write!(f, "HTTP status {status}: {body}"),
             CallError::BadResponse(m) => write!(f, "unreadable response: {m}"),
@@ -170,23 +174,23 @@ fn snippet(s: &str) -> String {
 }
 
 fn http_client(timeout: Duration) -> Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .build()
-        .map_err(|e| Error::Http(format!("building the HTTP client: {e}")))
+    crate::net::http_client(Some(timeout))
 }
 
-fn transport(e: reqwest::Error, timeout_s: f64) -> CallError {
+/// Classifies a failed call: timeout, TLS (certificate, handshake: not retried) or other transport
+/// error, with the error's whole chain of causes as the message.
+pub fn transport(e: reqwest::Error, timeout_s: f64) -> CallError {
     if e.is_timeout() {
         CallError::Timeout(timeout_s)
+    } else if crate::net::is_tls_error(&e) {
+        CallError::Tls(crate::net::error_chain(&e))
     } else {
-        CallError::Transport(e.to_string())
+        CallError::Transport(crate::net::error_chain(&e))
     }
 }
 
 /// `url` with the endpoint `path` appended unless it already ends with it (trailing `/` ignored).
-fn endpoint_url(url: &str, path: &str) -> String {
+pub(crate) fn endpoint_url(url: &str, path: &str) -> String {
     let base = url.trim_end_matches('/');
     if base.ends_with(path) {
         base.to_string()
@@ -197,7 +201,10 @@ fn endpoint_url(url: &str, path: &str) -> String {
     }
 }
 
-async fn post_json(
+/// POSTs `body` as JSON (with `key` as a bearer token) and reads a JSON answer: transport failures
+/// classified by [`transport`], a non-2xx status as [`CallError::Status`] with the start of the body, a
+/// 2xx body that is not JSON as [`CallError::BadResponse`]. One attempt (no retry).
+pub(crate) async fn post_json(
     client: &reqwest::Client,
     url: &str,
     key: Option<&ApiKey>,
@@ -398,6 +405,51 @@ impl RetryPolicy {
         let factor = 2u32.saturating_pow(k.min(30));
         self.backoff_base.saturating_mul(factor).min(self.backoff_max)
     }
+
+    /// Runs `call` (one invocation = one attempt) until it succeeds, fails with an error that is not
+    /// [`CallError::retryable`], or `retries` retries are spent; each attempt holds a permit of
+    /// `semaphore` (bounding calls in flight) and is cut at `timeout` ([`CallError::Timeout`]), and
+    /// retry k is preceded by a sleep of [`RetryPolicy::backoff`]`(k)`. The judge's [`Voter`] and the
+    /// remote teacher (`crate::stages::teacher::remote`) share this loop. Returns the last outcome and
+    /// what the attempts were, for the caller's counters.
+    pub async fn run<T, F, Fut>(&self, semaphore: &Semaphore, mut call: F) -> (std::result::Result<T, CallError>, AttemptCounts)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, CallError>>,
+    {
+        let mut counts = AttemptCounts::default();
+        loop {
+            counts.attempts += 1;
+            let outcome = {
+                // The semaphore is never closed; if it were, run unbounded rather than fail the call.
+                let _permit = semaphore.acquire().await.ok();
+                match tokio::time::timeout(self.timeout, call()).await {
+                    Ok(r) => r,
+                    Err(_) => Err(CallError::Timeout(self.timeout.as_secs_f64())),
+                }
+            };
+            let err = match outcome {
+                Ok(v) => return (Ok(v), counts),
+                Err(e) => e,
+            };
+            if matches!(err, CallError::Timeout(_)) {
+                counts.timeouts += 1;
+            }
+            if !err.retryable() || counts.attempts > self.retries {
+                return (Err(err), counts);
+            }
+            tokio::time::sleep(self.backoff(counts.attempts - 1)).await;
+        }
+    }
+}
+
+/// What one [`RetryPolicy::run`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptCounts {
+    /// Calls made: the first attempt and every retry (so retries = `attempts − 1`).
+    pub attempts: u32,
+    /// Attempts cut by the per-attempt timeout.
+    pub timeouts: u32,
 }
 
 /// Counters of a [`Voter`] since creation.
@@ -523,48 +575,23 @@ impl Voter {
             }
         }
         let req = VoteRequest { messages, turn, index, sampling: self.sampling };
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let outcome = {
-                // The semaphore is never closed; if it were, run unbounded rather than fail the vote.
-                let _permit = self.semaphore.acquire().await.ok();
-                self.counters.requests.fetch_add(1, Ordering::Relaxed);
-                match tokio::time::timeout(self.policy.timeout, self.backend.complete(req)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(CallError::Timeout(self.policy.timeout.as_secs_f64())),
+        let (outcome, counts) = self.policy.run(&self.semaphore, || self.backend.complete(req)).await;
+        let attempts = counts.attempts;
+        self.counters.requests.fetch_add(u64::from(attempts), Ordering::Relaxed);
+        self.counters.retries.fetch_add(u64::from(attempts.saturating_sub(1)), Ordering::Relaxed);
+        self.counters.timeouts.fetch_add(u64::from(counts.timeouts), Ordering::Relaxed);
+        match outcome {
+            Ok(raw) => {
+                if cacheable {
+                    self.cache.insert(&key, &raw);
                 }
-            };
-            let err = match outcome {
-                Ok(raw) => {
-                    if cacheable {
-                        self.cache.insert(&key, &raw);
-                    }
-                    return RawVote { index, raw, error: None, cached: false, attempts };
-                }
-                Err(e) => e,
-            };
-            if matches!(err, CallError::Timeout(_)) {
-                self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                RawVote { index, raw, error: None, cached: false, attempts }
             }
-            if !err.retryable() || attempts > self.policy.retries {
+            Err(err) => {
                 self.counters.failed_votes.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    backend = self.backend.kind().as_str(),
-                    vote = index,
-                    attempts,
-                    "judge vote failed: {err}"
-                );
-                return RawVote {
-                    index,
-                    raw: String::new(),
-                    error: Some(format!("request failed after {attempts} attempt(s): {err}")),
-                    cached: false,
-                    attempts,
-                };
+                tracing::warn!(backend = self.backend.kind().as_str(), vote = index, attempts, "judge vote failed: {err}");
+                RawVote { index, raw: String::new(), error: Some(format!("request failed after {attempts} attempt(s): {err}")), cached: false, attempts }
             }
-            self.counters.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(self.policy.backoff(attempts - 1)).await;
         }
     }
 }

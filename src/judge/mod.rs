@@ -15,9 +15,11 @@ mod rules;
 mod turn;
 
 pub use backend::{
-    build_backend, ApiKey, BackendKind, CallError, OpenAiBackend, PromptRenderer, RawVote, RetryPolicy, Sampling,
+    build_backend, ApiKey, AttemptCounts, BackendKind, CallError, OpenAiBackend, PromptRenderer, RawVote, RetryPolicy, Sampling,
     SglangBackend, VoteBackend, VoteRequest, Voter, VoterStats,
 };
+/// The HTTP call helpers the remote teacher shares with the judge backends.
+pub(crate) use backend::{endpoint_url, post_json};
 pub use cache::{CacheEntry, VoteCache};
 pub use parse::{last_boxed_digit, majority_vote, parse_vote, Majority};
 pub use prompt::{

@@ -7,19 +7,20 @@ use serde_json::Value;
 
 use super::config::ModelConfig;
 use super::generate::{self, Generation, GenerationRequest, SamplingParams, TokenEvent};
+use super::peft;
 use super::score::{self, PackedBatch, ResponseLogits, ScoredResponse};
 use super::tokenizer::{ChatTemplate, TextTokenizer};
-use super::transformer::{LoadOptions, LoraConfig, Trainable, Transformer};
+use super::transformer::{LoadOptions, Trainable, Transformer};
 use super::weights;
 use crate::schema::Message;
 use crate::{Error, Result};
 
 /// Files of an HF model directory besides the weights, copied into saved checkpoints.
 const SIDE_FILES: [&str; 5] = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja", "special_tokens_map.json"];
-/// Adapter weights file of a LoRA checkpoint.
-pub const ADAPTER_WEIGHTS: &str = "adapter.safetensors";
-/// Adapter configuration file of a LoRA checkpoint.
-pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+/// Adapter weights file of a LoRA checkpoint: PEFT's `adapter_model.safetensors` (see [`peft`]).
+pub const ADAPTER_WEIGHTS: &str = peft::WEIGHTS_FILE;
+/// Adapter configuration file of a LoRA checkpoint: PEFT's `adapter_config.json`.
+pub const ADAPTER_CONFIG: &str = peft::CONFIG_FILE;
 
 /// A causal LM ready for generation, scoring and training.
 pub struct LanguageModel {
@@ -96,8 +97,9 @@ impl LanguageModel {
     }
 
     /// Loads a checkpoint directory written by [`LanguageModel::save_full`] (full `model.safetensors`)
-    /// or [`LanguageModel::save_adapters`] (`adapter.safetensors` + `adapter_config.json` on top of
-    /// the base model: `base`, else the adapter config's `base_model_name_or_path`). Files the
+    /// or [`LanguageModel::save_adapters`] (a LoRA adapter in PEFT's layout, `adapter_model.safetensors`
+    /// and `adapter_config.json`, or an older checkpoint's `adapter.safetensors` and the same config,
+    /// on top of the base model: `base`, else the adapter config's `base_model_name_or_path`). Files the
     /// checkpoint lacks (config, tokenizer) come from `base`. With [`Trainable::Frozen`] options an
     /// adapter checkpoint keeps its adapters attached (call [`Transformer::merge_lora`] to fold them).
     ///
@@ -106,9 +108,7 @@ impl LanguageModel {
     pub fn load_checkpoint(dir: &Path, base: Option<&Path>, opts: &LoadOptions) -> Result<LanguageModel> {
         let adapter_cfg = dir.join(ADAPTER_CONFIG);
         if adapter_cfg.is_file() {
-            let s = std::fs::read_to_string(&adapter_cfg).map_err(|e| Error::io("read", &adapter_cfg, e))?;
-            let v: Value = serde_json::from_str(&s)?;
-            let lora = LoraConfig::from_json(&v)?;
+            let (lora, v) = peft::read_adapter_config(dir)?;
             let base_dir: PathBuf = match base {
                 Some(b) => b.to_path_buf(),
                 None => v
@@ -140,38 +140,34 @@ impl LanguageModel {
         Self::load_parts(dir, meta, opts)
     }
 
-    /// Copies adapter weights from `dir/adapter.safetensors` (or PEFT's `adapter_model.safetensors`)
-    /// into the attached adapters.
+    /// Copies adapter weights from `dir` into the attached adapters: PEFT's `adapter_model.safetensors`
+    /// (keys `base_model.model.<module>.lora_{A,B}.weight`), else an older checkpoint's
+    /// `adapter.safetensors` (bare module names); see [`peft::read_adapter_weights`].
     ///
     /// # Errors
-    /// [`Error::Config`] when no adapters are attached; [`Error::Model`] when the file lacks an
-    /// adapter tensor or has one the model does not.
+    /// [`Error::Config`] when no adapters are attached; [`Error::Model`] when `dir` has neither file, or
+    /// the file lacks an adapter tensor, has one the model does not, or one of another shape.
     pub fn load_adapters(&mut self, dir: &Path) -> Result<()> {
         if self.transformer.lora().is_none() {
             return Err(crate::config_err!("the model has no LoRA adapters attached"));
         }
-        let mut file = dir.join(ADAPTER_WEIGHTS);
-        if !file.is_file() {
-            file = dir.join("adapter_model.safetensors");
-        }
-        let tensors = weights::read_safetensors(&file)?;
+        let tensors = peft::read_adapter_weights(dir)?;
         self.transformer.copy_weights(tensors, true)?;
         Ok(())
     }
 
-    /// Writes `dir/adapter.safetensors` and `dir/adapter_config.json` (PEFT field names; the base
-    /// model is this model's directory).
+    /// Writes the adapters in PEFT's layout ([`peft::write_adapter`]): `dir/adapter_model.safetensors`
+    /// (A `[r, in]`, B `[out, r]`, the model's dtype) and `dir/adapter_config.json`, whose
+    /// `base_model_name_or_path` is this model's directory (canonical path). vLLM, SGLang and
+    /// `peft.PeftModel.from_pretrained` load the folder as is.
     ///
     /// # Errors
     /// [`Error::Config`] when no adapters are attached; [`Error::Io`] / [`Error::Model`] on write
     /// failures.
     pub fn save_adapters(&self, dir: &Path) -> Result<()> {
         let lora = self.transformer.lora().ok_or_else(|| crate::config_err!("the model has no LoRA adapters to save"))?;
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create_dir_all", dir, e))?;
-        weights::write_safetensors(&dir.join(ADAPTER_WEIGHTS), &self.transformer.adapter_state())?;
         let base = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
-        let cfg = lora.to_json(Some(&base.to_string_lossy()));
-        write_atomic(&dir.join(ADAPTER_CONFIG), serde_json::to_string_pretty(&cfg)?.as_bytes())
+        peft::write_adapter(dir, &self.transformer.adapter_state(), lora, Some(&base.to_string_lossy()))
     }
 
     /// Writes a complete HF directory: `model.safetensors` (adapters merged in, the model's dtype),
@@ -322,6 +318,15 @@ impl LanguageModel {
     /// As [`score::score_at`].
     pub fn score_at(&self, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>]) -> Result<Vec<ScoredResponse>> {
         score::score_at(&self.transformer, items, top_k, at, self.pad_id)
+    }
+
+    /// [`LanguageModel::score`] with each response token's whole-vocabulary rank
+    /// ([`ScoredResponse::ranks`]).
+    ///
+    /// # Errors
+    /// As [`score::score_ranked`].
+    pub fn score_ranked(&self, items: &[(Vec<u32>, Vec<u32>)], top_k: usize) -> Result<Vec<ScoredResponse>> {
+        score::score_ranked(&self.transformer, items, top_k, self.pad_id)
     }
 }
 

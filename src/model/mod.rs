@@ -21,6 +21,7 @@ pub mod generate;
 pub mod gguf;
 pub mod import;
 pub mod lm;
+pub mod peft;
 pub mod score;
 pub mod tokenizer;
 pub mod transformer;

@@ -334,6 +334,10 @@ pub struct ScoredResponse {
     pub topk_logprobs: Option<Vec<Vec<f32>>>,
     /// Log-probs (nats) at the ids asked for per position ([`score_at`]), `[T][J]`; `None` when not asked.
     pub at_logprobs: Option<Vec<Vec<f32>>>,
+    /// Rank of each response token in its position's whole-vocabulary distribution ([`score_ranked`]),
+    /// length T: 1 + the number of *other* ids with a log-prob ≥ the token's (1 = the most likely;
+    /// vLLM's `rank` of prompt log-probs counts the same way). `None` when not asked.
+    pub ranks: Option<Vec<u32>>,
 }
 
 /// Most tokens (B·L) scored in one forward pass.
@@ -359,6 +363,19 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
 /// As [`score`]; [`Error::InvalidInput`] when `at` has another length than `items`, a row of `at`
 /// has another length than its response, the widths differ, or an id is outside the vocabulary.
 pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32) -> Result<Vec<ScoredResponse>> {
+    score_pass(model, items, top_k, at, pad_id, false)
+}
+
+/// [`score`], and also each response token's rank in the whole vocabulary
+/// ([`ScoredResponse::ranks`]); the policy server's prompt log-probs (`/v1/completions`) report it.
+///
+/// # Errors
+/// As [`score`].
+pub fn score_ranked(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, pad_id: u32) -> Result<Vec<ScoredResponse>> {
+    score_pass(model, items, top_k, &[], pad_id, true)
+}
+
+fn score_pass(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32, ranked: bool) -> Result<Vec<ScoredResponse>> {
     let _guard = tch::no_grad_guard();
     let v = model.config.vocab_size;
     if top_k > v {
@@ -412,10 +429,14 @@ pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usiz
         } else {
             None
         };
-        let (mut lps, mut ids, mut vals, mut ats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut lps, mut ids, mut vals, mut ats, mut rks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (t0, n) in position_chunks(b, tmax, LOGIT_CHUNK_TOKENS) {
             let lsm = model.logits(&pass.hidden.f_narrow(1, t0, n)?)?.f_log_softmax(-1, Kind::Float)?;
-            lps.push(lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?);
+            let lp = lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?;
+            if ranked {
+                rks.push(lsm.f_ge_tensor(&lp)?.f_sum_dim_intlist(-1i64, false, Kind::Int64)?);
+            }
+            lps.push(lp.f_squeeze_dim(-1)?);
             if top_k > 0 {
                 let (tv, ti) = lsm.f_topk(top_k as i64, -1, true, true)?;
                 ids.push(ti);
@@ -426,6 +447,7 @@ pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usiz
             }
         }
         let at_all = if ats.is_empty() { None } else { Some(Tensor::f_cat(&ats, 1)?.f_to_device(Device::Cpu)?) };
+        let rank_all = if rks.is_empty() { None } else { Some(Tensor::f_cat(&rks, 1)?.f_to_device(Device::Cpu)?) };
         let lp = if lps.is_empty() { Tensor::f_zeros([b, 0], (Kind::Float, Device::Cpu))? } else { Tensor::f_cat(&lps, 1)?.f_mul(&batch.response_mask)?.f_to_device(Device::Cpu)? };
         let topk = if top_k > 0 && !ids.is_empty() { Some((Tensor::f_cat(&ids, 1)?.f_to_device(Device::Cpu)?, Tensor::f_cat(&vals, 1)?.f_to_device(Device::Cpu)?)) } else { None };
         for (i, &tl) in batch.response_lens.iter().enumerate() {
@@ -454,7 +476,12 @@ pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usiz
                 None if width > 0 => Some(vec![vec![]; tl]),
                 None => None,
             };
-            out.push(ScoredResponse { logprobs, topk_ids, topk_logprobs, at_logprobs });
+            let ranks = match &rank_all {
+                Some(r) => Some(Vec::<i64>::try_from(&r.f_get(i as i64)?)?[..tl].iter().map(|&x| x.clamp(1, i64::from(u32::MAX)) as u32).collect()),
+                None if ranked => Some(vec![]),
+                None => None,
+            };
+            out.push(ScoredResponse { logprobs, topk_ids, topk_logprobs, at_logprobs, ranks });
         }
         start = end;
     }

@@ -91,31 +91,83 @@ impl LoraConfig {
         self.alpha / self.rank as f64
     }
 
-    /// The `adapter_config.json` content (PEFT field names: `r`, `lora_alpha`, `target_modules`,
-    /// `peft_type`, `base_model_name_or_path`).
+    /// The complete `adapter_config.json` of PEFT's `LoraConfig` for these adapters (see
+    /// [`super::peft`]): `peft_type` `LORA`, `task_type` `CAUSAL_LM`, `r`, `lora_alpha` (an integer when
+    /// whole), `target_modules`, no dropout (the trainer uses none), `bias` `none`, `fan_in_fan_out`
+    /// false (A is `[r, in]`, B `[out, r]`), `use_rslora` false (our scale is α / r, which PEFT and
+    /// vLLM then compute), no DoRA, no `modules_to_save`, every layer adapted, `inference_mode` true.
     pub fn to_json(&self, base_model: Option<&str>) -> serde_json::Value {
         serde_json::json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
-            "r": self.rank,
-            "lora_alpha": self.alpha,
-            "lora_dropout": 0.0,
-            "bias": "none",
-            "target_modules": self.targets.iter().map(|t| t.module_name()).collect::<Vec<_>>(),
             "base_model_name_or_path": base_model,
+            "revision": null,
+            "inference_mode": true,
+            "r": self.rank,
+            "lora_alpha": super::peft::alpha_json(self.alpha),
+            "lora_dropout": 0.0,
+            "target_modules": self.targets.iter().map(|t| t.module_name()).collect::<Vec<_>>(),
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "use_rslora": false,
+            "use_dora": false,
+            "modules_to_save": null,
+            "init_lora_weights": true,
+            "layers_to_transform": null,
+            "layers_pattern": null,
+            "rank_pattern": {},
+            "alpha_pattern": {},
+            "auto_mapping": null,
         })
     }
 
-    /// Parses an `adapter_config.json` value.
+    /// Parses an `adapter_config.json` value (PEFT's, or one of an older nextstate checkpoint).
+    /// `lora_alpha` defaults to r; `target_modules` may be a list of projection names or
+    /// `"all-linear"` (absent: all seven). Under `use_rslora` PEFT scales by α / sqrt(r): the returned
+    /// α is then `lora_alpha · sqrt(r)`, so [`LoraConfig::scale`] is the update PEFT applies.
     ///
     /// # Errors
-    /// [`Error::Config`] when `r` is missing or zero, or a target module is unknown.
+    /// [`Error::Config`] when `r` is missing or zero, a target module is unknown, or the config asks for
+    /// what these adapters cannot express: another `peft_type`, `bias` other than `none`,
+    /// `fan_in_fan_out`, DoRA, `modules_to_save`, a subset of layers, or per-module rank/alpha patterns.
     pub fn from_json(v: &serde_json::Value) -> Result<LoraConfig> {
+        let unsupported = |what: &str| Error::Config(format!("adapter_config.json: {what} is not supported by nextstate's LoRA"));
+        if let Some(t) = v.get("peft_type").and_then(|t| t.as_str()) {
+            if t != "LORA" {
+                return Err(unsupported(&format!("peft_type {t:?}")));
+            }
+        }
+        if let Some(b) = v.get("bias").and_then(|b| b.as_str()) {
+            if b != "none" {
+                return Err(unsupported(&format!("bias {b:?}")));
+            }
+        }
+        let is_true = |k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(false);
+        for flag in ["fan_in_fan_out", "use_dora"] {
+            if is_true(flag) {
+                return Err(unsupported(&format!("{flag} = true")));
+            }
+        }
+        let non_empty = |k: &str| match v.get(k) {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Array(a)) => !a.is_empty(),
+            Some(serde_json::Value::Object(o)) => !o.is_empty(),
+            Some(_) => true,
+        };
+        for field in ["modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern"] {
+            if non_empty(field) {
+                return Err(unsupported(field));
+            }
+        }
         let rank = v.get("r").and_then(|r| r.as_u64()).filter(|&r| r > 0).ok_or_else(|| Error::Config("adapter_config.json: missing positive r".into()))? as usize;
-        let alpha = v.get("lora_alpha").and_then(|a| a.as_f64()).unwrap_or(rank as f64);
-        let targets = match v.get("target_modules").and_then(|t| t.as_array()) {
-            Some(a) => a.iter().map(|t| LoraTarget::parse(t.as_str().unwrap_or(""))).collect::<Result<Vec<_>>>()?,
-            None => LoraTarget::ALL.to_vec(),
+        let mut alpha = v.get("lora_alpha").and_then(|a| a.as_f64()).unwrap_or(rank as f64);
+        if is_true("use_rslora") {
+            alpha *= (rank as f64).sqrt();
+        }
+        let targets = match v.get("target_modules") {
+            Some(serde_json::Value::Array(a)) => a.iter().map(|t| LoraTarget::parse(t.as_str().unwrap_or(""))).collect::<Result<Vec<_>>>()?,
+            Some(serde_json::Value::String(s)) => super::peft::targets_of_string(s)?,
+            _ => LoraTarget::ALL.to_vec(),
         };
         Ok(LoraConfig { rank, alpha, targets })
     }
@@ -666,7 +718,9 @@ impl Transformer {
         Ok(out)
     }
 
-    /// The adapter weights only (`<module>.lora_A.weight`, `<module>.lora_B.weight`), sorted by name.
+    /// The adapter weights only (`<module>.lora_A.weight` `[r, in]`, `<module>.lora_B.weight`
+    /// `[out, r]`, the model's dtype), sorted by name; [`super::peft::write_adapter`] writes them under
+    /// PEFT's keys.
     pub fn adapter_state(&self) -> Vec<(String, Tensor)> {
         let mut out: Vec<(String, Tensor)> =
             self.vs.variables().into_iter().filter(|(k, _)| is_adapter_name(k)).collect();
@@ -686,8 +740,7 @@ impl Transformer {
         let vars = self.vs.variables();
         let mut seen = std::collections::HashSet::new();
         for (name, t) in tensors {
-            let name = name.strip_prefix("base_model.model.").unwrap_or(&name).to_string();
-            let name = name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.");
+            let name = super::peft::model_name(&name);
             let mut var = vars.get(&name).map(Tensor::shallow_clone).ok_or_else(|| Error::Model(format!("tensor {name} is not a parameter of this model")))?;
             if self.shared_base.is_some() && !is_adapter_name(&name) {
                 return Err(Error::Model(format!("tensor {name} is a frozen base weight shared with other models of this process; load the model with full training to change it")));

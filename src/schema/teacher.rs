@@ -21,7 +21,8 @@ pub struct TeacherLogprobs {
     /// Turn index.
     pub turn_index: i32,
     /// Teacher model id: the model directory's name, or `<run id>/<version>` when the teacher is a
-    /// trainer checkpoint.
+    /// trainer checkpoint, or the served model id of a remote teacher (`[teacher] backend = "sglang" |
+    /// "vllm"`, whose rows have `teacher_version` 0).
     pub teacher_model: String,
     /// Version of the weights that scored the row: the checkpoint manifest's version when the teacher
     /// is a trainer checkpoint, 0 for any other model directory (the weights as imported; by default

@@ -1,9 +1,11 @@
 //! Serving: the policy server (OpenAI-compatible chat completions over the model runtime, with
 //! weight hot-swap) — [`server`] —, the capture proxy in front of any OpenAI-compatible server —
-//! [`proxy`] — and the OpenAI wire types they share — [`openai`].
+//! [`proxy`] —, the OpenAI wire types they share — [`openai`] — and the reloading of external
+//! servers (ours, vLLM, SGLang) with each checkpoint — [`reload`].
 
 pub mod openai;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 
 use std::path::PathBuf;
@@ -63,6 +65,9 @@ pub struct ServeArgs {
     /// Largest accepted request body, bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// https instead of http.
+    #[command(flatten)]
+    pub tls: crate::net::ListenTlsArgs,
 }
 
 impl ServeArgs {
@@ -111,10 +116,10 @@ impl ServeArgs {
         };
         let server = PolicyServer::start(lm, self.policy_version, opts)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::io("tokio runtime", "-", e))?;
-        let addr = format!("{}:{}", self.host, self.port);
+        let tls = self.tls.server_tls()?;
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::io("bind", &addr, e))?;
-            tracing::info!("policy server listening on http://{addr} (auth {})", if self.api_key.is_some() { "on" } else { "off" });
+            let listener = crate::net::Listener::bind(&self.host, self.port, tls.as_ref()).await?;
+            tracing::info!("policy server listening on {} (auth {})", listener.url()?, if self.api_key.is_some() { "on" } else { "off" });
             server.serve(listener, shutdown_signal()).await
         })
     }

@@ -1,5 +1,6 @@
 //! OpenAI chat-completions wire types (the subset the policy server and the proxy speak) and their
-//! conversion to the crate's [`Message`] / [`ToolCall`].
+//! conversion to the crate's [`Message`] / [`ToolCall`]; the legacy completions request with vLLM's
+//! `prompt_logprobs` ([`CompletionRequest`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -92,6 +93,59 @@ pub struct ChatCompletionRequest {
     /// Extension: extra chat-template variables (e.g. `{"enable_thinking": false}`).
     #[serde(default)]
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+}
+
+/// `prompt` of a `POST /v1/completions`: text, token ids, or a list of one of them (OpenAI's batch
+/// form, of which one prompt is supported).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    /// Token ids, used as they are (no special tokens added).
+    Ids(Vec<u32>),
+    /// Text, tokenised with the served model's tokenizer (no special tokens added).
+    Text(String),
+    /// Several token-id prompts.
+    ManyIds(Vec<Vec<u32>>),
+    /// Several text prompts.
+    ManyTexts(Vec<String>),
+}
+
+/// Most prompt log-probs per position a `/v1/completions` request may ask for (vLLM's default
+/// `max_logprobs` is 20; scoring teachers use a few more at most).
+pub const MAX_PROMPT_LOGPROBS: usize = 100;
+
+/// A `POST /v1/completions` body: the OpenAI legacy completions API with vLLM's `prompt_logprobs`
+/// extension (the subset `nextstate serve` implements; unknown fields are ignored, missing ones are
+/// `None`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct CompletionRequest {
+    /// Model name (informational; the server serves one model).
+    pub model: Option<String>,
+    /// The prompt.
+    pub prompt: PromptField,
+    /// Tokens to generate after the prompt (default 16, as OpenAI's; 0 = score only).
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature (default 1; 0 = greedy).
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k sampling (vLLM extension; 0 or −1 = off).
+    pub top_k: Option<i64>,
+    /// Sampling seed.
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<StopField>,
+    /// vLLM extension: return, for every prompt position after the first, the log-prob of the prompt
+    /// token and of the K most likely tokens (0..=[`MAX_PROMPT_LOGPROBS`]).
+    pub prompt_logprobs: Option<i64>,
+    /// Log-probs of generated tokens (legacy); not supported here (refused when > 0).
+    pub logprobs: Option<i64>,
+    /// Echo the prompt in the text; not supported (refused when true).
+    pub echo: Option<bool>,
+    /// Number of choices; only 1 is supported.
+    pub n: Option<usize>,
+    /// Streaming; not supported on this route (refused when true).
+    pub stream: Option<bool>,
 }
 
 /// Text of an OpenAI `content` (string, null, or a list of parts whose `text` parts are joined).
@@ -226,6 +280,17 @@ mod tests {
         assert_eq!(calls[0]["function"]["arguments"], "{\"path\":\"/\"}");
         let (text, calls) = split_tool_calls("no <tool_call>not json</tool_call> here");
         assert_eq!((text.as_str(), calls.len()), ("no <tool_call>not json</tool_call> here", 0));
+    }
+
+    #[test]
+    fn parses_completion_prompts() {
+        let r: CompletionRequest = serde_json::from_value(json!({"prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 4})).unwrap();
+        assert_eq!((r.prompt, r.max_tokens, r.prompt_logprobs), (PromptField::Ids(vec![1, 2, 3]), Some(1), Some(4)));
+        let r: CompletionRequest = serde_json::from_value(json!({"prompt": "hi"})).unwrap();
+        assert_eq!(r.prompt, PromptField::Text("hi".into()));
+        let r: CompletionRequest = serde_json::from_value(json!({"prompt": [[1, 2]]})).unwrap();
+        assert_eq!(r.prompt, PromptField::ManyIds(vec![vec![1, 2]]));
+        assert!(serde_json::from_value::<CompletionRequest>(json!({"prompt": [-1]})).is_err());
     }
 
     #[test]

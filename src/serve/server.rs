@@ -1,5 +1,6 @@
 //! The policy server: an OpenAI-compatible chat-completions endpoint over one [`LanguageModel`], with
-//! weight hot-swap.
+//! weight hot-swap, and a vLLM-compatible `/v1/completions` that scores prompts (`prompt_logprobs`), so
+//! a pipeline can use the server as its remote teacher (`[teacher] backend = "vllm"`).
 //!
 //! Inference runs on one dedicated worker thread that owns the model (tch tensors are not `Sync`);
 //! HTTP handlers send it jobs over a channel and receive token events back, so the tokio runtime never
@@ -31,7 +32,7 @@ use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::openai::{error_body, messages_from_openai, split_tool_calls, ChatCompletionRequest};
+use super::openai::{error_body, messages_from_openai, split_tool_calls, ChatCompletionRequest, CompletionRequest, PromptField, MAX_PROMPT_LOGPROBS};
 use crate::model::generate::check_request;
 use crate::model::{FinishReason, Generation, GenerationRequest, LanguageModel, LoadOptions, LogprobMode, SamplingParams};
 use crate::schema::Message;
@@ -94,8 +95,34 @@ struct Job {
     events: UnboundedSender<JobEvent>,
 }
 
+/// A `/v1/completions` prompt as the worker receives it.
+enum PromptInput {
+    Ids(Vec<u32>),
+    Text(String),
+}
+
+/// One `/v1/completions` request: prompt log-probs (when asked) and then, when `params.max_new_tokens`
+/// > 0, a generated continuation.
+struct CompletionJob {
+    prompt: PromptInput,
+    /// K of `prompt_logprobs`, when asked.
+    prompt_logprobs: Option<usize>,
+    params: SamplingParams,
+    reply: tokio::sync::oneshot::Sender<std::result::Result<CompletionOut, (StatusCode, String)>>,
+}
+
+/// What the worker answers a [`CompletionJob`].
+struct CompletionOut {
+    version: i64,
+    prompt_ids: Vec<u32>,
+    /// vLLM's `prompt_logprobs` list (first element null), when asked.
+    prompt_logprobs: Option<Vec<Value>>,
+    generation: Option<Generation>,
+}
+
 enum WorkerMsg {
     Job(Box<Job>),
+    Complete(Box<CompletionJob>),
     Swap { model: Box<LanguageModel>, version: i64, ack: tokio::sync::oneshot::Sender<i64> },
     Shutdown,
 }
@@ -218,22 +245,193 @@ fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std::sync::mpsc
                 let _ = ack.send(old);
             }
             WorkerMsg::Job(job) => {
-                let mut batch = vec![*job];
-                // Take the jobs queued now or arriving within the batching window, but never across a
-                // swap (order is kept).
-                let deadline = std::time::Instant::now() + shared.opts.batch_window;
-                while batch.len() < max_batch {
-                    let wait = deadline.saturating_duration_since(std::time::Instant::now());
-                    match rx.recv_timeout(wait) {
-                        Ok(WorkerMsg::Job(j)) => batch.push(*j),
-                        Ok(other) => {
-                            pending.push_back(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
+                    WorkerMsg::Job(j) => Ok(*j),
+                    other => Err(other),
+                });
                 run_batch(&lm, version, batch, &shared);
+            }
+            WorkerMsg::Complete(job) => {
+                let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
+                    WorkerMsg::Complete(j) => Ok(*j),
+                    other => Err(other),
+                });
+                run_completions(&lm, version, batch, &shared);
+            }
+        }
+    }
+}
+
+/// `first` and the messages of its kind (`same` returns them, and gives any other back) queued now or
+/// arriving within the batching window, at most `max_batch`. Another kind of message ends the batch and
+/// waits in `pending`, so order is kept and a batch never crosses a swap.
+fn take_batch<T>(
+    first: T,
+    rx: &std::sync::mpsc::Receiver<WorkerMsg>,
+    shared: &Shared,
+    max_batch: usize,
+    pending: &mut VecDeque<WorkerMsg>,
+    same: impl Fn(WorkerMsg) -> std::result::Result<T, WorkerMsg>,
+) -> Vec<T> {
+    let mut batch = vec![first];
+    let deadline = std::time::Instant::now() + shared.opts.batch_window;
+    while batch.len() < max_batch {
+        let wait = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(m) => match same(m) {
+                Ok(j) => batch.push(j),
+                Err(other) => {
+                    pending.push_back(other);
+                    break;
+                }
+            },
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// The log-prob as vLLM writes it: −∞ (and NaN) as −9999.0 (`clamp_prompt_logprobs`).
+fn wire_logprob(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
+
+/// vLLM's `prompt_logprobs` for `ids` from their scores (`scored` scores `ids[1..]` after `ids[..1]`):
+/// `null` for position 0, then per position a map from token id (as a string) to `{logprob, rank,
+/// decoded_token}` holding the prompt token (rank: 1-based, in the whole vocabulary) and the `k` most
+/// likely tokens (ranks 1..=k; a prompt token among them carries its top-K rank, as in vLLM).
+fn prompt_logprobs_json(lm: &LanguageModel, ids: &[u32], scored: Option<&crate::model::ScoredResponse>, k: usize) -> Vec<Value> {
+    let decoded = |id: u32| lm.decode(&[id], false).unwrap_or_default();
+    let mut out = vec![Value::Null];
+    let Some(s) = scored else { return out };
+    for (t, &id) in ids.iter().skip(1).enumerate() {
+        let mut m = serde_json::Map::new();
+        let rank = s.ranks.as_ref().and_then(|r| r.get(t)).copied().unwrap_or(1);
+        m.insert(id.to_string(), json!({"logprob": wire_logprob(s.logprobs[t]), "rank": rank, "decoded_token": decoded(id)}));
+        if let (Some(top_ids), Some(top_lps)) = (&s.topk_ids, &s.topk_logprobs) {
+            for (j, (&tid, &lp)) in top_ids[t].iter().zip(&top_lps[t]).take(k).enumerate() {
+                m.insert(tid.to_string(), json!({"logprob": wire_logprob(lp), "rank": j + 1, "decoded_token": decoded(tid)}));
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    out
+}
+
+/// The prompt ids of a completion job: the ids given (checked against the vocabulary), or the text
+/// tokenised without special tokens.
+fn completion_prompt(lm: &LanguageModel, job: &CompletionJob) -> std::result::Result<Vec<u32>, (StatusCode, String)> {
+    let ids = match &job.prompt {
+        PromptInput::Ids(ids) => ids.clone(),
+        PromptInput::Text(text) => lm.encode(text).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+    };
+    let config = &lm.transformer().config;
+    if ids.is_empty() {
+        return Err((StatusCode::BAD_REQUEST, "empty prompt".into()));
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+        return Err((StatusCode::BAD_REQUEST, format!("token id {bad} outside the vocabulary of {}", config.vocab_size)));
+    }
+    if ids.len() > config.max_position_embeddings {
+        return Err((StatusCode::BAD_REQUEST, format!("prompt of {} tokens exceeds the context of {}", ids.len(), config.max_position_embeddings)));
+    }
+    Ok(ids)
+}
+
+/// The value of a batched model call (`what`) over the jobs `jobs`, or `None` after recording its error
+/// (400 for invalid input, else 500) or panic (500) in `failed` for each of them.
+fn batch_outcome<T>(outcome: std::thread::Result<Result<T>>, what: &str, jobs: &[usize], failed: &mut [Option<(StatusCode, String)>]) -> Option<T> {
+    let (status, message) = match outcome {
+        Ok(Ok(v)) => return Some(v),
+        Ok(Err(e)) => {
+            tracing::error!("{what} failed for a batch of {} completion requests: {e}", jobs.len());
+            let status = if matches!(e, Error::InvalidInput(_)) { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
+            (status, e.to_string())
+        }
+        Err(_) => {
+            tracing::error!("{what} panicked for a batch of {} completion requests", jobs.len());
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("internal error during {what}"))
+        }
+    };
+    for &i in jobs {
+        failed[i] = Some((status, message.clone()));
+    }
+    None
+}
+
+/// Runs a batch of completion jobs: one scoring call ([`LanguageModel::score_ranked`], the code the
+/// local teacher scores with) for the prompts that ask for log-probs, then one generation call for
+/// those with tokens to generate. A job that fails alone gets its own error; a failed call fails the
+/// jobs in it.
+fn run_completions(lm: &LanguageModel, version: i64, jobs: Vec<CompletionJob>, shared: &Shared) {
+    let fail = |job: CompletionJob, status: StatusCode, message: String| {
+        shared.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.reply.send(Err((status, message)));
+    };
+    let mut ready: Vec<(CompletionJob, CompletionOut)> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match completion_prompt(lm, &job) {
+            Ok(prompt_ids) => ready.push((job, CompletionOut { version, prompt_ids, prompt_logprobs: None, generation: None })),
+            Err((status, message)) => fail(job, status, message),
+        }
+    }
+    // Prompt log-probs: position t + 1 scored after ids[..t + 1], as a response after a one-token prompt.
+    let scoring: Vec<usize> = (0..ready.len()).filter(|&i| ready[i].0.prompt_logprobs.is_some() && ready[i].1.prompt_ids.len() > 1).collect();
+    let k_max = scoring.iter().filter_map(|&i| ready[i].0.prompt_logprobs).max().unwrap_or(0);
+    let items: Vec<(Vec<u32>, Vec<u32>)> = scoring.iter().map(|&i| (ready[i].1.prompt_ids[..1].to_vec(), ready[i].1.prompt_ids[1..].to_vec())).collect();
+    let scored = if items.is_empty() {
+        Ok(Ok(vec![]))
+    } else {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lm.score_ranked(&items, k_max)))
+    };
+    let mut failed: Vec<Option<(StatusCode, String)>> = vec![None; ready.len()];
+    if let Some(scores) = batch_outcome(scored, "prompt scoring", &scoring, &mut failed) {
+        let mut by_job: Vec<Option<crate::model::ScoredResponse>> = vec![None; ready.len()];
+        for (&i, sc) in scoring.iter().zip(scores) {
+            by_job[i] = Some(sc);
+        }
+        for ((job, out), sc) in ready.iter_mut().zip(by_job) {
+            if let Some(k) = job.prompt_logprobs {
+                out.prompt_logprobs = Some(prompt_logprobs_json(lm, &out.prompt_ids, sc.as_ref(), k));
+            }
+        }
+    }
+    // Generation for the jobs with tokens to generate.
+    let mut generating = vec![];
+    let mut reqs = vec![];
+    for (i, (job, out)) in ready.iter().enumerate() {
+        if failed[i].is_some() || job.params.max_new_tokens == 0 {
+            continue;
+        }
+        let mut params = job.params.clone();
+        params.stop_token_ids = Some(lm.eos_token_ids().to_vec());
+        let req = GenerationRequest { prompt_ids: out.prompt_ids.clone(), params };
+        match check_request(&lm.transformer().config, &req) {
+            Ok(()) => {
+                generating.push(i);
+                reqs.push(req);
+            }
+            Err(e) => failed[i] = Some((StatusCode::BAD_REQUEST, e.to_string())),
+        }
+    }
+    if !reqs.is_empty() {
+        let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lm.generate_stream(&reqs, &mut |_| true)));
+        if let Some(gens) = batch_outcome(generated, "generation", &generating, &mut failed) {
+            for (&i, g) in generating.iter().zip(gens) {
+                ready[i].1.generation = Some(g);
+            }
+        }
+    }
+    for ((job, out), f) in ready.into_iter().zip(failed) {
+        match f {
+            Some((status, message)) => fail(job, status, message),
+            None => {
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.reply.send(Ok(out));
             }
         }
     }
@@ -341,11 +539,12 @@ impl PolicyServer {
         PolicyHandle { shared: self.shared.clone() }
     }
 
-    /// The HTTP routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-    /// `POST /v1/reload`.
+    /// The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions` (prompt log-probs, vLLM style),
+    /// `GET /v1/models`, `GET /health`, `POST /v1/reload`.
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/v1/reload", post(reload))
@@ -354,13 +553,14 @@ impl PolicyServer {
             .with_state(self.shared.clone())
     }
 
-    /// Serves on `listener` until `shutdown` resolves (in-flight requests are finished first).
+    /// Serves on `listener` (a plain `TcpListener`, or a [`crate::net::Listener`] that speaks TLS) until
+    /// `shutdown` resolves (in-flight requests are finished first).
     ///
     /// # Errors
     /// [`Error::Http`] when the server fails.
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
+    pub async fn serve(self, listener: impl Into<crate::net::Listener>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
         let app = self.router();
-        axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Http(format!("server: {e}")))
+        crate::net::serve_app(listener.into(), app, shutdown).await.map_err(|e| Error::Http(format!("server: {e}")))
     }
 }
 
@@ -582,6 +782,94 @@ async fn chat_completions(State(s): State<Arc<Shared>>, body: std::result::Resul
     });
     let mut r = Json(body).into_response();
     set_version(&mut r, version);
+    r
+}
+
+/// `POST /v1/completions`: OpenAI's legacy completions with vLLM's `prompt_logprobs` extension, scoring
+/// first. The prompt is token ids (used as given) or a text (tokenised without special tokens).
+/// With `prompt_logprobs: K`, `choices[0].prompt_logprobs` is vLLM's list: `null` for the first
+/// position, then per position a map `{"<token id>": {"logprob", "rank", "decoded_token"}}` with the
+/// prompt token (rank in the whole vocabulary, 1 = most likely) and the K most likely tokens (ranks
+/// 1..=K); log-probs in nats from the same scoring code as the local teacher
+/// ([`LanguageModel::score_ranked`]) under the weights being served. Then `max_tokens` tokens (default
+/// 16; 0 = none) are generated with the request's sampling parameters (the chat route's generator), as
+/// `text`. `choices[0].prompt_token_ids` and `token_ids` give the ids. Not supported (400): `n` > 1,
+/// `stream`, `echo`, `logprobs` of generated tokens, several prompts.
+async fn completions(State(s): State<Arc<Shared>>, body: std::result::Result<Json<CompletionRequest>, JsonRejection>) -> Response {
+    let Json(req) = match body {
+        Ok(b) => b,
+        Err(e) => return api_error(e.status(), &e.body_text(), error_kind(e.status())),
+    };
+    let refuse = |m: &str| api_error(StatusCode::BAD_REQUEST, m, "invalid_request_error");
+    if req.n.unwrap_or(1) != 1 {
+        return refuse("only n = 1 is supported");
+    }
+    if req.stream.unwrap_or(false) {
+        return refuse("stream is not supported on /v1/completions (use /v1/chat/completions)");
+    }
+    if req.echo.unwrap_or(false) {
+        return refuse("echo is not supported (prompt_token_ids and prompt_logprobs give the prompt)");
+    }
+    if req.logprobs.is_some_and(|n| n > 0) {
+        return refuse("logprobs of generated tokens are not supported on /v1/completions (use /v1/chat/completions); prompt_logprobs is");
+    }
+    let prompt = match req.prompt {
+        PromptField::Ids(ids) => PromptInput::Ids(ids),
+        PromptField::Text(t) => PromptInput::Text(t),
+        PromptField::ManyIds(mut v) if v.len() == 1 => PromptInput::Ids(v.remove(0)),
+        PromptField::ManyTexts(mut v) if v.len() == 1 => PromptInput::Text(v.remove(0)),
+        _ => return refuse("one prompt per request"),
+    };
+    let prompt_logprobs = match req.prompt_logprobs {
+        None => None,
+        Some(k) if (0..=MAX_PROMPT_LOGPROBS as i64).contains(&k) => Some(k as usize),
+        Some(k) => return refuse(&format!("prompt_logprobs = {k}: must be in 0..={MAX_PROMPT_LOGPROBS}")),
+    };
+    let params = SamplingParams {
+        temperature: req.temperature.unwrap_or(1.0),
+        top_p: req.top_p.unwrap_or(1.0),
+        top_k: req.top_k.filter(|&k| k > 0).map(|k| k as usize).unwrap_or(0),
+        max_new_tokens: req.max_tokens.unwrap_or(16),
+        stop_token_ids: None,
+        stop_strings: req.stop.map(|x| x.into_vec()).unwrap_or_default(),
+        seed: req.seed,
+        top_logprobs: 0,
+        logprob_mode: s.opts.logprobs_mode,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let _guard = InFlight::new(&s);
+    if s.jobs.send(WorkerMsg::Complete(Box::new(CompletionJob { prompt, prompt_logprobs, params, reply: tx }))).is_err() {
+        return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker stopped", "server_error");
+    }
+    let out = match rx.await {
+        Ok(Ok(out)) => out,
+        Ok(Err((status, message))) => return api_error(status, &message, error_kind(status)),
+        Err(_) => return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker dropped the request", "server_error"),
+    };
+    let (text, token_ids, finish) = match &out.generation {
+        Some(g) => (g.text.clone(), g.token_ids.clone(), finish_str(g, false)),
+        None => (String::new(), vec![], "length"),
+    };
+    let body = json!({
+        "id": format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
+        "object": "text_completion",
+        "created": chrono::Utc::now().timestamp(),
+        "model": s.opts.model_name,
+        "choices": [{
+            "index": 0,
+            "text": text,
+            "logprobs": null,
+            "finish_reason": finish,
+            "stop_reason": null,
+            "prompt_logprobs": out.prompt_logprobs,
+            "prompt_token_ids": out.prompt_ids,
+            "token_ids": token_ids,
+        }],
+        "usage": usage(out.prompt_ids.len(), token_ids.len()),
+        "policy_version": out.version,
+    });
+    let mut r = Json(body).into_response();
+    set_version(&mut r, out.version);
     r
 }
 

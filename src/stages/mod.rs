@@ -20,6 +20,7 @@ pub mod follow;
 pub mod hint;
 pub mod judge;
 pub mod pending;
+pub mod reload;
 pub mod signals;
 pub mod source;
 pub mod teacher;

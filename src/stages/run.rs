@@ -19,13 +19,16 @@ use crate::runtime::{DoneFlag, Stop, TaskCtl};
 use crate::schema;
 use crate::serve::PolicyHandle;
 
-/// The task names `--only` accepts.
-pub const TASKS: &[&str] = &["serve", "proxy", "signals", "judge", "hint", "teacher", "train", "sinks"];
+/// The task names `--only` accepts. `reload` is the reload follower ([`crate::stages::reload`]): it
+/// consumes `checkpoints` and moves the servers of `[serve] reload_urls` / `url` (and the in-process
+/// server, when `serve` runs too) to each checkpoint; without it, an in-process trainer reloads them
+/// itself as it publishes.
+pub const TASKS: &[&str] = &["serve", "proxy", "signals", "judge", "hint", "teacher", "train", "sinks", "reload"];
 
 /// What `nextstate run` should start.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// Subset of [`TASKS`] (None = every task).
+    /// Subset of [`TASKS`] (None = every task but `reload`).
     pub only: Option<Vec<String>>,
     /// Exit once every input is processed (the proxy, when run, is an unbounded input: it ends on a
     /// stop request or [`RunningPipeline::close_sources`]).
@@ -51,7 +54,8 @@ pub struct RunReport {
     pub train: Option<crate::stages::train::TrainReport>,
     /// The proxy's counters, when it ran.
     pub proxy: Option<crate::serve::proxy::ProxyStats>,
-    /// Checkpoint versions the in-process server loaded.
+    /// Checkpoint versions some server confirmed (the in-process one, or an external one of `[serve]`),
+    /// once per checkpoint, in the order they were loaded.
     pub reloads: Vec<i64>,
     /// The lake sinks ran although `--only` did not name them: on the embedded bus the topics end with
     /// the process, so what the selected tasks produce reaches the lake only through the sinks.
@@ -109,11 +113,10 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
     start_pipeline(cfg, opts, stop).await?.finish().await
 }
 
-async fn bind(host: &str, port: u16) -> Result<(tokio::net::TcpListener, String)> {
-    let addr = format!("{host}:{port}");
-    let l = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::io("bind", &addr, e))?;
-    let local = l.local_addr().map_err(|e| Error::io("local address", &addr, e))?;
-    Ok((l, format!("http://{local}")))
+async fn bind(host: &str, port: u16, tls: Option<&crate::net::ServerTls>) -> Result<(crate::net::Listener, String)> {
+    let l = crate::net::Listener::bind(host, port, tls).await?;
+    let url = l.url()?;
+    Ok((l, url))
 }
 
 /// Starts every selected task and returns once the servers listen and the embedded catch-up is
@@ -131,9 +134,12 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
             }
             list.clone()
         }
-        None => TASKS.iter().map(|s| s.to_string()).collect(),
+        // Every task but the reload follower: the in-process trainer reloads the servers itself.
+        None => TASKS.iter().filter(|t| **t != "reload").map(|s| s.to_string()).collect(),
     };
     let has = |t: &str| selected.iter().any(|s| s == t);
+    // The pipeline's `[tls] ca_file` is the trust of every HTTP client this process makes from here on.
+    cfg.tls.apply()?;
     let lake = Lake::open(&cfg.lake)?;
     let bus = Bus::connect(cfg.bus.clone()).await?;
     bus.ensure_topics(&schema_tables()).await?;
@@ -160,6 +166,23 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
         report.sinks_added = true;
     }
     let run_train = has("train");
+    let run_follower = has("reload");
+    // The external servers to reload (an in-process `serve` replaces `[serve] url`: it is reloaded in
+    // place, so only `reload_urls` are external then).
+    let external = {
+        let mut sc = cfg.serve.clone();
+        if has("serve") {
+            sc.url = None;
+        }
+        crate::serve::reload::Reloader::from_config(&sc)?
+    };
+    if run_follower && !external.is_active() && !has("serve") {
+        return Err(Error::Config(format!(
+            "--only reload has nothing to reload: set [serve] reload_urls (or url) and a reload kind other than none (serve.reload = {:?})",
+            cfg.serve.reload
+        )));
+    }
+    let follower_group = crate::stages::reload::follower_group(&bus, &cfg.name, &external);
     // Every consumer is declared before anything is produced (the embedded bus's flow control waits
     // for declared consumers; see bus::flow).
     for &name in &stage_chain {
@@ -167,6 +190,9 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     }
     if run_train {
         bus.expect_consumer(&bus.group(&format!("nextstate.{}.trainer", cfg.name)), "samples");
+    }
+    if run_follower {
+        bus.expect_consumer(&follower_group, "checkpoints");
     }
     if run_sinks {
         for &table in SINK_TABLES {
@@ -191,13 +217,15 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     if has("proxy") {
         let upstream = serve_url.clone().ok_or_else(|| Error::Config("the proxy needs an upstream: run `serve` too, or set [serve] url".into()))?;
         let mut popts = crate::serve::proxy::ProxyOptions::new(upstream);
+        // External upstream: the versions the reloader confirms stand in for an `x-policy-version`.
+        popts.upstream_versions = Some(external.loaded());
         popts.default_turn_type = schema::TurnType::parse(&cfg.proxy.default_turn_type)
             .ok_or_else(|| Error::Config(format!("proxy.default_turn_type must be main or side, got {}", cfg.proxy.default_turn_type)))?;
         popts.spool = crate::serve::proxy::emit::SpoolConfig::new(&cfg.proxy.spool_dir, cfg.proxy.spool_max_bytes);
         if let Some(env) = &cfg.proxy.api_key_env {
             popts.api_key = Some(std::env::var(env).map_err(|_| Error::Config(format!("proxy.api_key_env: ${env} is not set")))?);
         }
-        let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port).await?;
+        let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port, cfg.proxy.tls.as_ref()).await?;
         tracing::info!(%url, "capture proxy listening");
         proxy_url = Some(url);
         let proxy = crate::serve::proxy::Proxy::start(popts, &bus).await?;
@@ -240,9 +268,20 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
             checkpoints_dir: checkpoints_dir.clone(),
             max_steps: None,
         };
-        let on_checkpoint = reloader(cfg, policy.clone(), serve_url.clone(), reloads.clone());
+        // With a follower in this process, it reloads (in order, from the topic); else the trainer does.
+        let on_checkpoint = if run_follower { reloader(None, None, reloads.clone()) } else { reloader(policy.clone(), Some(external.clone()), reloads.clone()) };
         let (cfg2, bus2) = (cfg.clone(), bus.clone());
         set.spawn(async move { crate::stages::train::run_train(&cfg2, &topts, &bus2, &ctl, Some(on_checkpoint)).await.map(Done::Train) });
+    }
+    // 4b. The reload follower, after the in-process trainer when it runs.
+    if run_follower {
+        let mut ctl = TaskCtl::new("reload", opts.until_idle, stop.clone()).after(&republish_done);
+        if let Some(f) = flags.get("train") {
+            ctl = ctl.after(f);
+        }
+        let follower = crate::stages::reload::Follower { group: follower_group.clone(), run_id: run_id.clone(), reloader: external.clone(), local: policy.clone(), loaded_log: Some(reloads.clone()) };
+        let bus2 = bus.clone();
+        set.spawn(async move { crate::stages::reload::follow_checkpoints(&bus2, &follower, &ctl).await.map(|c| Done::Stage("reload".into(), c)) });
     }
     // 5. The lake sinks.
     if run_sinks {
@@ -423,55 +462,61 @@ async fn start_server(
     };
     let server = crate::serve::PolicyServer::start(lm, version, opts)?;
     let handle = server.handle();
-    let (listener, url) = bind(&cfg.serve.host, cfg.serve.port).await?;
+    let (listener, url) = bind(&cfg.serve.host, cfg.serve.port, cfg.serve.tls.as_ref()).await?;
     tracing::info!(%url, version, "policy server listening");
     let mut s = stop;
     let fut = Box::pin(async move { server.serve(listener, async move { s.wait().await }).await });
     Ok((handle, url, fut))
 }
 
-/// The trainer's checkpoint callback: the in-process server reloads in place; an external server is told
-/// through its reload endpoint (`[serve] reload`).
-fn reloader(cfg: &PipelineConfig, policy: Option<PolicyHandle>, url: Option<String>, log: Arc<std::sync::Mutex<Vec<i64>>>) -> crate::stages::train::OnCheckpoint {
-    let kind = cfg.serve.reload.clone();
-    Box::new(move |row: &schema::Checkpoint| {
-        let (path, version) = (PathBuf::from(&row.path), row.version);
-        let (policy, url, kind, log) = (policy.clone(), url.clone(), kind.clone(), log.clone());
-        tokio::spawn(async move {
-            let r = match (&policy, url.as_deref(), kind.as_str()) {
-                (Some(h), _, _) => h.reload(path.clone(), version).await.map(|_| ()),
-                (None, _, "none") | (None, None, _) => Ok(()),
-                (None, Some(u), k) => reload_external(u, k, &path, version).await,
-            };
-            match r {
-                Ok(()) => {
-                    if policy.is_some() || kind != "none" {
-                        if let Ok(mut l) = log.lock() {
-                            l.push(version);
-                        }
-                    }
+/// The trainer's checkpoint callback: the in-process server reloads in place, then the external servers
+/// ([`crate::serve::reload::Reloader`]). One task handles the checkpoints in the order they are
+/// published (a server never gets version 3 before 2); versions some server confirmed go to `log`.
+fn reloader(policy: Option<PolicyHandle>, external: Option<crate::serve::reload::Reloader>, log: Arc<std::sync::Mutex<Vec<i64>>>) -> crate::stages::train::OnCheckpoint {
+    let external = external.filter(|r| r.is_active());
+    if policy.is_none() && external.is_none() {
+        return Box::new(|_row: &schema::Checkpoint| {});
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(PathBuf, i64)>();
+    tokio::spawn(async move {
+        while let Some((path, version)) = rx.recv().await {
+            let mut loaded = false;
+            if let Some(h) = &policy {
+                match h.reload(path.clone(), version).await {
+                    Ok(_) => loaded = true,
+                    Err(e) => tracing::error!(version, error = %e, "the policy server could not load the checkpoint"),
                 }
-                Err(e) => tracing::error!(version, error = %e, "the policy server could not load the checkpoint"),
             }
-        });
+            if let Some(r) = &external {
+                // Failures are logged (with the engine's answer) by the reloader.
+                loaded |= r.reload(&path, version).await.iter().any(|o| matches!(o, crate::serve::reload::ReloadOutcome::Loaded { .. }));
+            }
+            if loaded {
+                if let Ok(mut l) = log.lock() {
+                    l.push(version);
+                }
+            }
+        }
+    });
+    Box::new(move |row: &schema::Checkpoint| {
+        // Err only once the worker is gone (the runtime is shutting down).
+        let _ = tx.send((PathBuf::from(&row.path), row.version));
     })
 }
 
-/// Asks an external server to load a checkpoint folder.
+/// Asks one external server to load a checkpoint folder (a one-off [`crate::serve::reload::Reloader`]
+/// of `url` with kind `kind`, 600 s timeout).
 ///
 /// # Errors
-/// [`Error::Http`] when the call fails or is refused; [`Error::Config`] for an unknown `kind`.
+/// [`Error::Config`] for an unknown `kind` or a bad URL; [`Error::Http`] when the server is unreachable
+/// or answers with an error (the message names the endpoint, the status and the engine's answer).
 pub async fn reload_external(url: &str, kind: &str, path: &std::path::Path, version: i64) -> Result<()> {
-    let client = reqwest::Client::new();
-    let base = url.trim_end_matches('/');
-    let req = match kind {
-        "nextstate" => client.post(format!("{base}/v1/reload")).json(&serde_json::json!({"path": path, "version": version})),
-        "sglang" => client.post(format!("{base}/update_weights_from_disk")).json(&serde_json::json!({"model_path": path})),
-        other => return Err(Error::Config(format!("serve.reload = {other:?} (nextstate, sglang or none)"))),
-    };
-    let resp = req.send().await.map_err(|e| Error::Http(e.to_string()))?;
-    if !resp.status().is_success() {
-        return Err(Error::Http(format!("reload returned {}: {}", resp.status(), resp.text().await.unwrap_or_default())));
+    let kind = crate::serve::reload::ReloadKind::parse(kind)?;
+    let r = crate::serve::reload::Reloader::new(kind, &[url.to_string()], std::time::Duration::from_secs(crate::serve::reload::DEFAULT_RELOAD_TIMEOUT_S))?;
+    for o in r.reload(path, version).await {
+        if let crate::serve::reload::ReloadOutcome::Failed(f) = o {
+            return Err(f.error);
+        }
     }
     Ok(())
 }

@@ -16,6 +16,12 @@
 //! (`teacher_logprobs`, or the replay cache `_state/teacher_cache/`, see [`TeacherCache`]) is not scored
 //! again: replays and ablation arms that build the same hints pay model time only for what changed
 //! (counted as `teacher_cache_hit`).
+//!
+//! Teacher backend (`[teacher] backend`): `local` (default) scores in-process with tch; `sglang` and
+//! `vllm` ask an inference server holding the teacher model ([`remote`]), with the same alignment
+//! contract. Tokens, template and the rollout recompute stay local either way.
+
+pub mod remote;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -30,18 +36,82 @@ use crate::hint::{candidate_hints, teacher_messages};
 use crate::samples::{assemble, attach_candidates, decide, Decision, SampleConfig, SampleOutcome};
 use crate::schema::{content_hash, now_ms, DeadLetter, HintRecord, Interaction, Judgment, Message, Table, TeacherLogprobs};
 
-/// The `[teacher]` table of a pipeline.
+/// Where the teacher's log-probs are computed (`[teacher] backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TeacherBackend {
+    /// In-process with tch (the default).
+    #[default]
+    Local,
+    /// An SGLang server's native `POST /generate` (input log-probs of a prefill; see [`remote`]).
+    Sglang,
+    /// A vLLM server's `POST /v1/completions` with `prompt_logprobs` (also `nextstate serve`).
+    Vllm,
+}
+
+impl TeacherBackend {
+    /// `local`, `sglang` or `vllm`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeacherBackend::Local => "local",
+            TeacherBackend::Sglang => "sglang",
+            TeacherBackend::Vllm => "vllm",
+        }
+    }
+
+    fn is_local(&self) -> bool {
+        *self == TeacherBackend::Local
+    }
+}
+
+/// The `[teacher]` table of a pipeline. The remote-backend keys are left out of the serialised form
+/// while at their defaults, so pipelines that do not set them keep their hash.
+///
+/// ```toml
+/// [teacher]
+/// backend = "vllm"                 # or "sglang"; default "local"
+/// url = "http://10.0.0.5:8000"     # the server's base URL (or the full endpoint path)
+/// model = "Qwen/Qwen3-4B"          # the served model id, recorded as teacher_model
+/// api_key_env = "TEACHER_API_KEY"  # optional bearer token, read from this variable
+/// top_k = 4
+/// timeout_s = 120
+/// retries = 3
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TeacherConfig {
-    /// Teacher model directory. None (default): the policy's initial weights (`[policy] model`), as
-    /// in the reference implementation.
+    /// Where the teacher's log-probs are computed: `local` (default), `sglang` or `vllm`.
+    #[serde(skip_serializing_if = "TeacherBackend::is_local")]
+    pub backend: TeacherBackend,
+    /// Local backend: the teacher model directory; None (default): the policy's initial weights
+    /// (`[policy] model`), as in the reference implementation. Remote backends: the model id the
+    /// server serves (required; sent to vLLM as `model`, recorded as `teacher_model` and part of the
+    /// teacher cache key). The teacher must share the policy's tokenizer either way.
     pub model: Option<PathBuf>,
+    /// Remote backends: the server's base URL (e.g. `http://127.0.0.1:30000`) or the full endpoint
+    /// (`…/generate` for SGLang, `…/v1/completions` for vLLM). Required for them, refused for `local`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Remote backends: name of the environment variable holding the server's API key (sent as a
+    /// bearer token; the key itself is never stored or printed). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Remote backends: limit on one request, seconds (default 120).
+    #[serde(skip_serializing_if = "is_default_timeout")]
+    pub timeout_s: f64,
+    /// Remote backends: retries of a request after a transport error, timeout, 5xx, 408 or 429
+    /// (default 3), as the judge's.
+    #[serde(skip_serializing_if = "is_default_retries")]
+    pub retries: u32,
+    /// Remote backends: backoff before retry k = `backoff_base_ms · 2^k` milliseconds, at most 30 s
+    /// (default 500).
+    #[serde(skip_serializing_if = "is_default_backoff")]
+    pub backoff_base_ms: u64,
     /// Keep the teacher's top-K token ids and log-probs per response position (0 = off).
     pub top_k: usize,
     /// Longest prompt + response accepted, in tokens; longer turns are dead-lettered (`too_long`).
     pub max_tokens: usize,
-    /// Turns scored per forward pass.
+    /// Turns scored per forward pass (local); requests in flight at once (remote).
     pub batch: usize,
     /// Hint candidates per turn, C (1 = the hint stage's chosen hint only, the default). With C > 1
     /// (multi-candidate hints, METHOD.md §3b) every accepted hint vote of a turn, deduplicated and
@@ -59,12 +129,40 @@ fn is_one(n: &usize) -> bool {
     *n == 1
 }
 
+const DEFAULT_TIMEOUT_S: f64 = 120.0;
+const DEFAULT_RETRIES: u32 = 3;
+const DEFAULT_BACKOFF_MS: u64 = 500;
+
+fn is_default_timeout(x: &f64) -> bool {
+    *x == DEFAULT_TIMEOUT_S
+}
+
+fn is_default_retries(x: &u32) -> bool {
+    *x == DEFAULT_RETRIES
+}
+
+fn is_default_backoff(x: &u64) -> bool {
+    *x == DEFAULT_BACKOFF_MS
+}
+
 /// Most hint candidates per turn (`teacher.candidates`).
 pub const MAX_CANDIDATES: usize = 8;
 
 impl Default for TeacherConfig {
     fn default() -> Self {
-        TeacherConfig { model: None, top_k: 0, max_tokens: 8192, batch: 4, candidates: 1 }
+        TeacherConfig {
+            backend: TeacherBackend::Local,
+            model: None,
+            url: None,
+            api_key_env: None,
+            timeout_s: DEFAULT_TIMEOUT_S,
+            retries: DEFAULT_RETRIES,
+            backoff_base_ms: DEFAULT_BACKOFF_MS,
+            top_k: 0,
+            max_tokens: 8192,
+            batch: 4,
+            candidates: 1,
+        }
     }
 }
 
@@ -83,7 +181,34 @@ impl TeacherConfig {
                 self.candidates
             )));
         }
+        if self.backend.is_local() {
+            if let Some(u) = &self.url {
+                return Err(Error::Config(format!("teacher.url = {u:?} is only used by a remote teacher.backend (sglang or vllm); backend is \"local\"")));
+            }
+            return Ok(());
+        }
+        let backend = self.backend.as_str();
+        if self.url.as_deref().is_none_or(|u| u.trim().is_empty()) {
+            return Err(Error::Config(format!("teacher.backend = \"{backend}\" needs teacher.url (the server's base URL)")));
+        }
+        if self.remote_model().is_none() {
+            return Err(Error::Config(format!("teacher.backend = \"{backend}\" needs teacher.model (the model id the server serves)")));
+        }
+        if self.candidates > 1 {
+            return Err(Error::Config(format!(
+                "teacher.candidates = {} needs teacher.backend = \"local\": multi-candidate hints score the teacher at the student's top-K ids, which the {backend} API cannot return for prompt positions",
+                self.candidates
+            )));
+        }
+        if !self.timeout_s.is_finite() || self.timeout_s <= 0.0 || self.timeout_s > 86_400.0 {
+            return Err(Error::Config(format!("teacher.timeout_s = {}: must be in (0, 86400] seconds", self.timeout_s)));
+        }
         Ok(())
+    }
+
+    /// The remote teacher's model id (`model` as text), when set and not blank.
+    pub fn remote_model(&self) -> Option<String> {
+        self.model.as_ref().map(|m| m.to_string_lossy().trim().to_string()).filter(|m| !m.is_empty())
     }
 
     /// Whether turns get several hint candidates and the student's top-K ids (`candidates` > 1).
@@ -92,14 +217,23 @@ impl TeacherConfig {
     }
 }
 
+/// What computes the teacher passes.
+#[derive(Clone)]
+pub enum TeacherScorer {
+    /// In-process with tch ([`LanguageModel::score`] / [`LanguageModel::score_at`]).
+    Local(Arc<Mutex<LanguageModel>>),
+    /// An inference server ([`remote::RemoteTeacher`]); one request per teacher context.
+    Remote(Arc<remote::RemoteTeacher>),
+}
+
 /// The models the stage uses: the policy's initial weights (tokenizer, template, rollout recompute) and
-/// the teacher (the same instance unless configured otherwise). The teacher scores the student's own
-/// token ids, so it must share the policy's tokenizer; its prompt is rendered with the policy's
-/// template.
+/// the teacher (the same instance unless configured otherwise, or a remote server). The teacher scores
+/// the student's own token ids, so it must share the policy's tokenizer; its prompt is rendered with
+/// the policy's template.
 #[derive(Clone)]
 pub struct TeacherModels {
     policy: Arc<Mutex<LanguageModel>>,
-    teacher: Arc<Mutex<LanguageModel>>,
+    teacher: TeacherScorer,
     teacher_id: String,
     teacher_version: i64,
     /// Name of the policy's initial weights (the student of multi-candidate rows).
@@ -107,21 +241,32 @@ pub struct TeacherModels {
 }
 
 impl TeacherModels {
-    /// Loads the policy (and a separate teacher when configured), frozen.
+    /// Loads the policy (and a separate teacher when configured), frozen; for a remote backend, the
+    /// policy and a client for the server (whose rows record the served model id at version 0).
     ///
     /// # Errors
-    /// Model loading errors.
+    /// Model loading errors; remote client errors ([`remote::RemoteTeacher::new`]).
     pub fn load(cfg: &PipelineConfig) -> Result<TeacherModels> {
         let device = LoadOptions::parse_device(&cfg.policy.device)?;
         let opts = LoadOptions { device, dtype: LoadOptions::parse_dtype(&cfg.policy.dtype, device)?, ..Default::default() };
         let policy = Arc::new(Mutex::new(LanguageModel::load(&cfg.policy.model, &opts)?));
+        let (policy_id, _) = weights_identity(&cfg.policy.model)?;
+        if !cfg.teacher.backend.is_local() {
+            let client = remote::RemoteTeacher::new(&cfg.teacher)?;
+            let teacher_id = client.model().to_string();
+            return Ok(TeacherModels { policy, teacher: TeacherScorer::Remote(Arc::new(client)), teacher_id, teacher_version: 0, policy_id });
+        }
         let (teacher, path) = match &cfg.teacher.model {
             Some(p) if p != &cfg.policy.model => (Arc::new(Mutex::new(LanguageModel::load(p, &opts)?)), p.clone()),
             _ => (policy.clone(), cfg.policy.model.clone()),
         };
         let (teacher_id, teacher_version) = weights_identity(&path)?;
-        let (policy_id, _) = weights_identity(&cfg.policy.model)?;
-        Ok(TeacherModels { policy, teacher, teacher_id, teacher_version, policy_id })
+        Ok(TeacherModels { policy, teacher: TeacherScorer::Local(teacher), teacher_id, teacher_version, policy_id })
+    }
+
+    /// What computes the teacher passes.
+    pub fn scorer(&self) -> &TeacherScorer {
+        &self.teacher
     }
 }
 
@@ -346,9 +491,17 @@ fn to_i32_rows(rows: &[Vec<u32>]) -> Vec<Vec<i32>> {
     rows.iter().map(|r| to_i32(r)).collect()
 }
 
-/// What the blocking scoring call returns for one job: recomputed rollout log-probs, the student's
-/// top-K (multi-candidate), and one scored response per uncached teacher context, in order.
-type Scored = (Option<Vec<f32>>, Option<crate::model::ScoredResponse>, Vec<crate::model::ScoredResponse>);
+/// One teacher pass's outcome: the scores, or why this turn gets none (dead-letter reason and error;
+/// remote teachers only, see [`remote::RemoteFailure`]).
+type TeacherPass = std::result::Result<crate::model::ScoredResponse, (&'static str, Error)>;
+
+/// What the scoring passes return for one job: recomputed rollout log-probs, the student's top-K
+/// (multi-candidate), and one teacher pass per uncached teacher context, in order.
+type Scored = (Option<Vec<f32>>, Option<crate::model::ScoredResponse>, Vec<TeacherPass>);
+
+/// The policy's passes of a batch (rollout recompute, student top-K) per job, the teacher items, and
+/// the local teacher's scores of them (`None` for a remote teacher, which scores them afterwards).
+type PolicyPasses = (Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)>, Vec<(Vec<u32>, Vec<u32>)>, Option<Vec<crate::model::ScoredResponse>>);
 
 impl<I: Table> StageLogic for TeacherStage<I> {
     type In = I;
@@ -456,7 +609,8 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             })
             .collect();
         let threads = self.threads;
-        let scored = tokio::task::spawn_blocking(move || -> Result<Vec<Scored>> {
+        let teacher_counts: Vec<usize> = work.iter().map(|w| w.teachers.len()).collect();
+        let (per_job, teacher_items, local_out) = tokio::task::spawn_blocking(move || -> Result<PolicyPasses> {
             if threads > 0 {
                 crate::model::set_threads(threads as i32)?;
             }
@@ -471,7 +625,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 student_out.extend(lock(&models.policy).score(chunk, top_k)?);
             }
             let (mut ri, mut si) = (rollout_out.into_iter(), student_out.into_iter());
-            let mut per_job: Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)> =
+            let per_job: Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)> =
                 work.iter().map(|w| (w.rollout.as_ref().and_then(|_| ri.next()), w.student.as_ref().and_then(|_| si.next()))).collect();
             // Teacher passes: at the student's ids when the turn has them (multi-candidate).
             let mut teacher_items = vec![];
@@ -483,25 +637,51 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                     at.push(ids.clone());
                 }
             }
+            let TeacherScorer::Local(teacher) = &models.teacher else {
+                return Ok((per_job, teacher_items, None));
+            };
             let mut teacher_out = vec![];
             let mut start = 0;
             for chunk in teacher_items.chunks(per_pass) {
                 let ids: Vec<Vec<Vec<u32>>> = at[start..start + chunk.len()].iter().map(|a| a.clone().unwrap_or_default()).collect();
                 start += chunk.len();
-                let lm = lock(&models.teacher);
+                let lm = lock(teacher);
                 teacher_out.extend(if at[start - chunk.len()..start].iter().all(Option::is_some) { lm.score_at(chunk, top_k, &ids)? } else { lm.score(chunk, top_k)? });
             }
-            let mut ti = teacher_out.into_iter();
-            Ok(work
-                .iter()
-                .zip(per_job.iter_mut())
-                .map(|(w, (r, s))| (r.take(), s.take(), w.teachers.iter().filter_map(|_| ti.next()).collect()))
-                .collect())
+            Ok((per_job, teacher_items, Some(teacher_out)))
         })
         .await
         .map_err(|e| Error::Internal(format!("teacher worker: {e}")))??;
+        let teacher_out: Vec<TeacherPass> = match (local_out, &self.models.teacher) {
+            (Some(scores), _) => scores.into_iter().map(Ok).collect(),
+            (None, TeacherScorer::Remote(client)) => {
+                let mut passes = Vec::with_capacity(teacher_items.len());
+                for r in client.score_all(&teacher_items).await {
+                    passes.push(match r {
+                        Ok(s) => Ok(s),
+                        Err(remote::RemoteFailure::Turn { code, error }) => Err((code, error)),
+                        // The teacher is down or refuses us: stop before committing this batch.
+                        Err(remote::RemoteFailure::Unavailable(e)) => return Err(e),
+                    });
+                }
+                passes
+            }
+            (None, TeacherScorer::Local(_)) => return Err(Error::Internal("the local teacher pass returned no scores".into())),
+        };
+        let mut ti = teacher_out.into_iter();
+        let scored: Vec<Scored> = teacher_counts.iter().zip(per_job).map(|(&n, (r, st))| (r, st, ti.by_ref().take(n).collect())).collect();
 
-        for (job, (recomputed, student, teacher_scores)) in jobs.into_iter().zip(scored) {
+        for (job, (recomputed, student, teacher_passes)) in jobs.into_iter().zip(scored) {
+            let teacher_scores = match teacher_passes.into_iter().collect::<std::result::Result<Vec<_>, _>>() {
+                Ok(v) => v,
+                Err((code, e)) => {
+                    counts.add(&format!("dead_letter: {code}"), 1);
+                    let d = DeadLetter::new("teacher", code, e.to_string(), &serde_json::to_vec(&job.interaction).unwrap_or_default(), job.lineage.clone())
+                        .with_keys(&job.interaction.session_id, Some(&job.interaction.interaction_id));
+                    out.dead(d).await?;
+                    continue;
+                }
+            };
             let cached_ids = job.cached_student_ids().cloned();
             let Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, lineage, teachers } = job;
             let was_recomputed = recomputed.is_some();

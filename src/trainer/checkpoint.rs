@@ -5,11 +5,26 @@
 //!
 //! ```text
 //! checkpoints/<run>/N/
-//!   model.safetensors | adapter.safetensors (+ whatever the policy writes, e.g. config.json)
-//!   optimizer.safetensors   AdamW moments exp_avg/<name>, exp_avg_sq/<name>, and f32 master weights
-//!                           master/<name> of bf16/f16 tensors (`optim` module docs, "Precision")
-//!   manifest.json           written last
+//!   full weights:  model.safetensors + config.json (+ tokenizer files): a complete HF model folder
+//!   LoRA:          adapter_model.safetensors + adapter_config.json: a PEFT adapter folder (keys
+//!                  base_model.model.<module>.lora_A.weight [r, in] / .lora_B.weight [out, r], the
+//!                  trained dtype; `model::peft`), which vLLM/SGLang (`lora_path` = this folder) and
+//!                  `peft.PeftModel.from_pretrained` load as is
+//!   optimizer/optimizer.safetensors   AdamW moments exp_avg/<name>, exp_avg_sq/<name>, and f32
+//!                           master weights master/<name> of bf16/f16 tensors (`optim` module docs,
+//!                           "Precision"). In a subfolder because serving engines load every
+//!                           `*.safetensors` at the top of the folder they are given (SGLang's LoRA and
+//!                           disk loaders, vLLM's disk loader): the optimizer's names would be read as
+//!                           weights. Checkpoints written before keep `optimizer.safetensors` at the top;
+//!                           resume reads the path the manifest names (`optimizer.file`).
+//!   manifest.json           written last; `weight_files` lists the files the policy wrote
 //! ```
+//!
+//! (These are the files of the model runtime's policy; a policy using the default
+//! `Policy::save_weights` writes `model.safetensors` or `adapter.safetensors` under its variable names.)
+//! LoRA checkpoints written before the PEFT layout hold `adapter.safetensors` with bare module names
+//! (`model.layers.0.self_attn.q_proj.lora_A.weight`); resume, `serve --model <ckpt> --base`, reloads
+//! and evaluation still read them (`model::peft::read_adapter_weights`).
 //!
 //! Atomicity: everything is written into `checkpoints/<run>/.tmp-N-<uuid>/`, each file fsynced, then the
 //! folder is renamed to `N` and the run folder fsynced. A folder named by a number with a readable
@@ -33,8 +48,8 @@ use crate::{Error, Result};
 
 /// The manifest's file name.
 pub const MANIFEST_FILE: &str = "manifest.json";
-/// The optimizer state's file name.
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The optimizer state's path inside a checkpoint folder (a subfolder: see the module docs).
+pub const OPTIMIZER_FILE: &str = "optimizer/optimizer.safetensors";
 /// Version of the manifest format.
 pub const MANIFEST_FORMAT: u32 = 1;
 

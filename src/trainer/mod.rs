@@ -59,7 +59,8 @@ use crate::{config_err, input_err, Error, Result};
 pub enum WeightsFormat {
     /// All trainable weights (`model.safetensors`).
     Full,
-    /// Only the LoRA adapter tensors (`adapter.safetensors`).
+    /// Only the LoRA adapter tensors (the model runtime's policy: PEFT's `adapter_model.safetensors` +
+    /// `adapter_config.json`; the default [`Policy::save_weights`]: `adapter.safetensors`).
     Lora,
 }
 
@@ -998,7 +999,11 @@ impl<P: Policy> Trainer<P> {
         let (policy, opt) = (&mut self.policy, &self.opt);
         let path = self.writer.write(&mut manifest, |dir| {
             let files = policy.save_weights(dir, format)?;
-            opt.save(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+            let opt_path = dir.join(checkpoint::OPTIMIZER_FILE);
+            if let Some(parent) = opt_path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
+            }
+            opt.save(&opt_path)?;
             Ok(files)
         })?;
         self.version = manifest.version;

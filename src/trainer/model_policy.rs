@@ -41,8 +41,9 @@ impl Policy for LanguageModel {
     }
 
     /// Full: a complete HF directory (`model.safetensors`, config, tokenizer) that `nextstate serve`
-    /// and `LanguageModel::load` read as is. LoRA: `adapter.safetensors` + `adapter_config.json` (PEFT
-    /// names) on top of the base model directory.
+    /// and `LanguageModel::load` read as is. LoRA: a PEFT adapter folder (`adapter_model.safetensors` +
+    /// `adapter_config.json`, `model::peft`) on top of the base model directory, which vLLM, SGLang and
+    /// `peft` load as is. Loading also reads older checkpoints' `adapter.safetensors`.
     fn save_weights(&mut self, dir: &Path, format: WeightsFormat) -> Result<Vec<String>> {
         match format {
             WeightsFormat::Full => {

@@ -206,7 +206,7 @@ fn checkpoints_lineage_and_bit_exact_resume() {
     assert_eq!(written[0].row.samples, 4);
     assert_eq!(written[0].row.checkpoint_id, "run/1");
     assert_eq!((written[1].manifest.version, written[1].manifest.parent_version, written[1].manifest.step), (2, 1, 4));
-    assert!(dir.path().join("run/2/manifest.json").is_file() && dir.path().join("run/2/optimizer.safetensors").is_file());
+    assert!(dir.path().join("run/2/manifest.json").is_file() && dir.path().join("run/2/optimizer/optimizer.safetensors").is_file());
     // The TrainStep version of step 3 was 2 (the checkpoint it led to).
     assert_eq!(a.version(), 2);
 

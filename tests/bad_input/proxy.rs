@@ -175,7 +175,7 @@ async fn scenario() {
     // No pooled connections: the proxy may close a connection after refusing an over-size body while
     // the client is still sending it, and a request reusing that connection would then fail with
     // IncompleteMessage (seen once under load); each request gets its own connection instead.
-    let c = reqwest::Client::builder().timeout(Duration::from_secs(15)).pool_max_idle_per_host(0).build().unwrap();
+    let c = nextstate::net::client_builder().unwrap().timeout(Duration::from_secs(15)).pool_max_idle_per_host(0).build().unwrap();
     let send = |headers: Vec<(&'static str, String)>, body: Vec<u8>| {
         let mut rb = c.post(&p.url).header("content-type", "application/json").body(body);
         for (k, v) in headers {

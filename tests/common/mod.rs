@@ -172,3 +172,62 @@ impl Drop for Proc {
 pub fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
+
+/// A CA and one server certificate for `127.0.0.1` / `localhost`, written as PEM files into `dir`.
+pub struct Pki {
+    /// The CA certificate (trust this).
+    pub ca: PathBuf,
+    /// The server's certificate chain.
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+}
+
+/// Makes a CA (`<name> test CA`) and a server certificate it signs for `localhost` and `127.0.0.1`
+/// (rcgen, ECDSA P-256), written as `<name>-ca.pem`, `<name>-cert.pem`, `<name>-key.pem` in `dir`.
+pub fn make_pki(dir: &std::path::Path, name: &str) -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} test CA"));
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    leaf.distinguished_name.push(rcgen::DnType::CommonName, "127.0.0.1");
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    let p = Pki { ca: dir.join(format!("{name}-ca.pem")), cert: dir.join(format!("{name}-cert.pem")), key: dir.join(format!("{name}-key.pem")) };
+    std::fs::write(&p.ca, ca_cert.pem()).unwrap();
+    std::fs::write(&p.cert, leaf_cert.pem()).unwrap();
+    std::fs::write(&p.key, leaf_key.serialize_pem()).unwrap();
+    p
+}
+
+/// Our policy server (`models/smollm2-135m-instruct`, f32 on the CPU, one libtorch thread, `Sampling`
+/// log-probs) listening on 127.0.0.1:0 — on https when `tls` is given — until the returned sender is
+/// dropped or sent to. Returns its base URL (`http://` or `https://`).
+pub async fn start_policy_server(model: &std::path::Path, tls: Option<&nextstate::net::ServerTls>) -> (String, tokio::sync::oneshot::Sender<()>) {
+    tch::set_num_threads(1);
+    let lm = nextstate::model::LanguageModel::load(model, &nextstate::model::LoadOptions::default()).unwrap();
+    let opts = nextstate::serve::ServerOptions {
+        model_name: "smollm2-135m-instruct".into(),
+        api_key: None,
+        max_body_bytes: 8 << 20,
+        max_batch: 4,
+        batch_window: std::time::Duration::from_millis(5),
+        default_max_tokens: 16,
+        logprobs_mode: nextstate::model::LogprobMode::Sampling,
+        load: nextstate::model::LoadOptions::default(),
+        base_dir: model.to_path_buf(),
+        threads: 1,
+    };
+    let server = nextstate::serve::PolicyServer::start(lm, 0, opts).unwrap();
+    let listener = nextstate::net::Listener::bind("127.0.0.1", 0, tls).await.unwrap();
+    let url = listener.url().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    (url, stop)
+}

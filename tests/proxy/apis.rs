@@ -319,7 +319,7 @@ async fn responses_chained_by_previous_response_id_are_one_session() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/responses", p.url);
     let tools: Value = serde_json::from_str(WEATHER_TOOL_RESPONSES).unwrap();
 
@@ -410,7 +410,7 @@ async fn messages_streamed_and_not_are_captured_with_tool_use_and_results() {
     let mut o = opts(&up, dir.path());
     o.upstream_api_key = Some("up-key".into());
     let p = start_proxy(o, &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/messages", p.url);
     let tools: Value = serde_json::from_str(WEATHER_TOOL_MESSAGES).unwrap();
     let hdr = [("anthropic-version", "2023-06-01"), ("anthropic-beta", "fake-beta"), ("x-session-id", "claude-1")];
@@ -480,7 +480,7 @@ async fn errors_cut_streams_refusals_and_x_api_key_auth() {
     let mut o = opts(&up, dir.path());
     o.api_key = Some("sekrit".into());
     let p = start_proxy(o, &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let (responses, messages) = (format!("{}/v1/responses", p.url), format!("{}/v1/messages", p.url));
     let av = ("anthropic-version", "2023-06-01");
     let msg = |model: &str, stream: bool| json!({"model": model, "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});

@@ -232,7 +232,7 @@ async fn non_stream_returns_the_upstream_bytes_and_emits_one_event_per_turn() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
 
     // Turn 0: headers; the client asked for log-probs → exactly the upstream's bytes.
     let r = c
@@ -305,7 +305,7 @@ async fn streams_are_forwarded_incrementally_and_captured() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
 
     // No session header: inferred. No log-probs asked: chunks come back with logprobs null.
     for (turn, want_lp) in [(0, false), (1, true)] {
@@ -373,7 +373,7 @@ async fn a_client_that_leaves_mid_stream_makes_no_event() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let r = reqwest::Client::new()
+    let r = nextstate::net::http_client(None).unwrap()
         .post(format!("{}/v1/chat/completions", p.url))
         .json(&chat("fake", "a long enough story to leave early", json!({"stream": true})))
         .send()
@@ -394,7 +394,7 @@ async fn invalid_token_data_is_dropped_with_a_note_and_counted() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "m").json(&chat("mismatch", "a b", json!({}))).send().await.unwrap();
+    let r = nextstate::net::http_client(None).unwrap().post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "m").json(&chat("mismatch", "a b", json!({}))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::ZERO).await;
     assert_eq!(rows.len(), 1);
@@ -416,7 +416,7 @@ async fn auth_limits_bad_json_and_upstream_errors() {
     o.api_key = Some("sekrit".into());
     o.max_body_bytes = 4096;
     let p = start_proxy(o, &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/chat/completions", p.url);
     let body = chat("fake", "hi", json!({}));
 
@@ -492,7 +492,7 @@ async fn kafka_down_spools_then_drops_when_full_then_replays() {
     let mut o = opts(&up, spool_a.path());
     o.emitter.send_timeout = Duration::from_millis(300);
     let p = start_proxy(o.clone(), &dead_bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let mut slowest = Duration::ZERO;
     for i in 0..5 {
         let t = Instant::now();
@@ -548,7 +548,7 @@ async fn real_broker_receives_one_record_per_turn() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let r = c.post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "rb").json(&chat("fake", "one", json!({}))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let r = c
@@ -663,7 +663,7 @@ async fn proxy_overhead_measurement() {
     let mut input = interactions_input(&bus);
     let dir = tempfile::tempdir().unwrap();
     let p = start_proxy(opts(&up, dir.path()), &bus).await;
-    let c = reqwest::Client::new();
+    let c = nextstate::net::http_client(None).unwrap();
     let n = 1000;
     // Warm-up (connections, allocations).
     timed_loop(&c, &format!("{up}/v1/chat/completions"), 50, 1, false).await;
@@ -751,7 +751,7 @@ async fn our_policy_server_behind_the_proxy() {
     // One streamed turn through reqwest, no log-probs asked: the client gets none, the event has them.
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0,
         "max_tokens": 12, "stream": true});
-    let r = reqwest::Client::new().post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "ours").json(&body).send().await.unwrap();
+    let r = nextstate::net::http_client(None).unwrap().post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "ours").json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     assert!(!text.contains("\"top_logprobs\""), "log-probs stripped for the client");

@@ -51,7 +51,8 @@
 //! Rows (`interactions`, `source_format = "proxy"`): request messages normalised
 //! ([`crate::ingest::normalize`]), tools, response text / reasoning (`<think>` split or
 //! `reasoning_content`) / tool calls, finish reason, `truncated` (finish reason `length` or an
-//! unclosed reasoning block), `policy_version` (body field, else the `X-Policy-Version` header),
+//! unclosed reasoning block), `policy_version` (body field, else the `X-Policy-Version` header, else
+//! the version an in-process reloader confirmed for the upstream: [`ProxyOptions::upstream_versions`]),
 //! prompt and response token ids and rollout log-probs when the upstream returns them (validated:
 //! ids are non-negative `i32`s, log-probs finite, one per response token; anything invalid is dropped
 //! with a note and counted in `token_capture_total{kind="rejected"}`), `event_time` = when the
@@ -125,6 +126,12 @@ pub struct ProxyOptions {
     pub connect_timeout: Duration,
     /// Turns remembered for session inference and sessions whose turn counters are kept (LRU).
     pub session_capacity: usize,
+    /// The versions a reloader of this process confirmed per server
+    /// ([`crate::serve::reload::LoadedVersions`]): a turn whose upstream reports no policy version
+    /// (neither body `policy_version` nor `X-Policy-Version`, as vLLM and SGLang) gets the upstream's
+    /// confirmed version when no reload overlapped the request and, for a LoRA kind, the request named
+    /// the loaded adapter; else it stays unknown. `None`: no such fallback.
+    pub upstream_versions: Option<crate::serve::reload::LoadedVersions>,
 }
 
 impl ProxyOptions {
@@ -145,6 +152,7 @@ impl ProxyOptions {
             upstream_idle_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(5),
             session_capacity: crate::ingest::sessions::DEFAULT_CAPACITY,
+            upstream_versions: None,
         }
     }
 }
@@ -238,12 +246,12 @@ impl Proxy {
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(crate::config_err!("--upstream must be an http:// URL, got {:?}", opts.upstream));
         }
-        let client = reqwest::Client::builder()
+        let client = crate::net::client_builder()?
             .connect_timeout(opts.connect_timeout)
             .read_timeout(opts.upstream_idle_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
-            .map_err(|e| Error::Http(format!("http client: {e}")))?;
+            .map_err(|e| Error::Http(format!("http client: {}", crate::net::error_chain(&e))))?;
         let metrics = Arc::new(Metrics::new());
         let spool = Spool::open(opts.spool.clone()).await?;
         if !spool.is_empty() {
@@ -296,9 +304,9 @@ impl Proxy {
     ///
     /// # Errors
     /// [`Error::Http`] when the server fails.
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<ProxyStats> {
+    pub async fn serve(self, listener: impl Into<crate::net::Listener>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<ProxyStats> {
         let app = self.router();
-        let r = axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Http(format!("proxy server: {e}")));
+        let r = crate::net::serve_app(listener.into(), app, shutdown).await.map_err(|e| Error::Http(format!("proxy server: {e}")));
         let stats = self.shutdown().await;
         r.map(|_| stats)
     }
@@ -316,7 +324,7 @@ impl Proxy {
 ///
 /// # Errors
 /// As [`Proxy::start`] and [`Proxy::serve`].
-pub async fn serve_proxy(opts: ProxyOptions, bus: Bus, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<ProxyStats> {
+pub async fn serve_proxy(opts: ProxyOptions, bus: Bus, listener: impl Into<crate::net::Listener>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<ProxyStats> {
     Proxy::start(opts, &bus).await?.serve(listener, shutdown).await
 }
 
@@ -518,6 +526,13 @@ fn turn_request(s: &Shared, api: Api, prepared: &capture::Prepared, received_ms:
     }
 }
 
+/// The upstream's policy version from the reloader's record ([`ProxyOptions::upstream_versions`]),
+/// given the record `before` the request was sent; read when the turn is captured, so a reload that
+/// started or ended meanwhile leaves it unknown.
+fn reloaded_version(s: &Shared, before: Option<&crate::serve::reload::ServerVersion>, req: &TurnRequest) -> Option<i64> {
+    s.opts.upstream_versions.as_ref()?.version_for(&s.base, before?, req.model.as_deref())
+}
+
 /// Forwards one request of `api` to the upstream and captures its turn (see the module docs).
 async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
     let t0 = Instant::now();
@@ -542,6 +557,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
         }
     }
     let req = turn_request(&s, api, &prepared, received_ms);
+    let reloads_before = s.opts.upstream_versions.as_ref().map(|l| l.get(&s.base));
     let mut rb = s.client.post(format!("{}{}", s.base, api.path())).header(header::CONTENT_TYPE, "application/json").body(prepared.upstream_body);
     if prepared.stream {
         rb = rb.header(header::ACCEPT, "text/event-stream");
@@ -557,7 +573,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
     if (200..300).contains(&status) && is_sse {
         let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, t0 };
+        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, reloads_before, t0 };
         tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
         return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
     }
@@ -574,7 +590,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     match serde_json::from_slice::<Value>(&body) {
         Ok(mut v) => {
             match apis::completed(api, &v) {
-                Ok(c) => capture(&s, &req, &c, header_version),
+                Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
                 Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &body)),
             }
             if !prepared.client_wants_logprobs && strip_logprobs(&mut v) {
@@ -623,13 +639,16 @@ struct StreamedTurn {
     acc: Accumulator,
     strip: bool,
     header_version: Option<i64>,
+    /// The reloader's record of the upstream when the request was sent (see
+    /// [`ProxyOptions::upstream_versions`]).
+    reloads_before: Option<crate::serve::reload::ServerVersion>,
     t0: Instant,
 }
 
 /// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
 /// records the turn when the stream ends with a finish reason.
 async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
-    let StreamedTurn { req, api, mut acc, strip, header_version, t0 } = turn;
+    let StreamedTurn { req, api, mut acc, strip, header_version, reloads_before, t0 } = turn;
     let mut framer = SseFramer::default();
     let mut upstream = resp.bytes_stream();
     let mut failed: Option<&'static str> = None;
@@ -683,7 +702,7 @@ async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<s
     match failed {
         Some(outcome) => s.metrics.turn(outcome),
         None => match acc.finish() {
-            Ok(c) => capture(&s, &req, &c, header_version),
+            Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
             // The upstream's own error: passed to the client, counted, no dead letter (as an error status).
             Err(nt @ NoTurn::StreamError(_)) => {
                 tracing::warn!(reason = ?nt, "proxy: stream ended without a turn to record");
@@ -802,6 +821,21 @@ pub struct ProxyArgs {
     /// the embedded bus, default ./lake).
     #[arg(long, env = "NEXTSTATE_LAKE")]
     pub lake: Option<PathBuf>,
+    /// A librdkafka setting for the cluster at --brokers, `KEY=VALUE` (repeatable), e.g.
+    /// `security.protocol=SASL_SSL` ([bus.properties] of a pipeline).
+    #[arg(long = "kafka-property", value_parser = crate::net::parse_key_value)]
+    pub kafka_properties: Vec<(String, String)>,
+    /// A librdkafka setting whose value is read from an environment variable, `KEY=VARIABLE`
+    /// (repeatable), e.g. `sasl.password=KAFKA_PASSWORD` ([bus.secret_env]).
+    #[arg(long = "kafka-secret-env", value_parser = crate::net::parse_key_value)]
+    pub kafka_secret_env: Vec<(String, String)>,
+    /// Extra CA certificates (PEM) trusted for an https upstream, besides the platform's roots and
+    /// `SSL_CERT_FILE`.
+    #[arg(long, env = "NEXTSTATE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// https instead of http for clients of the proxy.
+    #[command(flatten)]
+    pub tls: crate::net::ListenTlsArgs,
 }
 
 impl ProxyArgs {
@@ -836,10 +870,19 @@ impl ProxyArgs {
     /// [`Error::Config`] for bad flags, [`Error::Io`] when the port cannot be bound, start errors of
     /// [`Proxy::start`].
     pub fn run(self) -> Result<()> {
+        crate::net::TlsConfig { ca_file: self.ca_file.clone() }.apply()?;
         let opts = self.options()?;
+        let tls = self.tls.server_tls()?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::io("tokio runtime", "-", e))?;
         rt.block_on(async move {
-            let cfg = BusConfig { brokers: self.brokers.clone(), topic_prefix: self.topic_prefix.clone(), ..BusConfig::default() };
+            let cfg = BusConfig {
+                brokers: self.brokers.clone(),
+                topic_prefix: self.topic_prefix.clone(),
+                properties: self.kafka_properties.iter().cloned().collect(),
+                secret_env: self.kafka_secret_env.iter().cloned().collect(),
+                ..BusConfig::default()
+            };
+            cfg.validate()?;
             let bus = match &cfg.brokers {
                 None => Bus::connect(cfg.clone()).await?,
                 Some(b) => match Bus::connect(cfg.clone()).await {
@@ -875,10 +918,10 @@ impl ProxyArgs {
                 }
                 tracing::info!(lake = %dir.display(), "proxy: writing interactions and dead_letters to the lake");
             }
-            let addr = format!("{}:{}", self.host, self.port);
-            let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| Error::io("bind", &addr, e))?;
+            let listener = crate::net::Listener::bind(&self.host, self.port, tls.as_ref()).await?;
+            let addr = listener.url()?;
             tracing::info!(
-                "capture proxy on http://{addr} → {} (auth {}, default turn type {}, events to {})",
+                "capture proxy on {addr} → {} (auth {}, default turn type {}, events to {})",
                 upstream_base(&opts.upstream),
                 if opts.api_key.is_some() { "on" } else { "off" },
                 opts.default_turn_type.as_str(),
