@@ -248,6 +248,22 @@ impl PipelineConfig {
         self.trainer.validate()?;
         self.teacher.validate()?;
         crate::serve::reload::validate(&self.serve)?;
+        // A LoRA reload needs adapter checkpoints, a disk reload full weights: the other way round every
+        // reload would fail at run time.
+        let kind = crate::serve::reload::ReloadKind::parse(&self.serve.reload)?;
+        let disk = matches!(kind, crate::serve::reload::ReloadKind::VllmDisk | crate::serve::reload::ReloadKind::SglangDisk);
+        if kind.is_lora() && !self.trainer.lora.enabled {
+            return Err(Error::Config(format!(
+                "serve.reload = {:?} loads LoRA adapters, but the trainer writes full weights (set [trainer.lora] enabled = true, or a disk reload kind)",
+                self.serve.reload
+            )));
+        }
+        if disk && self.trainer.lora.enabled {
+            return Err(Error::Config(format!(
+                "serve.reload = {:?} loads full weights, but the trainer writes LoRA adapters (use vllm-lora / sglang-lora, or train full weights)",
+                self.serve.reload
+            )));
+        }
         if self.bus.partitions < 1 {
             return Err(Error::Config("bus.partitions must be at least 1".into()));
         }

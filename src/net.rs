@@ -2,13 +2,12 @@
 //!
 //! **Clients.** Every outgoing HTTP call (judge, hint, remote teacher, proxy upstream, server reloads,
 //! the demo's client) is made with a client from [`client_builder`]: rustls (the `ring` provider) with
-//! the platform's trust store, plus
-//! - the PEM certificates of the file named by the standard `SSL_CERT_FILE` environment variable, and
-//! - the PEM certificates of the process's configured CA file ([`set_extra_ca_file`], from a pipeline's
-//!   `[tls] ca_file` or a command's `--ca-file`).
-//!
-//! Both are *added* to the platform's roots (a private CA for internal endpoints does not take away the
-//! public ones hosted judges need). A certificate the client cannot verify fails the call with an error
+//! the platform's trust store (on Linux the system bundle, or, as with OpenSSL, the file named by the
+//! standard `SSL_CERT_FILE` variable *instead of* it), plus the PEM certificates of the process's
+//! configured CA file ([`set_extra_ca_file`], from a pipeline's `[tls] ca_file` or a command's
+//! `--ca-file`), which are *added*: a private CA for internal endpoints does not take away the public
+//! roots hosted judges need. (The certificates of `SSL_CERT_FILE` are also added explicitly, so they are
+//! trusted whatever the platform verifier does with the variable.) A certificate the client cannot verify fails the call with an error
 //! that names the cause (`invalid peer certificate: UnknownIssuer`, ...): [`error_chain`] spells out
 //! reqwest's error with all its sources, and [`is_tls_error`] tells such a failure apart from a transient
 //! one (a bad certificate is not retried).
@@ -245,6 +244,10 @@ pub fn parse_key_value(s: &str) -> std::result::Result<(String, String), String>
 /// How long a client may take to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most TLS handshakes in progress at once on one listener; further connections wait to be accepted
+/// (a flood of connections that never finish their handshake cannot pile up tasks).
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+
 /// A bound listener, plain or TLS, for [`serve_app`].
 pub struct Listener {
     tcp: tokio::net::TcpListener,
@@ -305,8 +308,8 @@ pub async fn serve_app(listener: Listener, app: axum::Router, shutdown: impl std
 }
 
 /// Accepts TCP connections on a background task and hands over those whose TLS handshake completed
-/// within [`HANDSHAKE_TIMEOUT`]; failed handshakes are logged at debug level and dropped (the client
-/// sees the TLS alert).
+/// within [`HANDSHAKE_TIMEOUT`] (at most [`MAX_PENDING_HANDSHAKES`] at once); failed handshakes are
+/// logged at debug level and dropped (the client sees the TLS alert).
 struct TlsListener {
     rx: tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr)>,
     addr: std::net::SocketAddr,
@@ -318,8 +321,10 @@ impl TlsListener {
         let addr = tcp.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
         let task = tokio::spawn(async move {
             loop {
+                let Ok(permit) = pending.clone().acquire_owned().await else { return };
                 let (stream, peer) = match tcp.accept().await {
                     Ok(c) => c,
                     Err(e) => {
@@ -331,7 +336,9 @@ impl TlsListener {
                 };
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                    drop(permit);
+                    match handshake {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;
                         }

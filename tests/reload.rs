@@ -372,7 +372,17 @@ fn unknown_kinds_are_rejected_by_pipeline_validation_with_the_known_ones() {
     std::fs::write(&p, "name = \"x\"\nmethod = \"binary\"\n[serve]\nreload = \"vllm\"\n").unwrap();
     let e = nextstate::config::PipelineConfig::load(&p).unwrap_err().to_string();
     assert!(e.contains("\"vllm\"") && e.contains("known: nextstate, none, vllm-lora, vllm-disk, sglang-lora, sglang-disk, sglang"), "{e}");
-    std::fs::write(&p, "name = \"x\"\nmethod = \"binary\"\n[serve]\nreload = \"sglang-lora\"\nreload_urls = [\"http://a:1\", \"http://b:2\"]\n").unwrap();
+    std::fs::write(&p, "name = \"x\"\nmethod = \"binary\"\n[serve]\nreload = \"sglang-lora\"\nreload_urls = [\"http://a:1\", \"http://b:2\"]\n[trainer.lora]\nenabled = true\n").unwrap();
+    let cfg = nextstate::config::PipelineConfig::load(&p).unwrap();
+    assert_eq!(nextstate::serve::reload::reload_targets(&cfg.serve).len(), 2);
+    // A LoRA reload with full-weight training (and a disk reload with LoRA) is refused up front.
+    std::fs::write(&p, "name = \"x\"\nmethod = \"binary\"\n[serve]\nreload = \"sglang-lora\"\n").unwrap();
+    let e = nextstate::config::PipelineConfig::load(&p).unwrap_err().to_string();
+    assert!(e.contains("loads LoRA adapters, but the trainer writes full weights"), "{e}");
+    std::fs::write(&p, "name = \"x\"\nmethod = \"binary\"\n[serve]\nreload = \"vllm-disk\"\n[trainer.lora]\nenabled = true\n").unwrap();
+    let e = nextstate::config::PipelineConfig::load(&p).unwrap_err().to_string();
+    assert!(e.contains("loads full weights, but the trainer writes LoRA adapters"), "{e}");
+    std::fs::write(&p, "name = \"x\"\nmethod = \"binary\"\n[serve]\nreload = \"sglang-lora\"\nreload_urls = [\"http://a:1\", \"http://b:2\"]\n[trainer.lora]\nenabled = true\n").unwrap();
     let cfg = nextstate::config::PipelineConfig::load(&p).unwrap();
     assert_eq!(nextstate::serve::reload::reload_targets(&cfg.serve), vec!["http://a:1".to_string(), "http://b:2".to_string()]);
 }
@@ -454,7 +464,7 @@ async fn only_reload_follows_the_checkpoints_topic_of_a_real_broker() {
     std::fs::write(
         &p,
         format!(
-            "name = \"reloadtest\"\nmethod = \"binary\"\nlake = {lake:?}\n[bus]\nbrokers = {brokers:?}\ntopic_prefix = {prefix:?}\n[serve]\nreload = \"vllm-lora\"\nreload_urls = [{url:?}]\n",
+            "name = \"reloadtest\"\nmethod = \"binary\"\nlake = {lake:?}\n[bus]\nbrokers = {brokers:?}\ntopic_prefix = {prefix:?}\n[serve]\nreload = \"vllm-lora\"\nreload_urls = [{url:?}]\n[trainer.lora]\nenabled = true\n",
             lake = dir.path().join("lake").display().to_string()
         ),
     )

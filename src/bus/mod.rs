@@ -82,7 +82,20 @@ pub struct BusConfig {
 }
 
 /// librdkafka settings `[bus.properties]` may not set, with the key to use instead.
-const RESERVED_PROPERTIES: &[(&str, &str)] = &[("bootstrap.servers", "bus.brokers (or --brokers)"), ("metadata.broker.list", "bus.brokers (or --brokers)")];
+const RESERVED_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "bus.brokers (or --brokers)"),
+    ("metadata.broker.list", "bus.brokers (or --brokers)"),
+    ("group.id", "the stage's own group (bus.topic_prefix namespaces them)"),
+    ("group.instance.id", "bus.group_instance_id"),
+    ("transactional.id", "nothing: nextstate's producers are idempotent, not transactional"),
+];
+
+/// Whether a librdkafka setting holds a secret, which belongs in `[bus.secret_env]` (a file and the
+/// command line are read by others, and the configuration is printed in errors and logs).
+fn is_secret_setting(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password") || k.contains("secret") || k == "ssl.key.pem" || k.ends_with("jaas.config") || k == "sasl.oauthbearer.config"
+}
 
 impl BusConfig {
     /// Checks `properties` and `secret_env` (reserved keys; secret variables set and non-empty).
@@ -97,6 +110,11 @@ impl BusConfig {
         }
         if let Some(k) = self.properties.keys().find(|k| self.secret_env.contains_key(*k)) {
             return Err(Error::Config(format!("bus: {k:?} is in both [bus.properties] and [bus.secret_env]")));
+        }
+        if let Some(k) = self.properties.keys().find(|k| is_secret_setting(k)) {
+            return Err(Error::Config(format!(
+                "bus.properties: {k:?} holds a secret; name an environment variable for it in [bus.secret_env] (or --kafka-secret-env {k}=VARIABLE)"
+            )));
         }
         if self.brokers.is_some() {
             self.secrets()?;
@@ -113,6 +131,18 @@ impl BusConfig {
                 _ => Err(Error::Config(format!("bus.secret_env: environment variable {var} (for {k:?}) is not set or empty"))),
             })
             .collect()
+    }
+
+    /// `e` with the value of a `secret_env` setting taken out: librdkafka's refusal of a setting
+    /// (`KafkaError::ClientConfig`) names the key and quotes the value, in its description too.
+    pub fn redact(&self, e: KafkaError) -> Error {
+        match e {
+            KafkaError::ClientConfig(_, _, key, _) if self.secret_env.contains_key(&key) => Error::Config(format!(
+                "librdkafka refused the setting {key:?} (its value, from ${}, is not shown)",
+                self.secret_env[&key]
+            )),
+            e => Error::Kafka(e),
+        }
     }
 
     /// The client configuration of a real cluster at `bootstrap`: `bootstrap.servers`, then
@@ -221,10 +251,10 @@ impl Bus {
                 let mut client = cfg.client_config(&brokers)?;
                 // Warnings at least, whatever the log crate's level, so the context sees why a connect fails.
                 client.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
-                let b = brokers.clone();
+                let (b, redact) = (brokers.clone(), cfg.clone());
                 let cluster_id = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
                     // A plain client whose poll() hands librdkafka's log and error events to the context.
-                    let probe: rdkafka::producer::BaseProducer<ConnectContext> = client.create_with_context(ConnectContext::default())?;
+                    let probe: rdkafka::producer::BaseProducer<ConnectContext> = client.create_with_context(ConnectContext::default()).map_err(|e| redact.redact(e))?;
                     if let Err(e) = probe.client().fetch_metadata(None, Duration::from_secs(10)) {
                         // librdkafka's own account of why (a TLS certificate, SASL authentication,
                         // a refused connection) is in its log, not in the error code: name it.
@@ -324,7 +354,7 @@ impl Bus {
             }
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = self.base_config()?.create()?;
+        let admin: AdminClient<DefaultClientContext> = self.base_config()?.create().map_err(|e| self.cfg.redact(e))?;
         let names: Vec<String> = tables.iter().map(|t| self.topic(t)).collect();
         let new: Vec<NewTopic> = names
             .iter()
@@ -373,7 +403,8 @@ impl Bus {
             .set("linger.ms", "5")
             .set("message.timeout.ms", message_timeout.as_millis().max(1).to_string())
             .set("message.max.bytes", self.cfg.max_message_bytes.to_string())
-            .create()?;
+            .create()
+            .map_err(|e| self.cfg.redact(e))?;
         Ok(BusProducer { inner: p, bus: self.clone(), queue_timeout })
     }
 
@@ -414,7 +445,7 @@ impl Bus {
             .set("max.partition.fetch.bytes", self.cfg.max_message_bytes.to_string())
             .set("receive.message.max.bytes", self.cfg.receive_max_bytes.to_string())
             .set("topic.metadata.refresh.interval.ms", "2000")
-            .create_with_context(ctx)?;
+            .create_with_context(ctx).map_err(|e| self.cfg.redact(e))?;
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         c.subscribe(&refs)?;
         Ok((c, flag))
@@ -426,9 +457,10 @@ impl Bus {
     /// [`Error::Kafka`] when metadata or watermarks cannot be fetched.
     pub async fn watermarks(&self, topic: &str) -> Result<HashMap<i32, (i64, i64)>> {
         let cfg = self.base_config()?;
+        let redact = self.cfg.clone();
         let topic = topic.to_string();
         tokio::task::spawn_blocking(move || -> Result<HashMap<i32, (i64, i64)>> {
-            let c: rdkafka::consumer::BaseConsumer = cfg.create()?;
+            let c: rdkafka::consumer::BaseConsumer = cfg.create().map_err(|e| redact.redact(e))?;
             let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
             let mut out = HashMap::new();
             for t in md.topics() {
@@ -613,6 +645,26 @@ mod tests {
         c.properties.insert("bootstrap.servers".into(), "other:1".into());
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("bootstrap.servers") && e.contains("bus.brokers"), "{e}");
+    }
+
+    #[test]
+    fn secrets_stay_out_of_properties_and_out_of_librdkafka_refusals() {
+        let mut c = BusConfig { brokers: Some("k:9093".into()), ..BusConfig::default() };
+        c.properties.insert("sasl.password".into(), "hunter2".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("secret_env") && !e.contains("hunter2"), "{e}");
+        c.properties.clear();
+        // A misspelt secret setting: librdkafka's refusal quotes the value; ours does not.
+        let var = format!("NEXTSTATE_TEST_SECRET_{}", std::process::id());
+        std::env::set_var(&var, "hunter2");
+        c.secret_env.insert("sasl.pasword".into(), var.clone());
+        let refused: std::result::Result<rdkafka::producer::BaseProducer, _> = c.client_config("k:9093").unwrap().create();
+        let raw = refused.err().expect("librdkafka refuses an unknown setting");
+        let e = c.redact(raw).to_string();
+        assert!(e.contains("sasl.pasword") && e.contains(&var) && !e.contains("hunter2"), "{e}");
+        c.secret_env.clear();
+        c.properties.insert("group.id".into(), "mine".into());
+        assert!(c.validate().unwrap_err().to_string().contains("group.id"));
     }
 
     #[test]

@@ -5,9 +5,12 @@
 //! reload_urls`, else `[serve] url`), in the request of the server's engine ([`ReloadKind`]). Each
 //! request is answered before the reloader moves on, so one server never sees version 3 before 2.
 //! A server is only ever moved forward: a version not newer than the one it confirmed is skipped.
-//! Every failure is a [`ReloadFailure`] with its reason code (`unreachable`, `http_4xx`, `http_5xx`,
-//! `refused`, `bad_path`), counted by the caller; 5xx answers and unreachable servers are retried
-//! ([`RELOAD_ATTEMPTS`]) before counting, 4xx answers are not (the request itself is wrong).
+//! Every failure is a [`ReloadFailure`] with its reason code (`unreachable`, `tls`, `no_answer`,
+//! `http_4xx`, `http_5xx`, `refused`, `bad_path`), counted by the caller. Only a failed connection
+//! (`unreachable`: the server never saw the request) and 5xx answers are retried
+//! ([`RELOAD_ATTEMPTS`]) before counting; a TLS failure would fail again, a 4xx means the request itself
+//! is wrong, and after a timeout or a broken-off answer (`no_answer`) the server may have done the load,
+//! so sending it again is not safe (a second `load_lora_adapter` of one name is a 4xx).
 //!
 //! The request of each kind follows the engine's own API:
 //!
@@ -56,7 +59,7 @@ use serde_json::{json, Value};
 use crate::config::ServeConfig;
 use crate::{Error, Result};
 
-/// Tries per request for an unreachable server or a 5xx answer (4xx answers are not retried).
+/// Tries per request for an unreachable server or a 5xx answer (nothing else is retried).
 pub const RELOAD_ATTEMPTS: u32 = 3;
 
 /// Pause before the second try, doubled for each further try.
@@ -266,7 +269,8 @@ impl LoadedVersions {
 pub struct ReloadFailure {
     /// The server ([`server_base`] form).
     pub url: String,
-    /// Reason code for counting: `unreachable`, `http_4xx`, `http_5xx`, `refused` (2xx with
+    /// Reason code for counting: `unreachable` (connection failed), `tls` (certificate or handshake),
+    /// `no_answer` (timeout or broken-off answer), `http_4xx`, `http_5xx`, `refused` (2xx with
     /// `success: false`), `bad_path` (the checkpoint path is not UTF-8).
     pub reason: &'static str,
     /// The error, naming the server, the endpoint, the status and the engine's message.
@@ -459,7 +463,19 @@ impl Reloader {
         loop {
             let r = self.client.post(format!("{url}{endpoint}")).json(&body).send().await;
             let failure = match r {
-                Err(e) => ("unreachable", Error::Http(format!("{} reload of {url}: POST {endpoint} failed: {}", self.kind.as_str(), crate::net::error_chain(&e)))),
+                // Only a refused/failed connection is retried: the server never saw the request. A TLS
+                // failure fails the same way again, and after a timeout or a broken-off answer the server
+                // may have done the load (a second load_lora_adapter of the same name is a 4xx).
+                Err(e) => {
+                    let reason = if crate::net::is_tls_error(&e) {
+                        "tls"
+                    } else if e.is_connect() && !e.is_timeout() {
+                        "unreachable"
+                    } else {
+                        "no_answer"
+                    };
+                    (reason, Error::Http(format!("{} reload of {url}: POST {endpoint} failed: {}", self.kind.as_str(), crate::net::error_chain(&e))))
+                }
                 Ok(resp) => {
                     let status = resp.status();
                     let text = resp.text().await.unwrap_or_default();
@@ -471,7 +487,7 @@ impl Reloader {
                     (reason, Error::Http(format!("{} reload of {url}: POST {endpoint} answered {status}: {text}", self.kind.as_str())))
                 }
             };
-            if failure.0 == "http_4xx" || attempt >= RELOAD_ATTEMPTS {
+            if !matches!(failure.0, "unreachable" | "http_5xx") || attempt >= RELOAD_ATTEMPTS {
                 return Err(failure);
             }
             tracing::warn!(%url, endpoint, attempt, error = %failure.1, "reload: retrying");

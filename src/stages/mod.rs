@@ -148,7 +148,16 @@ pub struct StageRun {
     pub group: String,
     /// Max records per batch.
     pub batch: usize,
+    /// Consumer `max.poll.interval.ms` the stage needs (0: the bus's setting): the longest a batch may
+    /// take before the next poll ([`SLOW_STAGE_MAX_POLL_INTERVAL_MS`] for stages that wait on models).
+    pub max_poll_ms: u32,
 }
+
+/// `max.poll.interval.ms` of the stages that wait on models and endpoints (judge, hint, teacher): one
+/// batch can take many minutes (a remote teacher's 120 s timeout × 4 attempts per turn, CPU scoring of
+/// long turns), and a member that exceeds the interval leaves its group and its commit fails (a static
+/// member is fenced). A crashed stage is still detected by `session.timeout.ms`.
+pub const SLOW_STAGE_MAX_POLL_INTERVAL_MS: u32 = 3_600_000;
 
 /// Runs `logic` as a consumer-group task until stopped (or idle, per `ctl`). Returns its counts.
 ///
@@ -157,7 +166,7 @@ pub struct StageRun {
 /// dead-letter).
 pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, ctl: &TaskCtl) -> Result<StageCounts> {
     let topic = bus.topic(logic.input_table());
-    let mut input = InputLoop::new(bus, &run.group, &topic)?;
+    let mut input = InputLoop::with_max_poll_interval(bus, &run.group, &topic, run.max_poll_ms)?;
     let out = Output::new(bus.producer()?, logic.name());
     let mut counts = StageCounts::default();
     loop {
@@ -249,7 +258,8 @@ pub fn stage_input(cfg: &crate::config::PipelineConfig, name: &str) -> &'static 
 pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &crate::lake::Lake, ctl: TaskCtl) -> Result<StageTask> {
     use crate::config::Method;
     use crate::schema::{Judgment, Signal};
-    let run = StageRun { group: stage_group(bus, cfg, name), batch: cfg.stage_batch };
+    let max_poll_ms = if name == "signals" { 0 } else { SLOW_STAGE_MAX_POLL_INTERVAL_MS };
+    let run = StageRun { group: stage_group(bus, cfg, name), batch: cfg.stage_batch, max_poll_ms };
     let bus = bus.clone();
     match name {
         "signals" => {

@@ -68,7 +68,8 @@ pub struct Follower {
 /// fatal error. Reload failures are not errors: they are counted.
 pub async fn follow_checkpoints(bus: &Bus, f: &Follower, ctl: &TaskCtl) -> Result<StageCounts> {
     let (group, run_id, reloader) = (f.group.as_str(), f.run_id.as_str(), &f.reloader);
-    let mut input = InputLoop::new(bus, group, &bus.topic(Checkpoint::NAME))?;
+    // One row can wait on several servers' reloads (minutes each, with retries): poll rarely is fine.
+    let mut input = InputLoop::with_max_poll_interval(bus, group, &bus.topic(Checkpoint::NAME), super::SLOW_STAGE_MAX_POLL_INTERVAL_MS)?;
     let mut counts = StageCounts::default();
     tracing::info!(group, run_id, kind = reloader.kind().as_str(), servers = ?reloader.urls(), "reload follower started");
     loop {
