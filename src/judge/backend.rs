@@ -173,10 +173,6 @@ fn snippet(s: &str) -> String {
     super::prompt::truncate_middle(s.trim(), 300)
 }
 
-fn http_client(timeout: Duration) -> Result<reqwest::Client> {
-    crate::net::http_client(Some(timeout))
-}
-
 /// Classifies a failed call: timeout, TLS (certificate, handshake: not retried) or other transport
 /// error, with the error's whole chain of causes as the message.
 pub fn transport(e: reqwest::Error, timeout_s: f64) -> CallError {
@@ -244,7 +240,7 @@ impl OpenAiBackend {
     /// [`Error::Http`] when the HTTP client cannot be built.
     pub fn new(url: &str, model: &str, key: Option<ApiKey>, timeout_s: f64) -> Result<OpenAiBackend> {
         Ok(OpenAiBackend {
-            client: http_client(Duration::from_secs_f64(timeout_s))?,
+            client: crate::net::http_client(Some(Duration::from_secs_f64(timeout_s)))?,
             url: endpoint_url(url, "/v1/chat/completions"),
             model: model.to_string(),
             key,
@@ -318,7 +314,7 @@ impl SglangBackend {
     /// [`Error::Http`] when the HTTP client cannot be built.
     pub fn new(url: &str, model: &str, key: Option<ApiKey>, timeout_s: f64, renderer: Option<PromptRenderer>) -> Result<SglangBackend> {
         Ok(SglangBackend {
-            client: http_client(Duration::from_secs_f64(timeout_s))?,
+            client: crate::net::http_client(Some(Duration::from_secs_f64(timeout_s)))?,
             url: endpoint_url(url, "/generate"),
             model: model.to_string(),
             key,

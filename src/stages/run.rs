@@ -504,23 +504,6 @@ fn reloader(policy: Option<PolicyHandle>, external: Option<crate::serve::reload:
     })
 }
 
-/// Asks one external server to load a checkpoint folder (a one-off [`crate::serve::reload::Reloader`]
-/// of `url` with kind `kind`, 600 s timeout).
-///
-/// # Errors
-/// [`Error::Config`] for an unknown `kind` or a bad URL; [`Error::Http`] when the server is unreachable
-/// or answers with an error (the message names the endpoint, the status and the engine's answer).
-pub async fn reload_external(url: &str, kind: &str, path: &std::path::Path, version: i64) -> Result<()> {
-    let kind = crate::serve::reload::ReloadKind::parse(kind)?;
-    let r = crate::serve::reload::Reloader::new(kind, &[url.to_string()], std::time::Duration::from_secs(crate::serve::reload::DEFAULT_RELOAD_TIMEOUT_S))?;
-    for o in r.reload(path, version).await {
-        if let crate::serve::reload::ReloadOutcome::Failed(f) = o {
-            return Err(f.error);
-        }
-    }
-    Ok(())
-}
-
 fn schema_tables() -> Vec<&'static str> {
     schema::all_schemas().into_iter().map(|(n, _)| n).collect()
 }
