@@ -8,7 +8,7 @@
 //! - `interactions`: N rows;
 //! - `judgments`: the rule-based judge's judgment of each fixture turn (`judge_turn`), replicated;
 //! - `samples`: the binary method's sample of each scored turn (`samples::assemble`), with prompt and
-//!   response token ids from the policy's tokenizer and chat template (`stages::teacher::turn_tokens`)
+//!   response token ids from the policy's tokenizer and chat template (`teacher::tokens::turn_tokens`)
 //!   and rollout log-probs of −1.0 (no model forward pass: only the table's shape matters here); without
 //!   the model directory the samples table is left out and the join is skipped.
 //!
@@ -26,13 +26,13 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use nextstate::config::Method;
+use nextstate::method::Method;
 use nextstate::judge::{judge_turn, Judge, JudgeConfig, TurnContext};
 use nextstate::lake::Lake;
 use nextstate::model::{LanguageModel, LoadOptions};
 use nextstate::samples::{assemble, SampleConfig, SampleOutcome};
 use nextstate::schema::{Interaction, Judgment, Sample};
-use nextstate::stages::teacher::turn_tokens;
+use nextstate::teacher::tokens::turn_tokens;
 
 use common::{arg, dir_bytes, emit, fixture_rows, replica, signals_of};
 

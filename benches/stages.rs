@@ -8,7 +8,7 @@
 //! - `hint`: parse the `judgments` envelope, build the turn, `hint_turn` with the rule-based backend,
 //!   render the teacher context with the policy's chat template (when a hint was accepted), serialise;
 //! - `teacher`: parse the `hints` envelope, `samples::decide`, make the prompt/response token ids with the
-//!   policy's tokenizer and template (`stages::teacher::turn_tokens`) and the teacher prompt ids, build
+//!   policy's tokenizer and template (`teacher::tokens::turn_tokens`) and the teacher prompt ids, build
 //!   the `teacher_logprobs` row, `samples::assemble`, serialise both outputs. The two forward passes
 //!   (rollout recompute, teacher scoring) are not run: their log-probs are −1.0 of the right length.
 //!
@@ -27,13 +27,14 @@ use std::time::Instant;
 use serde_json::json;
 
 use nextstate::bus::{Carry, Envelope};
-use nextstate::config::Method;
+use nextstate::method::Method;
 use nextstate::hint::{hint_turn, HintConfig, Hinter};
 use nextstate::judge::{judge_turn, Judge, JudgeConfig, TurnContext};
 use nextstate::model::{ChatTemplate, LanguageModel, LoadOptions};
 use nextstate::samples::{assemble, decide, Decision, SampleConfig, SampleOutcome};
 use nextstate::schema::{now_ms, HintRecord, Judgment, Message, Signal, Table, TeacherLogprobs};
-use nextstate::stages::teacher::{teacher_row_id, turn_tokens};
+use nextstate::teacher::teacher_row_id;
+use nextstate::teacher::tokens::turn_tokens;
 
 use common::{emit, fixture_rows, ms, percentile, signals_of};
 

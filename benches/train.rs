@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use nextstate::config::Method;
+use nextstate::method::Method;
 use nextstate::model::{LanguageModel, LoadOptions, LoraConfig, LoraTarget, Trainable};
 use nextstate::schema::{Message, Sample, SampleType};
 use nextstate::trainer::checkpoint::CheckpointWriter;

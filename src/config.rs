@@ -11,37 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::bus::BusConfig;
 use crate::error::{Error, Result};
 use crate::lake::sink::SinkConfig;
-
-/// The training method (METHOD.md §5–§6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Method {
-    /// Binary RL from PRM votes: advantage r.
-    Binary,
-    /// On-policy distillation from hints: advantage teacher − old.
-    Opd,
-    /// Both: w_rl·r + w_opd·(teacher − old).
-    Combined,
-}
-
-impl Method {
-    /// Lower-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Method::Binary => "binary",
-            Method::Opd => "opd",
-            Method::Combined => "combined",
-        }
-    }
-    /// Whether the judge (PRM votes) runs for this method.
-    pub fn uses_judge(self) -> bool {
-        matches!(self, Method::Binary | Method::Combined)
-    }
-    /// Whether hint extraction and teacher log-probs run for this method.
-    pub fn uses_hints(self) -> bool {
-        matches!(self, Method::Opd | Method::Combined)
-    }
-}
+use crate::method::Method;
+use crate::serve::ServeConfig;
+use crate::teacher::TeacherConfig;
 
 /// The policy model and where it runs (`[policy]`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,61 +33,6 @@ pub struct PolicyConfig {
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig { model: PathBuf::from("models/smollm2-135m-instruct"), device: "cpu".into(), dtype: "f32".into(), threads: 0 }
-    }
-}
-
-/// The policy server run by `nextstate run` (`[serve]`), or the external one to reload.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServeConfig {
-    /// Address to listen on.
-    pub host: String,
-    /// Port (0 = any free port).
-    pub port: u16,
-    /// Most concurrent requests generated together.
-    pub max_batch: usize,
-    /// Milliseconds the worker waits for more requests to join a batch.
-    pub batch_window_ms: u64,
-    /// Token limit of requests that set none.
-    pub default_max_tokens: usize,
-    /// Returned log-probs: `raw` (the policy's own log-softmax, what the trainer's forward pass
-    /// computes: PPO ratios start at 1) or `sampling` (the tempered/truncated distribution).
-    pub logprobs_mode: String,
-    /// How external servers are made to load each checkpoint: `nextstate` (`POST /v1/reload`), `none`,
-    /// `vllm-lora`, `vllm-disk`, `sglang-lora`, `sglang-disk` (`sglang` is its old name). Requests and
-    /// engine docs: [`crate::serve::reload`]. An in-process `serve` task is always reloaded in place.
-    pub reload: String,
-    /// URL of the external policy server (for the proxy's upstream, and for reloads when
-    /// `reload_urls` is empty).
-    pub url: Option<String>,
-    /// The servers to reload with each checkpoint (any number; each gets every version in order).
-    /// Empty: `url`. `url` itself is not reloaded when this is set (it may be a load balancer).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub reload_urls: Vec<String>,
-    /// Whole-request timeout of one reload call, seconds (default 600: a full model read from disk
-    /// takes minutes on large models).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reload_timeout_s: Option<u64>,
-    /// Serve https with this certificate chain and key (`[serve.tls] cert_file`, `key_file`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<crate::net::ServerTls>,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        ServeConfig {
-            host: "127.0.0.1".into(),
-            port: 30001,
-            max_batch: 8,
-            batch_window_ms: 10,
-            default_max_tokens: 512,
-            logprobs_mode: "raw".into(),
-            reload: "nextstate".into(),
-            url: None,
-            reload_urls: Vec::new(),
-            reload_timeout_s: None,
-            tls: None,
-        }
     }
 }
 
@@ -189,7 +106,7 @@ pub struct PipelineConfig {
     pub hint: crate::hint::HintConfig,
     /// Teacher log-probs (METHOD.md §4).
     #[serde(default)]
-    pub teacher: crate::stages::teacher::TeacherConfig,
+    pub teacher: TeacherConfig,
     /// Sample assembly (METHOD.md §5).
     #[serde(default)]
     pub samples: crate::samples::SampleConfig,

@@ -121,6 +121,15 @@ impl Error {
             | Error::LogprobLenMismatch { .. }
             | Error::NonFinite { .. }
             | Error::RecordTooLarge { .. } => Domain::User,
+            // A query that does not parse or names a table/column that is not there is the user's.
+            Error::Sql(e)
+                if matches!(
+                    e.find_root(),
+                    datafusion::error::DataFusionError::SQL(..) | datafusion::error::DataFusionError::Plan(_) | datafusion::error::DataFusionError::SchemaError(..)
+                ) =>
+            {
+                Domain::User
+            }
             _ => Domain::Internal,
         }
     }

@@ -20,6 +20,7 @@ pub mod hint;
 pub mod ingest;
 pub mod judge;
 pub mod lake;
+pub mod method;
 pub mod model;
 pub mod net;
 pub mod runtime;
@@ -30,6 +31,7 @@ pub mod signals;
 pub mod sql;
 pub mod stages;
 pub mod stats;
+pub mod teacher;
 pub mod trainer;
 
 pub use error::{Error, Result};

@@ -172,7 +172,7 @@ enum Command {
         sql: String,
         /// Method whose advantage to use (default: the pipeline's).
         #[arg(long, value_enum)]
-        method: Option<nextstate::config::Method>,
+        method: Option<nextstate::method::Method>,
         /// Weights to evaluate: a checkpoint folder (default: the pipeline's policy model).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
@@ -312,7 +312,26 @@ fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConf
     Ok(cfg)
 }
 
-fn main() -> Result<()> {
+/// Runs the command; a user error (bad flag value, config, input: [`nextstate::error::Domain::User`])
+/// prints its message and causes without a backtrace, whatever `RUST_BACKTRACE` says; any other
+/// error prints as `main` returning it would (with the backtrace when one was captured). Exit code 1
+/// on error.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let user = e.chain().find_map(|c| c.downcast_ref::<nextstate::Error>()).is_some_and(|ne| ne.domain() == nextstate::error::Domain::User);
+            if user {
+                eprintln!("Error: {e:#}");
+            } else {
+                eprintln!("Error: {e:?}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     // Freed libtorch buffers go back to the OS (bounded resident set); a user's own glibc setting wins.
     if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
         nextstate::model::return_freed_memory();

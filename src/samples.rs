@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::schema::{content_hash, now_ms, HintRecord, Interaction, Judgment, Sample, SampleType, Table, TeacherCandidate, TeacherLogprobs, TurnType};
 use crate::{input_err, Error, Result};
 
-pub use crate::config::Method;
+use crate::method::Method;
 
 /// Sample-assembly options (a pipeline's `[samples]` table). Unknown fields are an error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -20,6 +20,24 @@ fn sql(lake: &std::path::Path, q: &str) -> String {
     out
 }
 
+/// Runs `nextstate <cmd…> --brokers <test broker> --topic-prefix <prefix> --lake <lake> <tail…>` and
+/// checks it succeeded; returns (stdout, stderr).
+fn on_broker(cmd: &[&str], prefix: &str, lake: &std::path::Path, tail: &[&str]) -> (String, String) {
+    let brokers = common::brokers();
+    let mut args = cmd.to_vec();
+    args.extend(["--brokers", brokers.as_str(), "--topic-prefix", prefix, "--lake", lake.to_str().unwrap()]);
+    args.extend(tail);
+    let (ok, out, err) = common::run_bin(&args);
+    assert!(ok, "{} failed: {err}", cmd[0]);
+    (out, err)
+}
+
+/// `run --pipeline pipelines/combined.toml --only signals,sinks --until-idle` with static membership
+/// `member`: pairs every ingested turn and lands the signals.
+fn pair(member: &str, prefix: &str, lake: &std::path::Path) {
+    on_broker(&["run", "--pipeline", "pipelines/combined.toml", "--only", "signals,sinks", "--until-idle", "--group-instance-id", member], prefix, lake, &[]);
+}
+
 #[test]
 fn ingest_pair_and_query_the_real_logs_through_the_broker() {
     let shared = common::root().join("../shared/data/agent-logs");
@@ -27,17 +45,11 @@ fn ingest_pair_and_query_the_real_logs_through_the_broker() {
         common::missing("../shared/data/agent-logs not present");
         return;
     }
-    let brokers = common::brokers();
     let prefix = common::prefix();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let data = ["--brokers", brokers.as_str(), "--topic-prefix", prefix.as_str(), "--lake", lake.to_str().unwrap()];
     let files: Vec<String> = logs().iter().map(|p| p.display().to_string()).collect();
-    let mut args = vec!["ingest"];
-    args.extend(data);
-    args.extend(files.iter().map(String::as_str));
-    let (ok, out, err) = common::run_bin(&args);
-    assert!(ok, "ingest failed: {err}");
+    let (out, err) = on_broker(&["ingest"], &prefix, &lake, &files.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.contains("interactions=2484 dead_letters=22 (null_history=22)"), "{out}");
     assert!(err.contains("format tau-bench (auto-detected)"), "says which format it chose: {err}");
 
@@ -48,10 +60,7 @@ fn ingest_pair_and_query_the_real_logs_through_the_broker() {
         "reason_code,n\nnull_history,22\n"
     );
 
-    let mut args = vec!["run", "--pipeline", "pipelines/combined.toml", "--only", "signals,sinks", "--until-idle", "--group-instance-id", "cli-1"];
-    args.extend(data);
-    let (ok, _out, err) = common::run_bin(&args);
-    assert!(ok, "run failed: {err}");
+    pair("cli-1", &prefix, &lake);
     assert_eq!(sql(&lake, "SELECT count(*) AS n FROM signals"), "n\n2484\n", "one signal per main turn");
     let by_format = sql(
         &lake,
@@ -81,22 +90,13 @@ fn signals_name_the_interactions_record_they_were_read_from() {
         common::missing("../shared/data/agent-logs/tau-bench__gpt-4o-airline.json not present");
         return;
     }
-    let brokers = common::brokers();
     let prefix = common::prefix();
     let dir = tempfile::tempdir().unwrap();
     let lake = dir.path().join("lake");
-    let data = ["--brokers", brokers.as_str(), "--topic-prefix", prefix.as_str(), "--lake", lake.to_str().unwrap()];
     let tau = tau.display().to_string();
-    let mut args = vec!["ingest"];
-    args.extend(data);
-    args.push(&tau);
-    let (ok, out, err) = common::run_bin(&args);
-    assert!(ok, "ingest failed: {err}");
+    let (out, _err) = on_broker(&["ingest"], &prefix, &lake, &[&tau]);
     assert!(out.contains("interactions=2454 dead_letters=0"), "{out}");
-    let mut args = vec!["run", "--pipeline", "pipelines/combined.toml", "--only", "signals,sinks", "--until-idle", "--group-instance-id", "cli-lineage"];
-    args.extend(data);
-    let (ok, _out, err) = common::run_bin(&args);
-    assert!(ok, "run failed: {err}");
+    pair("cli-lineage", &prefix, &lake);
 
     let topic = format!("{prefix}interactions");
     assert_eq!(

@@ -12,18 +12,6 @@ use nextstate::model::{FinishReason, GenerationRequest, LanguageModel, LoadOptio
 use tch::{Kind, Tensor};
 use nextstate::schema::Message;
 
-fn model_dir() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from),
-        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct")),
-    ];
-    let found = candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file());
-    if found.is_none() {
-        common::missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
-    }
-    found
-}
-
 fn threads() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| tch::set_num_threads(1));
@@ -31,7 +19,7 @@ fn threads() {
 
 fn load(trainable: Trainable) -> Option<LanguageModel> {
     threads();
-    let dir = model_dir()?;
+    let dir = common::test_model_or_missing()?;
     Some(LanguageModel::load(&dir, &LoadOptions { trainable, ..Default::default() }).expect("load model"))
 }
 
@@ -315,7 +303,7 @@ fn streaming_events_rebuild_the_text_and_stop_strings_cut_it() {
 
 #[test]
 fn imported_tokenizer_splits_digits_and_knows_special_tokens() {
-    let Some(dir) = model_dir() else { return };
+    let Some(dir) = common::test_model_or_missing() else { return };
     let tok = nextstate::model::TextTokenizer::from_dir(&dir).unwrap();
     assert_eq!(tok.vocab_size(), 49152);
     // "smollm" pre-tokenizer: every digit is its own token.
@@ -393,7 +381,7 @@ fn peft_cfg() -> LoraConfig {
 /// SmolLM2 with LoRA (`peft_cfg`) in `dtype`, B moved away from zero as training would.
 fn lora_with_nonzero_b(dtype: Kind) -> Option<LanguageModel> {
     threads();
-    let dir = model_dir()?;
+    let dir = common::test_model_or_missing()?;
     let lm = LanguageModel::load(&dir, &LoadOptions { dtype, trainable: Trainable::Lora(peft_cfg()), ..Default::default() }).expect("load model");
     let _g = tch::no_grad_guard();
     tch::manual_seed(16);
@@ -464,7 +452,7 @@ fn peft_adapter_has_peft_key_names_shapes_and_config() {
     }
 
     let cfg = read_json(&dir.path().join("adapter_config.json"));
-    let base = std::fs::canonicalize(model_dir().unwrap()).unwrap();
+    let base = std::fs::canonicalize(common::test_model_or_missing().unwrap()).unwrap();
     for (field, want) in [
         ("peft_type", serde_json::json!("LORA")),
         ("task_type", serde_json::json!("CAUSAL_LM")),
@@ -504,7 +492,7 @@ fn peft_adapter_has_peft_key_names_shapes_and_config() {
 #[test]
 fn peft_adapter_on_the_base_equals_the_served_merged_weights() {
     let Some(lm) = lora_with_nonzero_b(Kind::Float) else { return };
-    let base_dir = model_dir().unwrap();
+    let base_dir = common::test_model_or_missing().unwrap();
     let dir = tempfile::tempdir().unwrap();
     lm.save_adapters(dir.path()).unwrap();
     drop(lm);
@@ -540,7 +528,7 @@ fn peft_adapter_on_the_base_equals_the_served_merged_weights() {
 #[test]
 fn peft_and_legacy_adapter_folders_round_trip() {
     let Some(lm) = lora_with_nonzero_b(Kind::Float) else { return };
-    let base_dir = model_dir().unwrap();
+    let base_dir = common::test_model_or_missing().unwrap();
     let want = lm.transformer().adapter_state();
     assert_eq!(want.len(), 30 * 14);
     let root = tempfile::tempdir().unwrap();
@@ -595,7 +583,7 @@ fn peft_parity_fixture() {
     let ids = Tensor::from_slice(&prompt.iter().map(|&t| t as i64).collect::<Vec<_>>()).view([1, -1]);
     let _g = tch::no_grad_guard();
     let logits = lm.transformer().forward_logits(&ids).unwrap();
-    let mut served = LanguageModel::load_checkpoint(&adapter, Some(&model_dir().unwrap()), &LoadOptions::default()).unwrap();
+    let mut served = LanguageModel::load_checkpoint(&adapter, Some(&common::test_model_or_missing().unwrap()), &LoadOptions::default()).unwrap();
     served.transformer_mut().merge_lora().unwrap();
     let merged = served.transformer().forward_logits(&ids).unwrap();
     let base = load(Trainable::Frozen).unwrap().transformer().forward_logits(&ids).unwrap();

@@ -4,17 +4,12 @@
 //! and reproduces the samples exactly.
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use axum::routing::post;
 use axum::{Json, Router};
 use nextstate::lake::Lake;
 use nextstate::schema::{Interaction, Message, Sample, TurnType};
-
-fn model_dir() -> Option<PathBuf> {
-    let d = common::root().join("models/smollm2-135m-instruct");
-    d.join("model.safetensors").exists().then_some(d)
-}
 
 /// A turn whose response carries a case marker the scripted judge reads, followed by a user reply.
 fn session(case: &str, idx: i32) -> Vec<Interaction> {
@@ -41,28 +36,46 @@ fn session(case: &str, idx: i32) -> Vec<Interaction> {
     vec![mk(0, req0, a.content, false, TurnType::Main), mk(1, req1, "bye".into(), true, TurnType::Side)]
 }
 
+/// The four interactions of cases A–D ([`session`] 1 to 4), as every test writes them to its lake.
+fn all_cases() -> Vec<Interaction> {
+    ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect()
+}
+
+/// The case marker (`[A]`…`[D]`, else `?`) found in a judge request.
+fn case_of(req: &serde_json::Value) -> &'static str {
+    let text = req.to_string();
+    ["[A]", "[B]", "[C]", "[D]"].iter().find(|m| text.contains(*m)).copied().unwrap_or("?")
+}
+
+/// An OpenAI chat-completions response whose one choice says `content`.
+fn reply(content: String) -> Json<serde_json::Value> {
+    Json(serde_json::json!({"id": "x", "object": "chat.completion", "model": "scripted",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}))
+}
+
+/// Serves `app` on a free loopback port until the test ends; returns its `http://` base URL.
+async fn serve(app: Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
 /// The scripted judge: the case letter decides the vote. A = score 1, B = 0, C = −1, D = 0 (judge);
 /// A and B get a hint, C and D do not (hint judge).
 async fn scripted(kind: &'static str, Json(req): Json<serde_json::Value>) -> Json<serde_json::Value> {
-    let text = req.to_string();
-    let case = ["[A]", "[B]", "[C]", "[D]"].iter().find(|m| text.contains(*m)).copied().unwrap_or("?");
-    let content = match (kind, case) {
+    let content = match (kind, case_of(&req)) {
         ("judge", "[A]") => "The user moved on. \\boxed{1}".to_string(),
         ("judge", "[C]") => "The user corrected it. \\boxed{-1}".to_string(),
         ("judge", _) => "Ambiguous. \\boxed{0}".to_string(),
         ("hint", "[A]") | ("hint", "[B]") => "\\boxed{1} [HINT_START]State the sum as a single number.[HINT_END]".to_string(),
         _ => "\\boxed{-1}".to_string(),
     };
-    Json(serde_json::json!({"id": "x", "object": "chat.completion", "model": "scripted",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}))
+    reply(content)
 }
 
 async fn start_scripted() -> String {
-    let app = Router::new().route("/judge/v1/chat/completions", post(|b| scripted("judge", b))).route("/hint/v1/chat/completions", post(|b| scripted("hint", b)));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    format!("http://{addr}")
+    serve(Router::new().route("/judge/v1/chat/completions", post(|b| scripted("judge", b))).route("/hint/v1/chat/completions", post(|b| scripted("hint", b)))).await
 }
 
 fn pipeline(name: &str, method: &str, lake: &Path, url: &str, model: &Path) -> nextstate::config::PipelineConfig {
@@ -101,10 +114,16 @@ async fn run(cfg: &nextstate::config::PipelineConfig) -> nextstate::stages::run:
     nextstate::stages::run::run_pipeline(cfg, &opts, nextstate::runtime::Stop::default()).await.unwrap()
 }
 
+/// The result of SQL query `q` over `lake`, as CSV with a header line.
+async fn csv(lake: &Lake, q: &str) -> String {
+    nextstate::sql::render(&nextstate::sql::query(lake, q).await.unwrap(), nextstate::sql::OutputFormat::Csv).unwrap()
+}
+
 async fn counts(lake: &Lake, pipeline: &str) -> Vec<(String, i64)> {
     let q = format!("SELECT sample_type, count(*) AS n FROM samples WHERE pipeline = '{pipeline}' GROUP BY sample_type ORDER BY sample_type");
-    let out = nextstate::sql::render(&nextstate::sql::query(lake, &q).await.unwrap(), nextstate::sql::OutputFormat::Csv).unwrap();
-    out.lines()
+    csv(lake, &q)
+        .await
+        .lines()
         .skip(1)
         .map(|l| {
             let (a, b) = l.split_once(',').unwrap();
@@ -131,7 +150,7 @@ async fn an_opd_pipeline_alone_on_a_fresh_lake_hints_from_the_live_signals() {
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let lake = Lake::open(&lake_dir).unwrap();
-    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    let rows = all_cases();
     lake.write_rows(&rows, "test", 1).unwrap();
     let cfg = pipeline("t-opd-alone", "opd", &lake_dir, &url, Path::new("models/none"));
     let opts =
@@ -143,7 +162,7 @@ async fn an_opd_pipeline_alone_on_a_fresh_lake_hints_from_the_live_signals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
@@ -151,7 +170,7 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let lake = Lake::open(&lake_dir).unwrap();
-    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    let rows = all_cases();
     lake.write_rows(&rows, "test", 1).unwrap();
 
     // The same interactions through the three methods (three pipelines over one lake).
@@ -166,16 +185,7 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     assert_eq!(counts(&lake, "t-binary").await, vec![("binary".into(), 2)]);
     // opd — the two accepted hints.
     assert_eq!(counts(&lake, "t-opd").await, vec![("opd".into(), 2)]);
-    let rewards = nextstate::sql::render(
-        &nextstate::sql::query(
-            &lake,
-            "SELECT sample_type, reward, teacher_logprobs IS NULL AS no_teacher FROM samples WHERE pipeline = 't-combined' ORDER BY sample_type",
-        )
-        .await
-        .unwrap(),
-        nextstate::sql::OutputFormat::Csv,
-    )
-    .unwrap();
+    let rewards = csv(&lake, "SELECT sample_type, reward, teacher_logprobs IS NULL AS no_teacher FROM samples WHERE pipeline = 't-combined' ORDER BY sample_type").await;
     assert_eq!(rewards, "sample_type,reward,no_teacher\ncombined-both,1.0,false\ncombined-hint-only,0.0,false\ncombined-score-only,-1.0,false\n");
     // score-only: teacher log-probs are the rollout log-probs (the teacher term is 0)
     let combined = sorted_samples(&lake, "t-combined");
@@ -185,16 +195,11 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     // Lineage: every sample of every pipeline names the `interactions` record its turn was read from,
     // the same position as its signal's (t-combined's chain ran straight from the topic; t-binary's and
     // t-opd's judge and hint inputs were re-published from the lake, carrying the signal's position).
-    let lineage = nextstate::sql::render(
-        &nextstate::sql::query(
-            &lake,
-            "SELECT s.pipeline, count(*) AS n, count(s.source_offset) AS with_offset,              sum(CASE WHEN s.source_topic = g.source_topic AND s.source_partition = g.source_partition AND s.source_offset = g.source_offset THEN 1 ELSE 0 END) AS same_as_signal              FROM samples s JOIN signals g ON s.interaction_id = g.interaction_id GROUP BY s.pipeline ORDER BY s.pipeline",
-        )
-        .await
-        .unwrap(),
-        nextstate::sql::OutputFormat::Csv,
+    let lineage = csv(
+        &lake,
+        "SELECT s.pipeline, count(*) AS n, count(s.source_offset) AS with_offset,              sum(CASE WHEN s.source_topic = g.source_topic AND s.source_partition = g.source_partition AND s.source_offset = g.source_offset THEN 1 ELSE 0 END) AS same_as_signal              FROM samples s JOIN signals g ON s.interaction_id = g.interaction_id GROUP BY s.pipeline ORDER BY s.pipeline",
     )
-    .unwrap();
+    .await;
     assert_eq!(lineage, "pipeline,n,with_offset,same_as_signal\nt-binary,2,2,2\nt-combined,3,3,3\nt-opd,2,2,2\n");
     assert_eq!(
         nextstate::sql::scalar_i64(&lake, "SELECT count(*) FROM signals WHERE source_topic = 'interactions' AND source_offset IS NOT NULL").await.unwrap(),
@@ -210,11 +215,7 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     let lake2_dir = dir.path().join("lake2");
     let lake2 = Lake::open(&lake2_dir).unwrap();
     lake2.write_rows(&rows, "test", 1).unwrap();
-    let cache_src = lake_dir.join("_state/vote_cache");
-    let cache_dst = lake2.state_dir("vote_cache").unwrap();
-    for f in std::fs::read_dir(&cache_src).unwrap().flatten() {
-        std::fs::copy(f.path(), cache_dst.join(f.file_name())).unwrap();
-    }
+    copy_dir(&lake_dir.join("_state/vote_cache"), &lake2.state_dir("vote_cache").unwrap());
     let report = run(&pipeline("t-combined", "combined", &lake2_dir, "http://127.0.0.1:9", &model)).await;
     let judge = &report.stages["judge"];
     assert_eq!(judge.get("votes"), 12);
@@ -237,8 +238,7 @@ fn hint_variant(case: &str, k: usize) -> Option<&'static str> {
 
 async fn scripted_multi(Json(req): Json<serde_json::Value>) -> Json<serde_json::Value> {
     static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let text = req.to_string();
-    let case = ["[A]", "[B]", "[C]", "[D]"].iter().find(|m| text.contains(*m)).copied().unwrap_or("?");
+    let case = case_of(&req);
     let k = {
         let mut seen = SEEN.lock().unwrap();
         seen.push(case.to_string());
@@ -248,8 +248,7 @@ async fn scripted_multi(Json(req): Json<serde_json::Value>) -> Json<serde_json::
         Some(h) => format!("\\boxed{{1}} [HINT_START]{h}[HINT_END]"),
         None => "\\boxed{-1}".to_string(),
     };
-    Json(serde_json::json!({"id": "x", "object": "chat.completion", "model": "scripted",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}))
+    reply(content)
 }
 
 /// Multi-candidate hints (METHOD.md §3b) through the real teacher stage: every accepted, distinct hint
@@ -259,20 +258,17 @@ async fn scripted_multi(Json(req): Json<serde_json::Value>) -> Json<serde_json::
 /// samples; a rerun is served from the teacher cache with identical samples.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     let url = start_scripted().await;
-    let app = Router::new().route("/v1/chat/completions", post(scripted_multi));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hint_url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let hint_url = serve(Router::new().route("/v1/chat/completions", post(scripted_multi))).await;
 
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let lake = Lake::open(&lake_dir).unwrap();
-    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    let rows = all_cases();
     lake.write_rows(&rows, "test", 1).unwrap();
     let mut cfg = pipeline("t-multi", "combined", &lake_dir, &url, &model);
     cfg.hint.url = Some(hint_url);
@@ -341,7 +337,7 @@ async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
     // The trainer's overlap packing takes every sample.
     let tcfg = nextstate::trainer::TrainerConfig { opd_loss: nextstate::trainer::OpdLoss::Overlap, recompute_old_logprobs: true, ..Default::default() };
     let opts = nextstate::trainer::PackOptions {
-        method: nextstate::config::Method::Combined,
+        method: nextstate::method::Method::Combined,
         vocab_size: lm.transformer().config.vocab_size,
         pad_id: 0,
         current_version: 0,
@@ -390,13 +386,13 @@ fn copy_dir(from: &Path, to: &Path) {
 /// once. (Before: `--only signals` counted its signals and the lake kept none of them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_stage_alone_on_the_embedded_bus_writes_its_rows_to_the_lake() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
     let url = start_scripted().await;
     let dir = tempfile::tempdir().unwrap();
-    let rows: Vec<Interaction> = ["A", "B", "C", "D"].iter().enumerate().flat_map(|(i, c)| session(c, i as i32 + 1)).collect();
+    let rows = all_cases();
     let (alone_dir, chain_dir) = (dir.path().join("alone"), dir.path().join("chain"));
     for d in [&alone_dir, &chain_dir] {
         Lake::open(d).unwrap().write_rows(&rows, "test", 1).unwrap();

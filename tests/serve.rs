@@ -12,18 +12,6 @@ use nextstate::model::{LanguageModel, LoadOptions, LogprobMode};
 use nextstate::serve::{PolicyHandle, PolicyServer, ServerOptions};
 use serde_json::{json, Value};
 
-fn model_dir() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from),
-        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct")),
-    ];
-    let found = candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file());
-    if found.is_none() {
-        common::missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
-    }
-    found
-}
-
 struct Running {
     base: String,
     handle: PolicyHandle,
@@ -33,7 +21,7 @@ struct Running {
 
 async fn start(api_key: Option<&str>) -> Option<Running> {
     tch::set_num_threads(1);
-    let dir = model_dir()?;
+    let dir = common::test_model_or_missing()?;
     let lm = LanguageModel::load(&dir, &LoadOptions::default()).expect("load model");
     let opts = ServerOptions {
         model_name: "smollm2".into(),

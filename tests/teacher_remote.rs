@@ -17,8 +17,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use nextstate::lake::Lake;
 use nextstate::schema::{Interaction, TeacherLogprobs};
-use nextstate::stages::teacher::remote::{RemoteFailure, RemoteTeacher};
-use nextstate::stages::teacher::{TeacherBackend, TeacherConfig};
+use nextstate::teacher::remote::{RemoteFailure, RemoteTeacher};
+use nextstate::teacher::{TeacherBackend, TeacherConfig};
 use serde_json::{json, Value};
 
 /// A fake SGLang server: records every request body and answers from a script of (status, body).
@@ -145,11 +145,6 @@ fn remote_backends_are_validated_and_keep_the_default_pipeline_hash() {
     assert_eq!((parsed.backend, parsed.remote_model().as_deref()), (TeacherBackend::Sglang, Some("Qwen/Qwen3-4B")));
 }
 
-fn model_dir() -> Option<PathBuf> {
-    let d = common::root().join("models/smollm2-135m-instruct");
-    d.join("model.safetensors").exists().then_some(d)
-}
-
 /// The hint judge: every turn with a next state gets an accepted hint.
 async fn always_hint(Json(_req): Json<Value>) -> Json<Value> {
     let content = "The user wanted the literal answer. \\boxed{1} [HINT_START]Answer the question exactly as asked, then stop.[HINT_END]";
@@ -185,7 +180,7 @@ fn real_turns() -> Vec<Interaction> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_teacher_on_our_server_matches_the_local_teacher() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };

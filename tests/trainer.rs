@@ -4,19 +4,14 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nextstate::config::{Method, PipelineConfig};
+use nextstate::config::PipelineConfig;
+use nextstate::method::Method;
 use nextstate::model::{LanguageModel, LoadOptions, Trainable};
 use nextstate::schema::{content_hash, Message, Sample, SampleType};
 use nextstate::trainer::{CheckpointWriter, Trainer, TrainerConfig};
-
-fn model_dir() -> Option<PathBuf> {
-    let d = common::root().join("models/smollm2-135m-instruct");
-    d.join("model.safetensors").exists().then_some(d)
-}
 
 /// Short chat samples: prompt = a question rendered with the chat template; response = a fixed answer
 /// with the end-of-turn token; rollout log-probs scored under the initial weights.
@@ -60,7 +55,7 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
@@ -204,7 +199,7 @@ fn spawn_train(pipeline: &std::path::Path, brokers: &str, prefix: &str, lake: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_trainer_resumes_and_consumes_every_sample_exactly_once() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };
@@ -305,7 +300,7 @@ fn rel_diff(a: &[(String, tch::Tensor)], b: &[(String, tch::Tensor)]) -> f64 {
 #[test]
 fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
     use nextstate::trainer::{accumulate_gradients, loss, pack_samples, PackOptions};
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         panic!("models/smollm2-135m-instruct is missing: run scripts/setup.sh");
     };
     tch::set_num_threads(2);
@@ -393,7 +388,7 @@ fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
 /// (no step, no checkpoint after it), yet its offset is committed: a resumed run finds nothing left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
-    let Some(model) = model_dir() else {
+    let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
         return;
     };

@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Method, PipelineConfig};
+use crate::config::PipelineConfig;
+use crate::method::Method;
 use crate::schema::content_hash;
 use crate::{config_err, Error, Result};
 

@@ -1,22 +1,21 @@
 //! Evaluation of one policy version (the initial weights or a checkpoint): the personalization score on
-//! held-out GSM8K problems (greedy answers to the simulated student's first message, scored by
+//! held-out GSM8K problems (greedy answers from [`crate::demo::heldout`], scored by
 //! [`crate::demo::personalization_score`]), the held-out loss components of the arm's own held-out
 //! samples ([`crate::trainer::loss_report`]), and the teacher/student log-prob gap on hinted held-out
 //! samples. Also the per-sample advantages of the training samples (no model needed: METHOD.md §6 with
 //! the rollout log-probs as `old`) and judge-vs-outcome agreement.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use super::results::{AgreementRow, GapRow, HeldoutRow, JudgeSessionRow, ResponseRow};
-use crate::config::{Method, PipelineConfig};
-use crate::demo::{check, personalization_score, Preferences, Problem, Score, Student};
+use crate::method::Method;
+use crate::demo::{check, personalization_score, Preferences, Problem, Score};
 use crate::error::Result;
-use crate::model::{LanguageModel, LoadOptions, SamplingParams, Trainable};
-use crate::schema::{Interaction, Judgment, Message, Sample, TurnType};
+use crate::model::LanguageModel;
+use crate::schema::{Interaction, Judgment, Sample, TurnType};
 use crate::trainer::TrainerConfig;
 
 /// Everything measured for one version of one arm (cached as `eval/v<version>.json`).
@@ -38,85 +37,6 @@ pub struct VersionEval {
     pub heldout: Vec<HeldoutRow>,
     /// Teacher/student gap, one row per hinted held-out sample.
     pub gaps: Vec<GapRow>,
-}
-
-/// Loads the initial weights (`checkpoint` None) or a checkpoint folder on top of them, frozen, with
-/// LoRA adapters folded in (evaluation runs at base speed).
-///
-/// # Errors
-/// Model loading errors; [`crate::Error::Config`] for a bad device or dtype.
-pub fn load_policy(cfg: &PipelineConfig, checkpoint: Option<&Path>) -> Result<LanguageModel> {
-    let device = LoadOptions::parse_device(&cfg.policy.device)?;
-    let opts = LoadOptions { device, dtype: LoadOptions::parse_dtype(&cfg.policy.dtype, device)?, trainable: Trainable::Frozen };
-    match checkpoint {
-        None => LanguageModel::load(&cfg.policy.model, &opts),
-        Some(dir) => {
-            let mut lm = LanguageModel::load_checkpoint(dir, Some(&cfg.policy.model), &opts)?;
-            lm.transformer_mut().merge_lora()?;
-            Ok(lm)
-        }
-    }
-}
-
-/// One greedy answer to a held-out problem, with the token ids it was made of.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HeldoutAnswer {
-    /// The problem.
-    pub problem: Problem,
-    /// The chat prompt's token ids (the student's first message, generation prompt added).
-    pub prompt_ids: Vec<u32>,
-    /// The generated token ids (a final stop token included when the answer stopped on one).
-    pub response_ids: Vec<u32>,
-    /// The log-prob of each generated token under the generating policy (nats; greedy: the plain
-    /// log-softmax), same length as `response_ids`.
-    pub logprobs: Vec<f32>,
-    /// The answer's text (stop token and stop strings removed).
-    pub text: String,
-}
-
-/// Greedy answers (up to `max_tokens` tokens) to the student's first message about each problem, `batch`
-/// problems per generation call, in problem order, with their token ids.
-///
-/// # Errors
-/// Model errors.
-pub fn greedy_generations(lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize) -> Result<Vec<HeldoutAnswer>> {
-    let mut out = vec![];
-    for chunk in problems.chunks(batch.max(1)) {
-        let prompts = chunk
-            .iter()
-            .map(|p| lm.chat_prompt_ids(&[Message::text("user", student.first_message(p))], None, true))
-            .collect::<Result<Vec<_>>>()?;
-        let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
-        out.extend(chunk.iter().zip(prompts).zip(gens).map(|((p, prompt_ids), g)| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }));
-    }
-    Ok(out)
-}
-
-/// Greedy answers as `(problem, text)` pairs ([`greedy_generations`] without the token ids).
-///
-/// # Errors
-/// Model errors.
-pub fn greedy_answers(lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize) -> Result<Vec<(Problem, String)>> {
-    Ok(greedy_generations(lm, problems, student, max_tokens, batch)?.into_iter().map(|a| (a.problem, a.text)).collect())
-}
-
-/// The summed log-prob (nats) of every response token of `answers` under `lm`, given its prompt, and the
-/// number of tokens summed; answers are scored `batch` at a time and empty responses add nothing. The
-/// held-out drift of a version `v` from `v0` is `(sum_v0 − sum_v) / tokens` on `v0`'s answers.
-///
-/// # Errors
-/// Model errors.
-pub fn response_logprob_sum(lm: &LanguageModel, answers: &[HeldoutAnswer], batch: usize) -> Result<(f64, usize)> {
-    let (mut sum, mut n) = (0.0, 0usize);
-    let with: Vec<&HeldoutAnswer> = answers.iter().filter(|a| !a.response_ids.is_empty()).collect();
-    for chunk in with.chunks(batch.max(1)) {
-        let items: Vec<(Vec<u32>, Vec<u32>)> = chunk.iter().map(|a| (a.prompt_ids.clone(), a.response_ids.clone())).collect();
-        for scored in lm.score(&items, 0)? {
-            sum += scored.logprobs.iter().map(|x| f64::from(*x)).sum::<f64>();
-            n += scored.logprobs.len();
-        }
-    }
-    Ok((sum, n))
 }
 
 /// The personalization score and the response rows of `answers`.

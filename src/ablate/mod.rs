@@ -35,6 +35,9 @@ pub mod collect;
 pub mod compare;
 pub mod config;
 pub mod eval;
+mod gather;
+mod layout;
+mod plan;
 pub mod replay;
 pub mod report;
 pub mod results;
@@ -45,4 +48,5 @@ pub(crate) mod fixtures;
 
 pub use config::{AblationConfig, ResolvedArm};
 pub use replay::{replay, ReplayOptions, ReplayReport, ReplayTarget};
-pub use run::{run_ablation, AblateOptions, AblationSummary};
+pub use report::AblationSummary;
+pub use run::{run_ablation, AblateOptions};

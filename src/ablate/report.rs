@@ -7,12 +7,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::compare::{ordering, summarize, versus_initial, GroupRow, PairRow, ALPHA};
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
 use super::results::{write_table, CheckpointRow, TABLES};
-use super::run::{gather, write_results, AblationSummary, Gathered, Layout, Stream};
+use super::gather::{gather, write_results, Gathered};
+use super::layout::Layout;
+use super::plan::Stream;
 use crate::demo::{interval_chart, line_chart, IntervalItem, Score};
 use crate::stats::p_text;
 use crate::error::{Error, Result};
@@ -28,6 +30,30 @@ fn cell(s: &str) -> String {
 /// File-name-safe form of an arm name.
 fn file_safe(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+/// What an ablation run produced.
+#[derive(Debug, Clone)]
+pub struct AblationSummary {
+    /// `report.md`.
+    pub report: PathBuf,
+    /// The results folder (Parquet tables).
+    pub results: PathBuf,
+    /// One row per evaluated version of each reported arm.
+    pub checkpoints: Vec<CheckpointRow>,
+    /// Arms reported (complete).
+    pub reported: Vec<String>,
+    /// Arms not reported yet (not trained or not evaluated by any process).
+    pub missing: Vec<String>,
+    /// Each arm group's final score over its seeds ([`super::compare`]).
+    pub groups: Vec<super::compare::GroupRow>,
+    /// Each arm group against the initial weights ([`super::compare::versus_initial`]).
+    pub versus_v0: Vec<super::compare::PairRow>,
+    /// The sentence on combined > OPD > binary ([`super::compare::ordering`]), when the ablation has
+    /// the three plain arms.
+    pub ordering: Option<String>,
+    /// Wall time of this process, seconds.
+    pub seconds: f64,
 }
 
 /// Gathers the finished arms, writes `results/`, the plots and `report.md`.

@@ -16,27 +16,31 @@
 //! The data phases hold `work/state/data.lock`, so several processes may run different arms (`--arms`)
 //! of the same ablation at once; the others wait for the data.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-
 use super::collect::{collect, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
-use super::eval::{gap_rows, greedy_answers, heldout_rows, judge_agreement, load_policy, sample_advantages, score_answers, VersionEval};
+use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, VersionEval};
+use crate::demo::heldout::{greedy_answers, load_policy};
+use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, EvalMarker, ReplayMarker, StagesMarker, TrainMarker};
+use super::plan::{evaluated_versions, judge_groups, needed_data_pipelines, selected};
 use super::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
-use super::results::*;
-use crate::config::Method;
-use crate::demo::{load_gsm8k, split_problems, Problem, Score, Student};
+use super::results::{GapRow, ResponseRow};
+use crate::demo::{load_gsm8k, split_problems, Problem, Student};
 use crate::error::{Error, Result};
 use crate::lake::Lake;
+use crate::method::Method;
 use crate::runtime::Stop;
 use crate::schema::{content_hash, Interaction, Judgment, Sample, TurnType};
 use crate::stages::run::chain;
 use crate::stages::train::{query_samples, train_command, TrainOptions, TrainSource};
 use crate::{config_err, input_err};
+
+pub use super::layout::Layout;
+pub use super::plan::{heldout_sql, stream, train_sql, Stream};
+pub use super::report::AblationSummary;
 
 /// What `nextstate ablate` runs.
 #[derive(Debug, Clone)]
@@ -49,93 +53,6 @@ pub struct AblateOptions {
     pub arms: Option<Vec<String>>,
 }
 
-/// What an ablation run produced.
-#[derive(Debug, Clone)]
-pub struct AblationSummary {
-    /// `report.md`.
-    pub report: PathBuf,
-    /// The results folder (Parquet tables).
-    pub results: PathBuf,
-    /// One row per evaluated version of each reported arm.
-    pub checkpoints: Vec<CheckpointRow>,
-    /// Arms reported (complete).
-    pub reported: Vec<String>,
-    /// Arms not reported yet (not trained or not evaluated by any process).
-    pub missing: Vec<String>,
-    /// Each arm group's final score over its seeds ([`super::compare`]).
-    pub groups: Vec<super::compare::GroupRow>,
-    /// Each arm group against the initial weights ([`super::compare::versus_initial`]).
-    pub versus_v0: Vec<super::compare::PairRow>,
-    /// The sentence on combined > OPD > binary ([`super::compare::ordering`]), when the ablation has
-    /// the three plain arms.
-    pub ordering: Option<String>,
-    /// Wall time of this process, seconds.
-    pub seconds: f64,
-}
-
-/// The folders of an ablation's output.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    /// `<out>`.
-    pub out: PathBuf,
-    /// `<out>/work`.
-    pub work: PathBuf,
-}
-
-impl Layout {
-    /// The layout under `out`.
-    pub fn new(out: &Path) -> Layout {
-        Layout { out: out.to_path_buf(), work: out.join("work") }
-    }
-    /// Collected source lake.
-    pub fn source(&self) -> PathBuf {
-        self.work.join("source")
-    }
-    /// The ablation lake.
-    pub fn lake(&self) -> PathBuf {
-        self.work.join("lake")
-    }
-    /// The judge-agreement lake.
-    pub fn agreement_lake(&self) -> PathBuf {
-        self.work.join("agreement")
-    }
-    /// Phase markers.
-    pub fn state(&self) -> PathBuf {
-        self.work.join("state")
-    }
-    /// An arm's folder.
-    pub fn arm(&self, arm: &str) -> PathBuf {
-        self.work.join("arms").join(arm)
-    }
-    /// An arm's checkpoints folder (the run folder is `<this>/<arm>`).
-    pub fn checkpoints(&self, arm: &str) -> PathBuf {
-        self.arm(arm).join("checkpoints")
-    }
-    /// `<out>/results`.
-    pub fn results(&self) -> PathBuf {
-        self.out.join("results")
-    }
-}
-
-fn read_marker<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    match std::fs::read_to_string(path) {
-        Ok(s) => Ok(Some(serde_json::from_str(&s).map_err(|e| input_err!("{}: {e} (delete it to redo that phase)", path.display()))?)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("read", path, e)),
-    }
-}
-
-fn write_marker<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    crate::lake::write_atomic(path, serde_json::to_string_pretty(value)?.as_bytes())
-}
-
-fn remove_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| Error::io("remove", dir, e))?;
-    }
-    Ok(())
-}
-
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("worker thread: {e}")))?
 }
@@ -145,11 +62,6 @@ fn check_stop(stop: &Stop) -> Result<()> {
         return Err(Error::Cancelled);
     }
     Ok(())
-}
-
-/// SQL string literal.
-fn lit(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// `work/state/data.lock`: held by the process running the data phases.
@@ -188,114 +100,6 @@ impl Drop for DataLock {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ReplayMarker {
-    rows: u64,
-    vote_cache_files: u64,
-    teacher_cache_rows: u64,
-    seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StagesMarker {
-    pipeline: String,
-    counts: BTreeMap<String, BTreeMap<String, u64>>,
-    seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct AgreementMarker {
-    row: AgreementRow,
-    sessions: Vec<JudgeSessionRow>,
-    seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct BaseEval {
-    fingerprint: String,
-    score: Score,
-    responses: Vec<ResponseRow>,
-    gaps: Vec<GapRow>,
-    seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct TrainMarker {
-    config_hash: String,
-    train_sql: String,
-    sample_ids: Vec<String>,
-    interaction_ids: Vec<String>,
-    sample_types: Vec<String>,
-    steps: i64,
-    seconds: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct EvalMarker {
-    fingerprint: String,
-    eval: VersionEval,
-    seconds: f64,
-}
-
-/// The interactions of the ablation lake in replay order, and the held-out sessions.
-#[derive(Debug, Clone)]
-pub struct Stream {
-    /// Training main turns in order (event time, session, turn index, id).
-    pub order: Vec<String>,
-    /// 1-based position of each training main turn.
-    pub rank: HashMap<String, i64>,
-    /// Held-out sessions (the last `heldout_sessions` by first event time).
-    pub heldout: Vec<String>,
-    /// Sessions in the data.
-    pub sessions: usize,
-    /// Main turns in the data.
-    pub main_turns: usize,
-}
-
-/// Orders `rows` and splits off the last `heldout` sessions (by first event time, then session id).
-pub fn stream(rows: &[Interaction], heldout: usize) -> Stream {
-    let mut main: Vec<&Interaction> = rows.iter().filter(|i| i.turn_type == TurnType::Main).collect();
-    main.sort_by(|a, b| (a.event_time, &a.session_id, a.turn_index, &a.interaction_id).cmp(&(b.event_time, &b.session_id, b.turn_index, &b.interaction_id)));
-    let mut first: Vec<(i64, String)> = vec![];
-    let mut seen = HashSet::new();
-    for i in &main {
-        if seen.insert(i.session_id.clone()) {
-            first.push((i.event_time, i.session_id.clone()));
-        }
-    }
-    first.sort();
-    let cut = first.len().saturating_sub(heldout);
-    let held: Vec<String> = first[cut..].iter().map(|(_, s)| s.clone()).collect();
-    let held_set: HashSet<&String> = held.iter().collect();
-    let order: Vec<String> = main.iter().filter(|i| !held_set.contains(&i.session_id)).map(|i| i.interaction_id.clone()).collect();
-    let rank = order.iter().enumerate().map(|(k, id)| (id.clone(), k as i64 + 1)).collect();
-    Stream { order, rank, heldout: held, sessions: first.len(), main_turns: main.len() }
-}
-
-/// The query an arm's trainer reads: its data pipeline's samples outside the held-out sessions, in
-/// interaction order, at most `limit`.
-pub fn train_sql(pipeline: &str, heldout: &[String], limit: usize) -> String {
-    let not_in = if heldout.is_empty() { String::new() } else { format!(" AND s.session_id NOT IN ({})", heldout.iter().map(|s| lit(s)).collect::<Vec<_>>().join(", ")) };
-    format!(
-        "SELECT s.* FROM samples s JOIN interactions i ON s.interaction_id = i.interaction_id \
-         WHERE s.pipeline = {}{not_in} ORDER BY i.event_time, i.session_id, i.turn_index, s.sample_id LIMIT {limit}",
-        lit(pipeline)
-    )
-}
-
-/// The held-out samples of a data pipeline, in interaction order.
-pub fn heldout_sql(pipeline: &str, heldout: &[String]) -> Option<String> {
-    if heldout.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "SELECT s.* FROM samples s JOIN interactions i ON s.interaction_id = i.interaction_id \
-         WHERE s.pipeline = {} AND s.session_id IN ({}) ORDER BY i.event_time, i.session_id, i.turn_index, s.sample_id",
-        lit(pipeline),
-        heldout.iter().map(|s| lit(s)).collect::<Vec<_>>().join(", ")
-    ))
-}
-
 /// Everything the arms share, prepared once.
 struct Prepared {
     arms: Vec<ResolvedArm>,
@@ -318,27 +122,6 @@ fn data_fingerprint(cfg: &AblationConfig, arms: &[ResolvedArm]) -> Result<String
     let model = arms.first().map(|a| a.pipeline.policy.model.clone());
     let v = serde_json::json!({"data": cfg.data, "student": cfg.student, "model": model, "eval_problems": cfg.eval.problems});
     Ok(content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
-}
-
-/// Distinct data pipelines in arm order: (pipeline name, the first arm using it).
-fn data_pipelines(arms: &[ResolvedArm]) -> Vec<&ResolvedArm> {
-    let mut seen = HashSet::new();
-    arms.iter().filter(|a| seen.insert(a.data_pipeline.clone())).collect()
-}
-
-/// Whether `arm` is among `--arms` (by name or group); everything is selected without `--arms`.
-fn selected(sel: Option<&[String]>, arm: &ResolvedArm) -> bool {
-    sel.is_none_or(|sel| sel.contains(&arm.name) || sel.contains(&arm.group))
-}
-
-/// `data_pipelines` that a run of the `--arms` selection needs: those of the selected arms, and the
-/// first one that builds hints (the held-out gap set every arm is evaluated on comes from it).
-fn needed_data_pipelines<'a>(arms: &'a [ResolvedArm], sel: Option<&[String]>) -> Vec<&'a ResolvedArm> {
-    let gap_source = arms.iter().find(|a| a.pipeline.method.uses_hints()).map(|a| a.data_pipeline.clone());
-    data_pipelines(arms)
-        .into_iter()
-        .filter(|d| Some(&d.data_pipeline) == gap_source.as_ref() || arms.iter().any(|a| a.data_pipeline == d.data_pipeline && selected(sel, a)))
-        .collect()
 }
 
 async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[String]>, lay: &Layout, stop: &Stop) -> Result<()> {
@@ -433,19 +216,6 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
         agreement_phase(ag, arms, lay, stop).await?;
     }
     Ok(())
-}
-
-/// The judge configurations of the arms that use the judge: (key, first data pipeline, arm names).
-fn judge_groups(arms: &[ResolvedArm]) -> Result<Vec<(String, ResolvedArm, Vec<String>)>> {
-    let mut groups: Vec<(String, ResolvedArm, Vec<String>)> = vec![];
-    for a in arms.iter().filter(|a| a.pipeline.method.uses_judge()) {
-        let key = content_hash(&[serde_json::to_string(&(&a.pipeline.judge, &a.pipeline.signals))?.as_bytes()]);
-        match groups.iter_mut().find(|g| g.0 == key) {
-            Some(g) => g.2.push(a.name.clone()),
-            None => groups.push((key, a.clone(), vec![a.name.clone()])),
-        }
-    }
-    Ok(groups)
 }
 
 async fn agreement_phase(ag: &super::config::AgreementSettings, arms: &[ResolvedArm], lay: &Layout, stop: &Stop) -> Result<()> {
@@ -587,31 +357,6 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
     Ok(m)
 }
 
-/// (version, step, interactions seen, samples seen, checkpoint folder) of one version of an arm.
-type VersionRow = (i64, i64, i64, i64, Option<PathBuf>);
-
-/// Every version of an arm ([`VersionRow`]), v0 first.
-fn versions(lay: &Layout, arm: &str, rank: &HashMap<String, i64>) -> Result<Vec<VersionRow>> {
-    let scan = crate::trainer::scan(&lay.checkpoints(arm).join(arm))?;
-    let mut out = vec![(0, 0, 0, 0, None)];
-    let (mut seen, mut samples, mut last) = (0i64, 0i64, 0i64);
-    for (path, m) in scan.complete {
-        for l in m.lineage.iter().filter(|l| l.trained) {
-            samples += 1;
-            seen = seen.max(rank.get(&l.interaction_id).copied().unwrap_or(0));
-        }
-        last = last.max(m.step);
-        out.push((m.version, last, seen, samples, Some(path)));
-    }
-    Ok(out)
-}
-
-/// The versions of `arm` that `[eval] versions` asks for ([`versions`], then
-/// [`super::config::EvalVersions::select`]).
-fn evaluated_versions(cfg: &AblationConfig, lay: &Layout, arm: &str, rank: &HashMap<String, i64>) -> Result<Vec<VersionRow>> {
-    Ok(cfg.eval.versions.select(&versions(lay, arm, rank)?))
-}
-
 async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &BaseEval, lay: &Layout, stop: &Stop) -> Result<Vec<VersionEval>> {
     let lake = Lake::open(lay.lake())?;
     let heldout: Vec<Sample> = match heldout_sql(&arm.data_pipeline, &p.stream.heldout) {
@@ -664,41 +409,6 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
     Ok(out)
 }
 
-fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
-    let (mut s, mut n) = (0.0, 0usize);
-    for x in v {
-        s += x;
-        n += 1;
-    }
-    (n > 0).then(|| s / n as f64)
-}
-
-/// The `checkpoint_metrics` row of one evaluated version.
-fn checkpoint_row(arm: &str, e: &VersionEval, problems: usize) -> CheckpointRow {
-    let h = &e.heldout;
-    let hm = |f: fn(&HeldoutRow) -> f64| mean(h.iter().map(f));
-    CheckpointRow {
-        arm: arm.into(),
-        version: e.version,
-        step: e.step,
-        interactions_seen: e.interactions_seen,
-        samples_seen: e.samples_seen,
-        score: e.score.fraction_all_satisfied,
-        accuracy: e.score.accuracy,
-        eval_problems: problems as i64,
-        heldout_samples: h.len() as i64,
-        heldout_loss: hm(|r| r.loss),
-        heldout_pg_loss: hm(|r| r.pg_loss),
-        heldout_advantage: hm(|r| r.advantage),
-        heldout_ppo_kl: hm(|r| r.ppo_kl),
-        heldout_entropy: hm(|r| r.entropy),
-        heldout_topk_kl: hm(|r| r.topk_kl),
-        gap_samples: e.gaps.len() as i64,
-        teacher_gap: mean(e.gaps.iter().map(|g| g.gap)),
-        student_logprob: mean(e.gaps.iter().map(|g| g.student_logprob)),
-    }
-}
-
 /// Runs (or resumes) an ablation and writes its report (see the module docs).
 ///
 /// # Errors
@@ -734,231 +444,4 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
     }
     let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, p.eval_problems.len()).await?;
     Ok(AblationSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
-}
-
-/// Gathers every finished arm's files into results rows (used by the report).
-pub(crate) struct Gathered {
-    pub arms: Vec<ArmRow>,
-    pub checkpoints: Vec<CheckpointRow>,
-    pub preferences: Vec<PreferenceRow>,
-    pub heldout: Vec<HeldoutRow>,
-    pub gaps: Vec<GapRow>,
-    pub steps: Vec<StepRow>,
-    pub advantages: Vec<AdvantageRow>,
-    pub responses: Vec<ResponseRow>,
-    pub agreement: Vec<AgreementRow>,
-    pub judge_sessions: Vec<JudgeSessionRow>,
-    pub stage_counts: Vec<StageCountRow>,
-    pub timings: Vec<TimingRow>,
-    pub missing: Vec<String>,
-    pub collect: Option<CollectReport>,
-    pub replayed: u64,
-}
-
-pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, problems: usize) -> Result<Gathered> {
-    let state = lay.state();
-    let lake = Lake::open(lay.lake())?;
-    let mut g = Gathered {
-        arms: vec![],
-        checkpoints: vec![],
-        preferences: vec![],
-        heldout: vec![],
-        gaps: vec![],
-        steps: vec![],
-        advantages: vec![],
-        responses: vec![],
-        agreement: vec![],
-        judge_sessions: vec![],
-        stage_counts: vec![],
-        timings: vec![],
-        missing: vec![],
-        collect: read_marker::<CollectReport>(&state.join("collect.json"))?,
-        replayed: read_marker::<ReplayMarker>(&state.join("replay.json"))?.map_or(0, |r| r.rows),
-    };
-    if let Some(c) = &g.collect {
-        g.timings.push(TimingRow { phase: "collect".into(), name: String::new(), seconds: c.seconds });
-    }
-    if let Some(r) = read_marker::<ReplayMarker>(&state.join("replay.json"))? {
-        g.timings.push(TimingRow { phase: "replay".into(), name: String::new(), seconds: r.seconds });
-    }
-    for arm in data_pipelines(arms) {
-        if let Some(m) = read_marker::<StagesMarker>(&state.join(format!("data-{}.json", arm.data_pipeline)))? {
-            for (stage, c) in &m.counts {
-                for (outcome, n) in c {
-                    g.stage_counts.push(StageCountRow { data_pipeline: m.pipeline.clone(), stage: stage.clone(), outcome: outcome.clone(), count: *n as i64 });
-                }
-            }
-            g.timings.push(TimingRow { phase: "stages".into(), name: m.pipeline.clone(), seconds: m.seconds });
-        }
-    }
-    if let Some(v) = read_marker::<serde_json::Value>(&state.join("agreement-ingest.json"))? {
-        g.timings.push(TimingRow { phase: "agreement_ingest".into(), name: String::new(), seconds: v["seconds"].as_f64().unwrap_or(0.0) });
-    }
-    for (_, arm, _) in judge_groups(arms)? {
-        if let Some(m) = read_marker::<AgreementMarker>(&state.join(format!("agreement-{}.json", arm.data_pipeline)))? {
-            g.timings.push(TimingRow { phase: "agreement".into(), name: arm.data_pipeline.clone(), seconds: m.seconds });
-            g.agreement.push(m.row);
-            g.judge_sessions.extend(m.sessions);
-        }
-    }
-    if let Some(b) = read_marker::<BaseEval>(&state.join("base-eval.json"))? {
-        g.timings.push(TimingRow { phase: "eval".into(), name: "v0 (shared)".into(), seconds: b.seconds });
-    }
-    for arm in arms {
-        let dir = lay.arm(&arm.name);
-        let Some(t) = read_marker::<TrainMarker>(&dir.join("train.json"))? else {
-            g.missing.push(arm.name.clone());
-            continue;
-        };
-        let vs = evaluated_versions(cfg, lay, &arm.name, &stream.rank)?;
-        let mut evals = vec![];
-        let mut eval_times = vec![];
-        for (version, ..) in &vs {
-            match read_marker::<EvalMarker>(&dir.join("eval").join(format!("v{version}.json")))? {
-                Some(m) => {
-                    eval_times.push(TimingRow { phase: "eval".into(), name: format!("{} v{version}", arm.name), seconds: m.seconds });
-                    evals.push(m.eval);
-                }
-                None => break,
-            }
-        }
-        if evals.len() != vs.len() {
-            g.missing.push(arm.name.clone());
-            continue;
-        }
-        g.timings.push(TimingRow { phase: "train".into(), name: arm.name.clone(), seconds: t.seconds });
-        g.timings.extend(eval_times);
-        let p = &arm.pipeline;
-        g.arms.push(ArmRow {
-            arm: arm.name.clone(),
-            group: arm.group.clone(),
-            method: p.method.as_str().into(),
-            overrides: serde_json::to_string(&arm.overrides)?,
-            data_pipeline: arm.data_pipeline.clone(),
-            data_hash: arm.data_hash.clone(),
-            config_hash: arm.config_hash.clone(),
-            trainer_hash: arm.trainer_hash.clone(),
-            seed: p.trainer.seed as i64,
-            initial_weights: p.policy.model.display().to_string(),
-            batch_size: p.trainer.batch_size as i64,
-            lr: p.trainer.lr,
-            lora: p.trainer.lora.enabled,
-            w_rl: p.trainer.w_rl,
-            w_opd: p.trainer.w_opd,
-            opd_loss: p.trainer.opd_loss.as_str().into(),
-            top_k: p.teacher.top_k as i64,
-            hint_strategy: p.hint.strategy.as_str().into(),
-            judge_m: i64::from(p.judge.m),
-            hint_m: i64::from(p.hint.m),
-            steps: t.steps,
-            train_sql: t.train_sql.clone(),
-            sample_ids: t.sample_ids.clone(),
-            interaction_ids: t.interaction_ids.clone(),
-            sample_types: t.sample_types.clone(),
-        });
-        // steps from the manifests
-        for (_, m) in crate::trainer::scan(&lay.checkpoints(&arm.name).join(&arm.name))?.complete {
-            for s in m.metrics {
-                g.steps.push(StepRow {
-                    arm: arm.name.clone(),
-                    step: s.step,
-                    loss: s.metrics.loss,
-                    pg_loss: s.metrics.pg_loss,
-                    clip_fraction: s.metrics.clip_fraction,
-                    ppo_kl: s.metrics.ppo_kl,
-                    kl: s.metrics.kl,
-                    entropy: s.metrics.entropy,
-                    topk_kl: s.metrics.topk_kl,
-                    grad_norm: s.grad_norm,
-                    advantage_by_type: serde_json::to_string(&s.metrics.advantage_by_type)?,
-                    samples: s.metrics.samples,
-                    tokens: s.metrics.tokens,
-                });
-            }
-        }
-        // advantages of the training samples, in training order
-        let samples = query_samples(&lake, &t.train_sql).await?;
-        let adv = sample_advantages(p.method, &p.trainer, &samples)?;
-        for (k, (s, a)) in samples.iter().zip(adv).enumerate() {
-            g.advantages.push(AdvantageRow {
-                arm: arm.name.clone(),
-                position: k as i64,
-                sample_id: s.sample_id.clone(),
-                interaction_id: s.interaction_id.clone(),
-                sample_type: s.sample_type.as_str().into(),
-                reward: f64::from(s.reward),
-                advantage: a,
-                tokens: s.loss_mask.iter().filter(|m| **m != 0).count() as i64,
-            });
-        }
-        for e in evals {
-            g.checkpoints.push(checkpoint_row(&arm.name, &e, problems));
-            for (pref, rate) in &e.score.per_preference_rate {
-                g.preferences.push(PreferenceRow { arm: arm.name.clone(), version: e.version, preference: pref.clone(), rate: *rate });
-            }
-            g.heldout.extend(e.heldout);
-            g.gaps.extend(e.gaps);
-            g.responses.extend(e.responses);
-        }
-    }
-    Ok(g)
-}
-
-/// Writes every results table.
-pub(crate) fn write_results(g: &Gathered, dir: &Path) -> Result<()> {
-    write_table(dir, "arms", &g.arms)?;
-    write_table(dir, "checkpoint_metrics", &g.checkpoints)?;
-    write_table(dir, "preference_rates", &g.preferences)?;
-    write_table(dir, "heldout_losses", &g.heldout)?;
-    write_table(dir, "teacher_gaps", &g.gaps)?;
-    write_table(dir, "steps", &g.steps)?;
-    write_table(dir, "advantages", &g.advantages)?;
-    write_table(dir, "responses", &g.responses)?;
-    write_table(dir, "judge_agreement", &g.agreement)?;
-    write_table(dir, "judge_sessions", &g.judge_sessions)?;
-    write_table(dir, "stage_counts", &g.stage_counts)?;
-    write_table(dir, "timings", &g.timings)?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ablate::fixtures::interaction;
-
-    #[test]
-    fn stream_orders_and_holds_out_the_last_sessions() {
-        let mut rows = vec![];
-        // session b starts first, a second, c last; a has two turns interleaved with b's
-        for (sid, turn, t) in [("b", 0, 10), ("a", 0, 20), ("b", 1, 30), ("a", 1, 40), ("c", 0, 50)] {
-            let mut i = interaction(sid, turn);
-            i.event_time = t;
-            rows.push(i);
-        }
-        let mut side = interaction("a", 2);
-        side.turn_type = TurnType::Side;
-        rows.push(side);
-        let s = stream(&rows, 1);
-        assert_eq!(s.heldout, vec!["c"]);
-        assert_eq!(s.order, vec!["b-0", "a-0", "b-1", "a-1"]);
-        assert_eq!(s.rank["a-1"], 4);
-        assert_eq!((s.sessions, s.main_turns), (3, 5));
-        let s0 = stream(&rows, 0);
-        assert!(s0.heldout.is_empty());
-        assert_eq!(s0.order.len(), 5);
-        let all = stream(&rows, 9);
-        assert_eq!(all.heldout.len(), 3);
-        assert!(all.order.is_empty());
-    }
-
-    #[test]
-    fn queries_quote_and_exclude() {
-        let q = train_sql("p'x", &["s1".into(), "o'k".into()], 16);
-        assert!(q.contains("s.pipeline = 'p''x'"), "{q}");
-        assert!(q.contains("NOT IN ('s1', 'o''k')"), "{q}");
-        assert!(q.ends_with("LIMIT 16"));
-        assert!(!train_sql("p", &[], 4).contains("NOT IN"));
-        assert_eq!(heldout_sql("p", &[]), None);
-        assert!(heldout_sql("p", &["s".into()]).unwrap().contains("s.session_id IN ('s')"));
-    }
 }

@@ -201,6 +201,13 @@ pub struct Carry {
     pub hint: Option<HintRecord>,
 }
 
+/// Reason code of a record the bus refused for its size (the dead letter that stands in for it).
+pub const TOO_LARGE: &str = "record_too_large";
+
+/// Payload kept in the dead letter of a record too large for the bus, bytes (well under any limit,
+/// even after JSON escaping).
+pub const TOO_LARGE_PAYLOAD_BYTES: usize = 256 << 10;
+
 /// A record on the bus.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Envelope<T> {
@@ -241,12 +248,7 @@ impl Bus {
     /// within 10 s.
     pub async fn connect(cfg: BusConfig) -> Result<Bus> {
         match cfg.brokers.clone() {
-            None => {
-                let mock = MockCluster::new(1)?;
-                let bootstrap = mock.bootstrap_servers();
-                let source_id = format!("mock-{}", uuid::Uuid::new_v4().simple());
-                Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))), flow: Some(Arc::new(flow::Flow::default())) })
-            }
+            None => Bus::embedded(cfg),
             Some(brokers) => {
                 let mut client = cfg.client_config(&brokers)?;
                 // Warnings at least, whatever the log crate's level, so the context sees why a connect fails.
@@ -270,7 +272,7 @@ impl Bus {
                     Some(id) if !id.is_empty() => id,
                     _ => crate::schema::content_hash(&[brokers.as_bytes()]),
                 };
-                Ok(Bus { cfg, bootstrap: brokers, source_id, mock: None, flow: None })
+                Ok(Bus::remote(cfg, brokers, source_id))
             }
         }
     }
@@ -283,17 +285,28 @@ impl Bus {
     /// [`Error::Kafka`] when the mock cluster cannot start.
     pub fn connect_lazy(cfg: BusConfig) -> Result<Bus> {
         match cfg.brokers.clone() {
-            None => {
-                let mock = MockCluster::new(1)?;
-                let bootstrap = mock.bootstrap_servers();
-                let source_id = format!("mock-{}", uuid::Uuid::new_v4().simple());
-                Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))), flow: Some(Arc::new(flow::Flow::default())) })
-            }
+            None => Bus::embedded(cfg),
             Some(brokers) => {
                 let source_id = crate::schema::content_hash(&[brokers.as_bytes()]);
-                Ok(Bus { cfg, bootstrap: brokers, source_id, mock: None, flow: None })
+                Ok(Bus::remote(cfg, brokers, source_id))
             }
         }
+    }
+
+    /// A new embedded mock cluster (one broker, flow control on) under a fresh `mock-<uuid>` source id.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when the mock cluster cannot start.
+    fn embedded(cfg: BusConfig) -> Result<Bus> {
+        let mock = MockCluster::new(1)?;
+        let bootstrap = mock.bootstrap_servers();
+        let source_id = format!("mock-{}", uuid::Uuid::new_v4().simple());
+        Ok(Bus { cfg, bootstrap, source_id, mock: Some(Arc::new(MockHandle(mock))), flow: Some(Arc::new(flow::Flow::default())) })
+    }
+
+    /// A bus on the real cluster at `brokers`, known as `source_id`.
+    fn remote(cfg: BusConfig, brokers: String, source_id: String) -> Bus {
+        Bus { cfg, bootstrap: brokers, source_id, mock: None, flow: None }
     }
 
     /// True when running on the embedded mock cluster.

@@ -14,6 +14,7 @@
 //!   rates) and the `eval_scores` rows ([`crate::schema::EvalScore`]).
 //! - [`report`]: `report.md` and PNG plots, plus generic [`report::line_chart`] / [`report::histogram`].
 
+pub mod heldout;
 pub mod report;
 pub mod run;
 pub mod score;

@@ -214,13 +214,13 @@ fn evaluate_version(
     problems: &[Problem],
     student: &Student,
     max_tokens: usize,
-    v0: Option<&[crate::ablate::eval::HeldoutAnswer]>,
-) -> Result<(Vec<crate::ablate::eval::HeldoutAnswer>, (f64, usize))> {
+    v0: Option<&[super::heldout::HeldoutAnswer]>,
+) -> Result<(Vec<super::heldout::HeldoutAnswer>, (f64, usize))> {
     let dir = run_dir.join(version.to_string());
-    let lm = crate::ablate::eval::load_policy(cfg, (version > 0).then_some(dir.as_path()))?;
-    let answers = crate::ablate::eval::greedy_generations(&lm, problems, student, max_tokens, EVAL_BATCH)?;
+    let lm = super::heldout::load_policy(cfg, (version > 0).then_some(dir.as_path()))?;
+    let answers = super::heldout::greedy_generations(&lm, problems, student, max_tokens, EVAL_BATCH)?;
     let lp = match v0 {
-        Some(v0) => crate::ablate::eval::response_logprob_sum(&lm, &v0[..v0.len().min(DRIFT_PROBLEMS)], SCORE_BATCH)?,
+        Some(v0) => super::heldout::response_logprob_sum(&lm, &v0[..v0.len().min(DRIFT_PROBLEMS)], SCORE_BATCH)?,
         None => answers.iter().take(DRIFT_PROBLEMS).flat_map(|a| &a.logprobs).fold((0.0, 0), |(s, n), x| (s + f64::from(*x), n + 1)),
     };
     Ok((answers, lp))
@@ -247,7 +247,7 @@ impl EvalPlan {
         let loaded_versions: Vec<i64> = self.loaded.iter().map(|l| l.0).collect();
         let now = crate::schema::now_ms();
         let (mut checkpoints, mut rows) = (vec![], vec![]);
-        let mut v0: Option<(Vec<crate::ablate::eval::HeldoutAnswer>, f64, usize)> = None;
+        let mut v0: Option<(Vec<super::heldout::HeldoutAnswer>, f64, usize)> = None;
         for version in versions_to_evaluate(&loaded_versions) {
             let t = Instant::now();
             let (answers, (lp, n)) = evaluate_version(&self.cfg, &self.run_dir, version, &self.problems, &self.student, self.max_tokens, v0.as_ref().map(|a| a.0.as_slice()))?;

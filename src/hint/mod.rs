@@ -5,7 +5,8 @@
 //!
 //! Same shape as [`crate::judge`]: the pure parts ([`HINT_TEMPLATE`], [`parse_hint_vote`],
 //! [`select_hint`], [`teacher_messages`]), the backends (the judge's network backends or the rule
-//! baseline [`RulesHint`]) and [`hint_turn`], which builds the `hints` row.
+//! baseline [`RulesHint`]), the [`Hinter`] (a [`VotingStage`], as the judge) and [`hint_turn`], which
+//! builds the `hints` row.
 
 mod rules;
 mod select;
@@ -14,16 +15,14 @@ pub use rules::{error_line, first_sentences, RulesHint, MAX_RULE_HINT_CHARS, RUL
 pub use select::{candidate_hints, last_hint_block, parse_hint_vote, select_hint, ParsedHint, Selection, Strategy};
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 
 use crate::judge::{
-    build_backend, BackendKind, PromptTemplate, RawVote, RetryPolicy, Sampling, TurnContext, VoteBackend, VoteCache,
-    Voter, VoterStats, BACKOFF_MAX,
+    voting_fields, BackendKind, PromptTemplate, RetryPolicy, Sampling, TurnContext, VoteBackend, VotingConfig, VotingFields,
+    VotingStage,
 };
-use crate::schema::{content_hash, now_ms, HintCandidate, HintRecord, Message, Table};
+use crate::schema::{now_ms, HintCandidate, HintRecord, Message, Table};
 use crate::Result;
 
 /// What is appended to the last user message of the teacher context, before the hint
@@ -88,25 +87,34 @@ impl Default for HintConfig {
 }
 
 impl HintConfig {
-    /// Checks ranges.
+    /// Checks ranges ([`VotingFields::validate`]).
     ///
     /// # Errors
     /// [`crate::Error::Config`] naming the field and its value.
     pub fn validate(&self) -> Result<()> {
-        crate::judge::validate_voting("hint", self.m, self.temperature, self.max_tokens, self.timeout_s, self.concurrency)
+        self.voting().validate()
     }
     /// Sampling parameters of the votes.
     pub fn sampling(&self) -> Sampling {
-        Sampling { temperature: self.temperature, max_tokens: self.max_tokens }
+        self.voting().sampling()
     }
     /// Retry policy of the votes.
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            retries: self.retries,
-            backoff_base: Duration::from_millis(self.backoff_base_ms),
-            backoff_max: BACKOFF_MAX,
-            timeout: Duration::from_secs_f64(self.timeout_s),
-        }
+        self.voting().retry_policy()
+    }
+}
+
+impl VotingConfig for HintConfig {
+    const TEMPLATE: PromptTemplate = HINT_TEMPLATE;
+    fn voting(&self) -> VotingFields<'_> {
+        voting_fields!(self, "hint")
+    }
+    fn rules_backend() -> Arc<dyn VoteBackend> {
+        Arc::new(RulesHint)
+    }
+    /// `;strategy=…;min_hint_chars=…`: the selection decides the hint too.
+    fn fingerprint_extra(&self) -> String {
+        format!(";strategy={};min_hint_chars={}", self.strategy.as_str(), self.min_hint_chars)
     }
 }
 
@@ -161,84 +169,16 @@ pub fn teacher_messages(request: &[Message], hint: &str) -> Vec<Message> {
     out
 }
 
-/// A configured hint judge. Share it (`Arc`) between concurrent [`hint_turn`] calls.
-#[derive(Debug)]
-pub struct Hinter {
-    cfg: HintConfig,
-    template: PromptTemplate,
-    voter: Voter,
-}
+/// A configured hint judge: config, [`HINT_TEMPLATE`] and voter (see [`VotingStage`] for `new`,
+/// `with_parts` and the accessors; its [`VotingStage::config_fingerprint`] adds the strategy and the
+/// length threshold). Share it (`Arc`) between concurrent [`hint_turn`] calls.
+pub type Hinter = VotingStage<HintConfig>;
 
 impl Hinter {
-    /// A hint judge with the backend named by `cfg`, a fresh cache and its own semaphore.
-    ///
-    /// # Errors
-    /// [`crate::Error::Config`] for an invalid config.
-    pub fn new(cfg: HintConfig) -> Result<Hinter> {
-        cfg.validate()?;
-        let backend = build_backend(
-            cfg.backend,
-            cfg.url.as_deref(),
-            cfg.model.as_deref(),
-            cfg.api_key_env.as_deref(),
-            cfg.timeout_s,
-            Arc::new(RulesHint),
-        )?;
-        let sem = Arc::new(Semaphore::new(cfg.concurrency));
-        Hinter::with_parts(cfg, backend, Arc::new(VoteCache::new()), sem)
-    }
-
-    /// A hint judge over a given backend, cache and semaphore.
-    ///
-    /// # Errors
-    /// [`crate::Error::Config`] for an invalid config.
-    pub fn with_parts(cfg: HintConfig, backend: Arc<dyn VoteBackend>, cache: Arc<VoteCache>, semaphore: Arc<Semaphore>) -> Result<Hinter> {
-        cfg.validate()?;
-        let voter = Voter::new(backend, semaphore, cache, cfg.retry_policy(), cfg.sampling());
-        Ok(Hinter { cfg, template: HINT_TEMPLATE, voter })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &HintConfig {
-        &self.cfg
-    }
-    /// The prompt template.
-    pub fn template(&self) -> &PromptTemplate {
-        &self.template
-    }
-    /// The voter (backend, cache, counters).
-    pub fn voter(&self) -> &Voter {
-        &self.voter
-    }
-    /// The vote cache.
-    pub fn cache(&self) -> &Arc<VoteCache> {
-        self.voter.cache()
-    }
-    /// Counters since creation.
-    pub fn stats(&self) -> VoterStats {
-        self.voter.stats()
-    }
-
-    /// Fingerprint of everything that decides the hint: backend, model, template hash, sampling, m,
-    /// field limit, strategy and length threshold.
-    pub fn config_fingerprint(&self) -> String {
-        format!(
-            "backend={};model={};template={};{};m={};max_field_chars={};strategy={};min_hint_chars={}",
-            self.voter.backend().kind().as_str(),
-            self.voter.backend().model(),
-            self.template.hash(),
-            self.cfg.sampling().canonical(),
-            self.cfg.m,
-            self.cfg.max_field_chars,
-            self.cfg.strategy.as_str(),
-            self.cfg.min_hint_chars
-        )
-    }
-
     /// `hint_id` of a turn in `pipeline`: hash of the pipeline name, the interaction id and
-    /// [`Hinter::config_fingerprint`].
+    /// [`VotingStage::config_fingerprint`] ([`VotingStage::row_id`]).
     pub fn hint_id(&self, pipeline: &str, interaction_id: &str) -> String {
-        content_hash(&[pipeline.as_bytes(), interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
+        self.row_id(pipeline, interaction_id)
     }
 }
 
@@ -248,14 +188,8 @@ impl Hinter {
 /// policy's chat template belongs to the model runtime. Never fails: failed requests are invalid
 /// votes with their error.
 pub async fn hint_turn(hinter: &Hinter, pipeline: &str, turn: &TurnContext) -> HintRecord {
-    let cfg = &hinter.cfg;
-    let template_hash = hinter.template.hash();
-    let raw_votes = match hinter.template.render(turn, cfg.max_field_chars) {
-        Ok(messages) => hinter.voter.vote_all(&messages, turn, &template_hash, cfg.m).await,
-        Err(e) => (0..cfg.m)
-            .map(|index| RawVote { index, raw: String::new(), error: Some(e.to_string()), cached: false, attempts: 0 })
-            .collect(),
-    };
+    let cfg = hinter.config();
+    let (template_hash, raw_votes) = hinter.raw_votes(turn).await;
     let candidates: Vec<HintCandidate> = raw_votes
         .into_iter()
         .map(|rv| match rv.error {
@@ -285,9 +219,9 @@ pub async fn hint_turn(hinter: &Hinter, pipeline: &str, turn: &TurnContext) -> H
         chosen_hint: sel.chosen_hint,
         chosen_index: sel.chosen_index,
         reason: sel.reason,
-        hint_backend: hinter.voter.backend().kind().as_str().to_string(),
-        hint_model: hinter.voter.backend().model().to_string(),
-        template_id: hinter.template.id.to_string(),
+        hint_backend: hinter.voter().backend().kind().as_str().to_string(),
+        hint_model: hinter.voter().backend().model().to_string(),
+        template_id: hinter.template().id.to_string(),
         template_hash,
         teacher_messages: teacher,
         teacher_prompt_text: None,

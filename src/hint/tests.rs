@@ -1,7 +1,10 @@
 //! Tests of the hint stage: teacher context, the rule baseline (including a real log), and
 //! `hint_turn` over a scripted backend.
 
+use tokio::sync::Semaphore;
+
 use super::*;
+use crate::judge::VoteCache;
 use crate::judge::tests::Scripted;
 use crate::judge::mini_swe_agent_messages;
 use crate::judge::turn_for_tests as turn;

@@ -9,36 +9,18 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::normalize::{json_type, map_role, normalize_with_role, NormError};
-use super::stream::{for_each_line, Line};
 use super::trajectory::{emit, MessageMeta, Trajectory};
 use super::{parse_timestamp, Sink};
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let max = sink.opts.max_line_bytes;
-    let (bytes, blank) = for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
-        sink.record_read();
-        match line {
-            Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
-            Line::Text(text) => record(sink, n, text),
-        }
-    })?;
-    sink.set_bytes(bytes);
-    sink.count("blank lines", blank);
-    Ok(())
+    super::read_object_lines(path, sink, progress, &mut |sink, n, text, obj| record(sink, n, text, &obj))
 }
 
-fn record(sink: &mut Sink<'_>, n: i64, text: &[u8]) -> Result<()> {
-    let v: Value = match serde_json::from_slice(text) {
-        Ok(v) => v,
-        Err(e) => return sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
-    };
-    let Some(obj) = v.as_object() else {
-        return sink.dead(Some(n), "wrong_type", format!("line {n} is a JSON {}, expected an object", json_type(&v)), text);
-    };
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], obj: &Map<String, Value>) -> Result<()> {
     let index = match obj.get("index") {
         Some(Value::Number(x)) => x.to_string(),
         Some(Value::String(s)) => s.clone(),

@@ -24,7 +24,7 @@ use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
-    super::openai_chat::exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
+    super::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
 }
 
 /// A log line's object, its `request` and its `response`.

@@ -28,36 +28,13 @@ use serde_json::{Map, Value};
 
 use super::normalize::{json_type, normalize_request, normalize_with_role};
 use super::sessions::SessionInferrer;
-use super::stream::{for_each_line, Line};
 use super::{parse_timestamp, Sink, Turn};
 use crate::schema::TurnType;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
-    exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
-}
-
-/// What reads one line of a `{request, response}` log: (sink, line number, the line's bytes).
-pub(crate) type LineFn<'f> = dyn FnMut(&mut Sink<'_>, i64, &[u8]) -> Result<()> + 'f;
-
-/// Reads the lines of a `{request, response}` log (every request/response format), handing each
-/// line's bytes to `record`; an over-long line is a dead letter.
-///
-/// # Errors
-/// [`crate::Error::Io`] on read errors; errors from `record`.
-pub(crate) fn exchange_lines(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64), record: &mut LineFn<'_>) -> Result<()> {
-    let max = sink.opts.max_line_bytes;
-    let (bytes, blank) = for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
-        sink.record_read();
-        match line {
-            Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
-            Line::Text(text) => record(sink, n, text),
-        }
-    })?;
-    sink.set_bytes(bytes);
-    sink.count("blank lines", blank);
-    Ok(())
+    super::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
 }
 
 /// Looks a marker up in headers (`X-Session-Id`, any case) then in the request body and the line.

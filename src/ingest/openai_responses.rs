@@ -133,7 +133,7 @@ pub(crate) fn reply(resp: &Map<String, Value>) -> std::result::Result<(Reply, Sk
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
     let mut chains = Chains { by_id: HashMap::new(), next_turn: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
-    super::openai_chat::exchange_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
+    super::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
     let mut rest: Vec<Interaction> = chains.by_id.into_values().filter_map(|c| c.held).collect();
     rest.sort_by_key(|r| r.source_line);
     for r in rest {

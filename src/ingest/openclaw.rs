@@ -26,7 +26,6 @@ use serde_json::{Map, Value};
 use super::canonical::{message_key, prefix_keys, Key};
 use super::normalize::{json_type, normalize_message, normalize_request, normalize_with_role, split_reasoning};
 use super::sessions::SessionInferrer;
-use super::stream::{for_each_line, Line};
 use super::{parse_timestamp, Sink, Turn};
 use crate::schema::{Interaction, Message, TurnType};
 use crate::Result;
@@ -41,19 +40,10 @@ struct Held {
 }
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let max = sink.opts.max_line_bytes;
     let mut held: HashMap<String, Held> = HashMap::new();
     let mut inferrer = SessionInferrer::with_salt(sink.opts.session_cache, &sink.file);
     let mut counters: HashMap<String, i32> = HashMap::new();
-    let (bytes, blank) = for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
-        sink.record_read();
-        match line {
-            Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
-            Line::Text(text) => record(sink, n, text, &mut held, &mut inferrer, &mut counters),
-        }
-    })?;
-    sink.set_bytes(bytes);
-    sink.count("blank lines", blank);
+    super::read_object_lines(path, sink, progress, &mut |sink, n, text, obj| record(sink, n, text, &obj, &mut held, &mut inferrer, &mut counters))?;
     // End of file: the held records keep the next state the log gave them.
     let mut rest: Vec<Held> = held.into_values().collect();
     rest.sort_by_key(|h| h.row.source_line);
@@ -67,14 +57,7 @@ fn ids<T: TryFrom<i64>>(v: Option<&Value>) -> Option<Vec<T>> {
     v?.as_array()?.iter().map(|x| x.as_i64().and_then(|i| T::try_from(i).ok())).collect()
 }
 
-fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], held: &mut HashMap<String, Held>, inferrer: &mut SessionInferrer, counters: &mut HashMap<String, i32>) -> Result<()> {
-    let v: Value = match serde_json::from_slice(text) {
-        Ok(v) => v,
-        Err(e) => return sink.dead(Some(n), "malformed_json", format!("line {n}: {e}"), text),
-    };
-    let Some(obj) = v.as_object() else {
-        return sink.dead(Some(n), "wrong_type", format!("line {n} is a JSON {}, expected an object", json_type(&v)), text);
-    };
+fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], obj: &Map<String, Value>, held: &mut HashMap<String, Held>, inferrer: &mut SessionInferrer, counters: &mut HashMap<String, i32>) -> Result<()> {
     let raw_messages = match obj.get("messages") {
         Some(Value::Array(a)) => a,
         other => {

@@ -21,8 +21,10 @@
 //! `capacity` other turns to arrive is forgotten: its next request starts a new inferred session
 //! (with the same id as before when its opening was forgotten too).
 
-use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
 
 use super::canonical::{chain, continuation_key, message_key, prefix_keys, Key, EMPTY_PREFIX};
 use crate::schema::Message;
@@ -30,44 +32,9 @@ use crate::schema::Message;
 /// Default capacity of [`SessionInferrer`] (entries per map).
 pub const DEFAULT_CAPACITY: usize = 100_000;
 
-/// A least-recently-used map of bounded size.
-#[derive(Debug)]
-pub(crate) struct Lru<K, V> {
-    cap: usize,
-    tick: u64,
-    map: HashMap<K, (V, u64)>,
-    order: BTreeMap<u64, K>,
-}
-
-impl<K: Hash + Eq + Clone, V> Lru<K, V> {
-    pub(crate) fn new(cap: usize) -> Self {
-        Lru { cap: cap.max(1), tick: 0, map: HashMap::new(), order: BTreeMap::new() }
-    }
-    pub(crate) fn get(&mut self, k: &K) -> Option<&V> {
-        self.tick += 1;
-        let t = self.tick;
-        let (_, old) = self.map.get(k)?;
-        let old = *old;
-        self.order.remove(&old);
-        self.order.insert(t, k.clone());
-        let e = self.map.get_mut(k)?;
-        e.1 = t;
-        Some(&e.0)
-    }
-    pub(crate) fn put(&mut self, k: K, v: V) {
-        self.tick += 1;
-        if let Some((_, old)) = self.map.insert(k.clone(), (v, self.tick)) {
-            self.order.remove(&old);
-        }
-        self.order.insert(self.tick, k);
-        while self.map.len() > self.cap {
-            let Some((_, oldest)) = self.order.pop_first() else { break };
-            self.map.remove(&oldest);
-        }
-    }
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
-    }
+/// An empty least-recently-used map holding at most `capacity` entries (at least 1).
+pub(crate) fn lru_cache<K: Hash + Eq, V>(capacity: usize) -> LruCache<K, V> {
+    LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN))
 }
 
 /// The session a request belongs to.
@@ -85,8 +52,8 @@ pub struct Inferred {
 #[derive(Debug)]
 pub struct SessionInferrer {
     salt: String,
-    continuations: Lru<Key, String>,
-    openings: Lru<String, u32>,
+    continuations: LruCache<Key, String>,
+    openings: LruCache<String, u32>,
 }
 
 impl SessionInferrer {
@@ -98,7 +65,7 @@ impl SessionInferrer {
     /// Like [`SessionInferrer::new`]; `salt` (e.g. the source file name) enters the hash of new ids,
     /// so identical openings in different sources get different sessions.
     pub fn with_salt(capacity: usize, salt: &str) -> SessionInferrer {
-        SessionInferrer { salt: salt.to_string(), continuations: Lru::new(capacity), openings: Lru::new(capacity) }
+        SessionInferrer { salt: salt.to_string(), continuations: lru_cache(capacity), openings: lru_cache(capacity) }
     }
 
     /// Number of remembered turns.

@@ -1,20 +1,17 @@
-//! Judge backends behind one async trait, and the [`Voter`] that asks a backend for m votes with
-//! bounded concurrency, timeouts, retries with exponential backoff and a vote cache.
+//! Judge backends behind one async trait ([`VoteBackend`]); the [`super::Voter`] that asks a backend
+//! for m votes with bounded concurrency, timeouts, retries and a vote cache lives in `voter.rs`.
 //!
 //! Backends: any OpenAI-compatible `/v1/chat/completions` endpoint ([`OpenAiBackend`]); SGLang's native
 //! `/generate` ([`SglangBackend`]); and embedded rule-based baselines (the judge's
 //! [`super::RulesJudge`], the hint stage's `RulesHint`), which are not LLMs.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 
-use super::cache::VoteCache;
 use super::prompt::{render_role_tagged, ChatMessage};
 use super::turn::TurnContext;
 use crate::{config_err, Error, Result};
@@ -127,7 +124,7 @@ impl fmt::Display for CallError {
 }
 
 /// A judge backend: turns one vote request into the judge's raw answer text. One call is one attempt;
-/// retries, timeouts, concurrency limits and caching are the [`Voter`]'s job.
+/// retries, timeouts, concurrency limits and caching are the [`super::Voter`]'s job.
 pub trait VoteBackend: Send + Sync {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
@@ -382,216 +379,6 @@ pub fn build_backend(
     })
 }
 
-/// Retry and timeout policy of one vote.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
-    /// Retries after the first attempt (so at most `retries + 1` attempts).
-    pub retries: u32,
-    /// Backoff before retry k (0-based) = `backoff_base · 2^k`, capped at `backoff_max`.
-    pub backoff_base: Duration,
-    /// Cap on one backoff.
-    pub backoff_max: Duration,
-    /// Limit on one attempt (enforced around the backend call, whatever the backend does).
-    pub timeout: Duration,
-}
-
-impl RetryPolicy {
-    /// The sleep before retry `k` (0-based): `min(backoff_base · 2^k, backoff_max)`.
-    pub fn backoff(&self, k: u32) -> Duration {
-        let factor = 2u32.saturating_pow(k.min(30));
-        self.backoff_base.saturating_mul(factor).min(self.backoff_max)
-    }
-
-    /// Runs `call` (one invocation = one attempt) until it succeeds, fails with an error that is not
-    /// [`CallError::retryable`], or `retries` retries are spent; each attempt holds a permit of
-    /// `semaphore` (bounding calls in flight) and is cut at `timeout` ([`CallError::Timeout`]), and
-    /// retry k is preceded by a sleep of [`RetryPolicy::backoff`]`(k)`. The judge's [`Voter`] and the
-    /// remote teacher (`crate::stages::teacher::remote`) share this loop. Returns the last outcome and
-    /// what the attempts were, for the caller's counters.
-    pub async fn run<T, F, Fut>(&self, semaphore: &Semaphore, mut call: F) -> (std::result::Result<T, CallError>, AttemptCounts)
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, CallError>>,
-    {
-        let mut counts = AttemptCounts::default();
-        loop {
-            counts.attempts += 1;
-            let outcome = {
-                // The semaphore is never closed; if it were, run unbounded rather than fail the call.
-                let _permit = semaphore.acquire().await.ok();
-                match tokio::time::timeout(self.timeout, call()).await {
-                    Ok(r) => r,
-                    Err(_) => Err(CallError::Timeout(self.timeout.as_secs_f64())),
-                }
-            };
-            let err = match outcome {
-                Ok(v) => return (Ok(v), counts),
-                Err(e) => e,
-            };
-            if matches!(err, CallError::Timeout(_)) {
-                counts.timeouts += 1;
-            }
-            if !err.retryable() || counts.attempts > self.retries {
-                return (Err(err), counts);
-            }
-            tokio::time::sleep(self.backoff(counts.attempts - 1)).await;
-        }
-    }
-}
-
-/// What one [`RetryPolicy::run`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AttemptCounts {
-    /// Calls made: the first attempt and every retry (so retries = `attempts − 1`).
-    pub attempts: u32,
-    /// Attempts cut by the per-attempt timeout.
-    pub timeouts: u32,
-}
-
-/// Counters of a [`Voter`] since creation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VoterStats {
-    /// Backend calls made (attempts, including retries).
-    pub requests: u64,
-    /// Retries made (attempts after a retryable failure).
-    pub retries: u64,
-    /// Attempts that timed out.
-    pub timeouts: u64,
-    /// Votes that failed after all attempts (invalid votes from request failures).
-    pub failed_votes: u64,
-    /// Votes served from the cache.
-    pub cache_hits: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    requests: AtomicU64,
-    retries: AtomicU64,
-    timeouts: AtomicU64,
-    failed_votes: AtomicU64,
-    cache_hits: AtomicU64,
-}
-
-/// A vote's raw answer before parsing.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RawVote {
-    /// 0-based vote index.
-    pub index: u32,
-    /// The judge's raw text (empty when the request failed).
-    pub raw: String,
-    /// Why the request failed (after all attempts), if it did.
-    pub error: Option<String>,
-    /// Served from the cache.
-    pub cached: bool,
-    /// Backend calls made for this vote (0 when cached).
-    pub attempts: u32,
-}
-
-/// Asks a backend for votes: each vote checks the cache, then calls the backend under a semaphore
-/// permit shared by every turn (at most `concurrency` calls in flight), with a per-attempt timeout and
-/// retries with exponential backoff on retryable failures. A failed vote is returned with an error,
-/// never raised.
-pub struct Voter {
-    backend: Arc<dyn VoteBackend>,
-    semaphore: Arc<Semaphore>,
-    cache: Arc<VoteCache>,
-    policy: RetryPolicy,
-    sampling: Sampling,
-    counters: Counters,
-}
-
-impl fmt::Debug for Voter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Voter")
-            .field("backend", &self.backend.kind())
-            .field("model", &self.backend.model())
-            .field("policy", &self.policy)
-            .field("sampling", &self.sampling)
-            .finish()
-    }
-}
-
-impl Voter {
-    /// A voter over `backend`; `semaphore` bounds backend calls in flight (share one `Arc` across
-    /// stages that hit the same endpoint), `cache` may be shared too.
-    pub fn new(backend: Arc<dyn VoteBackend>, semaphore: Arc<Semaphore>, cache: Arc<VoteCache>, policy: RetryPolicy, sampling: Sampling) -> Voter {
-        Voter { backend, semaphore, cache, policy, sampling, counters: Counters::default() }
-    }
-
-    /// The backend.
-    pub fn backend(&self) -> &Arc<dyn VoteBackend> {
-        &self.backend
-    }
-    /// The vote cache.
-    pub fn cache(&self) -> &Arc<VoteCache> {
-        &self.cache
-    }
-    /// Sampling parameters.
-    pub fn sampling(&self) -> Sampling {
-        self.sampling
-    }
-    /// The retry policy.
-    pub fn policy(&self) -> RetryPolicy {
-        self.policy
-    }
-
-    /// Counters since creation.
-    pub fn stats(&self) -> VoterStats {
-        let c = &self.counters;
-        VoterStats {
-            requests: c.requests.load(Ordering::Relaxed),
-            retries: c.retries.load(Ordering::Relaxed),
-            timeouts: c.timeouts.load(Ordering::Relaxed),
-            failed_votes: c.failed_votes.load(Ordering::Relaxed),
-            cache_hits: c.cache_hits.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Votes `0..m` for one turn, concurrently (each bounded by the shared semaphore), in index order.
-    pub async fn vote_all(&self, messages: &[ChatMessage], turn: &TurnContext, template_hash: &str, m: u32) -> Vec<RawVote> {
-        let turn_hash = turn.content_hash();
-        let futs = (0..m).map(|i| self.vote_one(messages, turn, &turn_hash, template_hash, i));
-        futures::future::join_all(futs).await
-    }
-
-    async fn vote_one(&self, messages: &[ChatMessage], turn: &TurnContext, turn_hash: &str, template_hash: &str, index: u32) -> RawVote {
-        let cacheable = self.backend.cacheable();
-        let key = VoteCache::key(
-            turn_hash,
-            template_hash,
-            self.backend.kind().as_str(),
-            self.backend.model(),
-            &self.sampling.canonical(),
-            index,
-        );
-        if cacheable {
-            if let Some(raw) = self.cache.get(&key) {
-                self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
-                return RawVote { index, raw, error: None, cached: true, attempts: 0 };
-            }
-        }
-        let req = VoteRequest { messages, turn, index, sampling: self.sampling };
-        let (outcome, counts) = self.policy.run(&self.semaphore, || self.backend.complete(req)).await;
-        let attempts = counts.attempts;
-        self.counters.requests.fetch_add(u64::from(attempts), Ordering::Relaxed);
-        self.counters.retries.fetch_add(u64::from(attempts.saturating_sub(1)), Ordering::Relaxed);
-        self.counters.timeouts.fetch_add(u64::from(counts.timeouts), Ordering::Relaxed);
-        match outcome {
-            Ok(raw) => {
-                if cacheable {
-                    self.cache.insert(&key, &raw);
-                }
-                RawVote { index, raw, error: None, cached: false, attempts }
-            }
-            Err(err) => {
-                self.counters.failed_votes.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(backend = self.backend.kind().as_str(), vote = index, attempts, "judge vote failed: {err}");
-                RawVote { index, raw: String::new(), error: Some(format!("request failed after {attempts} attempt(s): {err}")), cached: false, attempts }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,19 +391,6 @@ mod tests {
         assert_eq!(endpoint_url("http://h:1/v1/chat/completions", "/v1/chat/completions"), "http://h:1/v1/chat/completions");
         assert_eq!(endpoint_url("http://h:1", "/generate"), "http://h:1/generate");
         assert_eq!(endpoint_url("http://h:1/generate/", "/generate"), "http://h:1/generate");
-    }
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let p = RetryPolicy {
-            retries: 5,
-            backoff_base: Duration::from_millis(100),
-            backoff_max: Duration::from_millis(500),
-            timeout: Duration::from_secs(1),
-        };
-        let ms: Vec<u128> = (0..5).map(|k| p.backoff(k).as_millis()).collect();
-        assert_eq!(ms, [100, 200, 400, 500, 500]);
-        assert_eq!(p.backoff(u32::MAX), Duration::from_millis(500));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! The pure parts — the prompt ([`JUDGE_TEMPLATE`]), the vote parser ([`parse_vote`]) and the majority
 //! ([`majority_vote`]) — are separate from the backends ([`VoteBackend`]: [`OpenAiBackend`],
 //! [`SglangBackend`], the rule-based baseline [`RulesJudge`]) and from the [`Voter`] that runs votes
-//! concurrently with timeouts, retries and the [`VoteCache`]. [`judge_turn`] puts them together and
-//! builds the `judgments` row.
+//! concurrently with timeouts, retries and the [`VoteCache`]. A [`Judge`] is a [`VotingStage`] (shared
+//! with the hint judge); [`judge_turn`] puts the parts together and builds the `judgments` row.
 
 mod backend;
 mod cache;
@@ -13,10 +13,11 @@ mod parse;
 mod prompt;
 mod rules;
 mod turn;
+mod voter;
 
 pub use backend::{
-    build_backend, ApiKey, AttemptCounts, BackendKind, CallError, OpenAiBackend, PromptRenderer, RawVote, RetryPolicy, Sampling,
-    SglangBackend, VoteBackend, VoteRequest, Voter, VoterStats,
+    build_backend, ApiKey, BackendKind, CallError, OpenAiBackend, PromptRenderer, Sampling, SglangBackend, VoteBackend,
+    VoteRequest,
 };
 /// The HTTP call helpers the remote teacher shares with the judge backends.
 pub(crate) use backend::{endpoint_url, post_json};
@@ -28,20 +29,18 @@ pub use prompt::{
 };
 pub use rules::{RulesJudge, REPHRASE_JACCARD, RULES_JUDGE_MODEL};
 pub use turn::TurnContext;
+pub use voter::{
+    AttemptCounts, RawVote, RetryPolicy, Voter, VoterStats, VotingConfig, VotingFields, VotingStage, BACKOFF_MAX,
+};
 #[cfg(test)]
 pub(crate) use turn::tests::{mini_swe_agent_messages, turn as turn_for_tests};
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
 
-use crate::schema::{content_hash, now_ms, Judgment, Table, Vote};
-use crate::{config_err, Result};
-
-/// Longest single backoff between retries, whatever `backoff_base_ms` and the retry number.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+use crate::schema::{now_ms, Judgment, Table, Vote};
+use crate::Result;
 
 /// The `[judge]` table of a pipeline. Every field has a default; unknown fields are an error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,129 +94,70 @@ impl Default for JudgeConfig {
     }
 }
 
-/// Checks the fields shared by the `[judge]` and `[hint]` tables.
-pub(crate) fn validate_voting(table: &str, m: u32, temperature: f32, max_tokens: u32, timeout_s: f64, concurrency: usize) -> Result<()> {
-    if !(1..=64).contains(&m) {
-        return Err(config_err!("[{table}] m = {m}: votes per turn must be 1..=64"));
-    }
-    if !temperature.is_finite() || temperature < 0.0 {
-        return Err(config_err!("[{table}] temperature = {temperature}: must be finite and >= 0"));
-    }
-    if max_tokens == 0 {
-        return Err(config_err!("[{table}] max_tokens = 0: must be >= 1"));
-    }
-    if !timeout_s.is_finite() || timeout_s <= 0.0 || timeout_s > 86_400.0 {
-        return Err(config_err!("[{table}] timeout_s = {timeout_s}: must be in (0, 86400] seconds"));
-    }
-    if concurrency == 0 {
-        return Err(config_err!("[{table}] concurrency = 0: must be >= 1"));
-    }
-    Ok(())
+/// [`VotingFields`] of a config struct that has all of them under the same names (`[judge]`,
+/// `[hint]`); `$table` names the table in error messages.
+macro_rules! voting_fields {
+    ($cfg:expr, $table:literal) => {
+        $crate::judge::VotingFields {
+            table: $table,
+            backend: $cfg.backend,
+            url: $cfg.url.as_deref(),
+            model: $cfg.model.as_deref(),
+            api_key_env: $cfg.api_key_env.as_deref(),
+            m: $cfg.m,
+            temperature: $cfg.temperature,
+            max_tokens: $cfg.max_tokens,
+            timeout_s: $cfg.timeout_s,
+            concurrency: $cfg.concurrency,
+            retries: $cfg.retries,
+            backoff_base_ms: $cfg.backoff_base_ms,
+            max_field_chars: $cfg.max_field_chars,
+        }
+    };
 }
+pub(crate) use voting_fields;
 
 impl JudgeConfig {
-    /// Checks ranges.
+    /// Checks ranges ([`VotingFields::validate`]).
     ///
     /// # Errors
     /// [`crate::Error::Config`] naming the field and its value.
     pub fn validate(&self) -> Result<()> {
-        validate_voting("judge", self.m, self.temperature, self.max_tokens, self.timeout_s, self.concurrency)
+        self.voting().validate()
     }
 
     /// Sampling parameters of the votes.
     pub fn sampling(&self) -> Sampling {
-        Sampling { temperature: self.temperature, max_tokens: self.max_tokens }
+        self.voting().sampling()
     }
 
     /// Retry policy of the votes.
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            retries: self.retries,
-            backoff_base: Duration::from_millis(self.backoff_base_ms),
-            backoff_max: BACKOFF_MAX,
-            timeout: Duration::from_secs_f64(self.timeout_s),
-        }
+        self.voting().retry_policy()
     }
 }
 
-/// A configured PRM judge: config, template and [`Voter`]. Share it (`Arc`) between concurrent
-/// [`judge_turn`] calls so the concurrency limit and the cache are shared.
-#[derive(Debug)]
-pub struct Judge {
-    cfg: JudgeConfig,
-    template: PromptTemplate,
-    voter: Voter,
+impl VotingConfig for JudgeConfig {
+    const TEMPLATE: PromptTemplate = JUDGE_TEMPLATE;
+    fn voting(&self) -> VotingFields<'_> {
+        voting_fields!(self, "judge")
+    }
+    fn rules_backend() -> Arc<dyn VoteBackend> {
+        Arc::new(RulesJudge)
+    }
 }
+
+/// A configured PRM judge: config, [`JUDGE_TEMPLATE`] and [`Voter`] (see [`VotingStage`] for
+/// `new`, `with_parts` and the accessors). Share it (`Arc`) between concurrent [`judge_turn`] calls
+/// so the concurrency limit and the cache are shared.
+pub type Judge = VotingStage<JudgeConfig>;
 
 impl Judge {
-    /// A judge with the backend named by `cfg`, a fresh cache and its own semaphore.
-    ///
-    /// # Errors
-    /// [`crate::Error::Config`] for an invalid config (see [`JudgeConfig::validate`], [`build_backend`]).
-    pub fn new(cfg: JudgeConfig) -> Result<Judge> {
-        cfg.validate()?;
-        let backend = build_backend(
-            cfg.backend,
-            cfg.url.as_deref(),
-            cfg.model.as_deref(),
-            cfg.api_key_env.as_deref(),
-            cfg.timeout_s,
-            Arc::new(RulesJudge),
-        )?;
-        let sem = Arc::new(Semaphore::new(cfg.concurrency));
-        Judge::with_parts(cfg, backend, Arc::new(VoteCache::new()), sem)
-    }
-
-    /// A judge over a given backend, cache and semaphore (to share them, or to plug in a backend
-    /// such as the model runtime's).
-    ///
-    /// # Errors
-    /// [`crate::Error::Config`] for an invalid config.
-    pub fn with_parts(cfg: JudgeConfig, backend: Arc<dyn VoteBackend>, cache: Arc<VoteCache>, semaphore: Arc<Semaphore>) -> Result<Judge> {
-        cfg.validate()?;
-        let voter = Voter::new(backend, semaphore, cache, cfg.retry_policy(), cfg.sampling());
-        Ok(Judge { cfg, template: JUDGE_TEMPLATE, voter })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &JudgeConfig {
-        &self.cfg
-    }
-    /// The prompt template.
-    pub fn template(&self) -> &PromptTemplate {
-        &self.template
-    }
-    /// The voter (backend, cache, counters).
-    pub fn voter(&self) -> &Voter {
-        &self.voter
-    }
-    /// The vote cache.
-    pub fn cache(&self) -> &Arc<VoteCache> {
-        self.voter.cache()
-    }
-    /// Counters since creation.
-    pub fn stats(&self) -> VoterStats {
-        self.voter.stats()
-    }
-
-    /// Fingerprint of everything that decides the votes: backend, model, template hash, sampling, m,
-    /// field limit.
-    pub fn config_fingerprint(&self) -> String {
-        format!(
-            "backend={};model={};template={};{};m={};max_field_chars={}",
-            self.voter.backend().kind().as_str(),
-            self.voter.backend().model(),
-            self.template.hash(),
-            self.cfg.sampling().canonical(),
-            self.cfg.m,
-            self.cfg.max_field_chars
-        )
-    }
-
     /// `judgment_id` of a turn in `pipeline`: hash of the pipeline name, the interaction id and
-    /// [`Judge::config_fingerprint`] (two pipelines judging the same turn keep one row each).
+    /// [`VotingStage::config_fingerprint`] (backend, model, template hash, sampling, m, field limit)
+    /// ([`VotingStage::row_id`]).
     pub fn judgment_id(&self, pipeline: &str, interaction_id: &str) -> String {
-        content_hash(&[pipeline.as_bytes(), interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
+        self.row_id(pipeline, interaction_id)
     }
 }
 
@@ -227,14 +167,8 @@ impl Judge {
 /// for main turns that have a next state; a turn without one gets whatever the backend says (the rule
 /// baseline says 0).
 pub async fn judge_turn(judge: &Judge, pipeline: &str, turn: &TurnContext) -> Judgment {
-    let cfg = &judge.cfg;
-    let template_hash = judge.template.hash();
-    let raw_votes = match judge.template.render(turn, cfg.max_field_chars) {
-        Ok(messages) => judge.voter.vote_all(&messages, turn, &template_hash, cfg.m).await,
-        Err(e) => (0..cfg.m)
-            .map(|index| RawVote { index, raw: String::new(), error: Some(e.to_string()), cached: false, attempts: 0 })
-            .collect(),
-    };
+    let cfg = judge.config();
+    let (template_hash, raw_votes) = judge.raw_votes(turn).await;
     let votes: Vec<Vote> = raw_votes
         .into_iter()
         .map(|rv| {
@@ -263,9 +197,9 @@ pub async fn judge_turn(judge: &Judge, pipeline: &str, turn: &TurnContext) -> Ju
         valid_votes: maj.valid,
         tie: maj.tie,
         score: maj.score,
-        judge_backend: judge.voter.backend().kind().as_str().to_string(),
-        judge_model: judge.voter.backend().model().to_string(),
-        template_id: judge.template.id.to_string(),
+        judge_backend: judge.voter().backend().kind().as_str().to_string(),
+        judge_model: judge.voter().backend().model().to_string(),
+        template_id: judge.template().id.to_string(),
         template_hash,
         temperature: cfg.temperature,
         max_tokens: cfg.max_tokens as i32,

@@ -3,9 +3,10 @@
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use tokio::sync::Semaphore;
 
 use super::turn::tests::{mini_swe_agent_messages, turn};
 use super::*;

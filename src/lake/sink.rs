@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use super::{date_of, kafka_stem, Lake};
 use crate::bus::{Bus, BusProducer};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::{InMsg, InputLoop, TaskCtl};
 use crate::schema::{DeadLetter, Lineage, Table};
 
@@ -77,6 +77,55 @@ struct Buffer<T> {
     since: Instant,
 }
 
+/// The consumer group of the lake sink of `table`.
+pub fn sink_group(bus: &Bus, cfg: &SinkConfig, table: &str) -> String {
+    bus.group(&format!("{}.{}", cfg.group_prefix, table))
+}
+
+/// Runs the lake sink of `table` (by name).
+///
+/// # Errors
+/// [`Error::Config`] for an unknown table; sink errors.
+pub async fn spawn_sink(table: &str, bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &TaskCtl, dl: Option<&BusProducer>) -> Result<SinkStats> {
+    use crate::schema::*;
+    match table {
+        t if t == Interaction::NAME => run_sink::<Interaction>(bus, lake, cfg, ctl, dl).await,
+        t if t == Signal::NAME => run_sink::<Signal>(bus, lake, cfg, ctl, dl).await,
+        t if t == Judgment::NAME => run_sink::<Judgment>(bus, lake, cfg, ctl, dl).await,
+        t if t == HintRecord::NAME => run_sink::<HintRecord>(bus, lake, cfg, ctl, dl).await,
+        t if t == TeacherLogprobs::NAME => run_sink::<TeacherLogprobs>(bus, lake, cfg, ctl, dl).await,
+        t if t == Sample::NAME => run_sink::<Sample>(bus, lake, cfg, ctl, dl).await,
+        t if t == Checkpoint::NAME => run_sink::<Checkpoint>(bus, lake, cfg, ctl, dl).await,
+        t if t == TrainStep::NAME => run_sink::<TrainStep>(bus, lake, cfg, ctl, dl).await,
+        t if t == DeadLetter::NAME => run_sink::<DeadLetter>(bus, lake, cfg, ctl, dl).await,
+        t => Err(Error::Config(format!("no sink for table '{t}'"))),
+    }
+}
+
+/// Running lake sinks: each table's name and its task (see [`start_sinks`]).
+pub type SinkTasks = Vec<(&'static str, tokio::task::JoinHandle<Result<SinkStats>>)>;
+
+/// Starts one lake sink per table of `tables` on tokio tasks: first registers every sink's consumer
+/// group (an embedded bus then keeps the tables' records for them), then spawns [`spawn_sink`] with the
+/// controls `ctl(table)` gives. Malformed records go to `dead_letters` (except the dead-letter table's
+/// own sink, which writes them into the lake itself).
+///
+/// Errors are those of each task: [`spawn_sink`]'s, returned when the task is awaited.
+pub fn start_sinks(tables: &[&'static str], bus: &Bus, lake: &Lake, cfg: &SinkConfig, dead_letters: &BusProducer, ctl: impl Fn(&str) -> TaskCtl) -> SinkTasks {
+    for table in tables {
+        bus.expect_consumer(&sink_group(bus, cfg, table), table);
+    }
+    tables
+        .iter()
+        .map(|&table| {
+            let ctl = ctl(table);
+            let (bus, lake, cfg) = (bus.clone(), lake.clone(), cfg.clone());
+            let dl = (table != DeadLetter::NAME).then(|| dead_letters.clone());
+            (table, tokio::spawn(async move { spawn_sink(table, &bus, &lake, &cfg, &ctl, dl.as_ref()).await }))
+        })
+        .collect()
+}
+
 /// Consumes the topic of table `T` and writes it into `lake`, until stopped (or idle, per `ctl`).
 ///
 /// `dead_letters`: producer for malformed records (`None` when this is the dead-letter table's own
@@ -86,7 +135,7 @@ struct Buffer<T> {
 /// [`crate::Error::Kafka`] on consumer failures, lake write errors.
 pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &TaskCtl, dead_letters: Option<&BusProducer>) -> Result<SinkStats> {
     let topic = bus.topic(T::NAME);
-    let group = crate::stages::run::sink_group(bus, cfg, T::NAME);
+    let group = sink_group(bus, cfg, T::NAME);
     let mut input = InputLoop::new(bus, &group, &topic)?;
     let mut stats = SinkStats::default();
     let mut lake_next = load_next(lake, bus, &topic, T::NAME)?;

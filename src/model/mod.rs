@@ -30,9 +30,10 @@ pub mod weights;
 pub use config::{Architecture, ModelConfig};
 pub use generate::{FinishReason, Generation, GenerationRequest, LogprobMode, SamplingParams, TokenEvent};
 pub use lm::LanguageModel;
+pub use peft::{LoraConfig, LoraTarget};
 pub use score::{PackedBatch, ResponseLogits, ScoredResponse};
 pub use tokenizer::{ChatTemplate, TextTokenizer};
-pub use transformer::{AttnMask, KvCache, LoadOptions, LoraConfig, LoraTarget, Trainable, Transformer};
+pub use transformer::{AttnMask, KvCache, LoadOptions, Trainable, Transformer};
 
 use crate::{Error, Result};
 

@@ -18,15 +18,172 @@
 //! Older nextstate checkpoints hold `adapter.safetensors` with the bare module names
 //! (`model.layers.0.self_attn.q_proj.lora_A.weight`) beside the same `adapter_config.json`;
 //! [`read_adapter_weights`] reads both layouts.
+//!
+//! The LoRA hyper-parameters themselves ([`LoraConfig`], the projections a [`LoraTarget`] names) are
+//! defined here, as the content of `adapter_config.json`; the transformer attaches adapters by them.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tch::Tensor;
 
-use super::transformer::{LoraConfig, LoraTarget};
 use super::weights;
 use crate::{Error, Result};
+
+/// A LoRA target: one of the seven projections of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LoraTarget {
+    /// `self_attn.q_proj`.
+    Q,
+    /// `self_attn.k_proj`.
+    K,
+    /// `self_attn.v_proj`.
+    V,
+    /// `self_attn.o_proj`.
+    O,
+    /// `mlp.gate_proj`.
+    Gate,
+    /// `mlp.up_proj`.
+    Up,
+    /// `mlp.down_proj`.
+    Down,
+}
+
+impl LoraTarget {
+    /// All seven projections (the METHOD.md §6 default).
+    pub const ALL: [LoraTarget; 7] = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O, LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
+
+    /// The HF module name (`q_proj`, ..., `down_proj`).
+    pub fn module_name(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "q_proj",
+            LoraTarget::K => "k_proj",
+            LoraTarget::V => "v_proj",
+            LoraTarget::O => "o_proj",
+            LoraTarget::Gate => "gate_proj",
+            LoraTarget::Up => "up_proj",
+            LoraTarget::Down => "down_proj",
+        }
+    }
+
+    /// Parses `q`/`q_proj`, ..., `down`/`down_proj`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for any other name.
+    pub fn parse(s: &str) -> Result<LoraTarget> {
+        let s = s.trim();
+        let base = s.strip_suffix("_proj").unwrap_or(s);
+        Ok(match base {
+            "q" => LoraTarget::Q,
+            "k" => LoraTarget::K,
+            "v" => LoraTarget::V,
+            "o" => LoraTarget::O,
+            "gate" => LoraTarget::Gate,
+            "up" => LoraTarget::Up,
+            "down" => LoraTarget::Down,
+            _ => return Err(Error::Config(format!("unknown LoRA target module {s:?} (q, k, v, o, gate, up, down)"))),
+        })
+    }
+}
+
+/// LoRA hyper-parameters (written as `adapter_config.json` in PEFT's field names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    /// Rank r (> 0).
+    pub rank: usize,
+    /// Scale numerator α; the update is scaled by α / r.
+    pub alpha: f64,
+    /// Projections that get an adapter.
+    pub targets: Vec<LoraTarget>,
+}
+
+impl LoraConfig {
+    /// α / r.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+
+    /// The complete `adapter_config.json` of PEFT's `LoraConfig` for these adapters (see
+    /// the module docs): `peft_type` `LORA`, `task_type` `CAUSAL_LM`, `r`, `lora_alpha` (an integer when
+    /// whole), `target_modules`, no dropout (the trainer uses none), `bias` `none`, `fan_in_fan_out`
+    /// false (A is `[r, in]`, B `[out, r]`), `use_rslora` false (our scale is α / r, which PEFT and
+    /// vLLM then compute), no DoRA, no `modules_to_save`, every layer adapted, `inference_mode` true.
+    pub fn to_json(&self, base_model: Option<&str>) -> serde_json::Value {
+        serde_json::json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": base_model,
+            "revision": null,
+            "inference_mode": true,
+            "r": self.rank,
+            "lora_alpha": alpha_json(self.alpha),
+            "lora_dropout": 0.0,
+            "target_modules": self.targets.iter().map(|t| t.module_name()).collect::<Vec<_>>(),
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "use_rslora": false,
+            "use_dora": false,
+            "modules_to_save": null,
+            "init_lora_weights": true,
+            "layers_to_transform": null,
+            "layers_pattern": null,
+            "rank_pattern": {},
+            "alpha_pattern": {},
+            "auto_mapping": null,
+        })
+    }
+
+    /// Parses an `adapter_config.json` value (PEFT's, or one of an older nextstate checkpoint).
+    /// `lora_alpha` defaults to r; `target_modules` may be a list of projection names or
+    /// `"all-linear"` (absent: all seven). Under `use_rslora` PEFT scales by α / sqrt(r): the returned
+    /// α is then `lora_alpha · sqrt(r)`, so [`LoraConfig::scale`] is the update PEFT applies.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `r` is missing or zero, a target module is unknown, or the config asks for
+    /// what these adapters cannot express: another `peft_type`, `bias` other than `none`,
+    /// `fan_in_fan_out`, DoRA, `modules_to_save`, a subset of layers, or per-module rank/alpha patterns.
+    pub fn from_json(v: &serde_json::Value) -> Result<LoraConfig> {
+        let unsupported = |what: &str| Error::Config(format!("adapter_config.json: {what} is not supported by nextstate's LoRA"));
+        if let Some(t) = v.get("peft_type").and_then(|t| t.as_str()) {
+            if t != "LORA" {
+                return Err(unsupported(&format!("peft_type {t:?}")));
+            }
+        }
+        if let Some(b) = v.get("bias").and_then(|b| b.as_str()) {
+            if b != "none" {
+                return Err(unsupported(&format!("bias {b:?}")));
+            }
+        }
+        let is_true = |k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(false);
+        for flag in ["fan_in_fan_out", "use_dora"] {
+            if is_true(flag) {
+                return Err(unsupported(&format!("{flag} = true")));
+            }
+        }
+        let non_empty = |k: &str| match v.get(k) {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Array(a)) => !a.is_empty(),
+            Some(serde_json::Value::Object(o)) => !o.is_empty(),
+            Some(_) => true,
+        };
+        for field in ["modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern"] {
+            if non_empty(field) {
+                return Err(unsupported(field));
+            }
+        }
+        let rank = v.get("r").and_then(|r| r.as_u64()).filter(|&r| r > 0).ok_or_else(|| Error::Config("adapter_config.json: missing positive r".into()))? as usize;
+        let mut alpha = v.get("lora_alpha").and_then(|a| a.as_f64()).unwrap_or(rank as f64);
+        if is_true("use_rslora") {
+            alpha *= (rank as f64).sqrt();
+        }
+        let targets = match v.get("target_modules") {
+            Some(serde_json::Value::Array(a)) => a.iter().map(|t| LoraTarget::parse(t.as_str().unwrap_or(""))).collect::<Result<Vec<_>>>()?,
+            Some(serde_json::Value::String(s)) => targets_of_string(s)?,
+            _ => LoraTarget::ALL.to_vec(),
+        };
+        Ok(LoraConfig { rank, alpha, targets })
+    }
+}
 
 /// PEFT's adapter weights file (`peft.utils.SAFETENSORS_WEIGHTS_NAME`).
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
@@ -126,7 +283,7 @@ pub fn write_adapter(dir: &Path, adapters: &[(String, Tensor)], cfg: &LoraConfig
 }
 
 /// `lora_alpha` as PEFT writes it: an integer when α is whole (PEFT and vLLM type it `int`).
-pub(crate) fn alpha_json(alpha: f64) -> Value {
+fn alpha_json(alpha: f64) -> Value {
     if alpha.fract() == 0.0 && alpha.abs() < 9.0e15 {
         Value::from(alpha as i64)
     } else {
@@ -136,7 +293,7 @@ pub(crate) fn alpha_json(alpha: f64) -> Value {
 
 /// The seven projections a `target_modules` string names: PEFT's `all-linear` (every linear layer but
 /// the output head, i.e. all seven here) or one module name.
-pub(crate) fn targets_of_string(s: &str) -> Result<Vec<LoraTarget>> {
+fn targets_of_string(s: &str) -> Result<Vec<LoraTarget>> {
     if s == "all-linear" {
         return Ok(LoraTarget::ALL.to_vec());
     }

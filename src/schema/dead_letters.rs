@@ -112,15 +112,7 @@ impl Table for DeadLetter {
         f.push(ts("created_time", false, "When rejected (UTC)."));
         f
     }
-    fn key(&self) -> &str {
-        &self.dead_letter_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.created_time
-    }
+    table_accessors!(dead_letter_id, session_id, created_time);
 }
 
 #[cfg(test)]

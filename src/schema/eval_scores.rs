@@ -71,13 +71,5 @@ impl Table for EvalScore {
             ts("eval_time", false, "When the response was scored (UTC)."),
         ]
     }
-    fn key(&self) -> &str {
-        &self.eval_id
-    }
-    fn session_id(&self) -> &str {
-        &self.run_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.eval_time
-    }
+    table_accessors!(eval_id, run_id, eval_time);
 }

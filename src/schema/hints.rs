@@ -109,13 +109,5 @@ impl Table for HintRecord {
             ts("processed_time", false, "When processed (UTC)."),
         ]
     }
-    fn key(&self) -> &str {
-        &self.hint_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.event_time
-    }
+    table_accessors!(hint_id, session_id, event_time);
 }

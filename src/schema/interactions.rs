@@ -294,13 +294,5 @@ impl Table for Interaction {
         f.push(ts("ingest_time", false, "When nextstate recorded the row (UTC)."));
         f
     }
-    fn key(&self) -> &str {
-        &self.interaction_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.event_time
-    }
+    table_accessors!(interaction_id, session_id, event_time);
 }

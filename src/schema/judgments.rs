@@ -109,13 +109,5 @@ impl Table for Judgment {
             ts("processed_time", false, "When judged (UTC)."),
         ]
     }
-    fn key(&self) -> &str {
-        &self.judgment_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.event_time
-    }
+    table_accessors!(judgment_id, session_id, event_time);
 }

@@ -9,6 +9,23 @@
 //! free-form structured values (chat messages, tool calls, metrics) are JSON text in `utf8` columns.
 //! `nextstate schema` prints them; `schemas/*.json` holds the same schemas as checked-in files.
 
+/// The row accessors of a [`Table`] impl whose key, session and event time are plain fields:
+/// `table_accessors!(key, session, time)` writes `fn key` (`&self.key`), `fn session_id`
+/// (`&self.session`) and `fn event_time_ms` (`self.time`, ms since the epoch).
+macro_rules! table_accessors {
+    ($key:ident, $session:ident, $time:ident) => {
+        fn key(&self) -> &str {
+            &self.$key
+        }
+        fn session_id(&self) -> &str {
+            &self.$session
+        }
+        fn event_time_ms(&self) -> i64 {
+            self.$time
+        }
+    };
+}
+
 mod checkpoints;
 mod dead_letters;
 mod eval_scores;

@@ -234,13 +234,5 @@ impl Table for Sample {
             ts("processed_time", false, "When assembled (UTC)."),
         ]
     }
-    fn key(&self) -> &str {
-        &self.sample_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.event_time
-    }
+    table_accessors!(sample_id, session_id, event_time);
 }

@@ -109,15 +109,7 @@ impl Table for Signal {
             ts("processed_time", false, "When the signal was produced (UTC)."),
         ]
     }
-    fn key(&self) -> &str {
-        &self.interaction_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.event_time
-    }
+    table_accessors!(interaction_id, session_id, event_time);
 }
 
 impl Signal {

@@ -80,13 +80,5 @@ impl Table for TeacherLogprobs {
             ts("processed_time", false, "When computed (UTC)."),
         ]
     }
-    fn key(&self) -> &str {
-        &self.teacher_id
-    }
-    fn session_id(&self) -> &str {
-        &self.session_id
-    }
-    fn event_time_ms(&self) -> i64 {
-        self.event_time
-    }
+    table_accessors!(teacher_id, session_id, event_time);
 }

@@ -3,6 +3,7 @@
 //! [`proxy`] —, the OpenAI wire types they share — [`openai`] — and the reloading of external
 //! servers (ours, vLLM, SGLang) with each checkpoint — [`reload`].
 
+pub mod config;
 pub mod openai;
 pub mod proxy;
 pub mod reload;
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+pub use config::ServeConfig;
 pub use server::{PolicyHandle, PolicyServer, ServerOptions, VERSION_HEADER};
 
 use crate::model::{LanguageModel, LoadOptions, LogprobMode, Trainable};

@@ -54,9 +54,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use serde_json::{json, Value};
 
-use crate::config::ServeConfig;
+use super::config::ServeConfig;
 use crate::{Error, Result};
 
 /// Tries per request for an unreachable server or a 5xx answer (nothing else is retried).
@@ -456,44 +457,45 @@ impl Reloader {
     }
 
     /// POSTs `body` to `url` + `endpoint`, retrying unreachable servers and 5xx answers
-    /// ([`RELOAD_ATTEMPTS`]); returns the 2xx answer's body (JSON, or the text as a JSON string).
+    /// ([`RELOAD_ATTEMPTS`] attempts, [`RELOAD_RETRY_BASE`] doubling between them, by `backon`); returns
+    /// the 2xx answer's body (JSON, or the text as a JSON string).
     async fn post(&self, url: &str, endpoint: &str, body: Value) -> std::result::Result<Value, (&'static str, Error)> {
-        let mut delay = RELOAD_RETRY_BASE;
-        let mut attempt = 1;
-        loop {
-            let r = self.client.post(format!("{url}{endpoint}")).json(&body).send().await;
-            let failure = match r {
-                // Only a refused/failed connection is retried: the server never saw the request. A TLS
-                // failure fails the same way again, and after a timeout or a broken-off answer the server
-                // may have done the load (a second load_lora_adapter of the same name is a 4xx).
-                Err(e) => {
-                    let reason = if crate::net::is_tls_error(&e) {
-                        "tls"
-                    } else if e.is_connect() && !e.is_timeout() {
-                        "unreachable"
-                    } else {
-                        "no_answer"
-                    };
-                    (reason, Error::Http(format!("{} reload of {url}: POST {endpoint} failed: {}", self.kind.as_str(), crate::net::error_chain(&e))))
-                }
-                Ok(resp) => {
-                    let status = resp.status();
-                    let text = resp.text().await.unwrap_or_default();
-                    if status.is_success() {
-                        return Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)));
-                    }
-                    let reason = if status.is_server_error() { "http_5xx" } else { "http_4xx" };
-                    let text: String = text.chars().take(2000).collect();
-                    (reason, Error::Http(format!("{} reload of {url}: POST {endpoint} answered {status}: {text}", self.kind.as_str())))
-                }
-            };
-            if !matches!(failure.0, "unreachable" | "http_5xx") || attempt >= RELOAD_ATTEMPTS {
-                return Err(failure);
+        let backoff = ExponentialBuilder::default().with_min_delay(RELOAD_RETRY_BASE).with_factor(2.0).with_max_times(RELOAD_ATTEMPTS as usize - 1);
+        (|| self.post_once(url, endpoint, &body))
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            // Only a refused/failed connection and a 5xx are retried: the server never saw the request,
+            // or failed it. A TLS failure fails the same way again, after a timeout or a broken-off answer
+            // the server may have done the load (a second load_lora_adapter of the same name is a 4xx).
+            .when(|failure| matches!(failure.0, "unreachable" | "http_5xx"))
+            .notify(|failure, delay| tracing::warn!(%url, endpoint, ?delay, error = %failure.1, "reload: retrying"))
+            .await
+    }
+
+    /// One POST of `body` to `url` + `endpoint`: the 2xx answer's body, or the failure's reason label
+    /// (`tls`, `unreachable`, `no_answer`, `http_5xx`, `http_4xx`) and error.
+    async fn post_once(&self, url: &str, endpoint: &str, body: &Value) -> std::result::Result<Value, (&'static str, Error)> {
+        match self.client.post(format!("{url}{endpoint}")).json(body).send().await {
+            Err(e) => {
+                let reason = if crate::net::is_tls_error(&e) {
+                    "tls"
+                } else if e.is_connect() && !e.is_timeout() {
+                    "unreachable"
+                } else {
+                    "no_answer"
+                };
+                Err((reason, Error::Http(format!("{} reload of {url}: POST {endpoint} failed: {}", self.kind.as_str(), crate::net::error_chain(&e)))))
             }
-            tracing::warn!(%url, endpoint, attempt, error = %failure.1, "reload: retrying");
-            tokio::time::sleep(delay).await;
-            delay *= 2;
-            attempt += 1;
+            Ok(resp) => {
+                let status = resp.status();
+                let text = resp.text().await.unwrap_or_default();
+                if status.is_success() {
+                    return Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)));
+                }
+                let reason = if status.is_server_error() { "http_5xx" } else { "http_4xx" };
+                let text: String = text.chars().take(2000).collect();
+                Err((reason, Error::Http(format!("{} reload of {url}: POST {endpoint} answered {status}: {text}", self.kind.as_str()))))
+            }
         }
     }
 }

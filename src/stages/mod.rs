@@ -14,6 +14,9 @@
 //! each stage's *pending* input is re-published from the lake: the input rows that have no output yet
 //! (tracked per stage by the output table's `pipeline` + `interaction_id`, and by dead letters of the
 //! stage). See [`pending`].
+//!
+//! This module is what every stage shares (decoded inputs, the output, the consumer-group loop); the
+//! stage runner ([`run`]) builds each method's chain from the stages and starts it.
 
 pub mod cache_store;
 pub mod follow;
@@ -21,6 +24,7 @@ pub mod hint;
 pub mod judge;
 pub mod pending;
 pub mod reload;
+pub mod run;
 pub mod signals;
 pub mod source;
 pub mod teacher;
@@ -32,7 +36,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::bus::{Bus, BusProducer, Carry, Envelope};
+use crate::bus::{Bus, BusProducer, Carry, Envelope, TOO_LARGE, TOO_LARGE_PAYLOAD_BYTES};
 use crate::error::Result;
 use crate::runtime::{InputLoop, TaskCtl};
 use crate::schema::{DeadLetter, Lineage, Table};
@@ -85,7 +89,7 @@ impl Output {
     /// Sends a row of table `T` with its carry; waits for the broker's acknowledgement. A record the bus
     /// refuses for its size (with its carry, a turn's record is about twice the turn) becomes a dead
     /// letter of this stage instead (reason `record_too_large`, keyed by the row's key, with the first
-    /// [`source::TOO_LARGE_PAYLOAD_BYTES`] of the row), so one huge turn never stops a stage.
+    /// [`crate::bus::TOO_LARGE_PAYLOAD_BYTES`] of the row), so one huge turn never stops a stage.
     ///
     /// # Errors
     /// [`crate::Error::Kafka`] when delivery fails.
@@ -95,8 +99,8 @@ impl Output {
             Err(e @ crate::Error::RecordTooLarge { .. }) if T::NAME != DeadLetter::NAME => {
                 tracing::warn!(stage = self.stage, table = T::NAME, key = row.key(), error = %e, "record too large for the bus: dead-lettered");
                 let json = serde_json::to_vec(row)?;
-                let head = &json[..json.len().min(source::TOO_LARGE_PAYLOAD_BYTES)];
-                let d = DeadLetter::new(self.stage, source::TOO_LARGE, format!("{e} (payload: first {} bytes of the {} row)", head.len(), T::NAME), head, Lineage::default())
+                let head = &json[..json.len().min(TOO_LARGE_PAYLOAD_BYTES)];
+                let d = DeadLetter::new(self.stage, TOO_LARGE, format!("{e} (payload: first {} bytes of the {} row)", head.len(), T::NAME), head, Lineage::default())
                     .with_keys(row.session_id(), Some(row.key()));
                 self.producer.send(&d, None).await.map(|_| ())
             }
@@ -225,82 +229,4 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
     tracing::info!(stage = logic.name(), counts = %counts.line(), "stage finished");
     ctl.done.set();
     Ok(counts)
-}
-
-pub mod run;
-
-/// A boxed stage task.
-pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> + Send>>;
-
-/// The consumer group of stage `name` of pipeline `cfg`.
-pub fn stage_group(bus: &Bus, cfg: &crate::config::PipelineConfig, name: &str) -> String {
-    bus.group(&format!("nextstate.{}.{}", cfg.name, name))
-}
-
-/// The input table of stage `name` for `cfg`'s method.
-pub fn stage_input(cfg: &crate::config::PipelineConfig, name: &str) -> &'static str {
-    use crate::config::Method;
-    match (name, cfg.method) {
-        ("signals", _) => "interactions",
-        ("judge", _) => "signals",
-        ("hint", Method::Combined) => "judgments",
-        ("hint", _) => "signals",
-        ("teacher", Method::Binary) => "judgments",
-        ("teacher", _) => "hints",
-        _ => "interactions",
-    }
-}
-
-/// Builds the task of stage `name` for `cfg`.
-///
-/// # Errors
-/// [`crate::Error::Config`] for an unknown stage or a bad stage configuration; model loading errors.
-pub fn build(name: &str, cfg: &crate::config::PipelineConfig, bus: &Bus, lake: &crate::lake::Lake, ctl: TaskCtl) -> Result<StageTask> {
-    use crate::config::Method;
-    use crate::schema::{Judgment, Signal};
-    let max_poll_ms = if name == "signals" { 0 } else { SLOW_STAGE_MAX_POLL_INTERVAL_MS };
-    let run = StageRun { group: stage_group(bus, cfg, name), batch: cfg.stage_batch, max_poll_ms };
-    let bus = bus.clone();
-    match name {
-        "signals" => {
-            let stage = signals::SignalsStage::new(cfg.signals.clone());
-            Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
-        }
-        "judge" => {
-            let stage = judge::JudgeStage::new(crate::judge::Judge::new(cfg.judge.clone())?, &cfg.name, lake)?;
-            Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
-        }
-        "hint" => {
-            let hinter = crate::hint::Hinter::new(cfg.hint.clone())?;
-            // The teacher context is rendered with the policy's own chat template (when the model is there).
-            let render: Option<hint::TemplateRenderer> = match crate::model::ChatTemplate::from_dir(&cfg.policy.model) {
-                Ok(Some(t)) => Some(std::sync::Arc::new(move |m: &[crate::schema::Message]| t.render(m, None, true, None))),
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::warn!(error = %e, model = %cfg.policy.model.display(), "no chat template: teacher_prompt_text stays null");
-                    None
-                }
-            };
-            if cfg.method == Method::Combined {
-                let stage = hint::HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
-            } else {
-                let stage = hint::HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?;
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
-            }
-        }
-        "teacher" => {
-            let models = teacher::TeacherModels::load(cfg)?;
-            if cfg.method == Method::Binary {
-                let stage = teacher::TeacherStage::<Judgment>::new(cfg, models);
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
-            } else {
-                let cache = teacher::TeacherCache::load(lake)?;
-                tracing::info!(rows = cache.len(), "teacher cache loaded");
-                let stage = teacher::TeacherStage::<crate::schema::HintRecord>::new(cfg, models).with_cache(cache);
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
-            }
-        }
-        other => Err(crate::Error::Config(format!("unknown stage '{other}'"))),
-    }
 }

@@ -10,11 +10,11 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
-use crate::bus::Bus;
+use crate::bus::{Bus, TOO_LARGE, TOO_LARGE_PAYLOAD_BYTES};
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::ingest::{self, Format, IngestItem, IngestOptions, DEFAULT_HEAD_BYTES};
-use crate::lake::sink::SinkStats;
+use crate::lake::sink::{SinkStats, SinkTasks};
 use crate::lake::Lake;
 use crate::runtime::{Stop, TaskCtl};
 use crate::schema::TurnType;
@@ -156,23 +156,14 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
 
 /// The in-process lake sinks of `interactions` and `dead_letters`, each finishing once `source` is
 /// done and everything it produced is durable.
-pub(crate) type Sinks = Vec<(&'static str, tokio::task::JoinHandle<Result<SinkStats>>)>;
+pub(crate) type Sinks = SinkTasks;
 
 /// Starts the sinks of `interactions` and `dead_letters` when `sink` (else none).
 pub(crate) fn start_sinks(cfg: &PipelineConfig, bus: &Bus, lake: &Lake, producer: &crate::bus::BusProducer, source: &TaskCtl, stop: &Stop, sink: bool) -> Sinks {
-    let mut sinks = vec![];
-    if sink {
-        for table in ["interactions", "dead_letters"] {
-            bus.expect_consumer(&super::run::sink_group(bus, &cfg.sink, table), table);
-        }
-        for table in ["interactions", "dead_letters"] {
-            let ctl = TaskCtl::new(&format!("sink:{table}"), true, stop.clone()).after(&source.done);
-            let (bus, lake, sc) = (bus.clone(), lake.clone(), cfg.sink.clone());
-            let dl = (table != "dead_letters").then(|| producer.clone());
-            sinks.push((table, tokio::spawn(async move { super::run::spawn_sink(table, &bus, &lake, &sc, &ctl, dl.as_ref()).await })));
-        }
+    if !sink {
+        return vec![];
     }
-    sinks
+    crate::lake::sink::start_sinks(&["interactions", "dead_letters"], bus, lake, &cfg.sink, producer, |table| TaskCtl::new(&format!("sink:{table}"), true, stop.clone()).after(&source.done))
 }
 
 /// Marks `source` done (a stop is requested first when it `failed`) and waits for the sinks,
@@ -207,13 +198,6 @@ pub(crate) fn settle(sent: Sent, report: &mut IngestReport) {
         *report.dead_letters.entry(TOO_LARGE.to_string()).or_default() += 1;
     }
 }
-
-/// Reason code of a record the bus refused for its size.
-pub const TOO_LARGE: &str = "record_too_large";
-
-/// Payload kept in the dead letter of a record too large for the bus, bytes (well under any limit,
-/// even after JSON escaping).
-pub const TOO_LARGE_PAYLOAD_BYTES: usize = 256 << 10;
 
 /// A send of `row` to its table's topic as an owned future (so sends of different tables can share one
 /// window of in-flight futures). A row the bus refuses for its size becomes a dead letter (stage

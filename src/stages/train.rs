@@ -27,6 +27,7 @@ use super::Output;
 use crate::bus::{Bus, Envelope};
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
+use crate::lake::sink::start_sinks;
 use crate::model::{LanguageModel, LoadOptions, LoraConfig, LoraTarget, Trainable};
 use crate::runtime::{InputLoop, TaskCtl};
 use crate::schema::{Checkpoint, DeadLetter, Lineage, Sample};
@@ -426,17 +427,7 @@ pub async fn train_command(cfg: &PipelineConfig, opts: &TrainOptions, until_idle
     if matches!(opts.source, TrainSource::Topic) {
         bus.expect_consumer(&group, "samples");
     }
-    let tables = ["train_steps", "checkpoints", "dead_letters"];
-    for t in tables {
-        bus.expect_consumer(&super::run::sink_group(&bus, &cfg.sink, t), t);
-    }
-    let mut sinks = vec![];
-    for t in tables {
-        let sctl = TaskCtl::new(&format!("sink:{t}"), true, stop.clone()).after(&ctl.done);
-        let (bus, lake, sc) = (bus.clone(), lake.clone(), cfg.sink.clone());
-        let dl = (t != "dead_letters").then(|| producer.clone());
-        sinks.push(tokio::spawn(async move { super::run::spawn_sink(t, &bus, &lake, &sc, &sctl, dl.as_ref()).await }));
-    }
+    let sinks = start_sinks(&["train_steps", "checkpoints", "dead_letters"], &bus, &lake, &cfg.sink, &producer, |t| TaskCtl::new(&format!("sink:{t}"), true, stop.clone()).after(&ctl.done));
     let trainer = {
         let (cfg, opts, bus, ctl) = (cfg.clone(), opts.clone(), bus.clone(), ctl.clone());
         tokio::spawn(async move { run_train(&cfg, &opts, &bus, &ctl, None).await })
@@ -452,7 +443,7 @@ pub async fn train_command(cfg: &PipelineConfig, opts: &TrainOptions, until_idle
         ctl.done.set();
         stop.request();
     }
-    for s in sinks {
+    for (_, s) in sinks {
         s.await.map_err(|e| Error::Internal(format!("sink task: {e}")))??;
     }
     result

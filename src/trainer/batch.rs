@@ -16,7 +16,8 @@ use tch::{Device, Tensor};
 
 use super::config::{CandidateSelection, OverlapSubset, TeacherSource, TrainerConfig};
 use super::loss::OpdLoss;
-use crate::config::Method;
+use crate::method::Method;
+use crate::model;
 use crate::schema::{Sample, SampleType};
 use crate::Result;
 
@@ -109,7 +110,7 @@ pub struct PackOptions {
 }
 
 /// Padded tensors of one batch. B = rows kept, L = longest prompt + response, T = longest response
-/// (Tmax), K = top-K width. The first six fields follow the model runtime's `PackedBatch` exactly.
+/// (Tmax), K = top-K width. The first six fields are the model runtime's [`model::PackedBatch`], built by it.
 #[derive(Debug)]
 pub struct PackedBatch {
     /// `[B, L]` int64: prompt ++ response, right-padded with `pad_id`.
@@ -472,15 +473,24 @@ pub fn pack_samples(samples: &[Sample], opts: &PackOptions) -> Result<Packed> {
     Ok(Packed { batch: Some(batch), dropped })
 }
 
+/// Packs validated rows: the token tensors (`input_ids` .. `response_lens`) by the model runtime's
+/// [`crate::model::PackedBatch::new`] (one alignment convention for trainer and scoring), the loss,
+/// teacher and top-K tensors here.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when `opts.pad_id` is not a token id (negative or above `u32`);
+/// [`crate::Error::Torch`] on a tensor failure.
 fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBatch> {
+    // Ids are validated non-negative and below the vocabulary size (`check_ids`).
+    let ids = |v: &[i32]| -> Vec<u32> { v.iter().map(|&t| t as u32).collect() };
+    let owned: Vec<(Vec<u32>, Vec<u32>)> = rows.iter().map(|r| (ids(&r.sample.prompt_token_ids), ids(&r.sample.response_token_ids))).collect();
+    let items: Vec<(&[u32], &[u32])> = owned.iter().map(|(p, r)| (p.as_slice(), r.as_slice())).collect();
+    let pad_id = u32::try_from(opts.pad_id).map_err(|_| crate::input_err!("pad id {} is not a token id", opts.pad_id))?;
+    let model::PackedBatch { input_ids, response_ids, response_mask, predict_positions, prompt_lens, response_lens } =
+        model::PackedBatch::new(&items, pad_id, opts.vocab_size, opts.device)?;
     let b = rows.len();
-    let l = rows.iter().map(|r| r.sample.prompt_token_ids.len() + r.sample.response_token_ids.len()).max().unwrap_or(0);
     let t = rows.iter().map(|r| r.sample.response_token_ids.len()).max().unwrap_or(0);
-    let mut input = vec![opts.pad_id; b * l];
-    let mut resp = vec![0i64; b * t];
-    let mut rmask = vec![0f32; b * t];
     let mut lmask = vec![0f32; b * t];
-    let mut pred = vec![0i64; b * t];
     let mut old = vec![0f32; b * t];
     let with_teacher = opts.method.uses_hints();
     let mut teacher = if with_teacher { vec![0f32; b * t] } else { Vec::new() };
@@ -499,17 +509,10 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
     let clean = |v: f32, trained: bool| if trained && v.is_finite() { v } else { 0.0 };
     for (i, row) in rows.iter().enumerate() {
         let s = row.sample;
-        let p = s.prompt_token_ids.len();
-        for (j, &id) in s.prompt_token_ids.iter().chain(&s.response_token_ids).enumerate() {
-            input[i * l + j] = i64::from(id);
-        }
-        for (j, &id) in s.response_token_ids.iter().enumerate() {
+        for j in 0..s.response_token_ids.len() {
             let at = i * t + j;
             let trained = s.loss_mask[j] != 0;
-            resp[at] = i64::from(id);
-            rmask[at] = 1.0;
             lmask[at] = if trained { 1.0 } else { 0.0 };
-            pred[at] = (p - 1 + j) as i64;
             old[at] = clean(s.rollout_logprobs[j], trained);
             if let (true, Some(tl)) = (with_teacher, &s.teacher_logprobs) {
                 teacher[at] = clean(tl[j], trained);
@@ -531,20 +534,19 @@ fn build(rows: &[Checked<'_>], k: usize, opts: &PackOptions) -> Result<PackedBat
         }
     }
     let dev = opts.device;
-    let (bi, li, ti, ki) = (b as i64, l as i64, t as i64, k as i64);
+    let (bi, ti, ki) = (b as i64, t as i64, k as i64);
     let f2 = |v: &[f32]| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view([bi, ti])?.f_to_device(dev)?) };
-    let i2 = |v: &[i64], cols: i64| -> Result<Tensor> { Ok(Tensor::f_from_slice(v)?.f_view([bi, cols])?.f_to_device(dev)?) };
     let rewards: Vec<f32> = rows.iter().map(|r| r.sample.reward).collect();
     let weights: Vec<f64> = rows.iter().map(|r| r.weight).collect();
     let weights_f32: Vec<f32> = weights.iter().map(|&w| w as f32).collect();
     let signs: Vec<f32> = rows.iter().map(|r| opts.config.advantage_sign_of(&r.sample.sample_id)).collect();
     Ok(PackedBatch {
-        input_ids: i2(&input, li)?,
-        response_ids: i2(&resp, ti)?,
-        response_mask: f2(&rmask)?,
-        predict_positions: i2(&pred, ti)?,
-        prompt_lens: rows.iter().map(|r| r.sample.prompt_token_ids.len()).collect(),
-        response_lens: rows.iter().map(|r| r.sample.response_token_ids.len()).collect(),
+        input_ids,
+        response_ids,
+        response_mask,
+        predict_positions,
+        prompt_lens,
+        response_lens,
         loss_mask: f2(&lmask)?,
         old_logprobs: f2(&old)?,
         teacher_logprobs: if with_teacher { Some(f2(&teacher)?) } else { None },

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::loss::{LossConfig, OpdLoss};
-use crate::config::Method;
+use crate::method::Method;
 use crate::schema::content_hash;
 use crate::{config_err, Result};
 

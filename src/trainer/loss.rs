@@ -48,7 +48,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use crate::config::Method;
+use crate::method::Method;
 use crate::schema::SampleType;
 use crate::{input_err, Result};
 

@@ -2,12 +2,16 @@
 //! overfitting a fixed batch, checkpoints with lineage, bit-exact resume (f32 and bf16), LoRA-format
 //! checkpoints, the loss report.
 
-use tch::nn::{self, Module};
+use std::time::Instant;
+
+use tch::nn::{self, Module, VarStore};
 use tch::{Device, Kind, Tensor};
 
 use super::test_util::sample;
 use super::*;
-use crate::schema::SampleType;
+use crate::method::Method;
+use crate::schema::{Sample, SampleType};
+use crate::{Error, Result};
 
 const V: i64 = 16;
 const H: i64 = 8;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use crate::{base_args, check, common, create_topics, data, serial, setting, stage_args, Supervisor};
+use crate::{base_args, check, common, create_topics, data, pipeline_roles, serial, setting};
 
 /// How the broker under test is run.
 enum Kind {
@@ -138,13 +138,8 @@ async fn restarts_lose_and_duplicate_nothing(kind: Kind) {
     create_topics(&brokers, &prefix, 2).await;
 
     let base = base_args(&pipeline, &brokers, &prefix, &lake);
-    let mut sup = Supervisor::new(&dir.path().join("logs"));
-    let mut ingest = common::args(&["ingest", "--no-sink"]);
-    ingest.extend(base.iter().cloned());
-    ingest.extend(files.iter().map(|f| f.display().to_string()));
-    sup.add("ingest", ingest, true);
+    let mut sup = pipeline_roles(dir.path(), &base, &files, &["signals", "judge", "sinks"]);
     for stage in ["signals", "judge", "sinks"] {
-        sup.add(stage, stage_args(stage, &base), false);
         sup.start(stage);
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;

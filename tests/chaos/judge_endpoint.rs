@@ -14,7 +14,7 @@ use axum::Router;
 use nextstate::lake::Lake;
 use nextstate::schema::Judgment;
 
-use crate::{base_args, check, common, create_topics, data, serial, setting, stage_args, Supervisor};
+use crate::{base_args, check, common, create_topics, data, pipeline_roles, serial, setting};
 
 /// Requests seen per behaviour: error, hang, garbage, unboxed, vote.
 #[derive(Default)]
@@ -70,14 +70,7 @@ async fn judge_endpoint_errors_hangs_and_garbage_lose_nothing() {
     let expected = data::expected(&files);
     create_topics(&brokers, &prefix, 2).await;
     let base = base_args(&pipeline, &brokers, &prefix, &lake);
-    let mut sup = Supervisor::new(&dir.path().join("logs"));
-    let mut ingest = common::args(&["ingest", "--no-sink"]);
-    ingest.extend(base.iter().cloned());
-    ingest.extend(files.iter().map(|f| f.display().to_string()));
-    sup.add("ingest", ingest, true);
-    for stage in ["signals", "judge", "sinks"] {
-        sup.add(stage, stage_args(stage, &base), false);
-    }
+    let mut sup = pipeline_roles(dir.path(), &base, &files, &["signals", "judge", "sinks"]);
     sup.run_until_idle("ingest", Duration::from_secs(60));
     sup.run_until_idle("signals", Duration::from_secs(60));
     let t = Instant::now();

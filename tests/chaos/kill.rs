@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::{base_args, check, common, create_topics, data, model_dir, serial, setting, stage_args, Supervisor};
+use crate::{base_args, check, common, create_topics, data, pipeline_roles, serial, setting};
 
 const PIPELINE: &str = "chaos";
 
@@ -44,8 +44,7 @@ model = "{}"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_killed_at_random_points_keeps_each_record_exactly_once() {
     let _serial = serial();
-    let Some(model) = model_dir() else {
-        common::missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+    let Some(model) = common::test_model_or_missing() else {
         return;
     };
     let rounds: usize = setting("NEXTSTATE_CHAOS_ROUNDS", 12);
@@ -66,14 +65,7 @@ async fn every_process_killed_at_random_points_keeps_each_record_exactly_once() 
     create_topics(&brokers, &prefix, 2).await;
 
     let base = base_args(&pipeline, &brokers, &prefix, &lake);
-    let mut sup = Supervisor::new(&dir.path().join("logs"));
-    let mut ingest = common::args(&["ingest", "--no-sink"]);
-    ingest.extend(base.iter().cloned());
-    ingest.extend(files.iter().map(|f| f.display().to_string()));
-    sup.add("ingest", ingest, true);
-    for stage in ["signals", "judge", "teacher", "sinks"] {
-        sup.add(stage, stage_args(stage, &base), false);
-    }
+    let mut sup = pipeline_roles(dir.path(), &base, &files, &["signals", "judge", "teacher", "sinks"]);
     let mut train = common::args(&["train", "--resume", "--group-instance-id", "train", "--checkpoints", &ckpt.display().to_string()]);
     train.extend(base.iter().cloned());
     sup.add("train", train, false);
@@ -149,7 +141,7 @@ async fn trainer_trains_a_resent_sample_once() {
     use nextstate::bus::{Bus, BusConfig};
     use nextstate::stages::train::{run_train, TrainOptions, TrainSource};
     let _serial = serial();
-    let Some(model) = model_dir() else {
+    let Some(model) = common::test_model() else {
         common::missing("model directory not found");
         return;
     };

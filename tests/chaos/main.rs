@@ -41,12 +41,6 @@ pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// The imported model directory, if present.
-pub fn model_dir() -> Option<PathBuf> {
-    let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from), Some(common::root().join("models/smollm2-135m-instruct"))];
-    candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file())
-}
-
 /// One process of the pipeline under test.
 pub struct Role {
     /// Name (also its static group-membership id).
@@ -164,6 +158,20 @@ impl Supervisor {
 /// The data arguments every role shares.
 pub fn base_args(pipeline: &Path, brokers: &str, prefix: &str, lake: &Path) -> Vec<String> {
     common::args(&["--pipeline", &pipeline.display().to_string(), "--brokers", brokers, "--topic-prefix", prefix, "--lake", &lake.display().to_string()])
+}
+
+/// A supervisor (logs under `<dir>/logs`) holding the pipeline's roles, none started: `ingest
+/// --no-sink` of `files` (finite) and one [`stage_args`] role for each of `stages`.
+pub fn pipeline_roles(dir: &Path, base: &[String], files: &[PathBuf], stages: &[&'static str]) -> Supervisor {
+    let mut sup = Supervisor::new(&dir.join("logs"));
+    let mut ingest = common::args(&["ingest", "--no-sink"]);
+    ingest.extend(base.iter().cloned());
+    ingest.extend(files.iter().map(|f| f.display().to_string()));
+    sup.add("ingest", ingest, true);
+    for stage in stages {
+        sup.add(stage, stage_args(stage, base), false);
+    }
+    sup
 }
 
 /// `run --only <stage>` with static membership `<stage>`.

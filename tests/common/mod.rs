@@ -51,6 +51,29 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `models/smollm2-135m-instruct` (made by `scripts/setup.sh`) when its weights are there: the model
+/// of the tests whose numbers are SmolLM2's.
+pub fn smollm2() -> Option<PathBuf> {
+    let d = root().join("models/smollm2-135m-instruct");
+    d.join("model.safetensors").is_file().then_some(d)
+}
+
+/// The model of the model-agnostic tests: the directory `NEXTSTATE_TEST_MODEL` names when it holds
+/// `model.safetensors`, else [`smollm2`].
+pub fn test_model() -> Option<PathBuf> {
+    let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(PathBuf::from), Some(root().join("models/smollm2-135m-instruct"))];
+    candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file())
+}
+
+/// [`test_model`]; when there is none, [`missing`] says how to get one (the caller then skips).
+pub fn test_model_or_missing() -> Option<PathBuf> {
+    let found = test_model();
+    if found.is_none() {
+        missing("model directory models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
+    }
+    found
+}
+
 /// Bootstrap address of the real Kafka-protocol broker for tests: `NEXTSTATE_TEST_BROKERS` when set
 /// (CI, or a real cluster), else the local noida-db started (idempotently) by `scripts/broker.sh`.
 pub fn brokers() -> String {

@@ -18,7 +18,7 @@ use nextstate::schema::{DeadLetter, Interaction, Lineage, NextStateKind, TurnTyp
 use nextstate::signals::{SignalConfig, SignalPairer};
 use serde_json::{json, Value};
 
-use super::{common, consume, embedded, interactions_input, opts, python_with_openai, run_python, start_proxy, LEAKY_HEADERS, LEAKY_KEYS};
+use super::{common, consume, embedded, interactions_input, opts, proxy_on_embedded, python_with_openai, run_python, start_proxy, LEAKY_HEADERS, LEAKY_KEYS};
 
 // ---------------------------------------------------------------- the fake upstream
 
@@ -315,10 +315,7 @@ async fn post_json(c: &reqwest::Client, url: &str, body: &Value, headers: &[(&st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_chained_by_previous_response_id_are_one_session() {
     let (up, fake) = start_fake_apis().await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let c = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/responses", p.url);
     let tools: Value = serde_json::from_str(WEATHER_TOOL_RESPONSES).unwrap();
@@ -404,12 +401,7 @@ async fn responses_chained_by_previous_response_id_are_one_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_streamed_and_not_are_captured_with_tool_use_and_results() {
     let (up, fake) = start_fake_apis().await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let mut o = opts(&up, dir.path());
-    o.upstream_api_key = Some("up-key".into());
-    let p = start_proxy(o, &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |o| o.upstream_api_key = Some("up-key".into())).await;
     let c = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/messages", p.url);
     let tools: Value = serde_json::from_str(WEATHER_TOOL_MESSAGES).unwrap();
@@ -545,12 +537,7 @@ async fn python_openai_and_anthropic_clients_through_the_proxy() {
         return;
     }
     let (up, fake) = start_fake_apis().await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let mut o = opts(&up, dir.path());
-    o.api_key = Some("py-key".into());
-    let p = start_proxy(o, &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |o| o.api_key = Some("py-key".into())).await;
     let stdout = run_python(py, "proxy_apis_client.py", p.url.clone(), "py-key").await;
     assert!(stdout.contains("4 passed, 0 failed"));
     let rows = consume(&mut input, 6, Duration::from_secs(20), Duration::from_millis(500)).await;

@@ -180,6 +180,19 @@ async fn start_proxy(o: ProxyOptions, bus: &Bus) -> Running {
     Running { url, metrics, stop: Some(tx), task }
 }
 
+/// The usual set-up of a test: a fresh embedded bus, a consumer of its `interactions` topic (made
+/// before the proxy starts), and a proxy in front of `upstream` whose [`opts`] `tune` changed first.
+/// Returns (bus, proxy, consumer, the spool's folder); keep them all for the test's length.
+async fn proxy_on_embedded(upstream: &str, tune: impl FnOnce(&mut ProxyOptions)) -> (Bus, Running, InputLoop, tempfile::TempDir) {
+    let bus = embedded().await;
+    let input = interactions_input(&bus);
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(upstream, dir.path());
+    tune(&mut o);
+    let p = start_proxy(o, &bus).await;
+    (bus, p, input, dir)
+}
+
 async fn embedded() -> Bus {
     Bus::connect(BusConfig::default()).await.unwrap()
 }
@@ -228,10 +241,7 @@ async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_stream_returns_the_upstream_bytes_and_emits_one_event_per_turn() {
     let (up, fake) = start_fake(Duration::ZERO).await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let c = nextstate::net::http_client(None).unwrap();
 
     // Turn 0: headers; the client asked for log-probs → exactly the upstream's bytes.
@@ -301,10 +311,7 @@ async fn non_stream_returns_the_upstream_bytes_and_emits_one_event_per_turn() {
 async fn streams_are_forwarded_incrementally_and_captured() {
     let delay = Duration::from_millis(150);
     let (up, fake) = start_fake(delay).await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let c = nextstate::net::http_client(None).unwrap();
 
     // No session header: inferred. No log-probs asked: chunks come back with logprobs null.
@@ -369,10 +376,7 @@ async fn streams_are_forwarded_incrementally_and_captured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_makes_no_event() {
     let (up, _fake) = start_fake(Duration::from_millis(200)).await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let r = nextstate::net::http_client(None).unwrap()
         .post(format!("{}/v1/chat/completions", p.url))
         .json(&chat("fake", "a long enough story to leave early", json!({"stream": true})))
@@ -390,10 +394,7 @@ async fn a_client_that_leaves_mid_stream_makes_no_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_token_data_is_dropped_with_a_note_and_counted() {
     let (up, _fake) = start_fake(Duration::ZERO).await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let r = nextstate::net::http_client(None).unwrap().post(format!("{}/v1/chat/completions", p.url)).header("x-session-id", "m").json(&chat("mismatch", "a b", json!({}))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::ZERO).await;
@@ -600,12 +601,7 @@ async fn python_openai_client_through_the_proxy() {
         return;
     };
     let (up, fake) = start_fake(Duration::from_millis(10)).await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let mut o = opts(&up, dir.path());
-    o.api_key = Some("py-key".into());
-    let p = start_proxy(o, &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |o| o.api_key = Some("py-key".into())).await;
     let stdout = run_python(py, "proxy_client.py", format!("{}/v1", p.url), "py-key").await;
     assert!(stdout.contains("4 passed, 0 failed"));
     let rows = consume(&mut input, 3, Duration::from_secs(20), Duration::from_millis(500)).await;
@@ -659,10 +655,7 @@ async fn timed_loop(c: &reqwest::Client, url: &str, n: usize, concurrency: usize
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_overhead_measurement() {
     let (up, _fake) = start_fake(Duration::ZERO).await;
-    let bus = embedded().await;
-    let mut input = interactions_input(&bus);
-    let dir = tempfile::tempdir().unwrap();
-    let p = start_proxy(opts(&up, dir.path()), &bus).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let c = nextstate::net::http_client(None).unwrap();
     let n = 1000;
     // Warm-up (connections, allocations).
@@ -694,11 +687,6 @@ async fn proxy_overhead_measurement() {
     assert!(proxied.2 < direct.2 + Duration::from_millis(50), "added p99 {:?}", proxied.2.saturating_sub(direct.2));
 }
 
-fn model_dir() -> Option<std::path::PathBuf> {
-    let candidates = [std::env::var("NEXTSTATE_TEST_MODEL").ok().map(std::path::PathBuf::from), Some(common::root().join("models/smollm2-135m-instruct"))];
-    candidates.into_iter().flatten().find(|d| d.join("model.safetensors").is_file())
-}
-
 /// Our policy server (SmolLM2-135M-Instruct, in-process) behind the proxy: the official Python client
 /// (tests/python/openai_client.py) passes through it unchanged, and the events carry the server's
 /// own token ids and log-probs, which re-scoring (prompt ids, response ids) reproduces.
@@ -706,7 +694,7 @@ fn model_dir() -> Option<std::path::PathBuf> {
 async fn our_policy_server_behind_the_proxy() {
     use nextstate::model::{LanguageModel, LoadOptions, LogprobMode};
     use nextstate::serve::{PolicyServer, ServerOptions};
-    let Some(dir) = model_dir() else {
+    let Some(dir) = common::test_model() else {
         common::missing("models/smollm2-135m-instruct not found (run scripts/setup.sh, or set NEXTSTATE_TEST_MODEL)");
         return;
     };

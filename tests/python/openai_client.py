@@ -23,15 +23,11 @@ import sys
 import time
 import urllib.request
 
+from checks import check
 from openai import OpenAI
 
 QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 ANSWER = "The capital of Germany is Berlin."
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def test_non_stream(client):

@@ -14,20 +14,15 @@ the tool result), 2 (a side turn). Needs `pip install openai anthropic` (scripts
 
 import argparse
 import json
-import sys
 
 import anthropic
+from checks import check, run_checks
 from openai import OpenAI
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "weather of a city",
                     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 class State:
@@ -92,19 +87,9 @@ def main():
     oa = OpenAI(base_url=a.base_url + "/v1", api_key=a.api_key, max_retries=0, timeout=30)
     ac = anthropic.Anthropic(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=30)
     st = State()
-    passed = failed = 0
     # Order matters: each test continues the conversation of the one before.
-    for t, c in [(test_responses_tool_call_and_chain, oa), (test_responses_stream, oa), (test_messages_tool_use, ac),
-                 (test_messages_stream_then_side_turn, ac)]:
-        try:
-            t(c, st)
-            passed += 1
-            print(f"ok   {t.__name__}")
-        except Exception as e:  # report every check
-            failed += 1
-            print(f"FAIL {t.__name__}: {e!r}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    run_checks(((t, (c, st)) for t, c in [(test_responses_tool_call_and_chain, oa), (test_responses_stream, oa), (test_messages_tool_use, ac),
+                                          (test_messages_stream_then_side_turn, ac)]), describe=repr)
 
 
 if __name__ == "__main__":

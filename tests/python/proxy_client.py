@@ -12,16 +12,11 @@ a failure.
 """
 
 import argparse
-import sys
 
+from checks import check, run_checks
 from openai import OpenAI
 
 SYSTEM = {"role": "system", "content": "sys"}
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def test_non_stream_with_logprobs(client):
@@ -80,18 +75,8 @@ def main():
     ap.add_argument("--api-key", default="none")
     a = ap.parse_args()
     client = OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=30)
-    passed = failed = 0
     # Order matters: the turns of session py-1 get indices 0, 1, 2.
-    for t in [test_non_stream_with_logprobs, test_stream_side_turn, test_non_stream_without_logprobs_done, test_models]:
-        try:
-            t(client)
-            passed += 1
-            print(f"ok   {t.__name__}")
-        except Exception as e:  # report every check
-            failed += 1
-            print(f"FAIL {t.__name__}: {e}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    run_checks((t, (client,)) for t in [test_non_stream_with_logprobs, test_stream_side_turn, test_non_stream_without_logprobs_done, test_models])
 
 
 if __name__ == "__main__":

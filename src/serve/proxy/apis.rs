@@ -2,7 +2,7 @@
 //! OpenAI Responses API (`POST /v1/responses`) and the Anthropic Messages API (`POST /v1/messages`).
 //!
 //! Each is forwarded as is (only the turn-metadata body keys are removed; chat requests are also
-//! rewritten for log-probs, see [`super::capture::prepare_request`]) and captured as one turn. The
+//! rewritten for log-probs, see [`super::request::prepare_request`]) and captured as one turn. The
 //! request's conversation and the response's assistant message are read by the same functions as
 //! the log readers `openai-chat`, `openai-responses` and `anthropic-messages`
 //! ([`crate::ingest`]), so a proxied exchange and a logged one become the same row:
@@ -11,7 +11,7 @@
 //!   items → one assistant message; `status = "incomplete"` with reason `max_output_tokens` →
 //!   finish reason `length`, truncated; function calls → `tool_calls`, else `stop`. A request with
 //!   `previous_response_id` continues a response this process captured
-//!   ([`super::capture::Sessions::chain`]): its conversation is the chain's (instructions are not
+//!   ([`super::sessions::Sessions::chain`]): its conversation is the chain's (instructions are not
 //!   carried over a chain, the API's rule), and without an explicit session it is the next turn of
 //!   that response's session. A chain this process did not see starts at the request's input, with a
 //!   note. The signal stage pairs turns by content: a chained request whose instructions differ
@@ -32,14 +32,12 @@
 //! Sources: the Responses API and Messages API references (streaming events included),
 //! openai-python `types/responses/` and anthropic-sdk-python `types/` (read, not copied).
 
-use std::collections::BTreeMap;
-
 use serde_json::{Map, Value};
 
-use super::capture::{chat_conversation, Completed, NoTurn, StreamAccumulator, StreamState};
+use super::response::{Completed, NoTurn};
 use crate::ingest::anthropic_messages::{self as messages_api, Unusable};
 use crate::ingest::items::Skipped;
-use crate::ingest::normalize::json_type;
+use crate::ingest::normalize::{json_type, normalize_request};
 use crate::ingest::openai_responses as responses_api;
 use crate::schema::Message;
 
@@ -68,7 +66,7 @@ impl Api {
         if let Some(e) = event {
             out.extend_from_slice(format!("event: {e}\n").as_bytes());
         }
-        out.extend_from_slice(&super::capture::SseEvent::with_data(&data.to_string()));
+        out.extend_from_slice(&super::sse::SseEvent::with_data(&data.to_string()));
         out
     }
 
@@ -96,6 +94,22 @@ fn skipped_notes(skipped: Skipped, notes: &mut Vec<String>) {
     notes.extend(skipped.into_iter().map(|(what, n)| format!("{n} {what} not recorded")));
 }
 
+/// A chat request's `messages` the way the proxy records them: a JSON array of messages that
+/// normalise ([`normalize_request`]: a known role, content a string, a list of parts or null, ...;
+/// notes appended to `notes`). A request that could not become an `interactions` row is refused
+/// before the upstream runs.
+///
+/// # Errors
+/// `missing_messages` or the normalisation error's code, with what is wrong.
+pub fn chat_conversation(messages: Option<&Value>, notes: &mut Vec<String>) -> Result<Vec<Message>, Unusable> {
+    let list = match messages {
+        Some(Value::Array(l)) => l,
+        None => return Err(("missing_messages", "request has no `messages`".into())),
+        Some(other) => return Err(("missing_messages", format!("request `messages` is a JSON {}, expected an array", json_type(other)))),
+    };
+    normalize_request(list, notes).map_err(|(i, e)| (e.code(), format!("messages[{i}] of {}: {e}", list.len())))
+}
+
 /// A request body's conversation for `api`, normalised; normalisation notes appended to `notes`.
 ///
 /// # Errors
@@ -103,7 +117,7 @@ fn skipped_notes(skipped: Skipped, notes: &mut Vec<String>) {
 /// `input`; the normaliser's code for a message or item that does not normalise.
 pub fn conversation(api: Api, body: &Map<String, Value>, notes: &mut Vec<String>) -> Result<Vec<Message>, Unusable> {
     match api {
-        Api::ChatCompletions => chat_conversation(body.get("messages"), notes).map_err(|r| (r.code, r.message)),
+        Api::ChatCompletions => chat_conversation(body.get("messages"), notes),
         Api::Messages => messages_api::request_conversation(body, notes).map_err(|(code, reason)| (code, format!("request {reason}"))),
         Api::Responses => {
             match body.get("input") {
@@ -139,7 +153,11 @@ pub fn completed(api: Api, v: &Value) -> Result<Completed, NoTurn> {
     }
 }
 
-fn responses_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
+/// A Responses API response object as a finished turn (also the end of a Responses stream).
+///
+/// # Errors
+/// As [`completed`].
+pub(crate) fn responses_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
     if responses_api::is_failed(obj) {
         return Err(NoTurn::Unusable("api_error", format!("the response failed: {}", obj.get("error").unwrap_or(&Value::Null))));
     }
@@ -154,7 +172,11 @@ fn responses_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
     Ok(c)
 }
 
-fn messages_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
+/// A Messages API message object as a finished turn (also the end of a Messages stream).
+///
+/// # Errors
+/// As [`completed`].
+pub(crate) fn messages_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
     if messages_api::is_error(obj) {
         return Err(NoTurn::Unusable("api_error", format!("the upstream answered with an error: {}", obj.get("error").unwrap_or(&Value::Null))));
     }
@@ -162,234 +184,6 @@ fn messages_completed(obj: &Map<String, Value>) -> Result<Completed, NoTurn> {
     Ok(Completed::of_reply(reply, None, obj.get("policy_version").and_then(Value::as_i64)))
 }
 
-/// The message of an `error` event or error object (`{message}` or `{error: {message}}`).
-fn error_text(v: &Value) -> String {
-    v.get("message").or_else(|| v.get("error").and_then(|e| e.get("message"))).and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| v.to_string())
-}
-
-/// Assembles a Responses API stream (see the module docs).
-#[derive(Debug, Clone, Default)]
-pub struct ResponsesStream {
-    state: StreamState,
-    /// The latest `response` snapshot (created, in progress, then the terminal one).
-    response: Option<Map<String, Value>>,
-    /// The terminal event seen (`response.completed` or `response.incomplete`).
-    terminal: bool,
-    /// `response.output_item.done` items by output index.
-    items: BTreeMap<u64, Value>,
-}
-
-impl ResponsesStream {
-    /// Feeds one event's data.
-    pub fn push(&mut self, v: &Value) {
-        self.state.chunks += 1;
-        let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
-        match ty {
-            "error" => self.state.error = Some(error_text(v)),
-            "response.failed" => {
-                let e = v.get("response").and_then(|r| r.get("error")).filter(|e| !e.is_null());
-                self.state.error = Some(e.map(error_text).unwrap_or_else(|| "the response failed".into()));
-            }
-            "response.completed" | "response.incomplete" | "response.created" | "response.in_progress" | "response.queued" => {
-                if let Some(r) = v.get("response").and_then(Value::as_object) {
-                    if !self.terminal {
-                        self.response = Some(r.clone());
-                    }
-                }
-                if ty == "response.completed" || ty == "response.incomplete" {
-                    self.terminal = true;
-                }
-            }
-            "response.output_item.done" => {
-                if let Some(item) = v.get("item") {
-                    let index = v.get("output_index").and_then(Value::as_u64).unwrap_or(self.items.len() as u64);
-                    self.items.insert(index, item.clone());
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// The assembled turn.
-    ///
-    /// # Errors
-    /// [`NoTurn::StreamError`] for an `error` event or `response.failed`, [`NoTurn::BadResponse`] for
-    /// a chunk that was not JSON, [`NoTurn::Incomplete`] without a terminal event, or as
-    /// [`completed`].
-    pub fn finish(self) -> Result<Completed, NoTurn> {
-        if let Some(f) = self.state.failure() {
-            return Err(f);
-        }
-        let (true, Some(mut resp)) = (self.terminal, self.response) else {
-            return Err(NoTurn::Incomplete);
-        };
-        let empty = resp.get("output").and_then(Value::as_array).is_none_or(Vec::is_empty);
-        if empty && !self.items.is_empty() {
-            resp.insert("output".into(), Value::Array(self.items.into_values().collect()));
-        }
-        responses_completed(&resp)
-    }
-}
-
-/// Assembles an Anthropic Messages stream (see the module docs).
-#[derive(Debug, Clone, Default)]
-pub struct MessagesStream {
-    state: StreamState,
-    /// The message of `message_start` (id, model, role).
-    message: Option<Map<String, Value>>,
-    /// Content blocks by index, as they are completed by deltas.
-    blocks: BTreeMap<u64, Map<String, Value>>,
-    /// `input_json_delta` fragments of tool-use blocks by index.
-    partial_json: BTreeMap<u64, String>,
-    stop_reason: Option<String>,
-    notes: Vec<String>,
-}
-
-fn push_str(block: &mut Map<String, Value>, key: &str, s: &str) {
-    match block.get_mut(key) {
-        Some(Value::String(t)) => t.push_str(s),
-        _ => {
-            block.insert(key.into(), Value::String(s.to_string()));
-        }
-    }
-}
-
-impl MessagesStream {
-    /// Feeds one event's data.
-    pub fn push(&mut self, v: &Value) {
-        self.state.chunks += 1;
-        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-        match v.get("type").and_then(Value::as_str).unwrap_or("") {
-            "error" => self.state.error = Some(error_text(v)),
-            "message_start" => self.message = v.get("message").and_then(Value::as_object).cloned(),
-            "content_block_start" => {
-                if let Some(b) = v.get("content_block").and_then(Value::as_object) {
-                    self.blocks.insert(index, b.clone());
-                }
-            }
-            "content_block_delta" => {
-                let Some(delta) = v.get("delta") else { return };
-                let block = self.blocks.entry(index).or_default();
-                let text = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or("");
-                match delta.get("type").and_then(Value::as_str).unwrap_or("") {
-                    "text_delta" => push_str(block, "text", text("text")),
-                    "thinking_delta" => push_str(block, "thinking", text("thinking")),
-                    "signature_delta" => push_str(block, "signature", text("signature")),
-                    "input_json_delta" => self.partial_json.entry(index).or_default().push_str(text("partial_json")),
-                    _ => {}
-                }
-            }
-            "content_block_stop" => self.close_block(index),
-            "message_delta" => {
-                if let Some(r) = v.get("delta").and_then(|d| d.get("stop_reason")).and_then(Value::as_str) {
-                    self.stop_reason = Some(r.to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// A tool-use block's input from its JSON fragments (none: the start's input, `{}`).
-    fn close_block(&mut self, index: u64) {
-        let Some(json) = self.partial_json.remove(&index) else { return };
-        let Some(block) = self.blocks.get_mut(&index) else { return };
-        let input = if json.trim().is_empty() {
-            Value::Object(Map::new())
-        } else {
-            match serde_json::from_str::<Value>(&json) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.notes.push(format!("tool-use block {index}: streamed input is not JSON ({e}); kept raw"));
-                    Value::String(json)
-                }
-            }
-        };
-        block.insert("input".into(), input);
-    }
-
-    /// The assembled turn.
-    ///
-    /// # Errors
-    /// [`NoTurn::StreamError`] for an `error` event, [`NoTurn::BadResponse`] for a chunk that was not
-    /// JSON, [`NoTurn::Incomplete`] without a stop reason, or as [`completed`].
-    pub fn finish(mut self) -> Result<Completed, NoTurn> {
-        if let Some(f) = self.state.failure() {
-            return Err(f);
-        }
-        let Some(stop) = self.stop_reason.take() else {
-            return Err(NoTurn::Incomplete);
-        };
-        let open: Vec<u64> = self.partial_json.keys().copied().collect();
-        for i in open {
-            self.close_block(i);
-        }
-        let mut m = self.message.take().unwrap_or_default();
-        m.insert("content".into(), Value::Array(std::mem::take(&mut self.blocks).into_values().map(Value::Object).collect()));
-        m.insert("stop_reason".into(), Value::String(stop));
-        let mut c = messages_completed(&m)?;
-        c.notes.append(&mut self.notes);
-        Ok(c)
-    }
-}
-
-/// A stream being assembled, whichever the API.
-#[derive(Debug, Clone)]
-pub enum Accumulator {
-    /// Chat-completions chunks.
-    Chat(StreamAccumulator),
-    /// Responses events.
-    Responses(ResponsesStream),
-    /// Messages events.
-    Messages(MessagesStream),
-}
-
-impl Accumulator {
-    /// An empty accumulator for `api`.
-    pub fn new(api: Api) -> Accumulator {
-        match api {
-            Api::ChatCompletions => Accumulator::Chat(StreamAccumulator::default()),
-            Api::Responses => Accumulator::Responses(ResponsesStream::default()),
-            Api::Messages => Accumulator::Messages(MessagesStream::default()),
-        }
-    }
-
-    /// Feeds one event's parsed data.
-    pub fn push(&mut self, v: &Value) {
-        match self {
-            Accumulator::Chat(a) => a.push(v),
-            Accumulator::Responses(a) => a.push(v),
-            Accumulator::Messages(a) => a.push(v),
-        }
-    }
-
-    /// Feeds a `[DONE]` marker (chat completions; the other APIs send none).
-    pub fn done_marker(&mut self) {
-        if let Accumulator::Chat(a) = self {
-            a.push_data("[DONE]");
-        }
-    }
-
-    /// Notes an event whose data is not JSON: the turn cannot be recorded.
-    pub fn unreadable_chunk(&mut self, e: &serde_json::Error) {
-        match self {
-            Accumulator::Chat(a) => a.unreadable_chunk(e),
-            Accumulator::Responses(a) => a.state.unreadable_chunk(e),
-            Accumulator::Messages(a) => a.state.unreadable_chunk(e),
-        }
-    }
-
-    /// The assembled turn.
-    ///
-    /// # Errors
-    /// As [`StreamAccumulator::finish`], [`ResponsesStream::finish`], [`MessagesStream::finish`].
-    pub fn finish(self) -> Result<Completed, NoTurn> {
-        match self {
-            Accumulator::Chat(a) => a.finish(),
-            Accumulator::Responses(a) => a.finish(),
-            Accumulator::Messages(a) => a.finish(),
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -472,107 +266,5 @@ mod tests {
         assert_eq!((m.message.content.as_str(), m.finish_reason.as_deref(), m.truncated, m.response_id), ("Done.", Some("stop"), false, None));
         assert_eq!(completed(Api::Messages, &json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})).unwrap_err().code(), "api_error");
         assert_eq!(completed(Api::Messages, &json!([1])).unwrap_err().code(), "bad_response");
-    }
-
-    fn responses_events() -> Vec<Value> {
-        let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]});
-        let call = json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}", "status": "completed"});
-        vec![
-            json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress", "model": "gpt-x", "output": []}}),
-            json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "reasoning", "id": "rs_1", "summary": []}}),
-            json!({"type": "response.reasoning_summary_text.delta", "output_index": 0, "delta": "think"}),
-            json!({"type": "response.output_item.done", "output_index": 0, "item": reasoning}),
-            json!({"type": "response.output_item.added", "output_index": 1, "item": {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": ""}}),
-            json!({"type": "response.function_call_arguments.delta", "output_index": 1, "delta": "{\"city\":"}),
-            json!({"type": "response.output_item.done", "output_index": 1, "item": call}),
-            json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "model": "gpt-x", "output": [reasoning, call]}}),
-        ]
-    }
-
-    #[test]
-    fn responses_streams_are_read_from_the_terminal_event() {
-        let mut a = Accumulator::new(Api::Responses);
-        for e in responses_events() {
-            a.push(&e);
-        }
-        let c = a.finish().unwrap();
-        assert_eq!((c.message.content.as_str(), c.message.reasoning.as_deref()), ("", Some("think")));
-        let call = &c.message.tool_calls[0];
-        assert_eq!((call.id.as_deref(), call.name.as_str(), &call.arguments), (Some("call_1"), "get_weather", &json!({"city": "Paris"})));
-        assert_eq!((c.finish_reason.as_deref(), c.response_id.as_deref(), c.model.as_deref()), (Some("tool_calls"), Some("resp_1"), Some("gpt-x")));
-
-        // A terminal event with an empty output: the done items stand in.
-        let mut ev = responses_events();
-        ev[7]["response"]["output"] = json!([]);
-        let mut a = ResponsesStream::default();
-        ev.iter().for_each(|e| a.push(e));
-        assert_eq!(a.finish().unwrap().message.tool_calls.len(), 1);
-
-        // No terminal event; an error event; a failed response.
-        let mut a = ResponsesStream::default();
-        ev[..7].iter().for_each(|e| a.push(e));
-        assert_eq!(a.clone().finish().unwrap_err(), NoTurn::Incomplete);
-        a.push(&json!({"type": "error", "code": "server_error", "message": "boom"}));
-        assert_eq!(a.finish().unwrap_err(), NoTurn::StreamError("boom".into()));
-        let mut a = ResponsesStream::default();
-        a.push(&json!({"type": "response.failed", "response": {"id": "r", "status": "failed", "error": {"code": "x", "message": "model crashed"}}}));
-        assert_eq!(a.finish().unwrap_err(), NoTurn::StreamError("model crashed".into()));
-    }
-
-    fn messages_events() -> Vec<Value> {
-        vec![
-            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-x", "stop_reason": null}}),
-            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Let me "}}),
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "check."}}),
-            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}}),
-            json!({"type": "content_block_stop", "index": 0}),
-            json!({"type": "ping"}),
-            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
-            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Checking "}}),
-            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "now."}}),
-            json!({"type": "content_block_stop", "index": 1}),
-            json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}}),
-            json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": ""}}),
-            json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": \"Par"}}),
-            json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "is\"}"}}),
-            json!({"type": "content_block_stop", "index": 2}),
-            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 30}}),
-            json!({"type": "message_stop"}),
-        ]
-    }
-
-    #[test]
-    fn messages_streams_are_assembled_from_their_deltas() {
-        let mut a = Accumulator::new(Api::Messages);
-        for e in messages_events() {
-            a.push(&e);
-        }
-        let c = a.finish().unwrap();
-        assert_eq!((c.message.content.as_str(), c.message.reasoning.as_deref()), ("Checking now.", Some("Let me check.")));
-        let call = &c.message.tool_calls[0];
-        assert_eq!((call.id.as_deref(), call.name.as_str(), &call.arguments), (Some("toolu_1"), "get_weather", &json!({"city": "Paris"})));
-        assert_eq!((c.finish_reason.as_deref(), c.model.as_deref(), c.truncated), (Some("tool_calls"), Some("claude-x"), false));
-        assert!(c.notes.is_empty(), "{:?}", c.notes);
-
-        // Cut before message_delta: incomplete. A tool input that never became JSON is kept raw.
-        let ev = messages_events();
-        let mut a = MessagesStream::default();
-        ev[..15].iter().for_each(|e| a.push(e));
-        assert_eq!(a.clone().finish().unwrap_err(), NoTurn::Incomplete);
-        a.push(&json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}}));
-        let c = a.finish().unwrap();
-        assert_eq!((c.finish_reason.as_deref(), c.truncated), (Some("length"), true));
-        assert_eq!(c.message.tool_calls[0].arguments, json!({"city": "Paris"}));
-        let mut a = MessagesStream::default();
-        ev[..14].iter().for_each(|e| a.push(e));
-        a.push(&json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}}));
-        let c = a.finish().unwrap();
-        assert!(c.notes.iter().any(|n| n.starts_with("tool-use block 2: streamed input is not JSON")), "{:?}", c.notes);
-
-        let mut a = Accumulator::new(Api::Messages);
-        a.push(&ev[0]);
-        a.push(&json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}));
-        assert_eq!(a.finish().unwrap_err(), NoTurn::StreamError("Overloaded".into()));
     }
 }

@@ -367,10 +367,10 @@ async fn too_large(producer: &BusProducer, o: &Outgoing, e: &Error, metrics: &Me
         return Ok(());
     }
     let payload = o.payload.get().as_bytes();
-    let head = &payload[..payload.len().min(crate::stages::source::TOO_LARGE_PAYLOAD_BYTES)];
+    let head = &payload[..payload.len().min(crate::bus::TOO_LARGE_PAYLOAD_BYTES)];
     let key = serde_json::from_str::<serde_json::Value>(o.payload.get()).ok().and_then(|v| v["row"]["interaction_id"].as_str().map(str::to_string));
     tracing::warn!(error = %e, "proxy: event too large for the bus: dead-lettered");
-    let d = DeadLetter::new("proxy", crate::stages::source::TOO_LARGE, format!("{e} (payload: first {} bytes)", head.len()), head, crate::schema::Lineage::default())
+    let d = DeadLetter::new("proxy", crate::bus::TOO_LARGE, format!("{e} (payload: first {} bytes)", head.len()), head, crate::schema::Lineage::default())
         .with_keys(&o.key, key.as_deref());
     producer.send(&d, None).await.map(|_| ())
 }

@@ -1,5 +1,5 @@
 //! The proxy's metrics (`prometheus-client`), exposed at `/metrics` in the OpenMetrics text format
-//! (which Prometheus scrapes natively) and read back for `/health` and [`super::ProxyStats`].
+//! (which Prometheus scrapes natively) and read back for `/health` and [`ProxyStats`].
 
 use std::sync::atomic::AtomicI64;
 
@@ -120,6 +120,52 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Counters of a proxy (a snapshot of its metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ProxyStats {
+    /// Turns turned into `interactions` events.
+    pub turns_captured: u64,
+    /// Turns sent to `dead_letters` instead (an upstream answer that cannot be recorded, a duplicate turn).
+    pub dead_letters: u64,
+    /// Requests the upstream answered with an error status (passed through, no event).
+    pub upstream_errors: u64,
+    /// Requests the upstream could not be reached for (502).
+    pub upstream_unreachable: u64,
+    /// Captured turns whose token ids/log-probs were invalid and dropped (event kept, with a note).
+    pub token_rejected: u64,
+    /// Events acknowledged by Kafka (direct or replayed).
+    pub events_emitted: u64,
+    /// Events written to the spool.
+    pub events_spooled: u64,
+    /// Spooled events replayed to Kafka.
+    pub events_replayed: u64,
+    /// Events lost (queue full, spool full, spool errors), all reasons.
+    pub events_dropped: u64,
+    /// Bytes in the spool now.
+    pub spool_bytes: u64,
+    /// Events in the spool now.
+    pub spool_events: u64,
+}
+
+impl ProxyStats {
+    /// Reads the counters from a proxy's metrics ([`crate::serve::proxy::Proxy::metrics`]).
+    pub fn of(m: &Metrics) -> ProxyStats {
+        ProxyStats {
+            turns_captured: m.turns_of("captured"),
+            dead_letters: m.turns_of("dead_letter"),
+            upstream_errors: m.turns_of("upstream_error"),
+            upstream_unreachable: m.turns_of("upstream_unreachable"),
+            token_rejected: m.token_capture.get(&vec![("kind", "rejected".to_string())]).map(|c| c.get()).unwrap_or(0),
+            events_emitted: m.emitted.get(),
+            events_spooled: m.spooled.get(),
+            events_replayed: m.replayed.get(),
+            events_dropped: m.dropped_total(),
+            spool_bytes: m.spool_bytes.get().max(0) as u64,
+            spool_events: m.spool_events.get().max(0) as u64,
+        }
     }
 }
 

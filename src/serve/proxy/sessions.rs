@@ -2,8 +2,10 @@
 //! session id, turn counters and captured turn indices for sessions with one, and (Responses API)
 //! the captured responses a later `previous_response_id` chains on. Pure code, unit-tested below.
 
-use super::capture::TurnMeta;
-use crate::ingest::sessions::{Lru, SessionInferrer};
+use lru::LruCache;
+
+use super::request::TurnMeta;
+use crate::ingest::sessions::{lru_cache, SessionInferrer};
 use crate::schema::Message;
 
 /// Per-process session bookkeeping: inference for requests without a session id, turn counters
@@ -11,13 +13,13 @@ use crate::schema::Message;
 #[derive(Debug)]
 pub struct Sessions {
     inferrer: SessionInferrer,
-    counters: Lru<String, i32>,
+    counters: LruCache<String, i32>,
     /// Turn indices captured per session, as sorted disjoint half-open ranges (a session whose turns
     /// are numbered 0, 1, 2, ... holds one range).
-    recorded: Lru<String, Vec<(i32, i32)>>,
+    recorded: LruCache<String, Vec<(i32, i32)>>,
     /// Captured responses by response id: what each turn added to the conversation (its new input and
     /// its response) and the response it continued, so a chain is rebuilt by walking back.
-    responses: Lru<String, ResponseLink>,
+    responses: LruCache<String, ResponseLink>,
 }
 
 /// One captured response of a `previous_response_id` chain.
@@ -84,9 +86,9 @@ impl Sessions {
     pub fn new(capacity: usize) -> Sessions {
         Sessions {
             inferrer: SessionInferrer::new(capacity),
-            counters: Lru::new(capacity),
-            recorded: Lru::new(capacity),
-            responses: Lru::new(capacity.min(MAX_CHAINED_RESPONSES)),
+            counters: lru_cache(capacity),
+            recorded: lru_cache(capacity),
+            responses: lru_cache(capacity.min(MAX_CHAINED_RESPONSES)),
         }
     }
 

@@ -1,0 +1,235 @@
+//! Gathering an ablation's results: every finished arm's markers, checkpoint manifests and
+//! evaluations read back into the rows of the results tables ([`super::results`]), and those tables
+//! written as Parquet.
+
+use std::path::Path;
+
+use super::collect::CollectReport;
+use super::config::{AblationConfig, ResolvedArm};
+use super::eval::{sample_advantages, VersionEval};
+use super::layout::{read_marker, AgreementMarker, BaseEval, EvalMarker, Layout, ReplayMarker, StagesMarker, TrainMarker};
+use super::plan::{data_pipelines, evaluated_versions, judge_groups, Stream};
+use super::results::*;
+use crate::error::Result;
+use crate::lake::Lake;
+use crate::stages::train::query_samples;
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let (mut s, mut n) = (0.0, 0usize);
+    for x in v {
+        s += x;
+        n += 1;
+    }
+    (n > 0).then(|| s / n as f64)
+}
+
+/// The `checkpoint_metrics` row of one evaluated version.
+fn checkpoint_row(arm: &str, e: &VersionEval, problems: usize) -> CheckpointRow {
+    let h = &e.heldout;
+    let hm = |f: fn(&HeldoutRow) -> f64| mean(h.iter().map(f));
+    CheckpointRow {
+        arm: arm.into(),
+        version: e.version,
+        step: e.step,
+        interactions_seen: e.interactions_seen,
+        samples_seen: e.samples_seen,
+        score: e.score.fraction_all_satisfied,
+        accuracy: e.score.accuracy,
+        eval_problems: problems as i64,
+        heldout_samples: h.len() as i64,
+        heldout_loss: hm(|r| r.loss),
+        heldout_pg_loss: hm(|r| r.pg_loss),
+        heldout_advantage: hm(|r| r.advantage),
+        heldout_ppo_kl: hm(|r| r.ppo_kl),
+        heldout_entropy: hm(|r| r.entropy),
+        heldout_topk_kl: hm(|r| r.topk_kl),
+        gap_samples: e.gaps.len() as i64,
+        teacher_gap: mean(e.gaps.iter().map(|g| g.gap)),
+        student_logprob: mean(e.gaps.iter().map(|g| g.student_logprob)),
+    }
+}
+
+/// Gathers every finished arm's files into results rows (used by the report).
+pub(crate) struct Gathered {
+    pub arms: Vec<ArmRow>,
+    pub checkpoints: Vec<CheckpointRow>,
+    pub preferences: Vec<PreferenceRow>,
+    pub heldout: Vec<HeldoutRow>,
+    pub gaps: Vec<GapRow>,
+    pub steps: Vec<StepRow>,
+    pub advantages: Vec<AdvantageRow>,
+    pub responses: Vec<ResponseRow>,
+    pub agreement: Vec<AgreementRow>,
+    pub judge_sessions: Vec<JudgeSessionRow>,
+    pub stage_counts: Vec<StageCountRow>,
+    pub timings: Vec<TimingRow>,
+    pub missing: Vec<String>,
+    pub collect: Option<CollectReport>,
+    pub replayed: u64,
+}
+
+pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, problems: usize) -> Result<Gathered> {
+    let state = lay.state();
+    let lake = Lake::open(lay.lake())?;
+    let mut g = Gathered {
+        arms: vec![],
+        checkpoints: vec![],
+        preferences: vec![],
+        heldout: vec![],
+        gaps: vec![],
+        steps: vec![],
+        advantages: vec![],
+        responses: vec![],
+        agreement: vec![],
+        judge_sessions: vec![],
+        stage_counts: vec![],
+        timings: vec![],
+        missing: vec![],
+        collect: read_marker::<CollectReport>(&state.join("collect.json"))?,
+        replayed: read_marker::<ReplayMarker>(&state.join("replay.json"))?.map_or(0, |r| r.rows),
+    };
+    if let Some(c) = &g.collect {
+        g.timings.push(TimingRow { phase: "collect".into(), name: String::new(), seconds: c.seconds });
+    }
+    if let Some(r) = read_marker::<ReplayMarker>(&state.join("replay.json"))? {
+        g.timings.push(TimingRow { phase: "replay".into(), name: String::new(), seconds: r.seconds });
+    }
+    for arm in data_pipelines(arms) {
+        if let Some(m) = read_marker::<StagesMarker>(&state.join(format!("data-{}.json", arm.data_pipeline)))? {
+            for (stage, c) in &m.counts {
+                for (outcome, n) in c {
+                    g.stage_counts.push(StageCountRow { data_pipeline: m.pipeline.clone(), stage: stage.clone(), outcome: outcome.clone(), count: *n as i64 });
+                }
+            }
+            g.timings.push(TimingRow { phase: "stages".into(), name: m.pipeline.clone(), seconds: m.seconds });
+        }
+    }
+    if let Some(v) = read_marker::<serde_json::Value>(&state.join("agreement-ingest.json"))? {
+        g.timings.push(TimingRow { phase: "agreement_ingest".into(), name: String::new(), seconds: v["seconds"].as_f64().unwrap_or(0.0) });
+    }
+    for (_, arm, _) in judge_groups(arms)? {
+        if let Some(m) = read_marker::<AgreementMarker>(&state.join(format!("agreement-{}.json", arm.data_pipeline)))? {
+            g.timings.push(TimingRow { phase: "agreement".into(), name: arm.data_pipeline.clone(), seconds: m.seconds });
+            g.agreement.push(m.row);
+            g.judge_sessions.extend(m.sessions);
+        }
+    }
+    if let Some(b) = read_marker::<BaseEval>(&state.join("base-eval.json"))? {
+        g.timings.push(TimingRow { phase: "eval".into(), name: "v0 (shared)".into(), seconds: b.seconds });
+    }
+    for arm in arms {
+        let dir = lay.arm(&arm.name);
+        let Some(t) = read_marker::<TrainMarker>(&dir.join("train.json"))? else {
+            g.missing.push(arm.name.clone());
+            continue;
+        };
+        let vs = evaluated_versions(cfg, lay, &arm.name, &stream.rank)?;
+        let mut evals = vec![];
+        let mut eval_times = vec![];
+        for (version, ..) in &vs {
+            match read_marker::<EvalMarker>(&dir.join("eval").join(format!("v{version}.json")))? {
+                Some(m) => {
+                    eval_times.push(TimingRow { phase: "eval".into(), name: format!("{} v{version}", arm.name), seconds: m.seconds });
+                    evals.push(m.eval);
+                }
+                None => break,
+            }
+        }
+        if evals.len() != vs.len() {
+            g.missing.push(arm.name.clone());
+            continue;
+        }
+        g.timings.push(TimingRow { phase: "train".into(), name: arm.name.clone(), seconds: t.seconds });
+        g.timings.extend(eval_times);
+        let p = &arm.pipeline;
+        g.arms.push(ArmRow {
+            arm: arm.name.clone(),
+            group: arm.group.clone(),
+            method: p.method.as_str().into(),
+            overrides: serde_json::to_string(&arm.overrides)?,
+            data_pipeline: arm.data_pipeline.clone(),
+            data_hash: arm.data_hash.clone(),
+            config_hash: arm.config_hash.clone(),
+            trainer_hash: arm.trainer_hash.clone(),
+            seed: p.trainer.seed as i64,
+            initial_weights: p.policy.model.display().to_string(),
+            batch_size: p.trainer.batch_size as i64,
+            lr: p.trainer.lr,
+            lora: p.trainer.lora.enabled,
+            w_rl: p.trainer.w_rl,
+            w_opd: p.trainer.w_opd,
+            opd_loss: p.trainer.opd_loss.as_str().into(),
+            top_k: p.teacher.top_k as i64,
+            hint_strategy: p.hint.strategy.as_str().into(),
+            judge_m: i64::from(p.judge.m),
+            hint_m: i64::from(p.hint.m),
+            steps: t.steps,
+            train_sql: t.train_sql.clone(),
+            sample_ids: t.sample_ids.clone(),
+            interaction_ids: t.interaction_ids.clone(),
+            sample_types: t.sample_types.clone(),
+        });
+        // steps from the manifests
+        for (_, m) in crate::trainer::scan(&lay.checkpoints(&arm.name).join(&arm.name))?.complete {
+            for s in m.metrics {
+                g.steps.push(StepRow {
+                    arm: arm.name.clone(),
+                    step: s.step,
+                    loss: s.metrics.loss,
+                    pg_loss: s.metrics.pg_loss,
+                    clip_fraction: s.metrics.clip_fraction,
+                    ppo_kl: s.metrics.ppo_kl,
+                    kl: s.metrics.kl,
+                    entropy: s.metrics.entropy,
+                    topk_kl: s.metrics.topk_kl,
+                    grad_norm: s.grad_norm,
+                    advantage_by_type: serde_json::to_string(&s.metrics.advantage_by_type)?,
+                    samples: s.metrics.samples,
+                    tokens: s.metrics.tokens,
+                });
+            }
+        }
+        // advantages of the training samples, in training order
+        let samples = query_samples(&lake, &t.train_sql).await?;
+        let adv = sample_advantages(p.method, &p.trainer, &samples)?;
+        for (k, (s, a)) in samples.iter().zip(adv).enumerate() {
+            g.advantages.push(AdvantageRow {
+                arm: arm.name.clone(),
+                position: k as i64,
+                sample_id: s.sample_id.clone(),
+                interaction_id: s.interaction_id.clone(),
+                sample_type: s.sample_type.as_str().into(),
+                reward: f64::from(s.reward),
+                advantage: a,
+                tokens: s.loss_mask.iter().filter(|m| **m != 0).count() as i64,
+            });
+        }
+        for e in evals {
+            g.checkpoints.push(checkpoint_row(&arm.name, &e, problems));
+            for (pref, rate) in &e.score.per_preference_rate {
+                g.preferences.push(PreferenceRow { arm: arm.name.clone(), version: e.version, preference: pref.clone(), rate: *rate });
+            }
+            g.heldout.extend(e.heldout);
+            g.gaps.extend(e.gaps);
+            g.responses.extend(e.responses);
+        }
+    }
+    Ok(g)
+}
+
+/// Writes every results table.
+pub(crate) fn write_results(g: &Gathered, dir: &Path) -> Result<()> {
+    write_table(dir, "arms", &g.arms)?;
+    write_table(dir, "checkpoint_metrics", &g.checkpoints)?;
+    write_table(dir, "preference_rates", &g.preferences)?;
+    write_table(dir, "heldout_losses", &g.heldout)?;
+    write_table(dir, "teacher_gaps", &g.gaps)?;
+    write_table(dir, "steps", &g.steps)?;
+    write_table(dir, "advantages", &g.advantages)?;
+    write_table(dir, "responses", &g.responses)?;
+    write_table(dir, "judge_agreement", &g.agreement)?;
+    write_table(dir, "judge_sessions", &g.judge_sessions)?;
+    write_table(dir, "stage_counts", &g.stage_counts)?;
+    write_table(dir, "timings", &g.timings)?;
+    Ok(())
+}

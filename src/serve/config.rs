@@ -1,0 +1,60 @@
+//! The `[serve]` table of a pipeline: the policy server `nextstate run` starts, or the external
+//! servers it reloads with each checkpoint ([`super::reload`]). Kept apart from the server code so the
+//! pipeline configuration and the reloader can name it without depending on each other.
+
+use serde::{Deserialize, Serialize};
+
+/// The policy server run by `nextstate run` (`[serve]`), or the external one to reload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0 = any free port).
+    pub port: u16,
+    /// Most concurrent requests generated together.
+    pub max_batch: usize,
+    /// Milliseconds the worker waits for more requests to join a batch.
+    pub batch_window_ms: u64,
+    /// Token limit of requests that set none.
+    pub default_max_tokens: usize,
+    /// Returned log-probs: `raw` (the policy's own log-softmax, what the trainer's forward pass
+    /// computes: PPO ratios start at 1) or `sampling` (the tempered/truncated distribution).
+    pub logprobs_mode: String,
+    /// How external servers are made to load each checkpoint: `nextstate` (`POST /v1/reload`), `none`,
+    /// `vllm-lora`, `vllm-disk`, `sglang-lora`, `sglang-disk` (`sglang` is its old name). Requests and
+    /// engine docs: [`crate::serve::reload`]. An in-process `serve` task is always reloaded in place.
+    pub reload: String,
+    /// URL of the external policy server (for the proxy's upstream, and for reloads when
+    /// `reload_urls` is empty).
+    pub url: Option<String>,
+    /// The servers to reload with each checkpoint (any number; each gets every version in order).
+    /// Empty: `url`. `url` itself is not reloaded when this is set (it may be a load balancer).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reload_urls: Vec<String>,
+    /// Whole-request timeout of one reload call, seconds (default 600: a full model read from disk
+    /// takes minutes on large models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reload_timeout_s: Option<u64>,
+    /// Serve https with this certificate chain and key (`[serve.tls] cert_file`, `key_file`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::net::ServerTls>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            host: "127.0.0.1".into(),
+            port: 30001,
+            max_batch: 8,
+            batch_window_ms: 10,
+            default_max_tokens: 512,
+            logprobs_mode: "raw".into(),
+            reload: "nextstate".into(),
+            url: None,
+            reload_urls: Vec::new(),
+            reload_timeout_s: None,
+            tls: None,
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The capture proxy's settings ([`ProxyOptions`]), the library form of `nextstate proxy`'s flags.
+
+use std::time::Duration;
+
+use super::emit::{EmitterConfig, SpoolConfig};
+use crate::schema::TurnType;
+
+/// Proxy settings (library form of [`crate::serve::proxy::ProxyArgs`]).
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// Base URL of the upstream server (`http://host:port`; a trailing `/` or `/v1` is removed).
+    pub upstream: String,
+    /// Require `Authorization: Bearer KEY` from clients on every route but `/health`.
+    pub api_key: Option<String>,
+    /// Bearer key for the upstream. When `None` and `api_key` is `None`, the client's own
+    /// `Authorization` header is forwarded.
+    pub upstream_api_key: Option<String>,
+    /// Turn type of requests that do not say (METHOD.md §1).
+    pub default_turn_type: TurnType,
+    /// Spool folder and bound.
+    pub spool: SpoolConfig,
+    /// Emitter queue, timeouts and retries.
+    pub emitter: EmitterConfig,
+    /// Largest accepted request body, bytes (larger → 413).
+    pub max_body_bytes: usize,
+    /// Ask the upstream for token ids with `return_token_ids: true` (see module docs).
+    pub request_token_ids: bool,
+    /// `logprobs_mode` sent upstream when the client sent none (`None`: upstream default).
+    pub logprobs_mode: Option<String>,
+    /// Longest silence from the upstream (waiting for headers or between chunks) before the request
+    /// fails.
+    pub upstream_idle_timeout: Duration,
+    /// TCP connect timeout to the upstream.
+    pub connect_timeout: Duration,
+    /// Turns remembered for session inference and sessions whose turn counters are kept (LRU).
+    pub session_capacity: usize,
+    /// The versions a reloader of this process confirmed per server
+    /// ([`crate::serve::reload::LoadedVersions`]): a turn whose upstream reports no policy version
+    /// (neither body `policy_version` nor `X-Policy-Version`, as vLLM and SGLang) gets the upstream's
+    /// confirmed version when no reload overlapped the request and, for a LoRA kind, the request named
+    /// the loaded adapter; else it stays unknown. `None`: no such fallback.
+    pub upstream_versions: Option<crate::serve::reload::LoadedVersions>,
+}
+
+impl ProxyOptions {
+    /// Defaults for `upstream`: no auth, turn type `main`, spool `.cache/proxy-spool` bounded to
+    /// 256 MiB, 16 MiB bodies, token ids requested, 600 s upstream idle timeout, 5 s connect timeout,
+    /// 100,000 sessions.
+    pub fn new(upstream: impl Into<String>) -> ProxyOptions {
+        ProxyOptions {
+            upstream: upstream.into(),
+            api_key: None,
+            upstream_api_key: None,
+            default_turn_type: TurnType::Main,
+            spool: SpoolConfig::new(".cache/proxy-spool", 256 << 20),
+            emitter: EmitterConfig::default(),
+            max_body_bytes: 16 << 20,
+            request_token_ids: true,
+            logprobs_mode: None,
+            upstream_idle_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(5),
+            session_capacity: crate::ingest::sessions::DEFAULT_CAPACITY,
+            upstream_versions: None,
+        }
+    }
+}
+
+/// `http://h:p/`, `http://h:p/v1` → `http://h:p`.
+pub(super) fn upstream_base(url: &str) -> String {
+    let t = url.trim().trim_end_matches('/');
+    t.strip_suffix("/v1").unwrap_or(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls_are_normalised() {
+        assert_eq!(upstream_base("http://h:1/"), "http://h:1");
+        assert_eq!(upstream_base("http://h:1/v1/"), "http://h:1");
+        assert_eq!(upstream_base(" http://h:1/v1"), "http://h:1");
+        assert_eq!(upstream_base("http://h:1/api"), "http://h:1/api");
+    }
+}

@@ -1,0 +1,245 @@
+//! The capture proxy's HTTP handlers: auth and request counting, the capture routes (one request
+//! forwarded upstream and its turn captured), `/v1/models`, `/health` and `/metrics`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc;
+
+use super::apis::{self, Api};
+use super::capture;
+use super::metrics::ProxyStats;
+use super::relay::{pump_stream, StreamedTurn};
+use super::request::{prepare_request, strip_logprobs, Rejected};
+use super::state::{capture, reloaded_version, submit_dead, turn_request, Shared};
+use super::streams::Accumulator;
+use super::upstream::{respond, response_headers, with_auth, X_API_KEY};
+use crate::schema::now_ms;
+use crate::serve::openai::error_body;
+use crate::serve::VERSION_HEADER;
+
+/// A JSON error answer of the proxy itself (OpenAI error shape).
+fn api_error(status: StatusCode, message: &str, kind: &str) -> Response {
+    (status, Json(error_body(message, kind, None))).into_response()
+}
+
+/// A 4xx for a refused request: `error.code` is the reason code.
+fn rejected(s: &Shared, r: &Rejected) -> Response {
+    s.metrics.turn("bad_request");
+    tracing::info!(code = r.code, reason = %r.message, "proxy: request refused");
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, Json(error_body(&r.message, "invalid_request_error", Some(r.code)))).into_response()
+}
+
+/// The metrics label of a request path.
+fn route_of(path: &str) -> &'static str {
+    if let Some(api) = [Api::ChatCompletions, Api::Responses, Api::Messages].into_iter().find(|a| a.path() == path) {
+        return api.route();
+    }
+    match path {
+        "/v1/models" => "models",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        _ => "other",
+    }
+}
+
+/// Auth (constant-time) on every route but `/health`: `Authorization: Bearer KEY`, or `x-api-key:
+/// KEY` as Anthropic clients send it; counts every response by route/status.
+pub(super) async fn auth_and_count(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let route = route_of(req.uri().path());
+    if let Some(key) = &s.opts.api_key {
+        if route != "health" {
+            let h = req.headers();
+            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+            let x_key = h.get(X_API_KEY).and_then(|v| v.to_str().ok()).unwrap_or("");
+            // Either header may carry the key (both compared, in constant time).
+            let ok = bearer.as_bytes().ct_eq(key.as_bytes()) | x_key.as_bytes().ct_eq(key.as_bytes());
+            if !bool::from(ok) {
+                s.metrics.request(route, 401);
+                return api_error(StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error");
+            }
+        }
+    }
+    let r = next.run(req).await;
+    s.metrics.request(route, r.status().as_u16());
+    r
+}
+
+/// The 502 for an upstream that could not be reached (counted as outcome `upstream_unreachable`).
+fn unreachable_error(s: &Shared, e: &reqwest::Error) -> Response {
+    s.metrics.turn("upstream_unreachable");
+    let what = if e.is_timeout() { "timed out" } else if e.is_connect() { "refused the connection" } else { "failed" };
+    tracing::warn!(upstream = %s.base, error = %e, "proxy: upstream {what}");
+    api_error(StatusCode::BAD_GATEWAY, &format!("upstream {} {what}: {e}", s.base), "upstream_error")
+}
+
+/// `POST /v1/chat/completions`: forwarded and captured.
+pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    forward(Api::ChatCompletions, s, headers, body).await
+}
+
+/// `POST /v1/responses`: forwarded and captured.
+pub(super) async fn responses(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    forward(Api::Responses, s, headers, body).await
+}
+
+/// `POST /v1/messages`: forwarded and captured.
+pub(super) async fn messages(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    forward(Api::Messages, s, headers, body).await
+}
+
+/// Forwards one request of `api` to the upstream and captures its turn (see the module docs).
+async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    let t0 = Instant::now();
+    let received_ms = now_ms();
+    let raw = match body {
+        Ok(b) => b,
+        Err(e) => {
+            s.metrics.turn("bad_request");
+            let kind = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { "invalid_request_error" } else { "server_error" };
+            return api_error(e.status(), &e.body_text(), kind);
+        }
+    };
+    let prepared = match prepare_request(api, &headers, &raw, &s.rewrite) {
+        Ok(p) => p,
+        Err(r) => return rejected(&s, &r),
+    };
+    // An explicit session and turn index that this proxy already captured: a duplicate turn.
+    if let (Some(id), Some(turn)) = (&prepared.meta.session_id, prepared.meta.turn_index) {
+        if s.sessions.lock().unwrap_or_else(|p| p.into_inner()).is_recorded(id, turn) {
+            let message = format!("turn {turn} of session {id:?} was already captured by this proxy");
+            return rejected(&s, &Rejected { status: 409, code: "duplicate_turn", message });
+        }
+    }
+    let req = turn_request(&s, api, &prepared, received_ms);
+    let reloads_before = s.opts.upstream_versions.as_ref().map(|l| l.get(&s.base));
+    let mut rb = s.client.post(format!("{}{}", s.base, api.path())).header(header::CONTENT_TYPE, "application/json").body(prepared.upstream_body);
+    if prepared.stream {
+        rb = rb.header(header::ACCEPT, "text/event-stream");
+    }
+    rb = with_auth(&s.opts, api, &headers, rb);
+    let resp = match rb.send().await {
+        Ok(r) => r,
+        Err(e) => return unreachable_error(&s, &e),
+    };
+    let status = resp.status().as_u16();
+    let header_version = resp.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok());
+    let out_headers = response_headers(resp.headers());
+    let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+    if (200..300).contains(&status) && is_sse {
+        let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
+        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, reloads_before, t0 };
+        tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
+        return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    }
+    let body = match resp.bytes().await {
+        Ok(b) => b,
+        Err(e) => return unreachable_error(&s, &e),
+    };
+    if !(200..300).contains(&status) {
+        s.metrics.turn("upstream_error");
+        s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+        return respond(status, out_headers, Body::from(body));
+    }
+    let mut out = body.clone();
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(mut v) => {
+            match apis::completed(api, &v) {
+                Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
+                Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &body)),
+            }
+            if !prepared.client_wants_logprobs && strip_logprobs(&mut v) {
+                match serde_json::to_vec(&v) {
+                    Ok(b) => out = Bytes::from(b),
+                    Err(e) => tracing::error!(error = %e, "proxy: re-serialising the response failed; returned it with log-probs"),
+                }
+            }
+        }
+        // Passed through unchanged (e.g. a `NaN` log-prob: clients whose parser accepts it still get
+        // their answer); the turn becomes a dead letter.
+        Err(e) => submit_dead(&s, &capture::dead_response("malformed_json", format!("upstream response of {} bytes is not JSON: {e}", body.len()), &req, &body)),
+    }
+    s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+    respond(status, out_headers, Body::from(out))
+}
+
+/// `GET /v1/models`: the upstream's list, passed through.
+pub(super) async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let rb = s.client.get(format!("{}/v1/models", s.base));
+    // Anthropic clients list models with their own headers.
+    let anthropic = headers.contains_key(X_API_KEY) || headers.contains_key("anthropic-version");
+    let rb = with_auth(&s.opts, if anthropic { Api::Messages } else { Api::ChatCompletions }, &headers, rb);
+    let resp = match rb.send().await {
+        Ok(r) => r,
+        Err(e) => return api_error(StatusCode::BAD_GATEWAY, &format!("upstream {}: {e}", s.base), "upstream_error"),
+    };
+    let status = resp.status().as_u16();
+    let h = response_headers(resp.headers());
+    match resp.bytes().await {
+        Ok(b) => respond(status, h, Body::from(b)),
+        Err(e) => api_error(StatusCode::BAD_GATEWAY, &format!("upstream {}: {e}", s.base), "upstream_error"),
+    }
+}
+
+/// `GET /health`: upstream reachability, Kafka state and the counters (503 while the upstream is
+/// unreachable).
+pub(super) async fn health(State(s): State<Arc<Shared>>) -> Response {
+    let mut rb = s.client.get(format!("{}/v1/models", s.base)).timeout(Duration::from_secs(2));
+    if let Some(k) = &s.opts.upstream_api_key {
+        rb = rb.bearer_auth(k);
+    }
+    let t = Instant::now();
+    let (reachable, up_status, error) = match rb.send().await {
+        Ok(r) => (true, Some(r.status().as_u16()), None),
+        Err(e) => (false, None, Some(e.to_string())),
+    };
+    let m = &s.metrics;
+    let st = ProxyStats::of(m);
+    let kafka_up = m.kafka_up.get() == 1;
+    let status = if !reachable {
+        "upstream_unreachable"
+    } else if !kafka_up {
+        "spooling"
+    } else {
+        "ok"
+    };
+    let body = json!({
+        "status": status,
+        "version": env!("CARGO_PKG_VERSION"),
+        "upstream": {"url": s.base, "reachable": reachable, "status": up_status, "latency_ms": t.elapsed().as_secs_f64() * 1e3, "error": error},
+        "kafka_up": kafka_up,
+        "spool": {"dir": s.opts.spool.dir, "bytes": st.spool_bytes, "events": st.spool_events, "max_bytes": s.opts.spool.max_bytes},
+        "events": {"emitted": st.events_emitted, "spooled": st.events_spooled, "replayed": st.events_replayed, "dropped": st.events_dropped},
+        "turns": {"captured": st.turns_captured, "dead_letters": st.dead_letters, "upstream_errors": st.upstream_errors,
+            "upstream_unreachable": st.upstream_unreachable, "token_rejected": st.token_rejected},
+    });
+    let code = if reachable { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(body)).into_response()
+}
+
+/// `GET /metrics`: the OpenMetrics text exposition.
+pub(super) async fn metrics_text(State(s): State<Arc<Shared>>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_for_metrics() {
+        assert_eq!(route_of("/v1/chat/completions"), "chat_completions");
+        assert_eq!(route_of("/nope"), "other");
+    }
+}

@@ -1,0 +1,124 @@
+//! Relaying an upstream SSE stream: forwarded to the client as it arrives (log-probs removed when
+//! the client did not ask for them), assembled into a turn on the way, recorded when it ends.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::apis::Api;
+use super::capture::{self, TurnRequest};
+use super::request::strip_logprobs;
+use super::response::NoTurn;
+use super::sse::{SseEvent, SseFramer};
+use super::state::{capture, reloaded_version, submit_dead, Shared};
+use super::streams::Accumulator;
+
+/// Feeds one SSE event to the accumulator; returns the bytes to forward to the client.
+pub(super) fn relay_event(acc: &mut Accumulator, ev: SseEvent, strip: bool) -> Vec<u8> {
+    let Some(data) = &ev.data else { return ev.raw };
+    if data.trim() == "[DONE]" {
+        acc.done_marker();
+        return ev.raw;
+    }
+    match serde_json::from_str::<Value>(data) {
+        Ok(mut v) => {
+            acc.push(&v);
+            if strip && strip_logprobs(&mut v) {
+                SseEvent::with_data(&v.to_string())
+            } else {
+                ev.raw
+            }
+        }
+        Err(e) => {
+            acc.unreadable_chunk(&e);
+            ev.raw
+        }
+    }
+}
+
+/// A streamed turn being relayed: its request, the accumulator of its API, whether log-probs are
+/// removed from what the client gets, the upstream's `X-Policy-Version` and when the request arrived.
+pub(super) struct StreamedTurn {
+    pub(super) req: TurnRequest,
+    pub(super) api: Api,
+    pub(super) acc: Accumulator,
+    pub(super) strip: bool,
+    pub(super) header_version: Option<i64>,
+    /// The reloader's record of the upstream when the request was sent (see
+    /// [`ProxyOptions::upstream_versions`]).
+    pub(super) reloads_before: Option<crate::serve::reload::ServerVersion>,
+    pub(super) t0: Instant,
+}
+
+/// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
+/// records the turn when the stream ends with a finish reason.
+pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
+    let StreamedTurn { req, api, mut acc, strip, header_version, reloads_before, t0 } = turn;
+    let mut framer = SseFramer::default();
+    let mut upstream = resp.bytes_stream();
+    let mut failed: Option<&'static str> = None;
+    // The stream's first bytes, for the dead letter of a stream that cannot be recorded.
+    let mut head: Vec<u8> = vec![];
+    'read: while let Some(chunk) = upstream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "proxy: upstream stream broke off");
+                // In the API's own error shape, after a blank line that ends any event cut mid-way.
+                let mut out = if framer.has_partial() { b"\n\n".to_vec() } else { vec![] };
+                out.extend(api.stream_error_event(&format!("upstream stream failed: {e}")));
+                let _ = tx.send(Ok(Bytes::from(out))).await;
+                failed = Some("upstream_error");
+                break;
+            }
+        };
+        head.extend_from_slice(&chunk[..chunk.len().min((64usize << 10).saturating_sub(head.len()))]);
+        let events = framer.push(&chunk);
+        if strip {
+            for ev in events {
+                let out = relay_event(&mut acc, ev, true);
+                if tx.send(Ok(Bytes::from(out))).await.is_err() {
+                    failed = Some("client_disconnected");
+                    break 'read;
+                }
+            }
+        } else {
+            // Forward the bytes as received (no waiting for event boundaries), then assemble.
+            if tx.send(Ok(chunk)).await.is_err() {
+                failed = Some("client_disconnected");
+                break;
+            }
+            for ev in events {
+                relay_event(&mut acc, ev, false);
+            }
+        }
+    }
+    if failed.is_none() {
+        if let Some(ev) = framer.finish() {
+            let out = relay_event(&mut acc, ev, strip);
+            if strip && tx.send(Ok(Bytes::from(out))).await.is_err() {
+                failed = Some("client_disconnected");
+            }
+        }
+    }
+    // Dropping the upstream stream closes its connection: the upstream stops generating.
+    drop(upstream);
+    s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+    match failed {
+        Some(outcome) => s.metrics.turn(outcome),
+        None => match acc.finish() {
+            Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
+            // The upstream's own error: passed to the client, counted, no dead letter (as an error status).
+            Err(nt @ NoTurn::StreamError(_)) => {
+                tracing::warn!(reason = ?nt, "proxy: stream ended without a turn to record");
+                s.metrics.turn(nt.code());
+            }
+            Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &head)),
+        },
+    }
+}

@@ -1,0 +1,302 @@
+//! The batching inference worker: one thread that owns the model, drains queued jobs into batched
+//! generation ([`run_batch`]) or scoring-then-generation ([`run_completions`]) calls, and swaps in
+//! reloaded weights between batches.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{CompletionJob, CompletionOut, Job, JobEvent, PromptInput, Shared, TokenOut, WorkerMsg};
+use crate::model::generate::check_request;
+use crate::model::{GenerationRequest, LanguageModel};
+use crate::{Error, Result};
+
+/// Renders and validates one job; `Err` is (HTTP status, message) for that job alone.
+fn prepare(lm: &LanguageModel, job: &Job) -> std::result::Result<GenerationRequest, (StatusCode, String)> {
+    let chat = lm.chat_template().ok_or((StatusCode::BAD_REQUEST, format!("model {} has no chat template", lm.dir().display())))?;
+    let text = chat.render(&job.messages, job.tools.as_ref(), true, job.template_kwargs.as_ref()).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let prompt_ids = lm.encode(&text).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let mut params = job.params.clone();
+    let mut stops = lm.eos_token_ids().to_vec();
+    stops.extend(job.extra_stop_ids.iter().copied());
+    params.stop_token_ids = Some(stops);
+    let req = GenerationRequest { prompt_ids, params };
+    check_request(&lm.transformer().config, &req).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    if let Some(&bad) = job.extra_stop_ids.iter().find(|&&t| t as usize >= lm.transformer().config.vocab_size) {
+        return Err((StatusCode::BAD_REQUEST, format!("stop token id {bad} outside the vocabulary")));
+    }
+    Ok(req)
+}
+
+/// Runs a batch of chat jobs as one streamed generation; each job gets its own events.
+fn run_batch(lm: &LanguageModel, version: i64, jobs: Vec<Job>, shared: &Shared) {
+    let mut ready: Vec<(Job, GenerationRequest)> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match prepare(lm, &job) {
+            Ok(req) => {
+                let _ = job.events.send(JobEvent::Started { version, prompt_ids: req.prompt_ids.clone() });
+                ready.push((job, req));
+            }
+            Err((status, message)) => {
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.send(JobEvent::Failed { status, message });
+            }
+        }
+    }
+    if ready.is_empty() {
+        return;
+    }
+    let reqs: Vec<GenerationRequest> = ready.iter().map(|(_, r)| r.clone()).collect();
+    let tok = lm.tokenizer();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lm.generate_stream(&reqs, &mut |ev| {
+            let Some((job, _)) = ready.get(ev.request) else { return false };
+            let top = ev.top_logprobs.iter().map(|&(id, lp)| (id, tok.token_bytes(id), lp)).collect();
+            let out = TokenOut { id: ev.token_id, logprob: ev.logprob, bytes: tok.token_bytes(ev.token_id), top, text: ev.text_delta.to_string() };
+            // A closed channel means the client went away: cancel this sequence.
+            job.events.send(JobEvent::Token(out)).is_ok()
+        })
+    }));
+    match result {
+        Ok(Ok(gens)) => {
+            for ((job, _), g) in ready.into_iter().zip(gens) {
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.send(JobEvent::Done(g));
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::error!("generation failed for a batch of {} requests: {e}", ready.len());
+            for (job, _) in ready {
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+                let status = if matches!(e, Error::InvalidInput(_)) { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
+                let _ = job.events.send(JobEvent::Failed { status, message: e.to_string() });
+            }
+        }
+        Err(_) => {
+            tracing::error!("generation panicked for a batch of {} requests", ready.len());
+            for (job, _) in ready {
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.send(JobEvent::Failed { status: StatusCode::INTERNAL_SERVER_ERROR, message: "internal error during generation".into() });
+            }
+        }
+    }
+}
+
+/// The worker thread's loop: serves `lm` as `version` until a shutdown message or until every sender
+/// is gone; a swap message replaces the weights between batches.
+pub(super) fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std::sync::mpsc::Receiver<WorkerMsg>, shared: Arc<Shared>) {
+    let max_batch = shared.opts.max_batch.max(1);
+    let mut pending: VecDeque<WorkerMsg> = VecDeque::new();
+    loop {
+        let msg = match pending.pop_front() {
+            Some(m) => m,
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return,
+            },
+        };
+        match msg {
+            WorkerMsg::Shutdown => return,
+            WorkerMsg::Swap { model, version: v, ack } => {
+                let old = version;
+                lm = model;
+                version = v;
+                shared.version.store(v, Ordering::SeqCst);
+                tracing::info!("policy weights swapped: version {old} -> {v}");
+                let _ = ack.send(old);
+            }
+            WorkerMsg::Job(job) => {
+                let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
+                    WorkerMsg::Job(j) => Ok(*j),
+                    other => Err(other),
+                });
+                run_batch(&lm, version, batch, &shared);
+            }
+            WorkerMsg::Complete(job) => {
+                let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
+                    WorkerMsg::Complete(j) => Ok(*j),
+                    other => Err(other),
+                });
+                run_completions(&lm, version, batch, &shared);
+            }
+        }
+    }
+}
+
+/// `first` and the messages of its kind (`same` returns them, and gives any other back) queued now or
+/// arriving within the batching window, at most `max_batch`. Another kind of message ends the batch and
+/// waits in `pending`, so order is kept and a batch never crosses a swap.
+fn take_batch<T>(
+    first: T,
+    rx: &std::sync::mpsc::Receiver<WorkerMsg>,
+    shared: &Shared,
+    max_batch: usize,
+    pending: &mut VecDeque<WorkerMsg>,
+    same: impl Fn(WorkerMsg) -> std::result::Result<T, WorkerMsg>,
+) -> Vec<T> {
+    let mut batch = vec![first];
+    let deadline = std::time::Instant::now() + shared.opts.batch_window;
+    while batch.len() < max_batch {
+        let wait = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(m) => match same(m) {
+                Ok(j) => batch.push(j),
+                Err(other) => {
+                    pending.push_back(other);
+                    break;
+                }
+            },
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// The log-prob as vLLM writes it: −∞ (and NaN) as −9999.0 (`clamp_prompt_logprobs`).
+fn wire_logprob(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
+
+/// vLLM's `prompt_logprobs` for `ids` from their scores (`scored` scores `ids[1..]` after `ids[..1]`):
+/// `null` for position 0, then per position a map from token id (as a string) to `{logprob, rank,
+/// decoded_token}` holding the prompt token (rank: 1-based, in the whole vocabulary) and the `k` most
+/// likely tokens (ranks 1..=k; a prompt token among them carries its top-K rank, as in vLLM).
+fn prompt_logprobs_json(lm: &LanguageModel, ids: &[u32], scored: Option<&crate::model::ScoredResponse>, k: usize) -> Vec<Value> {
+    let decoded = |id: u32| lm.decode(&[id], false).unwrap_or_default();
+    let mut out = vec![Value::Null];
+    let Some(s) = scored else { return out };
+    for (t, &id) in ids.iter().skip(1).enumerate() {
+        let mut m = serde_json::Map::new();
+        let rank = s.ranks.as_ref().and_then(|r| r.get(t)).copied().unwrap_or(1);
+        m.insert(id.to_string(), json!({"logprob": wire_logprob(s.logprobs[t]), "rank": rank, "decoded_token": decoded(id)}));
+        if let (Some(top_ids), Some(top_lps)) = (&s.topk_ids, &s.topk_logprobs) {
+            for (j, (&tid, &lp)) in top_ids[t].iter().zip(&top_lps[t]).take(k).enumerate() {
+                m.insert(tid.to_string(), json!({"logprob": wire_logprob(lp), "rank": j + 1, "decoded_token": decoded(tid)}));
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    out
+}
+
+/// The prompt ids of a completion job: the ids given (checked against the vocabulary), or the text
+/// tokenised without special tokens.
+fn completion_prompt(lm: &LanguageModel, job: &CompletionJob) -> std::result::Result<Vec<u32>, (StatusCode, String)> {
+    let ids = match &job.prompt {
+        PromptInput::Ids(ids) => ids.clone(),
+        PromptInput::Text(text) => lm.encode(text).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+    };
+    let config = &lm.transformer().config;
+    if ids.is_empty() {
+        return Err((StatusCode::BAD_REQUEST, "empty prompt".into()));
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+        return Err((StatusCode::BAD_REQUEST, format!("token id {bad} outside the vocabulary of {}", config.vocab_size)));
+    }
+    if ids.len() > config.max_position_embeddings {
+        return Err((StatusCode::BAD_REQUEST, format!("prompt of {} tokens exceeds the context of {}", ids.len(), config.max_position_embeddings)));
+    }
+    Ok(ids)
+}
+
+/// The value of a batched model call (`what`) over the jobs `jobs`, or `None` after recording its error
+/// (400 for invalid input, else 500) or panic (500) in `failed` for each of them.
+fn batch_outcome<T>(outcome: std::thread::Result<Result<T>>, what: &str, jobs: &[usize], failed: &mut [Option<(StatusCode, String)>]) -> Option<T> {
+    let (status, message) = match outcome {
+        Ok(Ok(v)) => return Some(v),
+        Ok(Err(e)) => {
+            tracing::error!("{what} failed for a batch of {} completion requests: {e}", jobs.len());
+            let status = if matches!(e, Error::InvalidInput(_)) { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
+            (status, e.to_string())
+        }
+        Err(_) => {
+            tracing::error!("{what} panicked for a batch of {} completion requests", jobs.len());
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("internal error during {what}"))
+        }
+    };
+    for &i in jobs {
+        failed[i] = Some((status, message.clone()));
+    }
+    None
+}
+
+/// Runs a batch of completion jobs: one scoring call ([`LanguageModel::score_ranked`], the code the
+/// local teacher scores with) for the prompts that ask for log-probs, then one generation call for
+/// those with tokens to generate. A job that fails alone gets its own error; a failed call fails the
+/// jobs in it.
+fn run_completions(lm: &LanguageModel, version: i64, jobs: Vec<CompletionJob>, shared: &Shared) {
+    let fail = |job: CompletionJob, status: StatusCode, message: String| {
+        shared.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.reply.send(Err((status, message)));
+    };
+    let mut ready: Vec<(CompletionJob, CompletionOut)> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match completion_prompt(lm, &job) {
+            Ok(prompt_ids) => ready.push((job, CompletionOut { version, prompt_ids, prompt_logprobs: None, generation: None })),
+            Err((status, message)) => fail(job, status, message),
+        }
+    }
+    // Prompt log-probs: position t + 1 scored after ids[..t + 1], as a response after a one-token prompt.
+    let scoring: Vec<usize> = (0..ready.len()).filter(|&i| ready[i].0.prompt_logprobs.is_some() && ready[i].1.prompt_ids.len() > 1).collect();
+    let k_max = scoring.iter().filter_map(|&i| ready[i].0.prompt_logprobs).max().unwrap_or(0);
+    let items: Vec<(Vec<u32>, Vec<u32>)> = scoring.iter().map(|&i| (ready[i].1.prompt_ids[..1].to_vec(), ready[i].1.prompt_ids[1..].to_vec())).collect();
+    let scored = if items.is_empty() {
+        Ok(Ok(vec![]))
+    } else {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lm.score_ranked(&items, k_max)))
+    };
+    let mut failed: Vec<Option<(StatusCode, String)>> = vec![None; ready.len()];
+    if let Some(scores) = batch_outcome(scored, "prompt scoring", &scoring, &mut failed) {
+        let mut by_job: Vec<Option<crate::model::ScoredResponse>> = vec![None; ready.len()];
+        for (&i, sc) in scoring.iter().zip(scores) {
+            by_job[i] = Some(sc);
+        }
+        for ((job, out), sc) in ready.iter_mut().zip(by_job) {
+            if let Some(k) = job.prompt_logprobs {
+                out.prompt_logprobs = Some(prompt_logprobs_json(lm, &out.prompt_ids, sc.as_ref(), k));
+            }
+        }
+    }
+    // Generation for the jobs with tokens to generate.
+    let mut generating = vec![];
+    let mut reqs = vec![];
+    for (i, (job, out)) in ready.iter().enumerate() {
+        if failed[i].is_some() || job.params.max_new_tokens == 0 {
+            continue;
+        }
+        let mut params = job.params.clone();
+        params.stop_token_ids = Some(lm.eos_token_ids().to_vec());
+        let req = GenerationRequest { prompt_ids: out.prompt_ids.clone(), params };
+        match check_request(&lm.transformer().config, &req) {
+            Ok(()) => {
+                generating.push(i);
+                reqs.push(req);
+            }
+            Err(e) => failed[i] = Some((StatusCode::BAD_REQUEST, e.to_string())),
+        }
+    }
+    if !reqs.is_empty() {
+        let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lm.generate_stream(&reqs, &mut |_| true)));
+        if let Some(gens) = batch_outcome(generated, "generation", &generating, &mut failed) {
+            for (&i, g) in generating.iter().zip(gens) {
+                ready[i].1.generation = Some(g);
+            }
+        }
+    }
+    for ((job, out), f) in ready.into_iter().zip(failed) {
+        match f {
+            Some((status, message)) => fail(job, status, message),
+            None => {
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.reply.send(Ok(out));
+            }
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The servers `nextstate run` starts in-process: the policy server (serving the base model, or the
+//! newest checkpoint of a resumed run) and the listeners it and the capture proxy bind.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use crate::bus::Bus;
+use crate::config::PipelineConfig;
+use crate::error::{Error, Result};
+use crate::net::{Listener, ServerTls};
+use crate::runtime::Stop;
+use crate::schema::TurnType;
+use crate::serve::proxy::emit::SpoolConfig;
+use crate::serve::proxy::{Proxy, ProxyOptions, ProxyStats};
+use crate::serve::reload::Reloader;
+use crate::serve::PolicyHandle;
+
+/// A server's task: serves until its stop future resolves.
+pub(super) type ServerTask = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// Binds `host:port` (TLS when `tls`); returns the listener and its `http(s)://host:port` URL.
+///
+/// # Errors
+/// The listener's bind and TLS errors.
+pub(super) async fn bind(host: &str, port: u16, tls: Option<&ServerTls>) -> Result<(Listener, String)> {
+    let l = Listener::bind(host, port, tls).await?;
+    let url = l.url()?;
+    Ok((l, url))
+}
+
+/// Loads the policy (or the newest checkpoint under `resume_run`) and starts the server; returns its
+/// reload handle, URL and the future serving it until `stop`.
+///
+/// # Errors
+/// [`Error::Config`] for a bad device, dtype or `serve.logprobs_mode`; model and checkpoint loading
+/// errors; bind errors.
+pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBuf>, stop: Stop) -> Result<(PolicyHandle, String, ServerTask)> {
+    use crate::model::{LanguageModel, LoadOptions, LogprobMode, Trainable};
+    let device = LoadOptions::parse_device(&cfg.policy.device)?;
+    let load = LoadOptions { device, dtype: LoadOptions::parse_dtype(&cfg.policy.dtype, device)?, trainable: Trainable::Frozen };
+    let latest = match &resume_run {
+        Some(dir) => crate::trainer::latest_complete(dir)?,
+        None => None,
+    };
+    let (lm, version) = {
+        let (load, base) = (load.clone(), cfg.policy.model.clone());
+        let latest = latest.clone();
+        tokio::task::spawn_blocking(move || -> Result<(LanguageModel, i64)> {
+            match latest {
+                Some((path, m)) => {
+                    let mut lm = LanguageModel::load_checkpoint(&path, Some(&base), &load)?;
+                    lm.transformer_mut().merge_lora()?;
+                    Ok((lm, m.version))
+                }
+                None => Ok((LanguageModel::load(&base, &load)?, 0)),
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("model load task: {e}")))??
+    };
+    let logprobs_mode = match cfg.serve.logprobs_mode.as_str() {
+        "raw" => LogprobMode::Raw,
+        "sampling" => LogprobMode::Sampling,
+        other => return Err(Error::Config(format!("serve.logprobs_mode = {other:?} (raw or sampling)"))),
+    };
+    let opts = crate::serve::ServerOptions {
+        model_name: cfg.policy.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "policy".into()),
+        api_key: None,
+        max_body_bytes: 16 << 20,
+        max_batch: cfg.serve.max_batch,
+        batch_window: std::time::Duration::from_millis(cfg.serve.batch_window_ms),
+        default_max_tokens: cfg.serve.default_max_tokens,
+        logprobs_mode,
+        load,
+        base_dir: cfg.policy.model.clone(),
+        threads: cfg.policy.threads,
+    };
+    let server = crate::serve::PolicyServer::start(lm, version, opts)?;
+    let handle = server.handle();
+    let (listener, url) = bind(&cfg.serve.host, cfg.serve.port, cfg.serve.tls.as_ref()).await?;
+    tracing::info!(%url, version, "policy server listening");
+    let mut s = stop;
+    let fut = Box::pin(async move { server.serve(listener, async move { s.wait().await }).await });
+    Ok((handle, url, fut))
+}
+
+/// The capture proxy's task: serves until the sources are closed, then returns its counters.
+pub(super) type ProxyTask = Pin<Box<dyn Future<Output = Result<ProxyStats>> + Send>>;
+
+/// Starts the capture proxy of `[proxy]` in front of `upstream` (the in-process policy server, or
+/// `[serve] url`), producing to `bus`; returns its URL and the future serving it until `source_stop`.
+/// The versions `external` confirms stand in for an upstream's `x-policy-version`.
+///
+/// # Errors
+/// [`Error::Config`] without an upstream, for a bad `proxy.default_turn_type` or an unset
+/// `proxy.api_key_env` variable; bind errors; the proxy's start errors.
+pub(super) async fn start_proxy(cfg: &PipelineConfig, upstream: Option<String>, external: &Reloader, bus: &Bus, source_stop: Stop) -> Result<(String, ProxyTask)> {
+    let upstream = upstream.ok_or_else(|| Error::Config("the proxy needs an upstream: run `serve` too, or set [serve] url".into()))?;
+    let mut popts = ProxyOptions::new(upstream);
+    // External upstream: the versions the reloader confirms stand in for an `x-policy-version`.
+    popts.upstream_versions = Some(external.loaded());
+    popts.default_turn_type = TurnType::parse(&cfg.proxy.default_turn_type)
+        .ok_or_else(|| Error::Config(format!("proxy.default_turn_type must be main or side, got {}", cfg.proxy.default_turn_type)))?;
+    popts.spool = SpoolConfig::new(&cfg.proxy.spool_dir, cfg.proxy.spool_max_bytes);
+    if let Some(env) = &cfg.proxy.api_key_env {
+        popts.api_key = Some(std::env::var(env).map_err(|_| Error::Config(format!("proxy.api_key_env: ${env} is not set")))?);
+    }
+    let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port, cfg.proxy.tls.as_ref()).await?;
+    tracing::info!(%url, "capture proxy listening");
+    let proxy = Proxy::start(popts, bus).await?;
+    let mut s = source_stop;
+    let fut = Box::pin(async move { proxy.serve(listener, async move { s.wait().await }).await });
+    Ok((url, fut))
+}

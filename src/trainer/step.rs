@@ -1,0 +1,369 @@
+//! The [`Trainer`]: the training loop's state (policy, AdamW, step and version counters, the lineage
+//! and metrics since the last checkpoint), one optimizer step per batch ([`Trainer::train_step`]),
+//! fresh start or resume from the newest checkpoint, and the checkpoint written every K steps. What
+//! happens when a step fails on a bad batch is in `recovery.rs`.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::accumulate::{accumulate_gradients, pack_options_for};
+use super::batch::{Dropped, PackOptions};
+use super::checkpoint::{self, ancestry, consumed_sample_ids, latest_complete, scan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
+use super::config::TrainerConfig;
+use super::loss_report::{loss_report, LossReport};
+use super::optim::{AdamW, AdamWConfig};
+use super::policy::{Policy, WeightsFormat};
+use super::outcome::{SkipReason, StepFailure, StepOutcome, WrittenCheckpoint};
+use crate::method::Method;
+use crate::schema::{now_ms, Sample, Table, TrainStep};
+use crate::{config_err, input_err, Error, Result};
+
+/// Where [`Trainer::resume`] started from.
+#[derive(Debug)]
+pub struct Resumed {
+    /// The checkpoint loaded (`None`: no complete checkpoint, fresh start at version 0).
+    pub from: Option<(PathBuf, Manifest)>,
+    /// Sample ids consumed on the path to it: skip these (exactly-once into the trainer).
+    pub consumed: HashSet<String>,
+}
+
+/// The training loop's state: the policy, AdamW, the step and version counters, and the lineage and
+/// metrics gathered since the last checkpoint.
+pub struct Trainer<P: Policy> {
+    pub(super) policy: P,
+    pub(super) reference: Option<Box<dyn Policy>>,
+    pub(super) method: Method,
+    pub(super) cfg: TrainerConfig,
+    pub(super) opt: AdamW,
+    pub(super) writer: CheckpointWriter,
+    pub(super) config_hash: String,
+    pub(super) step: i64,
+    pub(super) version: i64,
+    pub(super) pending_lineage: Vec<LineageEntry>,
+    pub(super) pending_steps: Vec<StepRecord>,
+    /// Positions of samples read from the `samples` topic, by sample id (see [`Trainer::note_positions`]).
+    pub(super) positions: std::collections::HashMap<String, (String, i32, i64)>,
+}
+
+impl<P: Policy> std::fmt::Debug for Trainer<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("run_id", &self.writer.run_id())
+            .field("method", &self.method)
+            .field("step", &self.step)
+            .field("version", &self.version)
+            .field("optimizer", &self.opt)
+            .finish()
+    }
+}
+
+impl<P: Policy> Trainer<P> {
+    /// A fresh trainer at version 0 (the policy's current weights), step 0. Seeds libtorch with
+    /// `cfg.seed` (seed before building the policy too if its initialisation is random, e.g. LoRA).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid configuration, a run folder that already has checkpoints (use
+    /// [`Trainer::resume`]) or a policy without trainable tensors; [`Error::Io`] when the run folder
+    /// cannot be listed.
+    pub fn new(policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<Trainer<P>> {
+        if let Some((path, m)) = latest_complete(writer.run_dir())? {
+            return Err(config_err!("run {} already has checkpoints up to version {} ({}); resume it or choose another run id", writer.run_id(), m.version, path.display()));
+        }
+        Self::fresh(policy, method, cfg, writer)
+    }
+
+    fn fresh(policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<Trainer<P>> {
+        cfg.validate()?;
+        tch::manual_seed(cfg.seed as i64);
+        let opt = AdamW::new(
+            policy.var_store(),
+            AdamWConfig { lr: cfg.lr, beta1: cfg.betas.0, beta2: cfg.betas.1, eps: cfg.adam_eps, weight_decay: cfg.weight_decay },
+        )?;
+        Ok(Trainer {
+            config_hash: cfg.hash(method)?,
+            policy,
+            reference: None,
+            method,
+            cfg,
+            opt,
+            writer,
+            step: 0,
+            version: 0,
+            pending_lineage: Vec::new(),
+            pending_steps: Vec::new(),
+            positions: std::collections::HashMap::new(),
+        })
+    }
+
+    /// Resumes the run from its newest complete checkpoint ([`latest_complete`]): loads the weights
+    /// ([`Policy::load_weights`]) and the AdamW moments and step, sets the step and version counters,
+    /// and returns the consumed sample ids of its [`ancestry`]. Without a checkpoint: a fresh start.
+    /// A changed configuration hash is allowed (logged); a changed method or weights format is not.
+    ///
+    /// # Errors
+    /// As [`Trainer::new`]; [`Error::Config`] when the checkpoint's method or weights format differs;
+    /// the errors of [`Policy::load_weights`] and [`AdamW::load`].
+    pub fn resume(mut policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<(Trainer<P>, Resumed)> {
+        let found = scan(writer.run_dir())?;
+        let Some((path, manifest)) = found.complete.last().cloned() else {
+            let t = Self::fresh(policy, method, cfg, writer)?;
+            return Ok((t, Resumed { from: None, consumed: HashSet::new() }));
+        };
+        if manifest.method != method.as_str() {
+            return Err(config_err!("checkpoint {} was trained with method {}, not {}", path.display(), manifest.method, method.as_str()));
+        }
+        let format = if cfg.lora.enabled { WeightsFormat::Lora } else { WeightsFormat::Full };
+        if manifest.weights_format != format.as_str() {
+            return Err(config_err!("checkpoint {} holds {} weights, the configuration asks for {}", path.display(), manifest.weights_format, format.as_str()));
+        }
+        policy.load_weights(&path, format)?;
+        let mut t = Self::fresh(policy, method, cfg, writer)?;
+        if manifest.config_hash != t.config_hash {
+            tracing::warn!(checkpoint = %path.display(), old = %manifest.config_hash, new = %t.config_hash, "trainer configuration changed since the checkpoint");
+        }
+        t.opt.load(&path.join(&manifest.optimizer.file), manifest.optimizer.step)?;
+        t.step = manifest.step;
+        t.version = manifest.version;
+        let manifests: Vec<Manifest> = found.complete.into_iter().map(|(_, m)| m).collect();
+        let consumed = consumed_sample_ids(ancestry(&manifests, manifest.version));
+        Ok((t, Resumed { from: Some((path, manifest)), consumed }))
+    }
+
+    /// Records where samples were read (`samples` topic, partition, offset) so the checkpoint lineage
+    /// names those positions (exactly-once into the trainer is checked against them).
+    pub fn note_positions(&mut self, positions: impl IntoIterator<Item = (String, (String, i32, i64))>) {
+        self.positions.extend(positions);
+    }
+
+    /// Adds a frozen reference policy for the k3 KL term (needed when `kl_coef ≠ 0`).
+    pub fn with_reference(mut self, reference: Box<dyn Policy>) -> Trainer<P> {
+        self.reference = Some(reference);
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+    /// The policy, mutably (e.g. to hot-swap into a server).
+    pub fn policy_mut(&mut self) -> &mut P {
+        &mut self.policy
+    }
+    /// Optimizer steps taken.
+    pub fn step(&self) -> i64 {
+        self.step
+    }
+    /// Version of the last checkpoint written or resumed (0 = initial weights).
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+    /// The configuration.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.cfg
+    }
+    /// The method.
+    pub fn method(&self) -> Method {
+        self.method
+    }
+    /// The run id.
+    pub fn run_id(&self) -> &str {
+        self.writer.run_id()
+    }
+    /// The optimizer.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    fn weights_format(&self) -> WeightsFormat {
+        if self.cfg.lora.enabled {
+            WeightsFormat::Lora
+        } else {
+            WeightsFormat::Full
+        }
+    }
+
+    pub(super) fn pack_options(&self) -> PackOptions {
+        pack_options_for(&self.policy, self.method, &self.cfg, self.version)
+    }
+
+    pub(super) fn record_lineage(&mut self, samples: &[Sample], dropped: &[Dropped], step: i64) {
+        for (i, s) in samples.iter().enumerate() {
+            let drop = dropped.iter().find(|d| d.index == i);
+            self.pending_lineage.push(LineageEntry {
+                sample_id: s.sample_id.clone(),
+                interaction_id: s.interaction_id.clone(),
+                source_topic: s.source_topic.clone(),
+                source_partition: s.source_partition,
+                source_offset: s.source_offset,
+                policy_version: s.policy_version,
+                sample_topic: self.positions.get(&s.sample_id).map(|p| p.0.clone()),
+                sample_partition: self.positions.get(&s.sample_id).map(|p| p.1),
+                sample_offset: self.positions.get(&s.sample_id).map(|p| p.2),
+                step,
+                trained: drop.is_none(),
+                drop_reason: drop.map(|d| d.reason.as_str().to_string()),
+            });
+        }
+    }
+
+    /// One optimizer step on `samples` (normally `batch_size` of them): pack (dropping bad or stale rows
+    /// with reasons), forward, loss (METHOD.md §6), backward, gradient-norm clipping to `grad_clip`,
+    /// AdamW. Every `checkpoint_every` steps a checkpoint is written ([`Trainer::checkpoint`]). When every
+    /// sample is dropped no step is taken; the dropped samples still enter the lineage.
+    ///
+    /// **A bad batch never stops training**: when the loss or the gradient norm is not finite, or
+    /// libtorch fails in the forward or backward pass, the weights and the AdamW state stay exactly as
+    /// they were, each sample is evaluated alone (forward, loss, backward, gradient norm; no step) to
+    /// find the offenders, and the step is retried once without them. The offenders — or, when none can
+    /// be told apart or the retry fails too, every sample the packer kept — are returned in
+    /// [`StepOutcome::skipped`] and enter the lineage as not trained, with the reason
+    /// ([`SkipReason::as_str`]). A fully skipped step takes no optimizer step and counts no step.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an input the configuration needs and the batch lacks (e.g. a
+    /// reference policy for `kl_coef ≠ 0`) or a policy returning wrongly shaped log-probs;
+    /// [`Error::Internal`] when libtorch failed inside the AdamW update (the weights may be half
+    /// updated); the checkpoint's errors.
+    pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
+        let adam_steps = self.opt.steps();
+        let mut outcome = match self.try_step(samples) {
+            Ok(o) => o,
+            Err(StepFailure::Skip(reason, e)) if self.opt.steps() == adam_steps => self.recover(samples, reason, &e)?,
+            Err(StepFailure::Skip(_, e)) => return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1))),
+            Err(StepFailure::Fatal(e)) => return Err(e),
+        };
+        if outcome.train_step.is_some() && (self.step as u64).is_multiple_of(self.cfg.checkpoint_every) {
+            outcome.checkpoint = self.checkpoint()?;
+        }
+        Ok(outcome)
+    }
+
+    /// [`Trainer::train_step`] without the recovery and without the checkpoint: any failure is an error
+    /// (the non-finite checks zero the gradients before returning).
+    pub(super) fn try_step(&mut self, samples: &[Sample]) -> std::result::Result<StepOutcome, StepFailure> {
+        let started = Instant::now();
+        let step = self.step + 1;
+        self.opt.zero_grad()?;
+        let acc = accumulate_gradients(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, samples)?;
+        let dropped = acc.dropped;
+        let Some(m) = acc.metrics else {
+            self.record_lineage(samples, &dropped, self.step);
+            return Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None, skipped: None });
+        };
+        let rollout_abs_diff = acc.rollout_abs_diff;
+        if !m.loss.is_finite() {
+            self.opt.zero_grad()?;
+            return Err(StepFailure::Skip(
+                SkipReason::NonFiniteLoss,
+                input_err!("step {step}: loss is {} (pg {}, kl {}, entropy {}, top-K {}); weights not updated", m.loss, m.pg_loss, m.kl, m.entropy, m.topk_kl),
+            ));
+        }
+        let grad_norm = self.opt.clip_grad_norm(self.cfg.grad_clip)?;
+        if !grad_norm.is_finite() {
+            self.opt.zero_grad()?;
+            return Err(StepFailure::Skip(SkipReason::NonFiniteGrad, input_err!("step {step}: gradient norm is {grad_norm}; weights not updated")));
+        }
+        self.opt.step()?;
+        self.opt.zero_grad()?;
+        self.step = step;
+        self.record_lineage(samples, &dropped, step);
+        let seconds = started.elapsed().as_secs_f64();
+        self.pending_steps.push(StepRecord {
+            step,
+            metrics: m.clone(),
+            grad_norm,
+            rollout_logprob_abs_diff: rollout_abs_diff,
+            dropped: dropped.len() as i64,
+            seconds,
+        });
+        let run_id = self.writer.run_id().to_string();
+        let row = TrainStep {
+            schema_version: TrainStep::SCHEMA_VERSION,
+            step_id: format!("{run_id}/{step}"),
+            run_id,
+            step,
+            version: self.version + 1,
+            method: self.method.as_str().to_string(),
+            loss: m.loss,
+            pg_loss: m.pg_loss,
+            clip_fraction: m.clip_fraction,
+            ppo_kl: m.ppo_kl,
+            kl: m.kl,
+            entropy: m.entropy,
+            topk_kl: m.topk_kl,
+            rollout_logprob_abs_diff: rollout_abs_diff,
+            grad_norm,
+            advantage_by_type: serde_json::to_string(&m.advantage_by_type).map_err(Error::from)?,
+            samples: m.samples,
+            tokens: m.tokens,
+            seconds,
+            created_time: now_ms(),
+        };
+        Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint: None, skipped: None })
+    }
+
+    /// Writes checkpoint `version + 1` now if any optimizer step was taken since the last one (call it at
+    /// shutdown); `None` otherwise. The manifest holds the steps' metrics and the lineage of every sample
+    /// consumed since the parent.
+    ///
+    /// # Errors
+    /// [`Error::Io`] / [`Error::Torch`] when a file cannot be written; [`Error::Config`] when the version
+    /// folder already exists.
+    pub fn checkpoint(&mut self) -> Result<Option<WrittenCheckpoint>> {
+        if self.pending_steps.is_empty() {
+            return Ok(None);
+        }
+        let format = self.weights_format();
+        let oc = self.opt.config();
+        let mut manifest = Manifest {
+            format: checkpoint::MANIFEST_FORMAT,
+            run_id: self.writer.run_id().to_string(),
+            version: self.version + 1,
+            parent_version: self.version,
+            step: self.step,
+            method: self.method.as_str().to_string(),
+            config_hash: self.config_hash.clone(),
+            weights_format: format.as_str().to_string(),
+            weight_files: Vec::new(),
+            optimizer: OptimizerRecord {
+                kind: "adamw".into(),
+                step: self.opt.steps(),
+                lr: oc.lr,
+                betas: (oc.beta1, oc.beta2),
+                eps: oc.eps,
+                weight_decay: oc.weight_decay,
+                file: checkpoint::OPTIMIZER_FILE.into(),
+            },
+            metrics: self.pending_steps.clone(),
+            lineage: self.pending_lineage.clone(),
+            created_time: now_ms(),
+        };
+        let (policy, opt) = (&mut self.policy, &self.opt);
+        let path = self.writer.write(&mut manifest, |dir| {
+            let files = policy.save_weights(dir, format)?;
+            let opt_path = dir.join(checkpoint::OPTIMIZER_FILE);
+            if let Some(parent) = opt_path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
+            }
+            opt.save(&opt_path)?;
+            Ok(files)
+        })?;
+        self.version = manifest.version;
+        self.pending_steps.clear();
+        self.pending_lineage.clear();
+        let row = manifest.to_row(&path)?;
+        tracing::info!(run = %manifest.run_id, version = manifest.version, step = manifest.step, samples = row.samples, path = %path.display(), "checkpoint written");
+        Ok(Some(WrittenCheckpoint { path, manifest, row }))
+    }
+
+    /// [`loss_report`] with this trainer's policy, reference, method, configuration and version.
+    ///
+    /// # Errors
+    /// As [`loss_report`].
+    pub fn loss_report(&self, samples: &[Sample]) -> Result<LossReport> {
+        let mut r = loss_report(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, samples)?;
+        r.step = self.step;
+        Ok(r)
+    }
+}
