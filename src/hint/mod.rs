@@ -126,23 +126,17 @@ pub const HINT_TEMPLATE: PromptTemplate = PromptTemplate {
 after it. Your job is to find hindsight: something the next message or tool output reveals that the \
 assistant could have used to take a better step in the first place, such as a correction, a preference \
 or requirement the user states, a missing fact, or an error the step could have avoided.",
-    user: "### The user's request (most recent user message and anything after it)
-{{ request }}
-
-### The assistant's step
-{{ response }}
-
-### What came back next ({{ next_state_kind }})
-{{ next_state }}
-
-Does what came back reveal something that, known in advance, would have let the assistant take a \
+    user: concat!(
+        crate::judge::turn_sections!(),
+        "Does what came back reveal something that, known in advance, would have let the assistant take a \
 better step?
 - If yes, write \\boxed{1}, then a hint of one to three sentences between [HINT_START] and [HINT_END]. \
 Address the hint to the assistant as a concrete instruction it could follow before taking the step \
 (for example: \"The user wants the dates in ISO format; convert them before replying.\"). Do not \
 mention that it comes from hindsight or from a later message.
 - If no, write \\boxed{-1} and no hint.
-Write exactly one \\boxed{} value.",
+Write exactly one \\boxed{} value."
+    ),
 };
 
 /// The teacher context (METHOD.md §3): a copy of the turn's request messages with

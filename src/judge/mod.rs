@@ -11,6 +11,7 @@ mod backend;
 mod cache;
 mod parse;
 mod prompt;
+pub(crate) use prompt::turn_sections;
 mod rules;
 mod turn;
 mod voter;

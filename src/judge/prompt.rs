@@ -60,15 +60,12 @@ impl PromptTemplate {
     }
 }
 
-/// Our PRM judge prompt (METHOD.md §2): succeeded → `\boxed{1}`, failed → `\boxed{-1}`, can't tell →
-/// `\boxed{0}`; change requests count negative, successful tool results positive.
-pub const JUDGE_TEMPLATE: PromptTemplate = PromptTemplate {
-    id: "nextstate-prm-v1",
-    system: "You grade a single step taken by an AI assistant. You are shown what the user asked, \
-the step the assistant took (its reply and any tool calls), and what came back right after that step: \
-the user's next message, or the output of the tools or environment. Treat what came back as evidence \
-of whether the step worked. Grade the step, not the user or the tools.",
-    user: "### The user's request (most recent user message and anything after it)
+/// The turn as the judge and the hint judge see it (the user message of [`JUDGE_TEMPLATE`] and
+/// `crate::hint::HINT_TEMPLATE` starts with it): the request, the assistant's step, and what came back
+/// next, each under its heading; a string literal, so each template stays one `&'static str`.
+macro_rules! turn_sections {
+    () => {
+        "### The user's request (most recent user message and anything after it)
 {{ request }}
 
 ### The assistant's step
@@ -77,7 +74,22 @@ of whether the step worked. Grade the step, not the user or the tools.",
 ### What came back next ({{ next_state_kind }})
 {{ next_state }}
 
-Decide whether the assistant's step succeeded.
+"
+    };
+}
+pub(crate) use turn_sections;
+
+/// Our PRM judge prompt (METHOD.md §2): succeeded → `\boxed{1}`, failed → `\boxed{-1}`, can't tell →
+/// `\boxed{0}`; change requests count negative, successful tool results positive.
+pub const JUDGE_TEMPLATE: PromptTemplate = PromptTemplate {
+    id: "nextstate-prm-v1",
+    system: "You grade a single step taken by an AI assistant. You are shown what the user asked, \
+the step the assistant took (its reply and any tool calls), and what came back right after that step: \
+the user's next message, or the output of the tools or environment. Treat what came back as evidence \
+of whether the step worked. Grade the step, not the user or the tools.",
+    user: concat!(
+        turn_sections!(),
+        "Decide whether the assistant's step succeeded.
 - 1: it worked. The user accepts it, thanks the assistant or goes on to something new, or the tool or \
 environment reports success (the command ran, the tests pass, the requested data came back).
 - -1: it did not work. The user asks for it to be redone, retried or changed, corrects it, or repeats \
@@ -85,7 +97,8 @@ or rephrases the same request; or the tool or environment reports an error that 
 (traceback, failing tests, non-zero exit code, rejected arguments).
 - 0: what came back does not show either way.
 A request to change the result counts as -1. A tool result that reports success counts as 1.
-Reason briefly, then end with your grade as the last thing you write: \\boxed{1}, \\boxed{0} or \\boxed{-1}.",
+Reason briefly, then end with your grade as the last thing you write: \\boxed{1}, \\boxed{0} or \\boxed{-1}."
+    ),
 };
 
 /// Cuts `s` to at most `max_chars` characters (Unicode scalar values) by keeping its head and tail
