@@ -93,6 +93,24 @@ enum Command {
         /// The query, e.g. "SELECT kind, count(*) FROM signals GROUP BY kind".
         query: String,
     },
+    /// Export SQL-selected samples as Parquet for another trainer: slime, verl, trl (kto/sft/gkd) or hf.
+    Export {
+        /// Lake folder.
+        #[arg(long, env = "NEXTSTATE_LAKE", default_value = "lake")]
+        lake: PathBuf,
+        /// The rows, e.g. "SELECT * FROM samples WHERE pipeline = 'combined'" (`hf`: any query).
+        #[arg(long)]
+        sql: String,
+        /// Layout to write.
+        #[arg(long = "to", value_enum)]
+        to: nextstate::export::ExportFormat,
+        /// Output folder (created; files of the same names are replaced).
+        #[arg(long)]
+        out: PathBuf,
+        /// Fail when the query selects no rows (default: write empty files).
+        #[arg(long)]
+        require_rows: bool,
+    },
     /// Ingest agent logs into `interactions` (and `dead_letters`) through the bus and the lake.
     Ingest {
         /// Log format: auto (detected per file), openclaw, openai-chat, tau-bench, swe-agent,
@@ -130,6 +148,9 @@ enum Command {
         /// `--follow`: the positions file (default `<lake>/_follow/positions.json`).
         #[arg(long)]
         positions: Option<PathBuf>,
+        /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
     },
     /// Train the policy on samples from the `samples` topic (default) or a SQL query over the lake.
     Train {
@@ -158,6 +179,9 @@ enum Command {
         /// Exit once the topic is drained (topic source).
         #[arg(long)]
         until_idle: bool,
+        /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
         #[command(flatten)]
         data: DataArgs,
     },
@@ -296,9 +320,20 @@ enum Command {
         /// Resume the trainer from its newest checkpoint (and serve that checkpoint).
         #[arg(long)]
         resume: bool,
+        /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
         #[command(flatten)]
         data: DataArgs,
     },
+}
+
+/// Starts the `--metrics-addr` endpoint when one is given (until `stop`).
+async fn serve_metrics(addr: Option<&str>, stop: &Stop) -> Result<()> {
+    if let Some(a) = addr {
+        nextstate::stages::metrics_http::serve_metrics(a, stop.clone()).await.context("--metrics-addr")?;
+    }
+    Ok(())
 }
 
 fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConfig> {
@@ -375,7 +410,15 @@ fn run() -> Result<()> {
                     println!();
                 }
             }
-            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions } => {
+            Command::Export { lake, sql, to, out, require_rows } => {
+                let opts = nextstate::export::ExportOptions { require_rows };
+                let r = nextstate::export::export(&Lake::open(&lake)?, &sql, to, &out, &opts).await?;
+                println!("export {}: selected={}", to.as_str(), r.selected);
+                for f in &r.files {
+                    println!("export {}: {}", to.as_str(), f.summary());
+                }
+            }
+            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions, metrics_addr } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let choice: nextstate::ingest::FormatChoice = format.parse()?;
                 let format = match choice {
@@ -386,6 +429,7 @@ fn run() -> Result<()> {
                     .with_context(|| format!("--default-turn-type must be main or side, got {default_turn_type}"))?;
                 let stop = Stop::default();
                 stop.on_signals();
+                serve_metrics(metrics_addr.as_deref(), &stop).await?;
                 let r = if follow {
                     let args = nextstate::stages::follow::FollowArgs {
                         paths: files,
@@ -415,10 +459,11 @@ fn run() -> Result<()> {
                     println!("sink {t}: rows_written={} duplicate_keys={} files={}", s.rows_written, s.duplicate_keys, s.files);
                 }
             }
-            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data } => {
+            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data, metrics_addr } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let stop = Stop::default();
                 stop.on_signals();
+                serve_metrics(metrics_addr.as_deref(), &stop).await?;
                 let source = match sql {
                     Some(q) => nextstate::stages::train::TrainSource::Sql(q),
                     None => nextstate::stages::train::TrainSource::Topic,
@@ -530,10 +575,11 @@ fn run() -> Result<()> {
                 }
                 println!("report: {}\nresults: {}", s.report.display(), s.results.display());
             }
-            Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data } => {
+            Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data, metrics_addr } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let stop = Stop::default();
                 stop.on_signals();
+                serve_metrics(metrics_addr.as_deref(), &stop).await?;
                 let only = only.or_else(|| {
                     until_idle.then(|| ["signals", "judge", "hint", "teacher", "train", "sinks"].iter().map(|s| s.to_string()).collect())
                 });

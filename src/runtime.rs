@@ -152,6 +152,8 @@ pub struct InputLoop {
     consumed_next: HashMap<i32, i64>,
     last_msg: Instant,
     group: String,
+    /// Stage label of this loop's metrics ([`InputLoop::for_stage`]; default: the group).
+    stage: String,
 }
 
 impl Drop for InputLoop {
@@ -199,7 +201,15 @@ impl InputLoop {
             consumed_next: HashMap::new(),
             last_msg: Instant::now(),
             group: group.to_string(),
+            stage: group.to_string(),
         })
+    }
+
+    /// Names the stage this loop feeds in the process-wide metrics (`records_in_total{stage}`,
+    /// `consumer_lag{stage}`): a fixed stage name, not an id.
+    pub fn for_stage(mut self, stage: &str) -> InputLoop {
+        self.stage = stage.to_string();
+        self
     }
 
     /// True (once) after partitions were assigned or revoked.
@@ -258,8 +268,34 @@ impl InputLoop {
         }
         if !out.is_empty() {
             self.last_msg = Instant::now();
+            self.export_lag(&out);
         }
         Ok(out)
+    }
+
+    /// Counts a received batch and sets the lag of its partitions from the high watermarks librdkafka
+    /// cached from its fetch responses (no request to the broker).
+    fn export_lag(&self, batch: &[InMsg]) {
+        crate::metrics::records_in(&self.stage, &self.topic, batch.len() as u64);
+        let mut parts: Vec<i32> = batch.iter().map(|m| m.partition).collect();
+        parts.sort_unstable();
+        parts.dedup();
+        for p in parts {
+            if let (Some(high), Some(next)) = (self.cached_high_watermark(p), self.consumed_next.get(&p)) {
+                crate::metrics::consumer_lag(&self.stage, &self.topic, p, high - next);
+            }
+        }
+    }
+
+    /// The high watermark of `partition` that librdkafka cached from its last fetch response (`None`
+    /// when none arrived yet). rdkafka has no safe wrapper for this non-blocking call.
+    fn cached_high_watermark(&self, partition: i32) -> Option<i64> {
+        let topic = std::ffi::CString::new(self.topic.as_str()).ok()?;
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer is valid while `self.consumer` lives; `topic` is a NUL-terminated
+        // string that outlives the call; `low` and `high` are valid for writes.
+        let err = unsafe { rdkafka::bindings::rd_kafka_get_watermark_offsets(self.consumer.client().native_ptr(), topic.as_ptr(), partition, &mut low, &mut high) };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
     }
 
     /// Commits `next offset` per partition (the offset of the next record to read) synchronously.
@@ -337,14 +373,19 @@ impl InputLoop {
                     .collect()
             })
             .unwrap_or_default();
+        let mut caught_up = true;
         for p in parts {
             let (low, high) = marks.get(&p).copied().unwrap_or((0, 0));
             let read = if own { self.consumed_next.get(&p).copied().unwrap_or(0) } else { 0 };
-            if read.max(committed.get(&p).copied().unwrap_or(0)).max(low) < high {
-                return Ok(false);
+            let position = read.max(committed.get(&p).copied().unwrap_or(0)).max(low);
+            if own {
+                crate::metrics::consumer_lag(&self.stage, &self.topic, p, high - position);
+            }
+            if position < high {
+                caught_up = false;
             }
         }
-        Ok(true)
+        Ok(caught_up)
     }
 
     /// Decides whether an until-idle task may finish now: upstream done, input quiet for `ctl.idle_ms`,

@@ -622,6 +622,9 @@ impl BusProducer {
             f.sent(topic, bytes, r.as_ref().ok().map(|d| (d.partition, d.offset)));
         }
         let d = r?;
+        if topic == self.bus.topic(crate::schema::DeadLetter::NAME) {
+            count_dead_letter(payload);
+        }
         Ok((d.partition, d.offset))
     }
 
@@ -640,6 +643,24 @@ struct EnvelopeRef<'a, T> {
     row: &'a T,
     #[serde(skip_serializing_if = "Option::is_none")]
     carry: Option<&'a Carry>,
+}
+
+/// Counts an acknowledged dead letter (`dead_letters_total{stage, reason}`) from its envelope: every
+/// dead letter of every process (stages, sinks, ingest, trainer, proxy) goes through
+/// [`BusProducer::send_raw`], so this is the one place to count.
+fn count_dead_letter(envelope: &[u8]) {
+    #[derive(serde::Deserialize)]
+    struct Row {
+        stage: String,
+        reason_code: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Env {
+        row: Row,
+    }
+    if let Ok(e) = serde_json::from_slice::<Env>(envelope) {
+        crate::metrics::dead_letter(&e.row.stage, &e.row.reason_code);
+    }
 }
 
 #[cfg(test)]

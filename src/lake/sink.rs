@@ -136,7 +136,7 @@ pub fn start_sinks(tables: &[&'static str], bus: &Bus, lake: &Lake, cfg: &SinkCo
 pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &TaskCtl, dead_letters: Option<&BusProducer>) -> Result<SinkStats> {
     let topic = bus.topic(T::NAME);
     let group = sink_group(bus, cfg, T::NAME);
-    let mut input = InputLoop::new(bus, &group, &topic)?;
+    let mut input = InputLoop::new(bus, &group, &topic)?.for_stage("sink");
     let mut stats = SinkStats::default();
     let mut lake_next = load_next(lake, bus, &topic, T::NAME)?;
     let mut keys: HashSet<String> = lake.keys::<T>()?;
@@ -264,8 +264,9 @@ fn flush<T: Table>(
     // An empty file marks a durable offset range (records that were all duplicates or dead letters).
     // The embedded cluster's offsets die with the process, so there it would only clutter the lake.
     if !(refs.is_empty() && bus.is_embedded()) {
-        lake.write_file::<T>(&date, &stem, &refs)?;
+        let path = lake.write_file::<T>(&date, &stem, &refs)?;
         stats.files += 1;
+        crate::metrics::sink_file(T::NAME, b.rows.len() as u64, std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
     }
     stats.rows_written += b.rows.len() as u64;
     for r in &b.rows {

@@ -303,6 +303,24 @@ pub enum ReloadOutcome {
 }
 
 impl ReloadOutcome {
+    /// Counts this outcome in `reloads_total{kind, outcome}` ([`ReloadOutcome::metric_outcome`]) and
+    /// moves `reload_version{kind}` to a confirmed version.
+    fn export(&self, kind: ReloadKind) {
+        let version = match self {
+            ReloadOutcome::Loaded { version, .. } => Some(*version),
+            _ => None,
+        };
+        crate::metrics::reload(kind.as_str(), &self.metric_outcome(), version);
+    }
+
+    /// The `outcome` label: `loaded`, `skipped_not_newer` or `failed_<reason>`.
+    pub fn metric_outcome(&self) -> String {
+        match self {
+            ReloadOutcome::Failed(f) => format!("failed_{}", f.reason),
+            other => other.count_key(),
+        }
+    }
+
     /// The count key: `loaded`, `skipped_not_newer`, or `failed: <reason>`.
     pub fn count_key(&self) -> String {
         match self {
@@ -382,7 +400,9 @@ impl Reloader {
         }
         let mut out = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            out.push(self.reload_one(url, path, version).await);
+            let o = self.reload_one(url, path, version).await;
+            o.export(self.kind);
+            out.push(o);
         }
         out
     }

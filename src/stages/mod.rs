@@ -22,6 +22,7 @@ pub mod cache_store;
 pub mod follow;
 pub mod hint;
 pub mod judge;
+pub mod metrics_http;
 pub mod pending;
 pub mod reload;
 pub mod run;
@@ -95,7 +96,10 @@ impl Output {
     /// [`crate::Error::Kafka`] when delivery fails.
     pub async fn emit<T: Table>(&self, row: &T, carry: Option<&Carry>) -> Result<()> {
         match self.producer.send(row, carry).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                crate::metrics::record_out(self.stage, T::NAME);
+                Ok(())
+            }
             Err(e @ crate::Error::RecordTooLarge { .. }) if T::NAME != DeadLetter::NAME => {
                 tracing::warn!(stage = self.stage, table = T::NAME, key = row.key(), error = %e, "record too large for the bus: dead-lettered");
                 let json = serde_json::to_vec(row)?;
@@ -170,7 +174,7 @@ pub const SLOW_STAGE_MAX_POLL_INTERVAL_MS: u32 = 3_600_000;
 /// dead-letter).
 pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, ctl: &TaskCtl) -> Result<StageCounts> {
     let topic = bus.topic(logic.input_table());
-    let mut input = InputLoop::with_max_poll_interval(bus, &run.group, &topic, run.max_poll_ms)?;
+    let mut input = InputLoop::with_max_poll_interval(bus, &run.group, &topic, run.max_poll_ms)?.for_stage(logic.name());
     let out = Output::new(bus.producer()?, logic.name());
     let mut counts = StageCounts::default();
     loop {

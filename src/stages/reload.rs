@@ -69,7 +69,7 @@ pub struct Follower {
 pub async fn follow_checkpoints(bus: &Bus, f: &Follower, ctl: &TaskCtl) -> Result<StageCounts> {
     let (group, run_id, reloader) = (f.group.as_str(), f.run_id.as_str(), &f.reloader);
     // One row can wait on several servers' reloads (minutes each, with retries): poll rarely is fine.
-    let mut input = InputLoop::with_max_poll_interval(bus, group, &bus.topic(Checkpoint::NAME), super::SLOW_STAGE_MAX_POLL_INTERVAL_MS)?;
+    let mut input = InputLoop::with_max_poll_interval(bus, group, &bus.topic(Checkpoint::NAME), super::SLOW_STAGE_MAX_POLL_INTERVAL_MS)?.for_stage("reload");
     let mut counts = StageCounts::default();
     tracing::info!(group, run_id, kind = reloader.kind().as_str(), servers = ?reloader.urls(), "reload follower started");
     loop {
@@ -99,11 +99,13 @@ pub async fn follow_checkpoints(bus: &Bus, f: &Follower, ctl: &TaskCtl) -> Resul
                         } else {
                             match h.reload(PathBuf::from(&row.path), row.version).await {
                                 Ok(_) => {
+                                    crate::metrics::reload("in_process", "loaded", Some(row.version));
                                     counts.add("loaded", 1);
                                     any_loaded = true;
                                 }
                                 Err(e) => {
                                     tracing::error!(version = row.version, error = %e, "reload: the in-process server could not load the checkpoint");
+                                    crate::metrics::reload("in_process", "failed_in_process", None);
                                     counts.add("failed: in_process", 1);
                                 }
                             }

@@ -294,7 +294,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
             let topic = bus.topic("samples");
             let group = bus.group(&format!("nextstate.{}.trainer", cfg.name));
             // An optimizer step does not poll the consumer and can take minutes on a CPU.
-            let mut input = InputLoop::with_max_poll_interval(bus, &group, &topic, TRAINER_MAX_POLL_INTERVAL_MS)?;
+            let mut input = InputLoop::with_max_poll_interval(bus, &group, &topic, TRAINER_MAX_POLL_INTERVAL_MS)?.for_stage("train");
             let mut pending: Vec<(Sample, i32, i64)> = vec![];
             // (partition, offset) of samples buffered or trained since the last checkpoint
             let mut open: BTreeSet<(i32, i64)> = BTreeSet::new();

@@ -233,10 +233,33 @@ impl<P: Policy> Trainer<P> {
             Err(StepFailure::Skip(_, e)) => return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1))),
             Err(StepFailure::Fatal(e)) => return Err(e),
         };
+        self.export_metrics(samples, &outcome);
         if outcome.train_step.is_some() && (self.step as u64).is_multiple_of(self.cfg.checkpoint_every) {
             outcome.checkpoint = self.checkpoint()?;
         }
         Ok(outcome)
+    }
+
+    /// Moves the process-wide trainer metrics ([`crate::metrics`]) by what one step did.
+    fn export_metrics(&self, samples: &[Sample], outcome: &StepOutcome) {
+        for d in &outcome.dropped {
+            crate::metrics::trainer_skipped_sample(d.reason.as_str());
+        }
+        if let Some(s) = &outcome.skipped {
+            crate::metrics::trainer_skipped_step(s.reason.as_str());
+            for _ in &s.samples {
+                crate::metrics::trainer_skipped_sample(s.reason.as_str());
+            }
+        }
+        let Some(row) = &outcome.train_step else { return };
+        let terms = [("total", row.loss), ("pg", row.pg_loss), ("kl", row.kl), ("entropy", row.entropy), ("topk_kl", row.topk_kl), ("ppo_kl", row.ppo_kl)];
+        crate::metrics::trainer_step(&terms, row.grad_norm, row.tokens, row.seconds);
+        let left_out = |i: usize| outcome.dropped.iter().any(|d| d.index == i) || outcome.skipped.as_ref().is_some_and(|s| s.samples.contains(&i));
+        for (i, s) in samples.iter().enumerate() {
+            if let Some(v) = s.policy_version.filter(|_| !left_out(i)) {
+                crate::metrics::get().trainer_sample_staleness.observe((self.version - v).max(0) as f64);
+            }
+        }
     }
 
     /// [`Trainer::train_step`] without the recovery and without the checkpoint: any failure is an error

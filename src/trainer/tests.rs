@@ -160,7 +160,11 @@ fn train_step_row_and_drops() {
     bad.rollout_logprobs = vec![-1.0];
     samples.push(bad);
     let mut t = Trainer::new(p, Method::Binary, TrainerConfig { checkpoint_every: 1000, ..cfg(0.01) }, CheckpointWriter::new(dir.path(), "r1")).unwrap();
+    let (m, oov) = (crate::metrics::get(), vec![("reason", "token_out_of_vocab".to_string())]);
+    let before = (m.trainer_steps.get(), m.trainer_skipped_samples.get_or_create(&oov).get());
     let out = t.train_step(&samples).unwrap();
+    // The process-wide metrics moved (at least: other tests of this process may train too).
+    assert!(m.trainer_steps.get() > before.0 && m.trainer_skipped_samples.get_or_create(&oov).get() > before.1);
     assert_eq!(out.dropped.len(), 1);
     assert_eq!((out.dropped[0].index, out.dropped[0].reason), (4, DropReason::TokenOutOfVocab));
     let row = out.train_step.unwrap();

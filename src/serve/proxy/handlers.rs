@@ -230,7 +230,9 @@ pub(super) async fn health(State(s): State<Arc<Shared>>) -> Response {
 
 /// `GET /metrics`: the OpenMetrics text exposition.
 pub(super) async fn metrics_text(State(s): State<Arc<Shared>>) -> Response {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render()).into_response()
+    // The proxy's own families, then the process-wide ones ([`crate::metrics`]), one `# EOF` at the end.
+    let body = crate::metrics::join(&[s.metrics.render(), crate::metrics::encode()]);
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 
 #[cfg(test)]

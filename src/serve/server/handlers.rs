@@ -38,6 +38,26 @@ fn error_kind(status: StatusCode) -> &'static str {
 /// Bearer auth (constant-time) on every route but `/health`, and `X-Policy-Version` on every response
 /// that does not set it itself.
 pub(super) async fn auth_and_version(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let route = route_name(req.uri().path());
+    let r = authorized(s, req, next).await;
+    crate::metrics::server_request(route, r.status().as_u16());
+    r
+}
+
+/// The fixed route label of a request path (`other` for a path the server has no route for).
+fn route_name(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        "/v1/models" => "models",
+        "/health" => "health",
+        "/v1/reload" => "reload",
+        "/metrics" => "metrics",
+        _ => "other",
+    }
+}
+
+async fn authorized(s: Arc<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.opts.api_key {
         if req.uri().path() != "/health" {
             let given = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
@@ -65,6 +85,11 @@ pub(super) async fn models(State(s): State<Arc<Shared>>) -> Response {
     Json(json!({"object": "list", "data": [{"id": s.opts.model_name, "object": "model", "created": 0, "owned_by": "nextstate",
         "policy_version": s.version.load(Ordering::SeqCst)}]}))
     .into_response()
+}
+
+/// `GET /metrics`: the process-wide metrics ([`crate::metrics`]) in the OpenMetrics text format.
+pub(super) async fn metrics() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::encode()).into_response()
 }
 
 pub(super) async fn health(State(s): State<Arc<Shared>>) -> Response {
@@ -140,6 +165,7 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
         Ok(b) => b,
         Err(e) => return api_error(e.status(), &e.body_text(), error_kind(e.status())),
     };
+    let mut timing = Timing::start();
     if req.n.unwrap_or(1) != 1 {
         return api_error(StatusCode::BAD_REQUEST, "only n = 1 is supported", "invalid_request_error");
     }
@@ -191,7 +217,7 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().map(|o| o.include_usage).unwrap_or(false);
         let (etx, erx) = unbounded_channel::<std::result::Result<Event, Infallible>>();
-        tokio::spawn(stream_events(rx, etx, StreamCtx { id, created, model, version, prompt_ids, want_logprobs, include_usage, _guard: guard }));
+        tokio::spawn(stream_events(rx, etx, StreamCtx { id, created, model, version, prompt_ids, want_logprobs, include_usage, timing, _guard: guard }));
         let sse = Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(erx)).keep_alive(KeepAlive::default());
         let mut r = sse.into_response();
         set_version(&mut r, version);
@@ -200,8 +226,14 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
     let mut tokens: Vec<TokenOut> = Vec::new();
     let generation = loop {
         match rx.recv().await {
-            Some(JobEvent::Token(t)) => tokens.push(t),
-            Some(JobEvent::Done(g)) => break g,
+            Some(JobEvent::Token(t)) => {
+                timing.token();
+                tokens.push(t);
+            }
+            Some(JobEvent::Done(g)) => {
+                timing.done(g.token_ids.len());
+                break g;
+            }
             Some(JobEvent::Failed { status, message }) => return api_error(status, &message, error_kind(status)),
             Some(JobEvent::Started { .. }) => {}
             None => return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker dropped the request", "server_error"),
@@ -296,6 +328,9 @@ pub(super) async fn completions(State(s): State<Arc<Shared>>, body: std::result:
         Ok(Err((status, message))) => return api_error(status, &message, error_kind(status)),
         Err(_) => return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker dropped the request", "server_error"),
     };
+    if let Some(g) = &out.generation {
+        crate::metrics::get().server_generated_tokens.inc_by(g.token_ids.len() as u64);
+    }
     let (text, token_ids, finish) = match &out.generation {
         Some(g) => (g.text.clone(), g.token_ids.clone(), finish_str(g, false)),
         None => (String::new(), vec![], "length"),
@@ -331,7 +366,34 @@ struct StreamCtx {
     prompt_ids: Vec<u32>,
     want_logprobs: bool,
     include_usage: bool,
+    timing: Timing,
     _guard: InFlight,
+}
+
+/// A chat completion's timing for the server metrics: time to its first token and to its end, from
+/// the request's arrival.
+struct Timing {
+    arrived: std::time::Instant,
+    first_token: bool,
+}
+
+impl Timing {
+    fn start() -> Timing {
+        Timing { arrived: std::time::Instant::now(), first_token: false }
+    }
+    /// A token was generated (the first one is observed as the time to first token).
+    fn token(&mut self) {
+        if !self.first_token {
+            self.first_token = true;
+            crate::metrics::get().server_time_to_first_token.observe(self.arrived.elapsed().as_secs_f64());
+        }
+    }
+    /// The generation ended with `tokens` generated tokens.
+    fn done(&self, tokens: usize) {
+        let m = crate::metrics::get();
+        m.server_request_duration.observe(self.arrived.elapsed().as_secs_f64());
+        m.server_generated_tokens.inc_by(tokens as u64);
+    }
 }
 
 impl StreamCtx {
@@ -347,7 +409,7 @@ fn data(v: &Value) -> std::result::Result<Event, Infallible> {
 
 /// Turns job events into SSE chunks: a role chunk (with `prompt_token_ids`), one chunk per token, a
 /// final chunk with `finish_reason` (and parsed `tool_calls`), an optional usage chunk, `[DONE]`.
-async fn stream_events(mut rx: UnboundedReceiver<JobEvent>, tx: UnboundedSender<std::result::Result<Event, Infallible>>, ctx: StreamCtx) {
+async fn stream_events(mut rx: UnboundedReceiver<JobEvent>, tx: UnboundedSender<std::result::Result<Event, Infallible>>, mut ctx: StreamCtx) {
     let mut first = ctx.chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]));
     first["prompt_token_ids"] = json!(ctx.prompt_ids);
     if tx.send(data(&first)).is_err() {
@@ -358,6 +420,7 @@ async fn stream_events(mut rx: UnboundedReceiver<JobEvent>, tx: UnboundedSender<
         match ev {
             JobEvent::Token(t) => {
                 completion += 1;
+                ctx.timing.token();
                 let logprobs = if ctx.want_logprobs { json!({"content": [logprob_entry(&t)]}) } else { Value::Null };
                 let c = ctx.chunk(json!([{"index": 0, "delta": {"content": t.text}, "logprobs": logprobs, "finish_reason": null, "token_ids": [t.id]}]));
                 // The client went away: dropping `rx` makes the worker cancel the sequence.
@@ -366,6 +429,7 @@ async fn stream_events(mut rx: UnboundedReceiver<JobEvent>, tx: UnboundedSender<
                 }
             }
             JobEvent::Done(g) => {
+                ctx.timing.done(g.token_ids.len());
                 let (_, calls) = split_tool_calls(&g.text);
                 let mut delta = json!({});
                 if !calls.is_empty() {

@@ -34,7 +34,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::model::{Generation, LanguageModel, LoadOptions, LogprobMode, SamplingParams};
 use crate::schema::Message;
 use crate::{Error, Result};
-use handlers::{auth_and_version, chat_completions, completions, health, models, reload};
+use handlers::{auth_and_version, chat_completions, completions, health, metrics, models, reload};
 use worker::worker_loop;
 
 /// Response header carrying the policy version.
@@ -235,6 +235,7 @@ impl PolicyServer {
             jobs: tx,
             reload_lock: tokio::sync::Mutex::new(()),
         });
+        crate::metrics::get().server_policy_version.set(version);
         let s2 = shared.clone();
         let lm = Box::new(lm);
         let worker = std::thread::Builder::new()
@@ -255,7 +256,8 @@ impl PolicyServer {
     }
 
     /// The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions` (prompt log-probs, vLLM style),
-    /// `GET /v1/models`, `GET /health`, `POST /v1/reload`.
+    /// `GET /v1/models`, `GET /health`, `POST /v1/reload`, `GET /metrics` (the process-wide
+    /// [`crate::metrics`], OpenMetrics text).
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
@@ -263,6 +265,7 @@ impl PolicyServer {
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/v1/reload", post(reload))
+            .route("/metrics", get(metrics))
             .layer(axum::middleware::from_fn_with_state(self.shared.clone(), auth_and_version))
             .layer(DefaultBodyLimit::max(self.shared.opts.max_body_bytes))
             .with_state(self.shared.clone())

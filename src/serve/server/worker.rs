@@ -105,6 +105,7 @@ pub(super) fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std:
                 lm = model;
                 version = v;
                 shared.version.store(v, Ordering::SeqCst);
+                crate::metrics::get().server_policy_version.set(v);
                 tracing::info!("policy weights swapped: version {old} -> {v}");
                 let _ = ack.send(old);
             }

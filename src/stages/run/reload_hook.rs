@@ -24,8 +24,14 @@ pub(super) fn reloader(policy: Option<PolicyHandle>, external: Option<Reloader>,
             let mut loaded = false;
             if let Some(h) = &policy {
                 match h.reload(path.clone(), version).await {
-                    Ok(_) => loaded = true,
-                    Err(e) => tracing::error!(version, error = %e, "the policy server could not load the checkpoint"),
+                    Ok(_) => {
+                        crate::metrics::reload("in_process", "loaded", Some(version));
+                        loaded = true;
+                    }
+                    Err(e) => {
+                        crate::metrics::reload("in_process", "failed_in_process", None);
+                        tracing::error!(version, error = %e, "the policy server could not load the checkpoint");
+                    }
                 }
             }
             if let Some(r) = &external {

@@ -1,0 +1,322 @@
+//! Process-wide Prometheus metrics (`prometheus-client`): one registry, prefix `nextstate`, served at
+//! `/metrics` by every long-running process (`nextstate serve`, the capture proxy, and `run`, `train`,
+//! `ingest --follow` with `--metrics-addr`). `docs/metrics.md` lists every family with its type,
+//! labels and meaning; `tests/metrics.rs` checks that what a process exposes is exactly that list.
+//!
+//! Every family is registered in every process (a family whose part does not run in the process shows
+//! its `# TYPE` line and no series, or 0), so the exposed set does not depend on timing. Label values
+//! come from fixed sets only: stage and table names, reason and outcome codes, topic names and
+//! partition numbers of the pipeline's own topics; never ids or free text.
+
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::text::encode as encode_registry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// Label set: `(name, value)` pairs.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// An integer gauge.
+pub type IntGauge = Gauge<i64, AtomicI64>;
+/// A floating-point gauge.
+pub type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every process-wide metric. Names below are as exposed (prefix `nextstate_`, counters with `_total`).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Every registered family: `(exposed name, help, OpenMetrics type, unit)`, so that a family with
+    /// no series yet (prometheus-client leaves those out) is still declared ([`encode`]).
+    declared: Vec<Declared>,
+    /// `build_info{version}`: 1, labelled with the crate version.
+    pub build_info: Family<Labels, IntGauge>,
+    /// `records_in_total{stage, topic}`: records a consumer loop received.
+    pub records_in: Family<Labels, Counter>,
+    /// `records_out_total{stage, table}`: rows a streaming stage emitted, by output table.
+    pub records_out: Family<Labels, Counter>,
+    /// `dead_letters_total{stage, reason}`: dead letters acknowledged by the bus, by rejecting stage and
+    /// reason code.
+    pub dead_letters: Family<Labels, Counter>,
+    /// `consumer_lag{stage, topic, partition}`: records between a consumer's position and the
+    /// partition's high watermark.
+    pub consumer_lag: Family<Labels, IntGauge>,
+    /// `sink_rows_total{table}`: rows written to the lake.
+    pub sink_rows: Family<Labels, Counter>,
+    /// `sink_files_total{table}`: Parquet files written to the lake.
+    pub sink_files: Family<Labels, Counter>,
+    /// `sink_bytes_total{table}`: bytes of the Parquet files written.
+    pub sink_bytes: Family<Labels, Counter>,
+    /// `trainer_steps_total`: optimizer steps taken.
+    pub trainer_steps: Counter,
+    /// `trainer_loss{term}`: the last step's loss and its terms.
+    pub trainer_loss: Family<Labels, FloatGauge>,
+    /// `trainer_grad_norm`: the last step's gradient norm (before clipping).
+    pub trainer_grad_norm: FloatGauge,
+    /// `trainer_tokens_per_second`: response tokens of the last step over its wall time.
+    pub trainer_tokens_per_second: FloatGauge,
+    /// `trainer_sample_staleness`: per trained-on sample, the trainer's version minus the policy
+    /// version that generated the sample.
+    pub trainer_sample_staleness: Histogram,
+    /// `trainer_skipped_samples_total{reason}`: samples not trained on (dropped by the packer or by a
+    /// skipped step).
+    pub trainer_skipped_samples: Family<Labels, Counter>,
+    /// `trainer_skipped_steps_total{reason}`: steps that left the weights unchanged.
+    pub trainer_skipped_steps: Family<Labels, Counter>,
+    /// `server_requests_total{route, status}`: policy server HTTP requests.
+    pub server_requests: Family<Labels, Counter>,
+    /// `server_request_duration_seconds`: chat completion latency, arrival to the last token.
+    pub server_request_duration: Histogram,
+    /// `server_time_to_first_token_seconds`: chat completion arrival to its first generated token.
+    pub server_time_to_first_token: Histogram,
+    /// `server_generated_tokens_total`: tokens generated for chat completions and completions.
+    pub server_generated_tokens: Counter,
+    /// `server_policy_version`: the weights version the policy server serves.
+    pub server_policy_version: IntGauge,
+    /// `reloads_total{kind, outcome}`: checkpoint reloads per server.
+    pub reloads: Family<Labels, Counter>,
+    /// `reload_version{kind}`: the newest version a reload confirmed.
+    pub reload_version: Family<Labels, IntGauge>,
+}
+
+#[derive(Debug)]
+struct Declared {
+    name: String,
+    help: &'static str,
+    kind: &'static str,
+    unit: Option<&'static str>,
+}
+
+/// A registry that remembers what it registered.
+struct Registering {
+    registry: Registry,
+    declared: Vec<Declared>,
+}
+
+impl Registering {
+    fn add<M: prometheus_client::registry::Metric + prometheus_client::metrics::TypedMetric + Clone>(&mut self, name: &str, help: &'static str, unit: Option<Unit>, metric: &M) {
+        let unit_str: Option<&'static str> = match unit {
+            Some(Unit::Seconds) => Some("seconds"),
+            Some(Unit::Bytes) => Some("bytes"),
+            _ => None,
+        };
+        self.declared.push(Declared {
+            name: format!("nextstate_{name}{}", unit_str.map(|u| format!("_{u}")).unwrap_or_default()),
+            help,
+            kind: match M::TYPE {
+                prometheus_client::metrics::MetricType::Counter => "counter",
+                prometheus_client::metrics::MetricType::Gauge => "gauge",
+                prometheus_client::metrics::MetricType::Histogram => "histogram",
+                prometheus_client::metrics::MetricType::Info => "info",
+                _ => "unknown",
+            },
+            unit: unit_str,
+        });
+        match unit {
+            Some(u) => self.registry.register_with_unit(name, help, u, metric.clone()),
+            None => self.registry.register(name, help, metric.clone()),
+        }
+    }
+}
+
+/// Latency buckets, seconds: 1 ms … about 65 s, doubling (as the proxy's).
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut r = Registering { registry: Registry::with_prefix("nextstate"), declared: vec![] };
+        let m = Metrics {
+            registry: Registry::default(),
+            declared: vec![],
+            build_info: Family::default(),
+            records_in: Family::default(),
+            records_out: Family::default(),
+            dead_letters: Family::default(),
+            consumer_lag: Family::default(),
+            sink_rows: Family::default(),
+            sink_files: Family::default(),
+            sink_bytes: Family::default(),
+            trainer_steps: Counter::default(),
+            trainer_loss: Family::default(),
+            trainer_grad_norm: FloatGauge::default(),
+            trainer_tokens_per_second: FloatGauge::default(),
+            trainer_sample_staleness: Histogram::new([0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]),
+            trainer_skipped_samples: Family::default(),
+            trainer_skipped_steps: Family::default(),
+            server_requests: Family::default(),
+            server_request_duration: Histogram::new(latency_buckets()),
+            server_time_to_first_token: Histogram::new(latency_buckets()),
+            server_generated_tokens: Counter::default(),
+            server_policy_version: IntGauge::default(),
+            reloads: Family::default(),
+            reload_version: Family::default(),
+        };
+        r.add("build_info", "1, labelled with the nextstate version", None, &m.build_info);
+        r.add("records_in", "Records a consumer loop received, by stage and topic", None, &m.records_in);
+        r.add("records_out", "Rows a streaming stage emitted, by stage and output table", None, &m.records_out);
+        r.add("dead_letters", "Dead letters acknowledged by the bus, by stage and reason code", None, &m.dead_letters);
+        r.add("consumer_lag", "Records between a consumer's position and the partition's high watermark", None, &m.consumer_lag);
+        r.add("sink_rows", "Rows written to the lake, by table", None, &m.sink_rows);
+        r.add("sink_files", "Parquet files written to the lake, by table", None, &m.sink_files);
+        r.add("sink", "Bytes of Parquet files written to the lake, by table", Some(Unit::Bytes), &m.sink_bytes);
+        r.add("trainer_steps", "Optimizer steps taken", None, &m.trainer_steps);
+        r.add("trainer_loss", "The last step's loss and its terms", None, &m.trainer_loss);
+        r.add("trainer_grad_norm", "The last step's gradient norm before clipping", None, &m.trainer_grad_norm);
+        r.add("trainer_tokens_per_second", "Response tokens of the last step over its wall time", None, &m.trainer_tokens_per_second);
+        r.add("trainer_sample_staleness", "Per trained-on sample: trainer version minus the sample's policy version", None, &m.trainer_sample_staleness);
+        r.add("trainer_skipped_samples", "Samples not trained on, by reason", None, &m.trainer_skipped_samples);
+        r.add("trainer_skipped_steps", "Steps that left the weights unchanged, by reason", None, &m.trainer_skipped_steps);
+        r.add("server_requests", "Policy server HTTP requests by route and status", None, &m.server_requests);
+        r.add("server_request_duration", "Chat completion latency, arrival to the last token", Some(Unit::Seconds), &m.server_request_duration);
+        r.add("server_time_to_first_token", "Chat completion arrival to its first generated token", Some(Unit::Seconds), &m.server_time_to_first_token);
+        r.add("server_generated_tokens", "Tokens generated by the policy server", None, &m.server_generated_tokens);
+        r.add("server_policy_version", "Weights version the policy server serves", None, &m.server_policy_version);
+        r.add("reloads", "Checkpoint reloads per server, by reload kind and outcome", None, &m.reloads);
+        r.add("reload_version", "Newest checkpoint version a reload confirmed, by reload kind", None, &m.reload_version);
+        m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1);
+        Metrics { registry: r.registry, declared: r.declared, ..m }
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process-wide metrics.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}
+
+/// The OpenMetrics text exposition of the process-wide registry (ends with `# EOF`). Every family is
+/// declared (`# HELP`, `# TYPE`, `# UNIT`) even before it has a series, so the families a process
+/// exposes do not depend on what it has done yet (OpenMetrics allows a family without samples).
+pub fn encode() -> String {
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode_registry(&mut text, &get().registry);
+    let mut out = text.trim_end().strip_suffix("# EOF").unwrap_or(&text).to_string();
+    for d in &get().declared {
+        if !text.contains(&format!("# TYPE {} ", d.name)) {
+            out.push_str(&format!("# HELP {} {}\n# TYPE {} {}\n", d.name, d.help, d.name, d.kind));
+            if let Some(u) = d.unit {
+                out.push_str(&format!("# UNIT {} {u}\n", d.name));
+            }
+        }
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
+/// Joins OpenMetrics expositions into one body with a single `# EOF` at its end.
+pub fn join(parts: &[String]) -> String {
+    let mut out = String::new();
+    for p in parts {
+        out.push_str(p.trim_end().strip_suffix("# EOF").unwrap_or(p));
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
+/// The `Content-Type` of [`encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+/// Counts `n` records received by `stage` from `topic`.
+pub fn records_in(stage: &str, topic: &str, n: u64) {
+    get().records_in.get_or_create(&labels(&[("stage", stage), ("topic", topic)])).inc_by(n);
+}
+
+/// Counts one row emitted by `stage` to `table`.
+pub fn record_out(stage: &str, table: &str) {
+    get().records_out.get_or_create(&labels(&[("stage", stage), ("table", table)])).inc();
+}
+
+/// Counts one dead letter of `stage` with reason code `reason`.
+pub fn dead_letter(stage: &str, reason: &str) {
+    get().dead_letters.get_or_create(&labels(&[("stage", stage), ("reason", reason)])).inc();
+}
+
+/// Sets the lag of `stage`'s consumer on `topic`/`partition`, records.
+pub fn consumer_lag(stage: &str, topic: &str, partition: i32, lag: i64) {
+    get().consumer_lag.get_or_create(&labels(&[("stage", stage), ("topic", topic), ("partition", &partition.to_string())])).set(lag.max(0));
+}
+
+/// Counts one Parquet file of `rows` rows and `bytes` bytes written to `table` (an empty file counts
+/// as a file).
+pub fn sink_file(table: &str, rows: u64, bytes: u64) {
+    let m = get();
+    let l = labels(&[("table", table)]);
+    m.sink_rows.get_or_create(&l).inc_by(rows);
+    m.sink_files.get_or_create(&l).inc();
+    m.sink_bytes.get_or_create(&l).inc_by(bytes);
+}
+
+/// Records one optimizer step: its loss terms, gradient norm, response tokens and wall time.
+pub fn trainer_step(loss_terms: &[(&'static str, f64)], grad_norm: f64, tokens: i64, seconds: f64) {
+    let m = get();
+    m.trainer_steps.inc();
+    for (term, v) in loss_terms {
+        m.trainer_loss.get_or_create(&labels(&[("term", term)])).set(*v);
+    }
+    m.trainer_grad_norm.set(grad_norm);
+    if seconds > 0.0 {
+        m.trainer_tokens_per_second.set(tokens as f64 / seconds);
+    }
+}
+
+/// Counts one sample not trained on, with its reason code.
+pub fn trainer_skipped_sample(reason: &str) {
+    get().trainer_skipped_samples.get_or_create(&labels(&[("reason", reason)])).inc();
+}
+
+/// Counts one step that left the weights unchanged, with its reason code.
+pub fn trainer_skipped_step(reason: &str) {
+    get().trainer_skipped_steps.get_or_create(&labels(&[("reason", reason)])).inc();
+}
+
+/// Counts one policy server request on `route` (a fixed route name) answered with `status`.
+pub fn server_request(route: &'static str, status: u16) {
+    get().server_requests.get_or_create(&labels(&[("route", route), ("status", &status.to_string())])).inc();
+}
+
+/// Counts one reload of one server by `kind` with `outcome`; a confirmed `version` moves
+/// `reload_version{kind}` up.
+pub fn reload(kind: &str, outcome: &str, version: Option<i64>) {
+    let m = get();
+    m.reloads.get_or_create(&labels(&[("kind", kind), ("outcome", outcome)])).inc();
+    if let Some(v) = version {
+        let g = m.reload_version.get_or_create(&labels(&[("kind", kind)]));
+        if v > g.get() {
+            g.set(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_build_info_and_recorded_values() {
+        records_in("signals", "interactions", 3);
+        sink_file("signals", 2, 100);
+        let text = encode();
+        assert!(text.contains(&format!("nextstate_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
+        assert!(text.contains("nextstate_records_in_total{stage=\"signals\",topic=\"interactions\"}"), "{text}");
+        assert!(text.contains("# TYPE nextstate_server_request_duration_seconds histogram"), "{text}");
+        // A labelled family without a series is still declared, once.
+        assert_eq!(text.matches("# TYPE nextstate_reloads counter\n").count(), 1, "{text}");
+        assert_eq!(text.matches("# TYPE nextstate_records_in counter\n").count(), 1, "{text}");
+        assert!(text.trim_end().ends_with("# EOF"));
+        let joined = join(&[text.clone(), "# HELP a_b x\n# TYPE a_b counter\na_b_total 1\n# EOF\n".into()]);
+        assert_eq!(joined.matches("# EOF").count(), 1);
+        assert!(joined.ends_with("a_b_total 1\n# EOF\n"), "{joined}");
+    }
+}
