@@ -182,6 +182,10 @@ enum Command {
         /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
+        /// Append one JSON object per optimizer step (the `train_steps` row) to FILE, flushed per line
+        /// (`tail -f FILE` follows the run).
+        #[arg(long, value_name = "FILE")]
+        metrics_jsonl: Option<PathBuf>,
         #[command(flatten)]
         data: DataArgs,
     },
@@ -296,6 +300,10 @@ enum Command {
         /// arm's name selects all its replicate seeds.
         #[arg(long, value_delimiter = ',')]
         arms: Option<Vec<String>>,
+        /// Append one JSON object per optimizer step of every arm trained here (the `train_steps` row
+        /// plus `arm`, `group` and `seed`) to FILE, flushed per line.
+        #[arg(long, value_name = "FILE")]
+        metrics_jsonl: Option<PathBuf>,
     },
     /// Run the pipeline's stages and lake sinks (all, or --only a subset).
     Run {
@@ -459,7 +467,7 @@ fn run() -> Result<()> {
                     println!("sink {t}: rows_written={} duplicate_keys={} files={}", s.rows_written, s.duplicate_keys, s.files);
                 }
             }
-            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data, metrics_addr } => {
+            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data, metrics_addr, metrics_jsonl } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let stop = Stop::default();
                 stop.on_signals();
@@ -468,7 +476,7 @@ fn run() -> Result<()> {
                     Some(q) => nextstate::stages::train::TrainSource::Sql(q),
                     None => nextstate::stages::train::TrainSource::Topic,
                 };
-                let opts = nextstate::stages::train::TrainOptions { source, resume, run_id, checkpoints_dir: checkpoints, max_steps };
+                let opts = nextstate::stages::train::TrainOptions { source, resume, run_id, checkpoints_dir: checkpoints, max_steps, metrics_jsonl, metrics_jsonl_extra: vec![] };
                 let r = nextstate::stages::train::train_command(&cfg, &opts, until_idle, stop).await.context("training failed")?;
                 println!(
                     "train: steps={} samples_trained={} skipped_already_trained={} skipped_duplicates={} skipped_other_pipeline={} dropped={:?} skipped_steps={} skipped_samples={:?} resumed_from={:?} last_loss={:?}",
@@ -549,12 +557,12 @@ fn run() -> Result<()> {
                     }
                 }
             }
-            Command::Ablate { config, out, arms } => {
+            Command::Ablate { config, out, arms, metrics_jsonl } => {
                 let config = nextstate::ablate::AblationConfig::load(&config)?;
                 let out = out.unwrap_or_else(|| PathBuf::from("ablation-out").join(&config.name));
                 let stop = Stop::default();
                 stop.on_signals();
-                let opts = nextstate::ablate::AblateOptions { config, out, arms };
+                let opts = nextstate::ablate::AblateOptions { config, out, arms, metrics_jsonl };
                 let s = nextstate::ablate::run_ablation(&opts, stop).await.context("ablation failed")?;
                 println!("\nnextstate ablate — {:.0} s; personalization score per version (interactions trained on):", s.seconds);
                 for arm in &s.reported {

@@ -59,6 +59,22 @@ pub struct Metrics {
     pub trainer_grad_norm: FloatGauge,
     /// `trainer_tokens_per_second`: response tokens of the last step over its wall time.
     pub trainer_tokens_per_second: FloatGauge,
+    /// `trainer_reward_mean`: mean reward r over the last step's trained samples.
+    pub trainer_reward_mean: FloatGauge,
+    /// `trainer_reward_std`: population standard deviation of r over the last step's trained samples.
+    pub trainer_reward_std: FloatGauge,
+    /// `trainer_learning_rate`: learning rate of the last step.
+    pub trainer_learning_rate: FloatGauge,
+    /// `trainer_response_length_mean`: mean response length of the last step's trained samples (tokens).
+    pub trainer_response_length_mean: FloatGauge,
+    /// `trainer_rollout_logprob_abs_diff`: the last step's mean |rollout − recomputed| log-prob (nats).
+    pub trainer_rollout_logprob_abs_diff: FloatGauge,
+    /// `trainer_staleness_mean`: mean policy versions behind of the last step's trained samples.
+    pub trainer_staleness_mean: FloatGauge,
+    /// `trainer_positive_advantage_fraction`: the last step's fraction of masked tokens with advantage > 0.
+    pub trainer_positive_advantage_fraction: FloatGauge,
+    /// `trainer_negative_advantage_fraction`: the last step's fraction of masked tokens with advantage < 0.
+    pub trainer_negative_advantage_fraction: FloatGauge,
     /// `trainer_sample_staleness`: per trained-on sample, the trainer's version minus the policy
     /// version that generated the sample.
     pub trainer_sample_staleness: Histogram,
@@ -146,6 +162,14 @@ impl Metrics {
             trainer_loss: Family::default(),
             trainer_grad_norm: FloatGauge::default(),
             trainer_tokens_per_second: FloatGauge::default(),
+            trainer_reward_mean: FloatGauge::default(),
+            trainer_reward_std: FloatGauge::default(),
+            trainer_learning_rate: FloatGauge::default(),
+            trainer_response_length_mean: FloatGauge::default(),
+            trainer_rollout_logprob_abs_diff: FloatGauge::default(),
+            trainer_staleness_mean: FloatGauge::default(),
+            trainer_positive_advantage_fraction: FloatGauge::default(),
+            trainer_negative_advantage_fraction: FloatGauge::default(),
             trainer_sample_staleness: Histogram::new([0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]),
             trainer_skipped_samples: Family::default(),
             trainer_skipped_steps: Family::default(),
@@ -169,6 +193,14 @@ impl Metrics {
         r.add("trainer_loss", "The last step's loss and its terms", None, &m.trainer_loss);
         r.add("trainer_grad_norm", "The last step's gradient norm before clipping", None, &m.trainer_grad_norm);
         r.add("trainer_tokens_per_second", "Response tokens of the last step over its wall time", None, &m.trainer_tokens_per_second);
+        r.add("trainer_reward_mean", "Mean reward of the last step's trained samples", None, &m.trainer_reward_mean);
+        r.add("trainer_reward_std", "Population std of the reward of the last step's trained samples", None, &m.trainer_reward_std);
+        r.add("trainer_learning_rate", "Learning rate of the last step", None, &m.trainer_learning_rate);
+        r.add("trainer_response_length_mean", "Mean response length of the last step's trained samples (tokens)", None, &m.trainer_response_length_mean);
+        r.add("trainer_rollout_logprob_abs_diff", "The last step's mean |rollout - recomputed| log-prob (nats)", None, &m.trainer_rollout_logprob_abs_diff);
+        r.add("trainer_staleness_mean", "Mean policy versions behind of the last step's trained samples", None, &m.trainer_staleness_mean);
+        r.add("trainer_positive_advantage_fraction", "The last step's fraction of masked tokens with advantage > 0", None, &m.trainer_positive_advantage_fraction);
+        r.add("trainer_negative_advantage_fraction", "The last step's fraction of masked tokens with advantage < 0", None, &m.trainer_negative_advantage_fraction);
         r.add("trainer_sample_staleness", "Per trained-on sample: trainer version minus the sample's policy version", None, &m.trainer_sample_staleness);
         r.add("trainer_skipped_samples", "Samples not trained on, by reason", None, &m.trainer_skipped_samples);
         r.add("trainer_skipped_steps", "Steps that left the weights unchanged, by reason", None, &m.trainer_skipped_steps);
@@ -268,6 +300,81 @@ pub fn trainer_step(loss_terms: &[(&'static str, f64)], grad_norm: f64, tokens: 
     m.trainer_grad_norm.set(grad_norm);
     if seconds > 0.0 {
         m.trainer_tokens_per_second.set(tokens as f64 / seconds);
+    }
+}
+
+/// The figures of one optimizer step a practitioner reads first (the `train_steps` columns of the
+/// same names); a `None` leaves its gauge as it was.
+#[derive(Debug, Clone, Default)]
+pub struct StepFigures {
+    /// Mean reward r.
+    pub reward_mean: Option<f64>,
+    /// Population standard deviation of r.
+    pub reward_std: Option<f64>,
+    /// Learning rate of the step.
+    pub learning_rate: Option<f64>,
+    /// Tokens.
+    pub response_length_mean: Option<f64>,
+    /// Nats.
+    pub rollout_logprob_abs_diff: Option<f64>,
+    /// Policy versions.
+    pub staleness_mean: Option<f64>,
+    /// Fraction of masked tokens with advantage > 0.
+    pub positive_advantage_fraction: Option<f64>,
+    /// Fraction of masked tokens with advantage < 0.
+    pub negative_advantage_fraction: Option<f64>,
+}
+
+/// Sets the trainer's per-step gauges from `f`.
+pub fn trainer_step_figures(f: &StepFigures) {
+    let m = get();
+    let pairs = [
+        (&m.trainer_reward_mean, f.reward_mean),
+        (&m.trainer_reward_std, f.reward_std),
+        (&m.trainer_learning_rate, f.learning_rate),
+        (&m.trainer_response_length_mean, f.response_length_mean),
+        (&m.trainer_rollout_logprob_abs_diff, f.rollout_logprob_abs_diff),
+        (&m.trainer_staleness_mean, f.staleness_mean),
+        (&m.trainer_positive_advantage_fraction, f.positive_advantage_fraction),
+        (&m.trainer_negative_advantage_fraction, f.negative_advantage_fraction),
+    ];
+    for (g, v) in pairs {
+        if let Some(v) = v {
+            g.set(v);
+        }
+    }
+}
+
+/// `--metrics-jsonl FILE`: appends one JSON object per line (one per optimizer step), flushed after
+/// each line so `tail -f FILE` follows a run. The one writer `train` and `ablate` share.
+#[derive(Debug)]
+pub struct JsonlWriter {
+    path: std::path::PathBuf,
+    file: std::io::BufWriter<std::fs::File>,
+}
+
+impl JsonlWriter {
+    /// Opens `path` for appending (created if missing, with its parent folder).
+    ///
+    /// # Errors
+    /// [`crate::Error::Io`] when the file cannot be created or opened.
+    pub fn open(path: &std::path::Path) -> crate::Result<JsonlWriter> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| crate::Error::io("create folder", parent, e))?;
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| crate::Error::io("open", path, e))?;
+        Ok(JsonlWriter { path: path.to_path_buf(), file: std::io::BufWriter::new(file) })
+    }
+
+    /// Writes `row` as one JSON line and flushes it.
+    ///
+    /// # Errors
+    /// [`crate::Error::Io`] when the line cannot be written; the serializer's error otherwise.
+    pub fn append<T: serde::Serialize>(&mut self, row: &T) -> crate::Result<()> {
+        use std::io::Write;
+        let mut line = serde_json::to_vec(row)?;
+        line.push(b'\n');
+        self.file.write_all(&line).and_then(|_| self.file.flush()).map_err(|e| crate::Error::io("write", &self.path, e))
     }
 }
 

@@ -194,7 +194,9 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     ablate(&config, &one, None);
     assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), before, "finished work is not redone");
     let both = ["control"];
-    ablate(&config, &two, Some(&both.join(",")));
+    let jsonl = dir.path().join("two-steps.jsonl");
+    let (ok, stdout, stderr) = common::run_bin(&["ablate", "--config", config.to_str().unwrap(), "--out", two.to_str().unwrap(), "--arms", "control", "--metrics-jsonl", jsonl.to_str().unwrap()]);
+    assert!(ok, "nextstate ablate failed:\n{stdout}\n{stderr}");
 
     // Identical numbers (every table but the wall times) for the arms both runs trained.
     let (r1, r2) = (one.join("results"), two.join("results"));
@@ -205,6 +207,11 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     same_rows::<HeldoutRow>(&r1, &r2, "heldout_losses", |r| mine(&r.arm));
     same_rows::<GapRow>(&r1, &r2, "teacher_gaps", |r| mine(&r.arm));
     same_rows::<StepRow>(&r1, &r2, "steps", |r| mine(&r.arm));
+    // --metrics-jsonl: one line per training step of the arm, with its arm and seed, as the steps table.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jsonl).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<(i64, f64)> = read_table::<StepRow>(&r2, "steps").unwrap().into_iter().filter(|r| r.arm == "control").map(|r| (r.step, r.loss)).collect();
+    assert_eq!(lines.iter().map(|l| (l["step"].as_i64().unwrap(), l["loss"].as_f64().unwrap())).collect::<Vec<_>>(), steps);
+    assert!(lines.iter().all(|l| l["arm"] == "control" && l["seed"] == 42 && l["learning_rate"] == 1e-3), "{lines:?}");
     same_rows::<AdvantageRow>(&r1, &r2, "advantages", |r| mine(&r.arm));
     same_rows::<ResponseRow>(&r1, &r2, "responses", |r| mine(&r.arm));
     // Run 2 built only the data pipelines its arm needs: control's (combined's) and the first hinted one

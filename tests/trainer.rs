@@ -436,10 +436,23 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     // Batches of 2 in topic order: [s0, s1] → step 1; [s2 (poisoned), s3] → s2 skipped, step 2 on s3;
     // [s4 (poisoned)] → skipped whole.
     let started = Instant::now();
-    let out = tokio::task::block_in_place(|| run(&[], 1));
+    let jsonl = dir.path().join("metrics/steps.jsonl");
+    let out = tokio::task::block_in_place(|| run(&["--metrics-jsonl", jsonl.to_str().unwrap()], 1));
     eprintln!("first run: {:.1} s\n{out}", started.elapsed().as_secs_f64());
     assert!(out.contains("train: steps=2 samples_trained=3 "), "{out}");
     assert!(out.contains("skipped_steps=1 skipped_samples={\"non_finite_loss\": 2}"), "{out}");
+    // --metrics-jsonl: one parseable line per train_steps row, equal to the lake's rows.
+    let lines: Vec<nextstate::schema::TrainStep> = std::fs::read_to_string(&jsonl).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut rows: Vec<nextstate::schema::TrainStep> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
+    rows.sort_by_key(|r| r.step);
+    assert_eq!(lines, rows);
+    assert_eq!(lines.iter().map(|r| r.step).collect::<Vec<_>>(), vec![1, 2]);
+    // OPD with teacher = rollout + 0.05: every trained token has A > 0; every sample has r = 0.
+    for r in &lines {
+        assert_eq!((r.reward_mean, r.reward_std, r.learning_rate), (Some(0.0), Some(0.0), Some(1e-4)), "{r:?}");
+        assert_eq!((r.positive_advantage_fraction, r.negative_advantage_fraction), (Some(1.0), Some(0.0)), "{r:?}");
+        assert!(r.response_length_max.is_some_and(|m| m > 0) && r.tokens_per_second.is_some_and(|x| x > 0.0), "{r:?}");
+    }
 
     let run_dir = ck.join("poison");
     let scan = nextstate::trainer::scan(&run_dir).unwrap();

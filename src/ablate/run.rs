@@ -51,6 +51,9 @@ pub struct AblateOptions {
     pub out: PathBuf,
     /// Only these arms in this process (None: all).
     pub arms: Option<Vec<String>>,
+    /// `--metrics-jsonl FILE`: one JSON object per optimizer step of every arm trained in this process
+    /// (the `train_steps` row plus `arm`, `group` and `seed`).
+    pub metrics_jsonl: Option<PathBuf>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -304,7 +307,7 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
     Ok(b)
 }
 
-async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &Layout, stop: &Stop) -> Result<TrainMarker> {
+async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &Layout, stop: &Stop, metrics_jsonl: Option<&std::path::Path>) -> Result<TrainMarker> {
     let dir = lay.arm(&arm.name);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
     let path = dir.join("train.json");
@@ -338,6 +341,8 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
             run_id: Some(arm.name.clone()),
             checkpoints_dir: lay.checkpoints(&arm.name),
             max_steps: None,
+            metrics_jsonl: metrics_jsonl.map(|p| p.to_path_buf()),
+            metrics_jsonl_extra: vec![("arm".into(), arm.name.clone().into()), ("group".into(), arm.group.clone().into()), ("seed".into(), arm.seed.into())],
         };
         let report = train_command(&arm.pipeline, &opts, true, stop.clone()).await?;
         check_stop(stop)?;
@@ -439,7 +444,7 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
         if !selected(sel, arm) {
             continue;
         }
-        train_arm(cfg, arm, &p, &lay, &stop).await?;
+        train_arm(cfg, arm, &p, &lay, &stop, opts.metrics_jsonl.as_deref()).await?;
         eval_arm(cfg, arm, &p, &base, &lay, &stop).await?;
     }
     let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, p.eval_problems.len()).await?;

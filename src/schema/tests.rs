@@ -119,3 +119,13 @@ fn content_hash_is_length_prefixed() {
     assert_ne!(content_hash(&[b"ab", b"c"]), content_hash(&[b"a", b"bc"]));
     assert_eq!(content_hash(&[b"x"]).len(), 32);
 }
+
+#[test]
+fn checked_in_schema_files_match_the_code() {
+    // `nextstate schema --write schemas` regenerates them.
+    for (name, s) in all_schemas() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas").join(format!("{name}.json"));
+        let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(file, schema_json(&s), "{} is stale: run `nextstate schema --write schemas`", path.display());
+    }
+}

@@ -49,14 +49,57 @@ pub struct TrainStep {
     pub seconds: f64,
     /// When the step finished (ms).
     pub created_time: i64,
+    /// Mean reward r (METHOD.md §5) over the step's trained samples. Null in rows of schema version 1.
+    #[serde(default)]
+    pub reward_mean: Option<f64>,
+    /// Population standard deviation of r over the step's trained samples (divides by n). Null in
+    /// rows of schema version 1.
+    #[serde(default)]
+    pub reward_std: Option<f64>,
+    /// Learning rate AdamW used for this step (the configured `lr`; the trainer has no warm-up or
+    /// schedule). Null in rows of schema version 1.
+    #[serde(default)]
+    pub learning_rate: Option<f64>,
+    /// Mean response length of the trained samples (tokens; every response token, masked or not). Null
+    /// in rows of schema version 1.
+    #[serde(default)]
+    pub response_length_mean: Option<f64>,
+    /// Longest response of the trained samples (tokens). Null in rows of schema version 1.
+    #[serde(default)]
+    pub response_length_max: Option<i64>,
+    /// Masked response tokens over the step's wall time (tokens/s). Null in rows of schema version 1.
+    #[serde(default)]
+    pub tokens_per_second: Option<f64>,
+    /// Mean staleness of the trained samples (policy versions behind: the trainer's checkpoint
+    /// version minus the sample's `policy_version`, at least 0). Null when no trained sample has a
+    /// policy version, and in rows of schema version 1.
+    #[serde(default)]
+    pub staleness_mean: Option<f64>,
+    /// Largest staleness of the trained samples (policy versions). Null as `staleness_mean`.
+    #[serde(default)]
+    pub staleness_max: Option<i64>,
+    /// Fraction of the step's masked tokens whose advantage `A_t` is > 0. Null in rows of schema
+    /// version 1.
+    #[serde(default)]
+    pub positive_advantage_fraction: Option<f64>,
+    /// Fraction of the step's masked tokens whose advantage `A_t` is < 0. Null in rows of schema
+    /// version 1.
+    #[serde(default)]
+    pub negative_advantage_fraction: Option<f64>,
+    /// The same two fractions per sample type, over that type's masked tokens: a JSON object
+    /// `{"<type>": {"positive": f, "negative": f}}`. Null in rows of schema version 1.
+    #[serde(default)]
+    pub advantage_sign_by_type: Option<String>,
 }
 
 impl Table for TrainStep {
     const NAME: &'static str = "train_steps";
-    const SCHEMA_VERSION: i32 = 1;
+    const SCHEMA_VERSION: i32 = 2;
     const KEY: &'static str = "step_id";
     const DOC: &'static str = "Per optimizer step: loss components (METHOD.md §6), clip fraction, \
-        PPO KL, KL to the reference, entropy, advantages by sample type, tokens and seconds.";
+        PPO KL, KL to the reference, entropy, advantages by sample type, tokens and seconds; since \
+        version 2 also reward mean/std, learning rate, response lengths, tokens/s, staleness and the \
+        positive/negative advantage token fractions (nullable: null in version-1 files).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),
@@ -79,6 +122,17 @@ impl Table for TrainStep {
             i64f("tokens", false, "Masked response tokens."),
             f64f("seconds", false, "Wall time of the step (s)."),
             ts("created_time", false, "When the step finished (UTC)."),
+            f64f("reward_mean", true, "Mean reward r over the trained samples (null before schema version 2)."),
+            f64f("reward_std", true, "Population std of r over the trained samples."),
+            f64f("learning_rate", true, "Learning rate used for this step."),
+            f64f("response_length_mean", true, "Mean response length of the trained samples (tokens)."),
+            i64f("response_length_max", true, "Longest response of the trained samples (tokens)."),
+            f64f("tokens_per_second", true, "Masked response tokens over the step's wall time (tokens/s)."),
+            f64f("staleness_mean", true, "Mean trainer version minus sample policy_version (versions; null without versions)."),
+            i64f("staleness_max", true, "Largest trainer version minus sample policy_version (versions)."),
+            f64f("positive_advantage_fraction", true, "Fraction of masked tokens with advantage > 0."),
+            f64f("negative_advantage_fraction", true, "Fraction of masked tokens with advantage < 0."),
+            utf8("advantage_sign_by_type", true, "Positive/negative advantage token fractions by sample type (JSON)."),
         ]
     }
     fn key(&self) -> &str {

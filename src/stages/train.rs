@@ -62,6 +62,23 @@ pub struct TrainOptions {
     pub checkpoints_dir: PathBuf,
     /// Stop after this many optimizer steps.
     pub max_steps: Option<i64>,
+    /// `--metrics-jsonl FILE`: append one JSON object per optimizer step (the `train_steps` row, plus
+    /// `metrics_jsonl_extra`), flushed per line.
+    pub metrics_jsonl: Option<PathBuf>,
+    /// Keys added to each JSON line (`ablate`: `arm`, `group` and `seed`).
+    pub metrics_jsonl_extra: Vec<(String, serde_json::Value)>,
+}
+
+/// Appends `outcome`'s `train_steps` row (if a step was taken) to `--metrics-jsonl`, with `extra` keys.
+fn append_jsonl(w: &mut Option<crate::metrics::JsonlWriter>, extra: &[(String, serde_json::Value)], outcome: &StepOutcome) -> Result<()> {
+    let (Some(w), Some(ts)) = (w.as_mut(), &outcome.train_step) else { return Ok(()) };
+    let mut line = serde_json::to_value(ts)?;
+    if let Some(obj) = line.as_object_mut() {
+        for (k, v) in extra {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
+    w.append(&line)
 }
 
 /// What a training run did.
@@ -262,6 +279,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
         }
     };
     let max_steps = opts.max_steps.unwrap_or(i64::MAX);
+    let mut jsonl = opts.metrics_jsonl.as_deref().map(crate::metrics::JsonlWriter::open).transpose()?;
     match &opts.source {
         TrainSource::Sql(q) => {
             let lake = crate::lake::Lake::open(&cfg.lake)?;
@@ -282,6 +300,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                     break;
                 }
                 let outcome = worker.step(chunk.to_vec(), vec![]).await?;
+                append_jsonl(&mut jsonl, &opts.metrics_jsonl_extra, &outcome)?;
                 if let Some(row) = publish(&out, &outcome, &mut report, chunk).await? {
                     notify(&row);
                 }
@@ -338,6 +357,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                     let chunk_pos: HashMap<String, (i32, i64)> = chunk.iter().map(|(s, p, o)| (s.sample_id.clone(), (*p, *o))).collect();
                     let samples: Vec<Sample> = chunk.into_iter().map(|(s, _, _)| s).collect();
                     let outcome = worker.step(samples.clone(), positions).await?;
+                    append_jsonl(&mut jsonl, &opts.metrics_jsonl_extra, &outcome)?;
                     let checkpointed = publish(&out, &outcome, &mut report, &samples).await?;
                     if let Some(row) = checkpointed {
                         commit_checkpointed(&input, &mut open, &pending, &consumed_next);

@@ -259,6 +259,28 @@ pub struct Accumulated {
     pub rollout_abs_diff: f64,
     /// Samples left out, with reasons (indices into the input slice, ascending).
     pub dropped: Vec<Dropped>,
+    /// Masked tokens by sample type (kebab-case): `(advantage > 0, advantage < 0, all)` (tokens).
+    pub advantage_signs: BTreeMap<String, (i64, i64, i64)>,
+}
+
+/// Adds `batch`'s masked-token counts by sign of the advantage `adv` `[B, T]` to `into`, by sample type.
+fn count_advantage_signs(adv: &Tensor, batch: &PackedBatch, into: &mut BTreeMap<String, (i64, i64, i64)>) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    let mask = batch.loss_mask.f_gt(0.0)?;
+    let count = |x: &Tensor| -> Result<Vec<i64>> {
+        let per_row = x.f_logical_and(&mask)?.f_sum_dim_intlist(1i64, false, Kind::Int64)?.f_to_device(tch::Device::Cpu)?;
+        Ok(Vec::<i64>::try_from(&per_row)?)
+    };
+    let pos = count(&adv.f_gt(0.0)?)?;
+    let neg = count(&adv.f_lt(0.0)?)?;
+    let all = count(&mask)?;
+    for (i, t) in batch.sample_types.iter().enumerate() {
+        let e = into.entry(t.as_str().to_string()).or_default();
+        e.0 += pos[i];
+        e.1 += neg[i];
+        e.2 += all[i];
+    }
+    Ok(())
 }
 
 /// The forward and backward pass of one optimizer step without the update: packs `samples` (dropping
@@ -294,17 +316,19 @@ pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&d
     dropped.sort_by_key(|d| d.index);
     let num_samples: usize = packed_parts.iter().map(|b| b.batch_size()).sum();
     let mut parts: Vec<(LossMetrics, f64, BTreeMap<String, i64>)> = vec![];
+    let mut advantage_signs = BTreeMap::new();
     for batch in &packed_parts {
         let mut type_counts: BTreeMap<String, i64> = BTreeMap::new();
         for t in &batch.sample_types {
             *type_counts.entry(t.as_str().to_string()).or_default() += 1;
         }
         let ev = evaluate(policy, reference, cfg, &lcfg, batch, num_samples as f64, true)?;
+        count_advantage_signs(&ev.out.advantages, batch, &mut advantage_signs)?;
         parts.push((ev.out.metrics, ev.rollout_abs_diff, type_counts));
     }
     if parts.is_empty() {
-        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped });
+        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped, advantage_signs });
     }
     let (m, rollout_abs_diff) = merge_metrics(&parts);
-    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped })
+    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped, advantage_signs })
 }

@@ -11,7 +11,8 @@
 //! - `accumulate.rs`: one step's forward and backward pass without the update — micro-batches by
 //!   length, the chunked head and loss, merged metrics ([`accumulate_gradients`], [`micro_batches`]).
 //! - `step.rs`: the [`Trainer`] (one optimizer step per batch, `train_steps` rows, checkpoints every K
-//!   steps, resume); `outcome.rs`: what a step returns ([`StepOutcome`], [`SkippedStep`]);
+//!   steps, resume); `step_figures.rs`: the step's reward, length, staleness, learning-rate, tokens/s and
+//!   advantage-sign figures; `outcome.rs`: what a step returns ([`StepOutcome`], [`SkippedStep`]);
 //!   `recovery.rs`: a bad batch (non-finite loss or gradient, libtorch error) probed sample by sample,
 //!   retried without its offenders or skipped.
 //! - `loss_report.rs`: the [`loss_report`] (every loss component per sample, without updating weights).
@@ -43,6 +44,7 @@ mod outcome;
 mod policy;
 mod recovery;
 mod step;
+mod step_figures;
 #[cfg(test)]
 mod test_util;
 

@@ -14,6 +14,7 @@ use super::config::TrainerConfig;
 use super::loss_report::{loss_report, LossReport};
 use super::optim::{AdamW, AdamWConfig};
 use super::policy::{Policy, WeightsFormat};
+use super::step_figures::step_figures;
 use super::outcome::{SkipReason, StepFailure, StepOutcome, WrittenCheckpoint};
 use crate::method::Method;
 use crate::schema::{now_ms, Sample, Table, TrainStep};
@@ -254,6 +255,16 @@ impl<P: Policy> Trainer<P> {
         let Some(row) = &outcome.train_step else { return };
         let terms = [("total", row.loss), ("pg", row.pg_loss), ("kl", row.kl), ("entropy", row.entropy), ("topk_kl", row.topk_kl), ("ppo_kl", row.ppo_kl)];
         crate::metrics::trainer_step(&terms, row.grad_norm, row.tokens, row.seconds);
+        crate::metrics::trainer_step_figures(&crate::metrics::StepFigures {
+            reward_mean: row.reward_mean,
+            reward_std: row.reward_std,
+            learning_rate: row.learning_rate,
+            response_length_mean: row.response_length_mean,
+            rollout_logprob_abs_diff: Some(row.rollout_logprob_abs_diff),
+            staleness_mean: row.staleness_mean,
+            positive_advantage_fraction: row.positive_advantage_fraction,
+            negative_advantage_fraction: row.negative_advantage_fraction,
+        });
         let left_out = |i: usize| outcome.dropped.iter().any(|d| d.index == i) || outcome.skipped.as_ref().is_some_and(|s| s.samples.contains(&i));
         for (i, s) in samples.iter().enumerate() {
             if let Some(v) = s.policy_version.filter(|_| !left_out(i)) {
@@ -275,6 +286,7 @@ impl<P: Policy> Trainer<P> {
             return Ok(StepOutcome { train_step: None, metrics: None, dropped, checkpoint: None, skipped: None });
         };
         let rollout_abs_diff = acc.rollout_abs_diff;
+        let advantage_signs = acc.advantage_signs;
         if !m.loss.is_finite() {
             self.opt.zero_grad()?;
             return Err(StepFailure::Skip(
@@ -301,6 +313,7 @@ impl<P: Policy> Trainer<P> {
             seconds,
         });
         let run_id = self.writer.run_id().to_string();
+        let f = step_figures(samples, &dropped, self.version, self.opt.config().lr, m.tokens, seconds, &advantage_signs);
         let row = TrainStep {
             schema_version: TrainStep::SCHEMA_VERSION,
             step_id: format!("{run_id}/{step}"),
@@ -322,6 +335,17 @@ impl<P: Policy> Trainer<P> {
             tokens: m.tokens,
             seconds,
             created_time: now_ms(),
+            reward_mean: Some(f.reward_mean),
+            reward_std: Some(f.reward_std),
+            learning_rate: Some(f.learning_rate),
+            response_length_mean: Some(f.response_length_mean),
+            response_length_max: Some(f.response_length_max),
+            tokens_per_second: Some(f.tokens_per_second),
+            staleness_mean: f.staleness_mean,
+            staleness_max: f.staleness_max,
+            positive_advantage_fraction: Some(f.positive_advantage_fraction),
+            negative_advantage_fraction: Some(f.negative_advantage_fraction),
+            advantage_sign_by_type: Some(f.advantage_sign_by_type),
         };
         Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint: None, skipped: None })
     }

@@ -173,9 +173,12 @@ fn train_step_row_and_drops() {
     // On-policy rollout log-probs: |rollout − current| is f32 round-off only, nothing clipped, ppo_kl 0.
     assert!(row.rollout_logprob_abs_diff < 1e-6 && row.clip_fraction == 0.0 && row.ppo_kl.abs() < 1e-6, "{row:?}");
     let adv: std::collections::BTreeMap<String, f64> = serde_json::from_str(&row.advantage_by_type).unwrap();
-    // Two samples with A = +1 and two with −1: mean 0.
+    // Two samples with A = +1 and two with −1: mean 0; A > 0 on b1, b3 (4 of 10 tokens), A < 0 on 6.
     assert_eq!(adv["binary"], 0.0);
-    assert!(row.grad_norm > 0.0 && row.seconds > 0.0);
+    let f = (row.reward_mean, row.reward_std, row.learning_rate, row.response_length_mean, row.response_length_max, row.staleness_max);
+    assert_eq!(f, (Some(0.0), Some(1.0), Some(0.01), Some(2.5), Some(4), Some(0)));
+    assert_eq!((row.positive_advantage_fraction, row.negative_advantage_fraction), (Some(0.4), Some(0.6)));
+    assert!(row.grad_norm > 0.0 && row.seconds > 0.0 && row.tokens_per_second.is_some_and(|x| x > 0.0));
     // All dropped: no step.
     let out = t.train_step(&samples[4..]).unwrap();
     assert!(out.train_step.is_none() && out.dropped.len() == 1);

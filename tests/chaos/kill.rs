@@ -156,7 +156,7 @@ async fn trainer_trains_a_resent_sample_once() {
         producer.send(&sample(id, r), None).await.unwrap();
     }
     let ctl = nextstate::runtime::TaskCtl::new("train", true, nextstate::runtime::Stop::default());
-    let opts = TrainOptions { source: TrainSource::Topic, resume: false, run_id: Some("dup".into()), checkpoints_dir: dir.path().to_path_buf(), max_steps: None };
+    let opts = TrainOptions { source: TrainSource::Topic, resume: false, run_id: Some("dup".into()), checkpoints_dir: dir.path().to_path_buf(), max_steps: None, metrics_jsonl: None, metrics_jsonl_extra: vec![] };
     let report = tokio::time::timeout(Duration::from_secs(420), run_train(&cfg, &opts, &bus, &ctl, None)).await.expect("trainer finished").unwrap();
     assert_eq!((report.steps, report.samples_trained, report.skipped_duplicates), (2, 4, 1), "{report:?}");
     let scan = nextstate::trainer::scan(&dir.path().join("dup")).unwrap();

@@ -212,6 +212,8 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
             run_id: Some(run_id.clone()),
             checkpoints_dir: checkpoints_dir.clone(),
             max_steps: None,
+            metrics_jsonl: None,
+            metrics_jsonl_extra: vec![],
         };
         // With a follower in this process, it reloads (in order, from the topic); else the trainer does.
         let on_checkpoint = if run_follower { reload_hook::reloader(None, None, reloads.clone()) } else { reload_hook::reloader(policy.clone(), Some(external.clone()), reloads.clone()) };
