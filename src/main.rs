@@ -148,9 +148,8 @@ enum Command {
         /// `--follow`: the positions file (default `<lake>/_follow/positions.json`).
         #[arg(long)]
         positions: Option<PathBuf>,
-        /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
-        #[arg(long, value_name = "HOST:PORT")]
-        metrics_addr: Option<String>,
+        #[command(flatten)]
+        metrics: MetricsArgs,
     },
     /// Train the policy on samples from the `samples` topic (default) or a SQL query over the lake.
     Train {
@@ -179,9 +178,8 @@ enum Command {
         /// Exit once the topic is drained (topic source).
         #[arg(long)]
         until_idle: bool,
-        /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
-        #[arg(long, value_name = "HOST:PORT")]
-        metrics_addr: Option<String>,
+        #[command(flatten)]
+        metrics: MetricsArgs,
         /// Append one JSON object per optimizer step (the `train_steps` row) to FILE, flushed per line
         /// (`tail -f FILE` follows the run).
         #[arg(long, value_name = "FILE")]
@@ -328,20 +326,29 @@ enum Command {
         /// Resume the trainer from its newest checkpoint (and serve that checkpoint).
         #[arg(long)]
         resume: bool,
-        /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
-        #[arg(long, value_name = "HOST:PORT")]
-        metrics_addr: Option<String>,
+        #[command(flatten)]
+        metrics: MetricsArgs,
         #[command(flatten)]
         data: DataArgs,
     },
 }
 
-/// Starts the `--metrics-addr` endpoint when one is given (until `stop`).
-async fn serve_metrics(addr: Option<&str>, stop: &Stop) -> Result<()> {
-    if let Some(a) = addr {
-        nextstate::stages::metrics_http::serve_metrics(a, stop.clone()).await.context("--metrics-addr")?;
+/// `--metrics-addr`, on the long-running commands without a listener of their own.
+#[derive(Args, Clone, Debug, Default)]
+struct MetricsArgs {
+    /// Serve this process's Prometheus metrics at http://HOST:PORT/metrics (docs/metrics.md).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+}
+
+impl MetricsArgs {
+    /// Starts the `--metrics-addr` endpoint when one is given (until `stop`).
+    async fn serve(&self, stop: &Stop) -> Result<()> {
+        if let Some(a) = &self.metrics_addr {
+            nextstate::stages::metrics_http::serve_metrics(a, stop.clone()).await.context("--metrics-addr")?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConfig> {
@@ -426,7 +433,7 @@ fn run() -> Result<()> {
                     println!("export {}: {}", to.as_str(), f.summary());
                 }
             }
-            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions, metrics_addr } => {
+            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions, metrics } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let choice: nextstate::ingest::FormatChoice = format.parse()?;
                 let format = match choice {
@@ -437,7 +444,7 @@ fn run() -> Result<()> {
                     .with_context(|| format!("--default-turn-type must be main or side, got {default_turn_type}"))?;
                 let stop = Stop::default();
                 stop.on_signals();
-                serve_metrics(metrics_addr.as_deref(), &stop).await?;
+                metrics.serve(&stop).await?;
                 let r = if follow {
                     let args = nextstate::stages::follow::FollowArgs {
                         paths: files,
@@ -467,11 +474,11 @@ fn run() -> Result<()> {
                     println!("sink {t}: rows_written={} duplicate_keys={} files={}", s.rows_written, s.duplicate_keys, s.files);
                 }
             }
-            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data, metrics_addr, metrics_jsonl } => {
+            Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data, metrics, metrics_jsonl } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let stop = Stop::default();
                 stop.on_signals();
-                serve_metrics(metrics_addr.as_deref(), &stop).await?;
+                metrics.serve(&stop).await?;
                 let source = match sql {
                     Some(q) => nextstate::stages::train::TrainSource::Sql(q),
                     None => nextstate::stages::train::TrainSource::Topic,
@@ -583,11 +590,11 @@ fn run() -> Result<()> {
                 }
                 println!("report: {}\nresults: {}", s.report.display(), s.results.display());
             }
-            Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data, metrics_addr } => {
+            Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data, metrics } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let stop = Stop::default();
                 stop.on_signals();
-                serve_metrics(metrics_addr.as_deref(), &stop).await?;
+                metrics.serve(&stop).await?;
                 let only = only.or_else(|| {
                     until_idle.then(|| ["signals", "judge", "hint", "teacher", "train", "sinks"].iter().map(|s| s.to_string()).collect())
                 });

@@ -139,8 +139,8 @@ impl Registering {
     }
 }
 
-/// Latency buckets, seconds: 1 ms … about 65 s, doubling (as the proxy's).
-fn latency_buckets() -> impl Iterator<Item = f64> {
+/// Latency buckets, seconds: 1 ms … about 65 s, doubling (the policy server's and the capture proxy's).
+pub fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 17)
 }
 

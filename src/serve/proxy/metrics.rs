@@ -10,8 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-/// Label set: `(name, value)` pairs.
-pub type Labels = Vec<(&'static str, String)>;
+pub use crate::metrics::Labels;
+use crate::metrics::latency_buckets;
 
 /// Every metric of one proxy (names are prefixed `nextstate_proxy_`).
 #[derive(Debug)]
@@ -44,11 +44,6 @@ pub struct Metrics {
     pub spool_events: Gauge<i64, AtomicI64>,
     /// `kafka_up`: 1 while events go straight to Kafka, 0 while they are spooled.
     pub kafka_up: Gauge<i64, AtomicI64>,
-}
-
-/// Latency buckets, seconds: 1 ms … about 65 s, doubling.
-fn latency_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
 }
 
 impl Default for Metrics {
