@@ -17,7 +17,14 @@
 //!   24,540), from spawn until the last Parquet file of the table appears (process start, group join
 //!   and rebalances included; the idle wait and shutdown after it are not).
 //!
-//! Every run checks exactly-once: the lake holds each record's key once (`rows` in the output).
+//! - `resume`: peak RSS (`/usr/bin/time -v`) and wall time of `nextstate run --only sinks --until-idle`
+//!   starting on a lake whose `interactions` table already holds `resume_rows` rows (default 1,000,000,
+//!   each about 1 kB, in files of 2,000 rows named as the sink names them for 4 partitions of the bench's
+//!   topic on this broker), beside the same command on an empty lake (the process floor): what a sink
+//!   keeps in memory to resume (`[sink] dedupe_window`).
+//!
+//! `cases=ceiling,run_sink,procs,resume` picks cases (default: all). Every run checks exactly-once: the
+//! lake holds each record's key once (`rows` in the output).
 //!
 //! Run: `cargo bench --bench sink -- brokers=127.0.0.1:19092` (default broker: `scripts/broker.sh`'s).
 //! Prints `BENCH {json}` lines.
@@ -157,19 +164,30 @@ fn main() {
     let target: usize = arg("record_bytes", "4096").parse().expect("record_bytes=N");
     let partitions: Vec<i32> = arg("partitions", "1,2,4").split(',').map(|p| p.parse().expect("partitions=1,2,4")).collect();
     let procs: Vec<usize> = arg("procs", "1,2").split(',').filter(|s| !s.is_empty()).map(|p| p.parse().expect("procs=1,2")).collect();
+    let cases = arg("cases", "ceiling,run_sink,procs,resume");
+    let has = |c: &str| cases.split(',').any(|x| x == c);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    if has("resume") {
+        let resume_rows: usize = arg("resume_rows", "1000000").parse().expect("resume_rows=N");
+        resume(&rt, &brokers, &rows, resume_rows, tmp.path());
+    }
+    if !(has("ceiling") || has("run_sink") || has("procs")) {
+        return;
+    }
     let recs = records(&rows, n, target);
     let mb = recs.bytes as f64 / 1e6;
     let mean_bytes = recs.bytes as f64 / n.max(1) as f64;
     eprintln!("{n} records, {mb:.1} MB of envelopes, {mean_bytes:.0} bytes each on average");
 
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let d = ceiling(&recs, &tmp.path().join("ceiling"));
-    let parquet = dir_bytes(&tmp.path().join("ceiling"));
-    emit(json!({"bench": "sink", "case": "ceiling", "records": n, "mb": mb, "record_bytes_mean": mean_bytes, "record_bytes_target": target, "secs": d.as_secs_f64(),
-        "mb_s": mb / d.as_secs_f64(), "records_s": n as f64 / d.as_secs_f64(), "parquet_mb": parquet as f64 / 1e6}));
+    if has("ceiling") {
+        let d = ceiling(&recs, &tmp.path().join("ceiling"));
+        let parquet = dir_bytes(&tmp.path().join("ceiling"));
+        emit(json!({"bench": "sink", "case": "ceiling", "records": n, "mb": mb, "record_bytes_mean": mean_bytes, "record_bytes_target": target, "secs": d.as_secs_f64(),
+            "mb_s": mb / d.as_secs_f64(), "records_s": n as f64 / d.as_secs_f64(), "parquet_mb": parquet as f64 / 1e6}));
+    }
 
-    for &p in &partitions {
+    for &p in partitions.iter().filter(|_| has("run_sink")) {
         let lake_dir = tmp.path().join(format!("sink-p{p}"));
         let (stats, secs, produce_secs) = rt.block_on(async {
             let (bus, _prefix, produce_secs) = topic_with(&brokers, p, &recs).await;
@@ -189,9 +207,9 @@ fn main() {
     }
 
     // Scaling: sink processes (static membership) over topics of 1, 2 and 4 partitions.
-    let scale = records(&rows, scale_n, target);
+    let scale = records(&rows, if has("procs") { scale_n } else { 0 }, target);
     let smb = scale.bytes as f64 / 1e6;
-    for (&p, &k) in partitions.iter().flat_map(|p| procs.iter().map(move |k| (p, k))) {
+    for (&p, &k) in partitions.iter().filter(|_| has("procs")).flat_map(|p| procs.iter().map(move |k| (p, k))) {
         let lake_dir = tmp.path().join(format!("procs-p{p}-{k}"));
         let (_bus, prefix, _) = rt.block_on(topic_with(&brokers, p, &scale));
         let t0 = SystemTime::now();
@@ -232,4 +250,69 @@ fn main() {
         emit(json!({"bench": "sink", "case": "processes", "partitions": p, "consumers": k, "records": scale_n, "mb": smb,
             "secs": secs, "mb_s": smb / secs, "records_s": scale_n as f64 / secs, "rows": keys, "exit_secs": exit_secs}));
     }
+}
+
+/// Peak RSS in kB and wall seconds of `nextstate run --only sinks --until-idle` on `lake_dir`, under
+/// `/usr/bin/time -v`.
+fn sink_process_rss(brokers: &str, prefix: &str, lake_dir: &std::path::Path, log: &std::path::Path) -> (u64, f64) {
+    let t = Instant::now();
+    let out = Command::new("/usr/bin/time")
+        .arg("-v")
+        .arg(env!("CARGO_BIN_EXE_nextstate"))
+        .args(["run", "--only", "sinks", "--until-idle", "--brokers", brokers, "--topic-prefix", prefix])
+        .args(["--lake", &lake_dir.display().to_string(), "--group-instance-id", "sinks-resume"])
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run /usr/bin/time -v nextstate");
+    let secs = t.elapsed().as_secs_f64();
+    let err = String::from_utf8_lossy(&out.stderr);
+    std::fs::write(log, err.as_bytes()).expect("write log");
+    assert!(out.status.success(), "sink process failed: see {}", log.display());
+    let kb = err
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes): "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("peak RSS in /usr/bin/time -v output");
+    (kb, secs)
+}
+
+/// The `resume` case: a sink process starting on a table of `n` rows against one starting on an empty lake.
+fn resume(rt: &tokio::runtime::Runtime, brokers: &str, rows: &[Interaction], n: usize, tmp: &std::path::Path) {
+    const PARTITIONS: i32 = 4;
+    const FILE_ROWS: usize = 2000;
+    let (bus, prefix, _) = rt.block_on(topic_with(brokers, PARTITIONS, &Records { payloads: vec![], bytes: 0 }));
+    let topic = bus.topic(Interaction::NAME);
+    // The fixture's rows cut to about 1 kB (oldest request messages first), then replicated with fresh ids.
+    let base: Vec<Interaction> =
+        rows.iter().map(|r| serde_json::from_slice::<Envelope<Interaction>>(&envelope_near(r.clone(), 1024)).expect("parse").row).collect();
+    let lake_dir = tmp.join("resume");
+    let lake = Lake::open(&lake_dir).expect("lake");
+    let t = Instant::now();
+    let mut next = [0i64; PARTITIONS as usize];
+    let mut chunk: Vec<Interaction> = Vec::with_capacity(FILE_ROWS);
+    for i in 0..n {
+        chunk.push(replica(&base[i % base.len()], i / base.len()));
+        if chunk.len() == FILE_ROWS || i + 1 == n {
+            let p = (i / FILE_ROWS) % PARTITIONS as usize;
+            let (first, last) = (next[p], next[p] + chunk.len() as i64 - 1);
+            next[p] = last + 1;
+            let refs: Vec<&Interaction> = chunk.iter().collect();
+            let stem = nextstate::lake::kafka_stem(bus.source_id(), &topic, p as i32, first, last);
+            lake.write_file::<Interaction>(&date_of(chunk[0].event_time_ms()), &stem, &refs).expect("write");
+            chunk.clear();
+        }
+    }
+    let gen_secs = t.elapsed().as_secs_f64();
+    let files = lake.files(Interaction::NAME).expect("list").len();
+    let lake_mb = dir_bytes(&lake_dir) as f64 / 1e6;
+    eprintln!("resume: {n} rows in {files} files, {lake_mb:.0} MB, written in {gen_secs:.1} s");
+    let empty = tmp.join("resume-empty");
+    let (floor_kb, floor_secs) = sink_process_rss(brokers, &prefix, &empty, &tmp.join("resume-empty.log"));
+    let (kb, secs) = sink_process_rss(brokers, &prefix, &lake_dir, &tmp.join("resume.log"));
+    let after = lake.files(Interaction::NAME).expect("list").len();
+    assert_eq!(after, files, "a resuming sink with nothing new writes nothing");
+    emit(json!({"bench": "sink", "case": "resume", "rows": n, "files": files, "lake_mb": lake_mb, "partitions": PARTITIONS,
+        "peak_rss_mb": kb as f64 / 1024.0, "secs": secs, "floor_peak_rss_mb": floor_kb as f64 / 1024.0, "floor_secs": floor_secs}));
 }

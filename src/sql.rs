@@ -1,16 +1,20 @@
 //! SQL over the lake: every table is registered in DataFusion (Hive `date` partition column included)
 //! with its declared schema, so a table with no files yet is queryable (and empty). Any other folder of
 //! the lake root holding Parquet files directly (e.g. an ablation's `results/<table>/`) is registered
-//! too, under the folder's name, with the schema of its files.
+//! too, under the folder's name, with the schema of its files. Files are listed through
+//! [`LiveFiles`]: a file that `nextstate compact` merged into a larger one is not read.
 
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::object_store::local::LocalFileSystem;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 
 use crate::error::{Error, Result};
+use crate::lake::live::LiveFiles;
 use crate::lake::Lake;
 use crate::schema::all_schemas;
 
@@ -32,6 +36,9 @@ pub enum OutputFormat {
 /// [`Error::Sql`] when a table cannot be registered.
 pub async fn session(lake: &Lake) -> Result<SessionContext> {
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_information_schema(true));
+    // Local files are listed through the lake's live-file rule: files a compaction merged are not read.
+    let local = Arc::new(LiveFiles::new(Arc::new(LocalFileSystem::new())));
+    ctx.runtime_env().register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), local);
     let known = all_schemas();
     for (name, schema) in &known {
         register(&ctx, lake, name, Arc::new(schema.as_ref().clone())).await?;

@@ -13,6 +13,9 @@
 //! Files written directly (ingest without Kafka records, the trainer's step table) are named by a writer
 //! id and sequence number.
 
+pub mod compact;
+pub mod dedupe;
+pub mod live;
 pub mod sink;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -65,12 +68,15 @@ pub enum FileOrigin {
         /// Last offset in the file.
         last: i64,
     },
-    /// Written directly by a writer (`writer` id, sequence number).
+    /// Written directly by a writer (`writer` id, sequence numbers `seq..=last_seq`: one number for a
+    /// file as written, a range for files merged by `nextstate compact`).
     Direct {
         /// Writer id.
         writer: String,
-        /// Sequence number.
+        /// (First) sequence number.
         seq: u64,
+        /// Last sequence number (`seq` for a file as written).
+        last_seq: u64,
     },
 }
 
@@ -149,11 +155,27 @@ impl Lake {
         out
     }
 
-    /// Every complete Parquet file of table `name`, sorted by path. Temporary files are not listed.
+    /// Every live Parquet file of table `name`, sorted by path: temporary files and files covered by a
+    /// merged file ([`live`], [`compact`]) are not listed.
     ///
     /// # Errors
     /// [`Error::Io`] when a folder cannot be read.
     pub fn files(&self, name: &str) -> Result<Vec<LakeFile>> {
+        Ok(self.scan(name)?.into_iter().filter(|(_, c)| c.is_none()).map(|(f, _)| f).collect())
+    }
+
+    /// The files of table `name` that a merged file covers, each with the path of that file (sorted by
+    /// path): left by `nextstate compact` for readers that listed them before, deleted after its
+    /// retention time.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a folder cannot be read.
+    pub fn covered_files(&self, name: &str) -> Result<Vec<(LakeFile, PathBuf)>> {
+        Ok(self.scan(name)?.into_iter().filter_map(|(f, c)| c.map(|c| (f, c))).collect())
+    }
+
+    /// Every lake file of table `name` with the path of the file covering it, if any.
+    fn scan(&self, name: &str) -> Result<Vec<(LakeFile, Option<PathBuf>)>> {
         let dir = self.table_dir(name);
         let mut out = vec![];
         if !dir.exists() {
@@ -162,6 +184,7 @@ impl Lake {
         for part in fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?.flatten() {
             let pname = part.file_name().to_string_lossy().into_owned();
             let Some(date) = pname.strip_prefix("date=") else { continue };
+            let mut in_dir = vec![];
             for f in fs::read_dir(part.path()).map_err(|e| Error::io("list", part.path(), e))?.flatten() {
                 let fname = f.file_name().to_string_lossy().into_owned();
                 let Some(stem) = fname.strip_suffix(".parquet") else { continue };
@@ -169,11 +192,14 @@ impl Lake {
                     continue;
                 }
                 if let Some(origin) = parse_stem(stem) {
-                    out.push(LakeFile { path: f.path(), date: date.to_string(), origin });
+                    in_dir.push(LakeFile { path: f.path(), date: date.to_string(), origin });
                 }
             }
+            let cover = live::covering(&in_dir.iter().map(|f| &f.origin).collect::<Vec<_>>());
+            let paths: Vec<PathBuf> = in_dir.iter().map(|f| f.path.clone()).collect();
+            out.extend(in_dir.into_iter().zip(cover).map(|(f, c)| (f, c.map(|i| paths[i].clone()))));
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.sort_by(|a, b| a.0.path.cmp(&b.0.path));
         Ok(out)
     }
 
@@ -251,24 +277,51 @@ impl Lake {
     /// # Errors
     /// As [`Lake::write_rows`].
     pub fn write_file<T: Table>(&self, date: &str, stem: &str, rows: &[&T]) -> Result<PathBuf> {
-        let dir = self.table_dir(T::NAME).join(format!("date={date}"));
+        let path = self.table_dir(T::NAME).join(format!("date={date}")).join(format!("{stem}.parquet"));
+        if path.exists() {
+            return Ok(path);
+        }
+        let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
+        let batch = batch.with_schema(schema_of::<T>())?;
+        self.write_batches(T::NAME, date, stem, batch.schema(), std::iter::once(Ok(batch)))
+    }
+
+    /// Writes `batches` (each of `schema`) as `<table>/date=<date>/<stem>.parquet` with the lake's
+    /// writer settings (ZSTD level 3), atomically: a temporary name, fsync, rename, fsync of the folder.
+    /// If the file already exists it is left as is and its path returned.
+    ///
+    /// # Errors
+    /// The first error of `batches`; [`Error::Parquet`]/[`Error::Io`] on write.
+    pub fn write_batches(
+        &self,
+        table: &str,
+        date: &str,
+        stem: &str,
+        schema: arrow::datatypes::SchemaRef,
+        batches: impl IntoIterator<Item = Result<RecordBatch>>,
+    ) -> Result<PathBuf> {
+        let dir = self.table_dir(table).join(format!("date={date}"));
         let path = dir.join(format!("{stem}.parquet"));
         if path.exists() {
             return Ok(path);
         }
         fs::create_dir_all(&dir).map_err(|e| Error::io("create partition folder", &dir, e))?;
-        let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
-        let batch = batch.with_schema(schema_of::<T>())?;
         let tmp = dir.join(format!(".{stem}.parquet.tmp"));
-        {
+        let written = (|| {
             let file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
             let props = WriterProperties::builder()
                 .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
                 .build();
-            let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
-            w.write(&batch)?;
+            let mut w = ArrowWriter::try_new(file, schema, Some(props))?;
+            for batch in batches {
+                w.write(&batch?)?;
+            }
             let file = w.into_inner()?;
-            file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+            file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
         fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
         if let Ok(d) = File::open(&dir) {
@@ -297,22 +350,10 @@ impl Lake {
     pub fn string_column(&self, name: &str, column: &str) -> Result<Vec<Option<String>>> {
         let mut out = vec![];
         for f in self.files(name)? {
-            let file = File::open(&f.path).map_err(|e| Error::io("open", &f.path, e))?;
-            let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
-            let idx = builder
-                .schema()
-                .index_of(column)
-                .map_err(|_| Error::InvalidInput(format!("table {name} has no column {column}")))?;
-            let mask = ProjectionMask::roots(builder.parquet_schema(), [idx]);
-            for batch in builder.with_projection(mask).build()? {
-                let batch = batch?;
-                let col = batch
-                    .column(0)
-                    .as_any()
-                    .downcast_ref::<StringArray>()
-                    .ok_or_else(|| Error::InvalidInput(format!("{name}.{column} is not a string column")))?;
-                out.extend((0..col.len()).map(|i| col.is_valid(i).then(|| col.value(i).to_string())));
-            }
+            out.extend(file_strings(&f.path, column).map_err(|e| match e {
+                Error::InvalidInput(m) => Error::InvalidInput(format!("table {name}: {m}")),
+                e => e,
+            })?);
         }
         Ok(out)
     }
@@ -324,6 +365,29 @@ impl Lake {
     pub fn keys<T: Table>(&self) -> Result<HashSet<String>> {
         Ok(self.string_column(T::NAME, T::KEY)?.into_iter().flatten().collect())
     }
+}
+
+/// The values of string column `column` of one Parquet file, reading only that column.
+///
+/// # Errors
+/// [`Error::Parquet`] when unreadable; [`Error::InvalidInput`] when the column is missing or not a
+/// string column.
+pub fn file_strings(path: &Path, column: &str) -> Result<Vec<Option<String>>> {
+    let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+    let idx = builder.schema().index_of(column).map_err(|_| Error::InvalidInput(format!("no column {column} in {}", path.display())))?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [idx]);
+    let mut out = vec![];
+    for batch in builder.with_projection(mask).build()? {
+        let batch = batch?;
+        let col = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or_else(|| Error::InvalidInput(format!("column {column} of {} is not a string column", path.display())))?;
+        out.extend((0..col.len()).map(|i| col.is_valid(i).then(|| col.value(i).to_string())));
+    }
+    Ok(out)
 }
 
 /// Reads one Parquet file of table `T`.
@@ -347,13 +411,13 @@ pub fn kafka_stem(source: &str, topic: &str, partition: i32, first: i64, last: i
     format!("k{SEP}{}{SEP}{}{SEP}p{partition:04}{SEP}{first:020}-{last:020}", sanitize(source), sanitize(topic))
 }
 
-fn sanitize(s: &str) -> String {
+pub(crate) fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
         .collect()
 }
 
-fn parse_stem(stem: &str) -> Option<FileOrigin> {
+pub(crate) fn parse_stem(stem: &str) -> Option<FileOrigin> {
     let parts: Vec<&str> = stem.split(SEP).collect();
     match parts.as_slice() {
         ["k", source, topic, p, range] => {
@@ -367,7 +431,10 @@ fn parse_stem(stem: &str) -> Option<FileOrigin> {
                 last: b.parse().ok()?,
             })
         }
-        ["w", writer, seq] => Some(FileOrigin::Direct { writer: writer.to_string(), seq: seq.parse().ok()? }),
+        ["w", writer, seqs] => {
+            let (a, b) = seqs.split_once('-').unwrap_or((seqs, seqs));
+            Some(FileOrigin::Direct { writer: writer.to_string(), seq: a.parse().ok()?, last_seq: b.parse().ok()? })
+        }
         _ => None,
     }
 }

@@ -6,8 +6,10 @@
 //!   on start and after every rebalance the sink re-reads the lake's own record of the last durable
 //!   offset per partition ([`Lake::next_offsets`]) and skips anything below it, so a crash between the
 //!   rename and the commit re-reads a range but never writes it twice.
-//! - Rows whose primary key is already in the table are skipped and counted (`duplicate_keys`): an
-//!   upstream stage that re-emits after its own crash (at-least-once) still leaves each key once.
+//! - Rows whose primary key the sink has seen recently are skipped and counted (`duplicate_keys`): an
+//!   upstream stage that re-emits after its own crash (at-least-once) still leaves each key once. The
+//!   keys held are bounded by a window of offsets per partition (`[sink] dedupe_window`, see
+//!   [`super::dedupe`]), not by the size of the table.
 //! - Records that are not valid envelopes of the table's row type go to the dead-letter table with the
 //!   reason, and their offsets still advance (an empty file can mark a range holding only such records).
 //!
@@ -20,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::dedupe::RecentKeys;
 use super::{date_of, kafka_stem, Lake};
 use crate::bus::{Bus, BusProducer};
 use crate::error::{Error, Result};
@@ -38,11 +41,17 @@ pub struct SinkConfig {
     pub group_prefix: String,
     /// Max records per poll.
     pub batch: usize,
+    /// How many records back, per partition, a row's key is checked against (default 50,000): the
+    /// sink holds the keys of the newest `dedupe_window` records of each partition it owns (and of the
+    /// newest `dedupe_window` rows the table got another way), about 100 bytes each. An upstream
+    /// stage re-emits at most what it produced since its last commit, far fewer; a duplicate arriving
+    /// more than this many records after its first copy is not caught (see [`super::dedupe`]).
+    pub dedupe_window: u64,
 }
 
 impl Default for SinkConfig {
     fn default() -> Self {
-        SinkConfig { roll_bytes: 64 << 20, roll_ms: 5000, group_prefix: "nextstate-lake".into(), batch: 2000 }
+        SinkConfig { roll_bytes: 64 << 20, roll_ms: 5000, group_prefix: "nextstate-lake".into(), batch: 2000, dedupe_window: 50_000 }
     }
 }
 
@@ -55,7 +64,7 @@ pub struct SinkStats {
     pub files: u64,
     /// Records skipped because their offset was already durable in the lake.
     pub already_in_lake: u64,
-    /// Rows skipped because their key was already in the table.
+    /// Rows skipped because their key was already in the table (within `dedupe_window`) or buffered.
     pub duplicate_keys: u64,
     /// Records sent to the dead-letter table.
     pub dead_letters: u64,
@@ -139,7 +148,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
     let mut input = InputLoop::new(bus, &group, &topic)?.for_stage("sink");
     let mut stats = SinkStats::default();
     let mut lake_next = load_next(lake, bus, &topic, T::NAME)?;
-    let mut keys: HashSet<String> = lake.keys::<T>()?;
+    let mut keys = RecentKeys::load(lake, T::NAME, T::KEY, bus.source_id(), &topic, cfg.dedupe_window, None)?;
     let mut bufs: HashMap<i32, Buffer<T>> = HashMap::new();
     let mut dl_seq = 0u64;
     let writer_id = format!("sink-{}", uuid::Uuid::new_v4().simple());
@@ -151,6 +160,8 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
         if input.rebalanced() {
             lake_next = load_next(lake, bus, &topic, T::NAME)?;
             let owned: HashSet<i32> = input.assigned().into_iter().collect();
+            // Another process may have written the partitions this one now owns: re-read their window.
+            keys = RecentKeys::load(lake, T::NAME, T::KEY, bus.source_id(), &topic, cfg.dedupe_window, Some(&owned))?;
             bufs.retain(|p, b| {
                 let keep = owned.contains(p);
                 if !keep {
@@ -158,6 +169,11 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
                 }
                 keep
             });
+            for (p, b) in &bufs {
+                for r in &b.rows {
+                    keys.insert(*p, r.key(), b.last);
+                }
+            }
         }
         let mut dead: Vec<DeadLetter> = vec![];
         for m in msgs {
@@ -177,7 +193,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
                 if let Some(b) = bufs.get(&m.partition) {
                     let d = date_of(r.event_time_ms());
                     if b.date.as_ref().is_some_and(|bd| *bd != d) {
-                        flush(lake, bus, &input, &mut bufs, m.partition, &mut stats, &mut keys, &mut lake_next)?;
+                        flush(lake, bus, &input, &mut bufs, m.partition, &mut stats, &mut lake_next)?;
                     }
                 }
             }
@@ -192,9 +208,10 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             b.last = m.offset;
             b.bytes += m.payload.len();
             if let Some(r) = row {
-                if keys.contains(r.key()) || b.rows.iter().any(|x: &T| x.key() == r.key()) {
+                if keys.contains(m.partition, r.key()) {
                     stats.duplicate_keys += 1;
                 } else {
+                    keys.insert(m.partition, r.key(), m.offset);
                     b.date.get_or_insert_with(|| date_of(r.event_time_ms()));
                     b.rows.push(r);
                 }
@@ -221,7 +238,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             .map(|(p, _)| *p)
             .collect();
         for p in due {
-            flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut keys, &mut lake_next)?;
+            flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut lake_next)?;
         }
         if input.idle_finished(ctl, bufs.len()).await? {
             break;
@@ -229,7 +246,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
     }
     let parts: Vec<i32> = bufs.keys().copied().collect();
     for p in parts {
-        flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut keys, &mut lake_next)?;
+        flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut lake_next)?;
     }
     tracing::info!(table = T::NAME, ?stats, "sink finished");
     ctl.done.set();
@@ -253,7 +270,6 @@ fn flush<T: Table>(
     bufs: &mut HashMap<i32, Buffer<T>>,
     partition: i32,
     stats: &mut SinkStats,
-    keys: &mut HashSet<String>,
     lake_next: &mut HashMap<i32, i64>,
 ) -> Result<()> {
     let Some(b) = bufs.remove(&partition) else { return Ok(()) };
@@ -269,9 +285,6 @@ fn flush<T: Table>(
         crate::metrics::sink_file(T::NAME, b.rows.len() as u64, std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
     }
     stats.rows_written += b.rows.len() as u64;
-    for r in &b.rows {
-        keys.insert(r.key().to_string());
-    }
     lake_next.insert(partition, b.last + 1);
     // The file is durable; only now tell Kafka. A failed commit is harmless (the lake has the truth).
     if let Err(e) = input.commit(&HashMap::from([(partition, b.last + 1)])) {
