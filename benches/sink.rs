@@ -9,6 +9,9 @@
 //! - `sink`: one in-process `run_sink::<Interaction>` (the default `[sink]` settings: 64 MiB / 5 s
 //!   rolls, polls of 2,000) from its start until it has written every record and found the topic idle
 //!   (`idle_ms = 300`, included in the time), for 1, 2 and 4 partitions;
+//! - `raw_consume`: librdkafka with no processing (what `kcat -C` does): a consumer assigned every
+//!   partition of the same topic from the beginning, polling until it has seen every record, counting
+//!   bytes; run on the same records in the same run just before each `sink` run;
 //! - `ceiling`: the same payloads parsed with serde_json and written with the lake's own writer
 //!   (`Lake::write_file`: serde_arrow → Arrow → ZSTD Parquet, fsync, rename) in 64 MiB files, in one
 //!   process, no Kafka;
@@ -191,6 +194,9 @@ fn main() {
         let lake_dir = tmp.path().join(format!("sink-p{p}"));
         let (stats, secs, produce_secs) = rt.block_on(async {
             let (bus, _prefix, produce_secs) = topic_with(&brokers, p, &recs).await;
+            let (raw_secs, raw_bytes) = raw_consume(&brokers, &bus.topic(Interaction::NAME), p, n);
+            emit(json!({"bench": "sink", "case": "raw_consume", "partitions": p, "records": n, "mb": raw_bytes as f64 / 1e6, "secs": raw_secs,
+                "mb_s": raw_bytes as f64 / 1e6 / raw_secs, "records_s": n as f64 / raw_secs}));
             let lake = Lake::open(&lake_dir).expect("lake");
             let mut ctl = TaskCtl::new("sink:interactions", true, Stop::default());
             ctl.idle_ms = 300;
@@ -315,4 +321,35 @@ fn resume(rt: &tokio::runtime::Runtime, brokers: &str, rows: &[Interaction], n: 
     assert_eq!(after, files, "a resuming sink with nothing new writes nothing");
     emit(json!({"bench": "sink", "case": "resume", "rows": n, "files": files, "lake_mb": lake_mb, "partitions": PARTITIONS,
         "peak_rss_mb": kb as f64 / 1024.0, "secs": secs, "floor_peak_rss_mb": floor_kb as f64 / 1024.0, "floor_secs": floor_secs}));
+}
+
+/// Seconds and payload bytes for a plain librdkafka consumer (no group join: partitions assigned from the
+/// beginning, as `kcat -C` does) to receive `n` records of `topic`'s `partitions` partitions.
+fn raw_consume(brokers: &str, topic: &str, partitions: i32, n: usize) -> (f64, u64) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-raw-{}", uuid::Uuid::new_v4().simple()))
+        .set("enable.auto.commit", "false")
+        .set("receive.message.max.bytes", (1u32 << 30).to_string())
+        .create()
+        .expect("raw consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("partition");
+    }
+    let t = Instant::now();
+    consumer.assign(&tpl).expect("assign");
+    let (mut seen, mut bytes) = (0usize, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while seen < n {
+        assert!(Instant::now() < deadline, "raw consumer saw {seen} of {n} records in 300 s");
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.expect("raw consume");
+            bytes += m.payload().map_or(0, |p| p.len() as u64);
+            seen += 1;
+        }
+    }
+    (t.elapsed().as_secs_f64(), bytes)
 }

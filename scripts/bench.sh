@@ -7,7 +7,8 @@
 #
 # Sections: ingest (benches/ingest.rs), sink (benches/sink.rs, needs a broker), sql (benches/sql.rs +
 # benches/peer_sql.py), stages (benches/stages.rs), train (benches/train.rs + benches/peer_train.py),
-# model (benches/model.rs + benches/peer_model.py + scripts/peft_parity.py, needs peft), proxy (benches/proxy.rs, needs a broker).
+# model (benches/model.rs + benches/peer_model.py + scripts/peft_parity.py, needs peft), proxy (benches/proxy.rs, needs a broker),
+# storage (benches/lake_storage.py: lake bytes of long sessions against their unique content, needs pyarrow).
 # Environment:
 #   LIBTORCH (required by the build), CARGO_TARGET_DIR (default target)
 #   NEXTSTATE_BENCH_PYTHON   Python with torch, transformers, peft, duckdb (default: python3)
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 export OMP_NUM_THREADS=1
 PY=${NEXTSTATE_BENCH_PYTHON:-python3}
-SECTIONS=${NEXTSTATE_BENCH_SECTIONS:-ingest,sink,sql,stages,train,model,proxy}
+SECTIONS=${NEXTSTATE_BENCH_SECTIONS:-ingest,sink,sql,stages,train,model,proxy,storage}
 OUT=${NEXTSTATE_BENCH_OUT:-$CARGO_TARGET_DIR/bench-run}
 MODEL=models/smollm2-135m-instruct
 [ "${NEXTSTATE_BENCH_KEEP:-0}" = 1 ] || rm -rf "$OUT"
@@ -112,6 +113,9 @@ fi
 if has proxy; then
   BROKERS=$(brokers)
   run proxy cargo bench --bench proxy -- "brokers=$BROKERS"
+fi
+if has storage; then
+  run storage "$PY" benches/lake_storage.py --bin "$CARGO_TARGET_DIR/release/nextstate"
 fi
 echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 

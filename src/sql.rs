@@ -39,12 +39,15 @@ pub async fn session(lake: &Lake) -> Result<SessionContext> {
     // Local files are listed through the lake's live-file rule: files a compaction merged are not read.
     let local = Arc::new(LiveFiles::new(Arc::new(LocalFileSystem::new())));
     ctx.runtime_env().register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), local);
+    if let Some(r) = lake.remote() {
+        ctx.runtime_env().register_object_store(&r.base, Arc::new(LiveFiles::new(r.store.clone())));
+    }
     let known = all_schemas();
     for (name, schema) in &known {
         register(&ctx, lake, name, Arc::new(schema.as_ref().clone())).await?;
     }
     for name in lake.tables() {
-        if known.iter().any(|(k, _)| *k == name) || !has_direct_parquet(&lake.table_dir(&name)) {
+        if known.iter().any(|(k, _)| *k == name) || lake.remote().is_some() || !has_direct_parquet(&lake.table_dir(&name)) {
             continue;
         }
         let path = format!("{}/", lake.table_dir(&name).display());
@@ -67,8 +70,7 @@ fn has_direct_parquet(dir: &std::path::Path) -> bool {
 async fn register(ctx: &SessionContext, lake: &Lake, name: &str, schema: Arc<Schema>) -> Result<()> {
     let has_files = !lake.files(name)?.is_empty();
     if has_files {
-        let dir = lake.table_dir(name);
-        let path = format!("{}/", dir.display());
+        let path = lake.table_url(name);
         let opts = ParquetReadOptions::default()
             .table_partition_cols(vec![("date".to_string(), DataType::Utf8)])
             .schema(&schema);

@@ -169,24 +169,18 @@ fn read_batches(path: &PathBuf) -> Result<impl Iterator<Item = Result<RecordBatc
 /// documentation), then deletes the covered files older than `opts.retain`.
 ///
 /// # Errors
-/// [`Error::InvalidInput`] when another compaction holds the table's lock or files overlap;
+/// [`Error::InvalidInput`] when another compaction holds the table's lock, files overlap, or the lake is
+/// on object storage;
 /// [`Error::Io`]/[`Error::Parquet`]/[`Error::Arrow`] on read or write failures (files written so far
 /// stay valid: each merged file is complete or absent).
 pub fn compact_table(lake: &Lake, table: &str, schema: SchemaRef, opts: &CompactOptions) -> Result<CompactStats> {
+    refuse_remote(lake)?;
     let lock_path = lake.state_dir("compact")?.join(format!("{table}.lock"));
     let lock = File::create(&lock_path).map_err(|e| Error::io("create", &lock_path, e))?;
     lock.try_lock()
         .map_err(|_| Error::InvalidInput(format!("another `nextstate compact` is compacting table {table} (lock {})", lock_path.display())))?;
-    let sized = |files: Vec<LakeFile>| -> Result<Vec<(LakeFile, u64)>> {
-        files
-            .into_iter()
-            .map(|f| {
-                let bytes = std::fs::metadata(&f.path).map_err(|e| Error::io("stat", &f.path, e))?.len();
-                Ok((f, bytes))
-            })
-            .collect()
-    };
-    let before = sized(lake.files(table)?)?;
+    let sized = |files: Vec<LakeFile>| -> Vec<(LakeFile, u64)> { files.into_iter().map(|f| (f.bytes, f)).map(|(b, f)| (f, b)).collect() };
+    let before = sized(lake.files(table)?);
     let mut stats = CompactStats { files_before: before.len(), bytes_before: before.iter().map(|(_, b)| b).sum(), ..Default::default() };
     for run in plan(before, opts.target_bytes)? {
         let stem = merged_stem(&run);
@@ -217,11 +211,20 @@ pub fn compact_table(lake: &Lake, table: &str, schema: SchemaRef, opts: &Compact
             stats.covered_kept += 1;
         }
     }
-    let after = sized(lake.files(table)?)?;
+    let after = sized(lake.files(table)?);
     stats.files_after = after.len();
     stats.bytes_after = after.iter().map(|(_, b)| b).sum();
     drop(lock);
     Ok(stats)
+}
+
+/// Compaction on object storage is not built yet: its covered-file deletion and its lock are local
+/// file-system operations.
+fn refuse_remote(lake: &Lake) -> Result<()> {
+    match lake.remote() {
+        Some(_) => Err(Error::InvalidInput(format!("nextstate compact: {} is on object storage; compaction is implemented for local lakes only", lake.root().display()))),
+        None => Ok(()),
+    }
 }
 
 /// Compacts every table of `tables` (name, declared schema) that has a folder in `lake`.
@@ -229,5 +232,6 @@ pub fn compact_table(lake: &Lake, table: &str, schema: SchemaRef, opts: &Compact
 /// # Errors
 /// As [`compact_table`], for the first table that fails.
 pub fn compact(lake: &Lake, tables: &[(&'static str, SchemaRef)], opts: &CompactOptions) -> Result<Vec<(&'static str, CompactStats)>> {
+    refuse_remote(lake)?;
     tables.iter().filter(|(name, _)| lake.table_dir(name).is_dir()).map(|(name, schema)| Ok((*name, compact_table(lake, name, Arc::clone(schema), opts)?))).collect()
 }

@@ -50,7 +50,7 @@ impl RecentKeys {
                     *n = (*n).max(last + 1);
                     own.push((*partition, *last, f.path));
                 }
-                _ => other.push(f.path),
+                _ => other.push((f.modified, f.path)),
             }
         }
         let mut out = RecentKeys { window, ..Default::default() };
@@ -59,19 +59,17 @@ impl RecentKeys {
                 continue;
             }
             let keys = out.parts.entry(partition).or_default();
-            for k in super::file_strings(&path, key_column)?.into_iter().flatten() {
+            for k in lake.file_strings(&path, key_column)?.into_iter().flatten() {
                 keys.insert(k, last);
             }
         }
         // Newest first by modification time, until `window` keys are held.
-        let mut other: Vec<(SystemTime, std::path::PathBuf)> =
-            other.into_iter().map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), p)).collect();
-        other.sort_by(|a, b| b.cmp(a));
+        other.sort_by(|a: &(SystemTime, std::path::PathBuf), b| b.cmp(a));
         for (_, path) in other {
             if out.other.len() as u64 >= window {
                 break;
             }
-            out.other.extend(super::file_strings(&path, key_column)?.into_iter().flatten());
+            out.other.extend(lake.file_strings(&path, key_column)?.into_iter().flatten());
         }
         Ok(out)
     }

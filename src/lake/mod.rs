@@ -16,16 +16,20 @@
 pub mod compact;
 pub mod dedupe;
 pub mod live;
+pub mod remote;
 pub mod sink;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use arrow::array::{Array, RecordBatch, StringArray};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::file::reader::ChunkReader;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
@@ -35,21 +39,26 @@ use crate::schema::{field_refs, schema_of, Table};
 /// Separator between the parts of a lake file name (not valid in Kafka topic names).
 const SEP: char = '~';
 
-/// A lake rooted at a folder.
+/// A lake rooted at a folder, or at an object-storage URL (`s3://bucket/prefix`, see [`remote`]).
 #[derive(Debug, Clone)]
 pub struct Lake {
     root: PathBuf,
+    remote: Option<Arc<remote::Remote>>,
 }
 
 /// One Parquet file of a table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LakeFile {
-    /// Full path.
+    /// Full path (on object storage: the object's path in its bucket).
     pub path: PathBuf,
     /// The `date=` partition value (`YYYY-MM-DD`).
     pub date: String,
     /// Where the rows came from, parsed from the file name.
     pub origin: FileOrigin,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Last modification time (when it was written or merged).
+    pub modified: SystemTime,
 }
 
 /// The origin encoded in a lake file's name.
@@ -110,19 +119,40 @@ pub fn date_of(ms: i64) -> String {
 }
 
 impl Lake {
-    /// Opens (creating if needed) a lake at `root`.
+    /// Opens (creating if needed) a lake at `root`: a folder, or an object-storage URL
+    /// (`s3://bucket/prefix`, see [`remote`]).
     ///
     /// # Errors
-    /// [`Error::Io`] when the folder cannot be created.
+    /// [`Error::Io`] when the folder (for object storage: the local state folder) cannot be created;
+    /// [`Error::Config`] for an unsupported URL.
     pub fn open(root: impl Into<PathBuf>) -> Result<Lake> {
         let root = root.into();
+        if let Some(url) = root.to_str().filter(|s| remote::is_url(s)) {
+            let r = remote::Remote::connect(url)?;
+            fs::create_dir_all(&r.state).map_err(|e| Error::io("create state folder", &r.state, e))?;
+            return Ok(Lake { root, remote: Some(Arc::new(r)) });
+        }
         fs::create_dir_all(&root).map_err(|e| Error::io("create lake folder", &root, e))?;
-        Ok(Lake { root })
+        Ok(Lake { root, remote: None })
     }
 
-    /// The lake's root folder.
+    /// The lake's root folder (for object storage: its URL).
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The object store behind the lake, if it is on object storage.
+    pub fn remote(&self) -> Option<&remote::Remote> {
+        self.remote.as_deref()
+    }
+
+    /// The URL of table `name`'s folder, ending in `/` (a local path or `s3://bucket/prefix/name/`), as
+    /// DataFusion lists it.
+    pub fn table_url(&self, name: &str) -> String {
+        match &self.remote {
+            Some(r) => format!("{}/{}/", r.base.as_str().trim_end_matches('/'), r.path(name)),
+            None => format!("{}/", self.table_dir(name).display()),
+        }
     }
 
     /// The folder of table `name`.
@@ -135,7 +165,10 @@ impl Lake {
     /// # Errors
     /// [`Error::Io`] when it cannot be created.
     pub fn state_dir(&self, name: &str) -> Result<PathBuf> {
-        let d = self.root.join("_state").join(name);
+        let d = match &self.remote {
+            Some(r) => r.state.join(name),
+            None => self.root.join("_state").join(name),
+        };
         fs::create_dir_all(&d).map_err(|e| Error::io("create state folder", &d, e))?;
         Ok(d)
     }
@@ -143,7 +176,9 @@ impl Lake {
     /// Names of the tables that have a folder in the lake (sorted).
     pub fn tables(&self) -> Vec<String> {
         let mut out = vec![];
-        if let Ok(rd) = fs::read_dir(&self.root) {
+        if let Some(r) = &self.remote {
+            out = r.folders().unwrap_or_default().into_iter().filter(|n| !n.starts_with('_') && !n.starts_with('.')).collect();
+        } else if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if e.path().is_dir() && !name.starts_with('_') && !name.starts_with('.') {
@@ -176,23 +211,48 @@ impl Lake {
 
     /// Every lake file of table `name` with the path of the file covering it, if any.
     fn scan(&self, name: &str) -> Result<Vec<(LakeFile, Option<PathBuf>)>> {
-        let dir = self.table_dir(name);
         let mut out = vec![];
-        if !dir.exists() {
-            return Ok(out);
+        // (date, file name, path, bytes, modified) of every `.parquet` in a `date=` folder of the table
+        let mut found: BTreeMap<String, Vec<(String, PathBuf, u64, SystemTime)>> = BTreeMap::new();
+        if let Some(r) = &self.remote {
+            for m in r.list(name)? {
+                let rel = r.rel(m.location.as_ref());
+                if let [_, part, fname] = rel.split('/').collect::<Vec<_>>().as_slice() {
+                    if let Some(date) = part.strip_prefix("date=") {
+                        let entry = (fname.to_string(), PathBuf::from(m.location.as_ref()), m.size, SystemTime::from(m.last_modified));
+                        found.entry(date.to_string()).or_default().push(entry);
+                    }
+                }
+            }
+        } else {
+            let dir = self.table_dir(name);
+            if !dir.exists() {
+                return Ok(out);
+            }
+            for part in fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?.flatten() {
+                let pname = part.file_name().to_string_lossy().into_owned();
+                let Some(date) = pname.strip_prefix("date=") else { continue };
+                let files = found.entry(date.to_string()).or_default();
+                for f in fs::read_dir(part.path()).map_err(|e| Error::io("list", part.path(), e))?.flatten() {
+                    let fname = f.file_name().to_string_lossy().into_owned();
+                    if !fname.ends_with(".parquet") {
+                        continue;
+                    }
+                    // a file deleted since the listing (a compaction's retention ran out) is not listed
+                    let Ok(meta) = f.metadata() else { continue };
+                    files.push((fname, f.path(), meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)));
+                }
+            }
         }
-        for part in fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?.flatten() {
-            let pname = part.file_name().to_string_lossy().into_owned();
-            let Some(date) = pname.strip_prefix("date=") else { continue };
+        for (date, files) in found {
             let mut in_dir = vec![];
-            for f in fs::read_dir(part.path()).map_err(|e| Error::io("list", part.path(), e))?.flatten() {
-                let fname = f.file_name().to_string_lossy().into_owned();
+            for (fname, path, bytes, modified) in files {
                 let Some(stem) = fname.strip_suffix(".parquet") else { continue };
                 if stem.starts_with('.') {
                     continue;
                 }
                 if let Some(origin) = parse_stem(stem) {
-                    in_dir.push(LakeFile { path: f.path(), date: date.to_string(), origin });
+                    in_dir.push(LakeFile { path, date: date.clone(), origin, bytes, modified });
                 }
             }
             let cover = live::covering(&in_dir.iter().map(|f| &f.origin).collect::<Vec<_>>());
@@ -214,6 +274,22 @@ impl Lake {
     pub fn stray_files(&self, name: &str) -> Result<Vec<(PathBuf, StrayReason)>> {
         let dir = self.table_dir(name);
         let mut out = vec![];
+        if let Some(r) = &self.remote {
+            for m in r.list(name)? {
+                let rel = r.rel(m.location.as_ref());
+                let Some(fname) = rel.rsplit('/').next().filter(|n| n.ends_with(".parquet")) else { continue };
+                let stem = fname.trim_end_matches(".parquet");
+                let reason = match rel.split('/').collect::<Vec<_>>().as_slice() {
+                    [_, part, _] if part.starts_with("date=") => (stem.starts_with('.') || parse_stem(stem).is_none()).then_some(StrayReason::ForeignName),
+                    _ => Some(StrayReason::OutsideDateFolder),
+                };
+                if let Some(reason) = reason {
+                    out.push((PathBuf::from(m.location.as_ref()), reason));
+                }
+            }
+            out.sort();
+            return Ok(out);
+        }
         if !dir.exists() {
             return Ok(out);
         }
@@ -278,7 +354,7 @@ impl Lake {
     /// As [`Lake::write_rows`].
     pub fn write_file<T: Table>(&self, date: &str, stem: &str, rows: &[&T]) -> Result<PathBuf> {
         let path = self.table_dir(T::NAME).join(format!("date={date}")).join(format!("{stem}.parquet"));
-        if path.exists() {
+        if self.remote.is_none() && path.exists() {
             return Ok(path);
         }
         let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
@@ -300,6 +376,18 @@ impl Lake {
         schema: arrow::datatypes::SchemaRef,
         batches: impl IntoIterator<Item = Result<RecordBatch>>,
     ) -> Result<PathBuf> {
+        let props = || -> Result<WriterProperties> { Ok(WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build()) };
+        if let Some(r) = &self.remote {
+            // One conditional PUT: the object appears complete, and a second writer of the same name
+            // (a re-written offset range) leaves the first copy.
+            let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(props()?))?;
+            for batch in batches {
+                w.write(&batch?)?;
+            }
+            let path = r.path(&format!("{table}/date={date}/{stem}.parquet"));
+            r.put_new(&path, w.into_inner()?)?;
+            return Ok(PathBuf::from(path.as_ref()));
+        }
         let dir = self.table_dir(table).join(format!("date={date}"));
         let path = dir.join(format!("{stem}.parquet"));
         if path.exists() {
@@ -309,10 +397,7 @@ impl Lake {
         let tmp = dir.join(format!(".{stem}.parquet.tmp"));
         let written = (|| {
             let file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
-            let props = WriterProperties::builder()
-                .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-                .build();
-            let mut w = ArrowWriter::try_new(file, schema, Some(props))?;
+            let mut w = ArrowWriter::try_new(file, schema, Some(props()?))?;
             for batch in batches {
                 w.write(&batch?)?;
             }
@@ -337,7 +422,7 @@ impl Lake {
     pub fn read_table<T: Table>(&self) -> Result<Vec<T>> {
         let mut out = vec![];
         for f in self.files(T::NAME)? {
-            out.extend(read_file::<T>(&f.path)?);
+            out.extend(self.read_rows::<T>(&f.path)?);
         }
         Ok(out)
     }
@@ -350,12 +435,34 @@ impl Lake {
     pub fn string_column(&self, name: &str, column: &str) -> Result<Vec<Option<String>>> {
         let mut out = vec![];
         for f in self.files(name)? {
-            out.extend(file_strings(&f.path, column).map_err(|e| match e {
+            out.extend(self.file_strings(&f.path, column).map_err(|e| match e {
                 Error::InvalidInput(m) => Error::InvalidInput(format!("table {name}: {m}")),
                 e => e,
             })?);
         }
         Ok(out)
+    }
+
+    /// The rows of one file of table `T` (a path from [`Lake::files`]).
+    ///
+    /// # Errors
+    /// As [`read_file`]; [`Error::Unreachable`] when object storage fails.
+    pub fn read_rows<T: Table>(&self, path: &Path) -> Result<Vec<T>> {
+        match &self.remote {
+            Some(r) => rows_from(r.get(&object_path(path))?),
+            None => read_file(path),
+        }
+    }
+
+    /// The values of string column `column` of one file (a path from [`Lake::files`]).
+    ///
+    /// # Errors
+    /// As [`file_strings`]; [`Error::Unreachable`] when object storage fails.
+    pub fn file_strings(&self, path: &Path, column: &str) -> Result<Vec<Option<String>>> {
+        match &self.remote {
+            Some(r) => strings_from(r.get(&object_path(path))?, path, column),
+            None => file_strings(path, column),
+        }
     }
 
     /// The set of primary keys already in table `T`.
@@ -373,8 +480,15 @@ impl Lake {
 /// [`Error::Parquet`] when unreadable; [`Error::InvalidInput`] when the column is missing or not a
 /// string column.
 pub fn file_strings(path: &Path, column: &str) -> Result<Vec<Option<String>>> {
-    let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+    strings_from(File::open(path).map_err(|e| Error::io("open", path, e))?, path, column)
+}
+
+fn object_path(path: &Path) -> datafusion::object_store::path::Path {
+    remote::raw_path(&path.to_string_lossy())
+}
+
+fn strings_from<R: ChunkReader + 'static>(reader: R, path: &Path, column: &str) -> Result<Vec<Option<String>>> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(reader)?;
     let idx = builder.schema().index_of(column).map_err(|_| Error::InvalidInput(format!("no column {column} in {}", path.display())))?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), [idx]);
     let mut out = vec![];
@@ -395,8 +509,11 @@ pub fn file_strings(path: &Path, column: &str) -> Result<Vec<Option<String>>> {
 /// # Errors
 /// [`Error::Parquet`] when unreadable, [`Error::Records`] when the columns do not match `T`.
 pub fn read_file<T: Table>(path: &Path) -> Result<Vec<T>> {
-    let file = File::open(path).map_err(|e| Error::io("open", path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+    rows_from(File::open(path).map_err(|e| Error::io("open", path, e))?)
+}
+
+fn rows_from<T: Table, R: ChunkReader + 'static>(reader: R) -> Result<Vec<T>> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(reader)?.build()?;
     let mut out = vec![];
     for batch in reader {
         let batch: RecordBatch = batch?;

@@ -146,7 +146,7 @@ impl TeacherCache {
     /// Lake read errors.
     pub fn load(lake: &crate::lake::Lake) -> Result<TeacherCache> {
         let mut rows = std::collections::HashMap::new();
-        let cache_dir = lake.root().join("_state").join(TEACHER_CACHE_DIR);
+        let cache_dir = lake.state_dir(TEACHER_CACHE_DIR)?;
         if cache_dir.is_dir() {
             for r in crate::lake::Lake::open(&cache_dir)?.read_table::<TeacherLogprobs>()? {
                 rows.insert(r.teacher_id.clone(), r);

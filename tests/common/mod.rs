@@ -254,3 +254,42 @@ pub async fn start_policy_server(model: &std::path::Path, tls: Option<&nextstate
     }));
     (url, stop)
 }
+
+/// A fresh bucket on the local S3-compatible server and the environment the lake's S3 client reads,
+/// set in this process (and so inherited by the `nextstate` processes a test spawns): returns the lake
+/// URL `s3://<bucket>/lake`. The server is `NEXTSTATE_TEST_S3` (scripts/test.sh starts moto with
+/// scripts/s3.sh), else started here with scripts/s3.sh. Stage state of the lake goes to `state`
+/// (`NEXTSTATE_STATE_DIR`). `None` (after [`missing`]) when no server can be started.
+pub fn s3_lake(state: &std::path::Path) -> Option<String> {
+    use std::io::{Read, Write};
+    let endpoint = match std::env::var("NEXTSTATE_TEST_S3") {
+        Ok(e) => e,
+        Err(_) => {
+            let out = Command::new("bash").arg(root().join("scripts/s3.sh")).arg("start").output().expect("run scripts/s3.sh");
+            if !out.status.success() {
+                missing(&format!("a local S3-compatible server (scripts/s3.sh start: {})", String::from_utf8_lossy(&out.stderr).trim()));
+                return None;
+            }
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        }
+    };
+    for (k, v) in [
+        ("AWS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ] {
+        std::env::set_var(k, v);
+    }
+    std::env::set_var("NEXTSTATE_STATE_DIR", state);
+    // CreateBucket: moto accepts an unsigned PUT /<bucket>.
+    let bucket = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut conn = std::net::TcpStream::connect(host).expect("connect to the S3 server");
+    write!(conn, "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200"), "create bucket {bucket}: {reply}");
+    Some(format!("s3://{bucket}/lake"))
+}
