@@ -81,7 +81,8 @@ struct Buffer<T> {
     rows: Vec<T>,
     first: i64,
     last: i64,
-    date: Option<String>,
+    /// UTC day (days since the epoch) of the buffered rows' event times: one file holds one date.
+    day: Option<i64>,
     bytes: usize,
     since: Instant,
 }
@@ -191,8 +192,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             };
             if let Some(r) = &row {
                 if let Some(b) = bufs.get(&m.partition) {
-                    let d = date_of(r.event_time_ms());
-                    if b.date.as_ref().is_some_and(|bd| *bd != d) {
+                    if b.day.is_some_and(|day| day != day_of(r.event_time_ms())) {
                         flush(lake, bus, &input, &mut bufs, m.partition, &mut stats, &mut lake_next)?;
                     }
                 }
@@ -201,7 +201,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
                 rows: vec![],
                 first: m.offset,
                 last: m.offset,
-                date: None,
+                day: None,
                 bytes: 0,
                 since: Instant::now(),
             });
@@ -212,7 +212,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
                     stats.duplicate_keys += 1;
                 } else {
                     keys.insert(m.partition, r.key(), m.offset);
-                    b.date.get_or_insert_with(|| date_of(r.event_time_ms()));
+                    b.day.get_or_insert_with(|| day_of(r.event_time_ms()));
                     b.rows.push(r);
                 }
             }
@@ -253,6 +253,14 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
     Ok(stats)
 }
 
+const MS_PER_DAY: i64 = 86_400_000;
+
+/// The UTC day of a time in ms since the epoch (the `date=` partition [`date_of`] names), compared per
+/// row without formatting a date.
+fn day_of(ms: i64) -> i64 {
+    ms.div_euclid(MS_PER_DAY)
+}
+
 fn load_next(lake: &Lake, bus: &Bus, topic: &str, table: &str) -> Result<HashMap<i32, i64>> {
     Ok(lake
         .next_offsets(table)?
@@ -273,7 +281,7 @@ fn flush<T: Table>(
     lake_next: &mut HashMap<i32, i64>,
 ) -> Result<()> {
     let Some(b) = bufs.remove(&partition) else { return Ok(()) };
-    let date = b.date.clone().unwrap_or_else(|| date_of(crate::schema::now_ms()));
+    let date = date_of(b.day.unwrap_or_else(|| day_of(crate::schema::now_ms())) * MS_PER_DAY);
     let stem = kafka_stem(bus.source_id(), &input.topic, partition, b.first, b.last);
     let refs: Vec<&T> = b.rows.iter().collect();
     tracing::debug!(table = T::NAME, partition, first = b.first, last = b.last, rows = b.rows.len(), "flush");
@@ -308,4 +316,16 @@ pub fn dead_letter_for(m: &InMsg, topic: &str, table: &str, why: &str) -> DeadLe
         },
     )
     .with_keys(&m.key, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn day_of_names_the_same_date_as_date_of() {
+        for ms in [0, 1, 86_399_999, 86_400_000, 1_764_000_000_000, 1_764_028_799_999, -1, -86_400_001, 4_102_444_800_000] {
+            assert_eq!(date_of(day_of(ms) * MS_PER_DAY), date_of(ms), "{ms}");
+        }
+    }
 }
