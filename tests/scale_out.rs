@@ -65,16 +65,7 @@ fn interaction(s: usize, t: usize) -> Interaction {
 fn spawn_signals(id: &str, pipeline: &Path, brokers: &str, prefix: &str, lake: &Path, log: &Path) -> Proc {
     let mut a = common::args(&["run", "--only", "signals", "--until-idle", "--group-instance-id", id, "--pipeline", &pipeline.display().to_string()]);
     a.extend(common::args(&["--brokers", brokers, "--topic-prefix", prefix, "--lake", &lake.display().to_string()]));
-    let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log");
-    let child = std::process::Command::new(common::bin())
-        .args(&a)
-        .env("OMP_NUM_THREADS", "1")
-        .env("RUST_LOG", "info,rdkafka=warn,nextstate::bus=debug")
-        .stdout(f.try_clone().expect("clone log"))
-        .stderr(f)
-        .spawn()
-        .expect("spawn nextstate");
-    Proc { child, log: log.to_path_buf(), name: id.to_string() }
+    Proc::spawn_with_env(id, &a, &[("RUST_LOG", "info,rdkafka=warn,nextstate::bus=debug")], log)
 }
 
 /// `K` of the process's report line `stage signals: interactions=K ...` (None when it has none).

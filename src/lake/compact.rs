@@ -23,7 +23,6 @@
 //! Rows keep their order (by offset, or by sequence number); files written before a table's schema
 //! gained a nullable column get nulls in it (the table's declared schema is written).
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,6 +32,7 @@ use arrow::array::{new_null_array, ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use super::live::lane_and_range;
 use super::{kafka_stem, sanitize, FileOrigin, Lake, LakeFile};
 use crate::error::{Error, Result};
 
@@ -75,17 +75,9 @@ pub struct CompactStats {
     pub covered_kept: usize,
 }
 
-/// The (lane, first, last) of a lake file, for grouping runs.
-fn lane(f: &LakeFile) -> (String, i64, i64) {
-    match &f.origin {
-        FileOrigin::Kafka { source, topic, partition, first, last } => (format!("k~{source}~{topic}~{partition}"), *first, *last),
-        FileOrigin::Direct { writer, seq, last_seq } => (format!("w~{writer}"), *seq as i64, *last_seq as i64),
-    }
-}
-
 /// The merged file's stem for a run of files of one lane.
-fn merged_stem(run: &[(LakeFile, u64)]) -> String {
-    let (first, last) = (&run[0].0.origin, &run[run.len() - 1].0.origin);
+fn merged_stem(run: &[LakeFile]) -> String {
+    let (first, last) = (&run[0].origin, &run[run.len() - 1].origin);
     match (first, last) {
         (FileOrigin::Kafka { source, topic, partition, first, .. }, FileOrigin::Kafka { last, .. }) => kafka_stem(source, topic, *partition, *first, *last),
         (FileOrigin::Direct { writer, seq, .. }, FileOrigin::Direct { last_seq, .. }) => format!("w~{}~{seq:06}-{last_seq:06}", sanitize(writer)),
@@ -93,50 +85,45 @@ fn merged_stem(run: &[(LakeFile, u64)]) -> String {
     }
 }
 
-/// Runs of files to merge: per date and lane, adjacent files (contiguous offsets for Kafka lanes), each
-/// under `target` bytes, grouped until a run reaches `target`; only runs of two or more files.
+/// Runs of files to merge: per date and lane ([`lane_and_range`]), adjacent files (contiguous offsets for
+/// Kafka lanes), each under `target` bytes, grouped until a run reaches `target`; only runs of two or
+/// more files.
 ///
 /// # Errors
 /// [`Error::InvalidInput`] when two live files of a lane overlap without one covering the other (not
 /// something the lake writes; compaction refuses to guess).
-fn plan(files: Vec<(LakeFile, u64)>, target: u64) -> Result<Vec<Vec<(LakeFile, u64)>>> {
-    let mut lanes: BTreeMap<(String, String), Vec<(LakeFile, u64)>> = BTreeMap::new();
-    for (f, bytes) in files {
-        lanes.entry((f.date.clone(), lane(&f).0)).or_default().push((f, bytes));
-    }
+fn plan(mut files: Vec<LakeFile>, target: u64) -> Result<Vec<Vec<LakeFile>>> {
+    files.sort_by(|a, b| (&a.date, lane_and_range(&a.origin)).cmp(&(&b.date, lane_and_range(&b.origin))));
     let mut runs = vec![];
-    for (_, mut files) in lanes {
-        files.sort_by_key(|(f, _)| lane(f).1);
-        let mut run: Vec<(LakeFile, u64)> = vec![];
-        let mut run_bytes = 0u64;
-        let mut prev: Option<(PathBuf, i64)> = None;
-        for (f, bytes) in files {
-            let (_, first, last) = lane(&f);
-            if let Some((p, prev_last)) = &prev {
-                if first <= *prev_last {
-                    return Err(Error::InvalidInput(format!("{} and {} overlap: not compacting this table", p.display(), f.path.display())));
-                }
-            }
-            let adjacent = match (&f.origin, &prev) {
-                (FileOrigin::Kafka { .. }, Some((_, prev_last))) => first == prev_last + 1,
-                _ => true,
-            };
-            prev = Some((f.path.clone(), last));
-            if !adjacent || bytes >= target || run_bytes >= target {
-                if run.len() > 1 {
-                    runs.push(std::mem::take(&mut run));
-                }
-                run.clear();
-                run_bytes = 0;
-            }
-            if bytes < target {
-                run_bytes += bytes;
-                run.push((f, bytes));
+    let mut run: Vec<LakeFile> = vec![];
+    let mut run_bytes = 0u64;
+    for (i, f) in files.iter().enumerate() {
+        let (lane, first, _) = lane_and_range(&f.origin);
+        // the previous file of the same date and lane, if any
+        let prev = i.checked_sub(1).map(|j| &files[j]).filter(|p| p.date == f.date && lane_and_range(&p.origin).0 == lane);
+        if let Some(p) = prev {
+            if first <= lane_and_range(&p.origin).2 {
+                return Err(Error::InvalidInput(format!("{} and {} overlap: not compacting this table", p.path.display(), f.path.display())));
             }
         }
-        if run.len() > 1 {
-            runs.push(run);
+        let adjacent = match (&f.origin, prev) {
+            (FileOrigin::Kafka { .. }, Some(p)) => first == lane_and_range(&p.origin).2 + 1,
+            (_, p) => p.is_some(),
+        };
+        if !adjacent || f.bytes >= target || run_bytes >= target {
+            if run.len() > 1 {
+                runs.push(std::mem::take(&mut run));
+            }
+            run.clear();
+            run_bytes = 0;
         }
+        if f.bytes < target {
+            run_bytes += f.bytes;
+            run.push(f.clone());
+        }
+    }
+    if run.len() > 1 {
+        runs.push(run);
     }
     Ok(runs)
 }
@@ -179,13 +166,12 @@ pub fn compact_table(lake: &Lake, table: &str, schema: SchemaRef, opts: &Compact
     let lock = File::create(&lock_path).map_err(|e| Error::io("create", &lock_path, e))?;
     lock.try_lock()
         .map_err(|_| Error::InvalidInput(format!("another `nextstate compact` is compacting table {table} (lock {})", lock_path.display())))?;
-    let sized = |files: Vec<LakeFile>| -> Vec<(LakeFile, u64)> { files.into_iter().map(|f| (f.bytes, f)).map(|(b, f)| (f, b)).collect() };
-    let before = sized(lake.files(table)?);
-    let mut stats = CompactStats { files_before: before.len(), bytes_before: before.iter().map(|(_, b)| b).sum(), ..Default::default() };
+    let before = lake.files(table)?;
+    let mut stats = CompactStats { files_before: before.len(), bytes_before: before.iter().map(|f| f.bytes).sum(), ..Default::default() };
     for run in plan(before, opts.target_bytes)? {
         let stem = merged_stem(&run);
         let mut rows = 0u64;
-        let paths: Vec<PathBuf> = run.iter().map(|(f, _)| f.path.clone()).collect();
+        let paths: Vec<PathBuf> = run.iter().map(|f| f.path.clone()).collect();
         let batches = paths.iter().map(read_batches).flat_map(|r| match r {
             Ok(it) => Box::new(it) as Box<dyn Iterator<Item = Result<RecordBatch>>>,
             Err(e) => Box::new(std::iter::once(Err(e))),
@@ -195,7 +181,7 @@ pub fn compact_table(lake: &Lake, table: &str, schema: SchemaRef, opts: &Compact
             rows += b.num_rows() as u64;
             Ok(b)
         });
-        lake.write_batches(table, &run[0].0.date, &stem, schema.clone(), conformed)?;
+        lake.write_batches(table, &run[0].date, &stem, schema.clone(), conformed)?;
         tracing::info!(table, stem, files = run.len(), rows, "merged");
         stats.merged += 1;
         stats.files_merged += run.len();
@@ -211,9 +197,9 @@ pub fn compact_table(lake: &Lake, table: &str, schema: SchemaRef, opts: &Compact
             stats.covered_kept += 1;
         }
     }
-    let after = sized(lake.files(table)?);
+    let after = lake.files(table)?;
     stats.files_after = after.len();
-    stats.bytes_after = after.iter().map(|(_, b)| b).sum();
+    stats.bytes_after = after.iter().map(|f| f.bytes).sum();
     drop(lock);
     Ok(stats)
 }

@@ -26,14 +26,16 @@ use datafusion::object_store::{
 
 use super::{parse_stem, FileOrigin};
 
-/// The group a file's range is compared within (one `date=` folder is implied).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Lane<'a> {
+/// The group a file's range is compared within (one `date=` folder is implied): one Kafka partition
+/// of one topic on one cluster, or one direct writer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Lane<'a> {
     Kafka(&'a str, &'a str, i32),
     Direct(&'a str),
 }
 
-fn lane_and_range(o: &FileOrigin) -> (Lane<'_>, i64, i64) {
+/// A file's lane and the first and last offset (or sequence number) it holds.
+pub(crate) fn lane_and_range(o: &FileOrigin) -> (Lane<'_>, i64, i64) {
     match o {
         FileOrigin::Kafka { source, topic, partition, first, last } => (Lane::Kafka(source, topic, *partition), *first, *last),
         FileOrigin::Direct { writer, seq, last_seq } => (Lane::Direct(writer), *seq as i64, *last_seq as i64),

@@ -129,10 +129,16 @@ pub struct Proc {
 impl Proc {
     /// Spawns the `nextstate` binary with `args` (OMP_NUM_THREADS=1), appending its output to `log`.
     pub fn spawn(name: &str, args: &[String], log: &std::path::Path) -> Proc {
+        Proc::spawn_with_env(name, args, &[], log)
+    }
+
+    /// [`Proc::spawn`] with extra environment variables (e.g. `RUST_LOG`).
+    pub fn spawn_with_env(name: &str, args: &[String], env: &[(&str, &str)], log: &std::path::Path) -> Proc {
         let f = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open log");
         let child = Command::new(bin())
             .args(args)
             .env("OMP_NUM_THREADS", "1")
+            .envs(env.iter().copied())
             .stdout(f.try_clone().expect("clone log"))
             .stderr(f)
             .spawn()
