@@ -147,17 +147,30 @@ pub fn copy_caches(source: &Lake, dest: &Lake) -> Result<(u64, u64)> {
             }
         }
     }
-    let mut rows: Vec<TeacherLogprobs> = source.read_table::<TeacherLogprobs>()?;
+    // File by file (one cache file per source file and date), so only one file's rows are held; the
+    // first row of a teacher_id wins: the lake's, then its own cache's.
+    let mut sources = vec![source.clone()];
     let old_cache = source.root().join("_state").join(TEACHER_CACHE_DIR);
     if old_cache.is_dir() {
-        rows.extend(Lake::open(&old_cache)?.read_table::<TeacherLogprobs>()?);
+        sources.push(Lake::open(&old_cache)?);
     }
     let mut seen = std::collections::HashSet::new();
-    rows.retain(|r| seen.insert(r.teacher_id.clone()));
-    let n = rows.len() as u64;
-    if n > 0 {
-        let dst = Lake::open(dest.state_dir(TEACHER_CACHE_DIR)?)?;
-        dst.write_rows(&rows, "replay-cache", 1)?;
+    let (mut n, mut seq, mut dst) = (0, 0, None);
+    for lake in &sources {
+        for f in lake.files(TeacherLogprobs::NAME)? {
+            let mut rows: Vec<TeacherLogprobs> = lake.read_rows(&f.path)?;
+            rows.retain(|r| seen.insert(r.teacher_id.clone()));
+            if rows.is_empty() {
+                continue;
+            }
+            let dst = match &mut dst {
+                Some(d) => d,
+                None => dst.insert(Lake::open(dest.state_dir(TEACHER_CACHE_DIR)?)?),
+            };
+            seq += 1;
+            dst.write_rows(&rows, "replay-cache", seq)?;
+            n += rows.len() as u64;
+        }
     }
     Ok((files, n))
 }

@@ -13,6 +13,7 @@
 //! Files written directly (ingest without Kafka records, the trainer's step table) are named by a writer
 //! id and sequence number.
 
+pub mod columns;
 pub mod compact;
 pub mod dedupe;
 pub mod live;

@@ -133,51 +133,103 @@ impl<I> TeacherStage<I> {
 /// `teacher_logprobs` rows copied from another lake by `nextstate replay`.
 pub const TEACHER_CACHE_DIR: &str = "teacher_cache";
 
-/// Teacher rows already computed, by `teacher_id` (see the module docs).
+/// Teacher rows already computed, by `teacher_id` (see the module docs): an index of where each row is
+/// (file and position; a few dozen bytes a row), the rows themselves read on demand. A lake row wins over
+/// a replay-cache row with the same `teacher_id`, and within either a later file over an earlier one.
 #[derive(Clone, Default, Debug)]
 pub struct TeacherCache {
-    rows: Arc<std::collections::HashMap<String, TeacherLogprobs>>,
+    index: Arc<CacheIndex>,
+}
+
+#[derive(Default, Debug)]
+struct CacheIndex {
+    /// The replay cache's lake and the lake itself (each file is read through its own lake).
+    lakes: Vec<crate::lake::Lake>,
+    /// (index in `lakes`, path) of every file indexed.
+    files: Vec<(usize, std::path::PathBuf)>,
+    /// `teacher_id` → (index in `files`, position in that file).
+    rows: std::collections::HashMap<String, (usize, usize)>,
 }
 
 impl TeacherCache {
-    /// Loads the lake's `teacher_logprobs` rows and those of its replay cache (`_state/teacher_cache/`).
+    /// Indexes the `teacher_id`s of the lake's `teacher_logprobs` rows and of its replay cache
+    /// (`_state/teacher_cache/`), reading only that column.
     ///
     /// # Errors
     /// Lake read errors.
     pub fn load(lake: &crate::lake::Lake) -> Result<TeacherCache> {
-        let mut rows = std::collections::HashMap::new();
-        let cache_dir = lake.state_dir(TEACHER_CACHE_DIR)?;
-        if cache_dir.is_dir() {
-            for r in crate::lake::Lake::open(&cache_dir)?.read_table::<TeacherLogprobs>()? {
-                rows.insert(r.teacher_id.clone(), r);
+        let cache = crate::lake::Lake::open(lake.state_dir(TEACHER_CACHE_DIR)?)?;
+        let mut index = CacheIndex { lakes: vec![cache, lake.clone()], ..Default::default() };
+        // the replay cache first, so that the lake's rows replace its rows of the same id
+        for li in 0..index.lakes.len() {
+            let l = index.lakes[li].clone();
+            for f in l.files(TeacherLogprobs::NAME)? {
+                let fi = index.files.len();
+                for (row, id) in l.file_strings(&f.path, TeacherLogprobs::KEY)?.into_iter().enumerate() {
+                    if let Some(id) = id {
+                        index.rows.insert(id, (fi, row));
+                    }
+                }
+                index.files.push((li, f.path));
             }
         }
-        for r in lake.read_table::<TeacherLogprobs>()? {
-            rows.insert(r.teacher_id.clone(), r);
-        }
-        Ok(TeacherCache { rows: Arc::new(rows) })
+        Ok(TeacherCache { index: Arc::new(index) })
     }
 
-    /// Rows held.
+    /// Rows indexed (distinct `teacher_id`s).
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.index.rows.len()
     }
 
-    /// Whether it holds no row.
+    /// Whether it indexes no row.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.index.rows.is_empty()
     }
 
     /// The row of `teacher_id` when its teacher prompt and response token ids are exactly these.
-    pub fn get(&self, teacher_id: &str, teacher_prompt: &[i32], response: &[i32]) -> Option<&TeacherLogprobs> {
-        self.rows.get(teacher_id).filter(|r| r.teacher_prompt_token_ids == teacher_prompt && r.response_token_ids == response)
+    ///
+    /// # Errors
+    /// Lake read errors (e.g. its file was deleted since [`TeacherCache::load`]).
+    pub fn get(&self, teacher_id: &str, teacher_prompt: &[i32], response: &[i32]) -> Result<Option<TeacherLogprobs>> {
+        Ok(self.get_many(&[(teacher_id, teacher_prompt, response)])?.pop().flatten())
+    }
+
+    /// [`TeacherCache::get`] for each (teacher_id, teacher prompt ids, response ids) of `wanted`, in that
+    /// order, reading each file involved once.
+    ///
+    /// # Errors
+    /// As [`TeacherCache::get`].
+    pub fn get_many(&self, wanted: &[(&str, &[i32], &[i32])]) -> Result<Vec<Option<TeacherLogprobs>>> {
+        let mut by_file: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+        for (id, _, _) in wanted {
+            if let Some(&(fi, row)) = self.index.rows.get(*id) {
+                by_file.entry(fi).or_default().push(row);
+            }
+        }
+        let mut fetched: std::collections::HashMap<String, TeacherLogprobs> = std::collections::HashMap::new();
+        for (fi, rows) in by_file {
+            let (li, path) = &self.index.files[fi];
+            // only indexed positions are read: each row read is the one its id stands for
+            for r in self.index.lakes[*li].read_rows_at::<TeacherLogprobs>(path, &rows)? {
+                fetched.insert(r.teacher_id.clone(), r);
+            }
+        }
+        Ok(wanted
+            .iter()
+            .map(|(id, prompt, response)| {
+                fetched.get(*id).filter(|r| r.teacher_prompt_token_ids == *prompt && r.response_token_ids == *response).cloned()
+            })
+            .collect())
     }
 }
 
-/// One teacher context of a turn: the hint's vote index, the teacher prompt ids and the cached row, if any.
+/// One teacher context of a turn: the hint's vote index, the teacher prompt ids, its row id and the cached
+/// row, if any.
 struct TeacherPrompt {
     hint_index: i32,
     prompt: Vec<u32>,
+    /// The row's `teacher_id` ([`teacher_row_id`]).
+    id: String,
     /// The teacher row from the cache (no model work for it).
     cached: Option<TeacherLogprobs>,
 }
@@ -227,6 +279,41 @@ type Scored = (Option<Vec<f32>>, Option<crate::model::ScoredResponse>, Vec<Teach
 /// The policy's passes of a batch (rollout recompute, student top-K) per job, the teacher items, and
 /// the local teacher's scores of them (`None` for a remote teacher, which scores them afterwards).
 type PolicyPasses = (Vec<(Option<Vec<f32>>, Option<crate::model::ScoredResponse>)>, Vec<(Vec<u32>, Vec<u32>)>, Option<Vec<crate::model::ScoredResponse>>);
+
+impl<I> TeacherStage<I> {
+    /// Sets each teacher context's cached row (the batch's rows read from the cache together), counted
+    /// as `teacher_cache_hit`. A multi-candidate row must carry the student's top-K. The cache only saves
+    /// model time: when it cannot be read, the contexts are scored instead.
+    fn fill_cached(&self, jobs: &mut [Job], multi: bool, counts: &mut StageCounts) {
+        if self.cache.is_empty() {
+            return;
+        }
+        let tokens: Vec<(Vec<i32>, Vec<i32>)> =
+            jobs.iter().flat_map(|j| j.teachers.iter().map(|t| (to_i32(&t.prompt), to_i32(&j.response_ids)))).collect();
+        let wanted: Vec<(&str, &[i32], &[i32])> = jobs
+            .iter()
+            .flat_map(|j| j.teachers.iter())
+            .zip(&tokens)
+            .map(|(t, (prompt, response))| (t.id.as_str(), prompt.as_slice(), response.as_slice()))
+            .collect();
+        let rows = match self.cache.get_many(&wanted) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "teacher cache unreadable: scoring these turns instead");
+                return;
+            }
+        };
+        let mut rows = rows.into_iter();
+        let mut hits = 0;
+        for t in jobs.iter_mut().flat_map(|j| j.teachers.iter_mut()) {
+            t.cached = rows.next().flatten().filter(|r| !multi || (r.student_topk_ids.is_some() && r.logprobs_at_student_topk.is_some()));
+            hits += u64::from(t.cached.is_some());
+        }
+        if hits > 0 {
+            counts.add("teacher_cache_hit", hits);
+        }
+    }
+}
 
 impl<I: Table> StageLogic for TeacherStage<I> {
     type In = I;
@@ -293,23 +380,15 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 .into_iter()
                 .map(|(hint_index, tp)| {
                     let id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp, self.cfg.top_k, student_name.as_deref());
-                    let cached = self
-                        .cache
-                        .get(&id, &to_i32(&tp), &to_i32(&response_ids))
-                        .filter(|r| !multi || (r.student_topk_ids.is_some() && r.logprobs_at_student_topk.is_some()))
-                        .cloned();
-                    TeacherPrompt { hint_index, prompt: tp, cached }
+                    TeacherPrompt { hint_index, prompt: tp, id, cached: None }
                 })
                 .collect();
-            let hits = teachers.iter().filter(|t| t.cached.is_some()).count();
-            if hits > 0 {
-                counts.add("teacher_cache_hit", hits as u64);
-            }
             jobs.push(Job { interaction, judgment, hint, prompt_ids, response_ids, rollout, teachers, lineage: input.lineage });
         }
         if jobs.is_empty() {
             return Ok(());
         }
+        self.fill_cached(&mut jobs, multi, counts);
         // Model work on a blocking thread.
         let models = self.models.clone();
         let (top_k, per_pass) = (self.cfg.top_k, self.cfg.batch.max(1));
@@ -427,7 +506,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 let Some(t) = scores.next() else { break };
                 rows.push(TeacherLogprobs {
                     schema_version: TeacherLogprobs::SCHEMA_VERSION,
-                    teacher_id: teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp.prompt, top_k, student_name.as_deref()),
+                    teacher_id: tp.id.clone(),
                     pipeline: self.pipeline.clone(),
                     interaction_id: interaction.interaction_id.clone(),
                     session_id: interaction.session_id.clone(),
