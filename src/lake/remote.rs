@@ -11,18 +11,28 @@
 //! (`true` for a plain-HTTP endpoint), … Stage state (the vote cache, progress files: not tables) stays
 //! on local disk: under `$NEXTSTATE_STATE_DIR`, default `.nextstate-state/<bucket>/<prefix>/`.
 //!
-//! Not done: `gs://` and `az://` (the crate's `gcp`/`azure` features are not built), `nextstate compact`
-//! on object storage (it refuses), trainer checkpoints (written to local `checkpoints/`).
+//! Beside the tables, the lake's prefix holds two folders that are not tables (a leading `_`, so
+//! [`super::Lake::tables`] and `nextstate sql` skip them):
+//! - `_state/compact/<table>.lock`: the lock object of `nextstate compact` ([`super::compact`]), created
+//!   with a conditional PUT so that compactors on different machines exclude each other;
+//! - `_checkpoints/<run>/<version>/<file>`: the trainer's checkpoints, uploaded after they are complete
+//!   locally, `manifest.json` last ([`crate::trainer::checkpoint`]). Not `checkpoints/`: that folder is
+//!   the `checkpoints` table.
+//!
+//! Not done: `gs://` and `az://` (the crate's `gcp`/`azure` features are not built).
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use datafusion::object_store::aws::AmazonS3Builder;
 use datafusion::object_store::path::Path as ObjectPath;
-use datafusion::object_store::{GetOptions, ObjectMeta, ObjectStore, PutMode, PutOptions, PutPayload};
-use futures::TryStreamExt;
+use datafusion::object_store::{
+    GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart,
+};
+use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Error, Result};
 
@@ -75,6 +85,12 @@ pub fn raw_path(path: &str) -> ObjectPath {
 fn store_err(op: &str, e: impl std::fmt::Display) -> Error {
     Error::Unreachable(format!("object store: {op}: {e}"))
 }
+
+/// Files up to this size are uploaded with one conditional PUT ([`Remote::upload_file`]); larger ones
+/// in parts (S3 takes at most 5 GB in one PUT, and the file need not sit in memory).
+pub const SINGLE_PUT_BYTES: u64 = 256 << 20;
+/// Part size of a multipart upload.
+const PART_BYTES: usize = 32 << 20;
 
 impl Remote {
     /// Connects to the lake at `url` (`s3://bucket[/prefix]`).
@@ -158,5 +174,116 @@ impl Remote {
     /// [`Error::Unreachable`] when the GET fails.
     pub fn get(&self, path: &ObjectPath) -> Result<Bytes> {
         block_on(async { self.store.get_opts(path, GetOptions::default()).await?.bytes().await }).map_err(|e| store_err(&format!("get {path}"), e))
+    }
+
+    /// Writes `bytes` at `path` under `mode` (a conditional PUT: [`PutMode::Create`] writes only when no
+    /// object is there, [`PutMode::Update`] only when the object still has the given version). Returns
+    /// the written object's version, or `None` when the condition did not hold.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when the PUT fails for another reason.
+    pub fn put_if(&self, path: &ObjectPath, bytes: Vec<u8>, mode: PutMode) -> Result<Option<UpdateVersion>> {
+        let opts = PutOptions { mode, ..Default::default() };
+        match block_on(async { self.store.put_opts(path, PutPayload::from(bytes), opts).await }) {
+            Ok(r) => Ok(Some(UpdateVersion { e_tag: r.e_tag, version: r.version })),
+            Err(datafusion::object_store::Error::AlreadyExists { .. } | datafusion::object_store::Error::Precondition { .. }) => Ok(None),
+            Err(e) => Err(store_err(&format!("put {path}"), e)),
+        }
+    }
+
+    /// The whole object at `path` with its version (for a later [`PutMode::Update`]), or `None` when
+    /// there is no object.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when the GET fails for another reason.
+    pub fn get_versioned(&self, path: &ObjectPath) -> Result<Option<(Bytes, UpdateVersion)>> {
+        let got = block_on(async {
+            let r = self.store.get_opts(path, GetOptions::default()).await?;
+            let version = UpdateVersion { e_tag: r.meta.e_tag.clone(), version: r.meta.version.clone() };
+            Ok::<_, datafusion::object_store::Error>((r.bytes().await?, version))
+        });
+        match got {
+            Ok(g) => Ok(Some(g)),
+            Err(datafusion::object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(&format!("get {path}"), e)),
+        }
+    }
+
+    /// Whether an object is at `path`.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when the HEAD fails for another reason than a missing object.
+    pub fn exists(&self, path: &ObjectPath) -> Result<bool> {
+        match block_on(async { self.store.head(path).await }) {
+            Ok(_) => Ok(true),
+            Err(datafusion::object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(store_err(&format!("head {path}"), e)),
+        }
+    }
+
+    /// Deletes the object at `path`; a missing object is not an error.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when the DELETE fails.
+    pub fn delete(&self, path: &ObjectPath) -> Result<()> {
+        match block_on(async { self.store.delete(path).await }) {
+            Ok(()) | Err(datafusion::object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_err(&format!("delete {path}"), e)),
+        }
+    }
+
+    /// Uploads the local file `local` to `path` unless an object is already there. A file up to
+    /// [`SINGLE_PUT_BYTES`] is one conditional PUT; a larger one is streamed in parts (a multipart
+    /// upload cannot be conditional: the object is checked for first, and it appears whole when the
+    /// upload completes). Returns whether this call wrote it.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read; [`Error::Unreachable`] when the upload fails.
+    pub fn upload_file(&self, local: &Path, path: &ObjectPath) -> Result<bool> {
+        let len = std::fs::metadata(local).map_err(|e| Error::io("stat", local, e))?.len();
+        if len <= SINGLE_PUT_BYTES {
+            let bytes = std::fs::read(local).map_err(|e| Error::io("read", local, e))?;
+            return self.put_new(path, bytes);
+        }
+        if self.exists(path)? {
+            return Ok(false);
+        }
+        let mut file = std::fs::File::open(local).map_err(|e| Error::io("open", local, e))?;
+        block_on(async {
+            let upload = self.store.put_multipart(path).await.map_err(|e| store_err(&format!("start upload {path}"), e))?;
+            let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+            let mut buf = vec![0u8; PART_BYTES];
+            loop {
+                let n = file.read(&mut buf).map_err(|e| Error::io("read", local, e))?;
+                if n == 0 {
+                    break;
+                }
+                // at most two parts in flight: bounded memory for any file size
+                w.wait_for_capacity(2).await.map_err(|e| store_err(&format!("upload {path}"), e))?;
+                w.write(&buf[..n]);
+            }
+            w.finish().await.map_err(|e| store_err(&format!("upload {path}"), e))
+        })?;
+        Ok(true)
+    }
+
+    /// Downloads the object at `path` into the local file `local` (created or truncated, fsynced),
+    /// streaming it.
+    ///
+    /// # Errors
+    /// [`Error::Unreachable`] when the GET fails (also for a missing object); [`Error::Io`] when the
+    /// file cannot be written.
+    pub fn download_file(&self, path: &ObjectPath, local: &Path) -> Result<()> {
+        let mut file = std::fs::File::create(local).map_err(|e| Error::io("create", local, e))?;
+        block_on(async {
+            let r = self.store.get_opts(path, GetOptions::default()).await.map_err(|e| store_err(&format!("get {path}"), e))?;
+            let mut chunks = r.into_stream();
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(|e| store_err(&format!("get {path}"), e))?;
+                file.write_all(&chunk).map_err(|e| Error::io("write", local, e))?;
+            }
+            Ok::<_, Error>(())
+        })?;
+        file.sync_all().map_err(|e| Error::io("fsync", local, e))
     }
 }

@@ -147,7 +147,11 @@ fn start_worker(cfg: &PipelineConfig, opts: &TrainOptions) -> Result<Worker> {
     let method = cfg.method;
     let tcfg = cfg.trainer.clone();
     let run_id = opts.run_id.clone().unwrap_or_else(|| cfg.name.clone());
-    let writer = CheckpointWriter::new(&opts.checkpoints_dir, &run_id);
+    let mut writer = CheckpointWriter::new(&opts.checkpoints_dir, &run_id);
+    // a lake on object storage keeps a copy of every checkpoint (trainer::checkpoint module docs)
+    if cfg.lake.to_str().is_some_and(crate::lake::remote::is_url) {
+        writer = writer.with_lake(&crate::lake::Lake::open(&cfg.lake)?);
+    }
     let resume = opts.resume;
     let threads = cfg.policy.threads;
     let (tx, rx) = mpsc::channel::<Cmd>();

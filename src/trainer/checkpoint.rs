@@ -31,6 +31,16 @@
 //! manifest of that version is complete; temporary folders and anything else are ignored by
 //! [`scan`] and [`latest_complete`].
 //!
+//! On object storage (a lake at `s3://bucket/prefix`, [`CheckpointWriter::with_lake`]): once a checkpoint
+//! is complete locally, each of its files is uploaded to
+//! `<prefix>/_checkpoints/<run>/<version>/<file>` (one conditional PUT per file, a file above
+//! [`crate::lake::remote::SINGLE_PUT_BYTES`] in parts), `manifest.json` last, so a manifest in the bucket
+//! marks a complete checkpoint there too ([`upload`]). (`_checkpoints`, not `checkpoints`: that folder is
+//! the lake's `checkpoints` table.) A trainer resuming on a machine whose run folder lacks the newest
+//! checkpoint downloads it ([`fetch_latest`]: into a temporary folder renamed into place, as a local
+//! write), together with the manifests of the older versions, kept in `<run>/.lineage/<version>.json` for
+//! their lineage (exactly-once needs the whole [`ancestry`]; their weights are not downloaded).
+//!
 //! Exactly-once into the trainer: every sample the trainer consumed (trained or dropped) between a
 //! checkpoint's parent and the checkpoint is in its manifest's lineage, so after a restart from the
 //! newest complete checkpoint [`consumed_sample_ids`] over its [`ancestry`] is the set to skip; samples
@@ -43,6 +53,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::loss::LossMetrics;
+use crate::lake::remote::Remote;
+use crate::lake::Lake;
 use crate::schema::{Checkpoint, Table};
 use crate::{Error, Result};
 
@@ -52,6 +64,11 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const OPTIMIZER_FILE: &str = "optimizer/optimizer.safetensors";
 /// Version of the manifest format.
 pub const MANIFEST_FORMAT: u32 = 1;
+/// The folder below a lake's prefix on object storage that holds `<run>/<version>/` checkpoints.
+pub const REMOTE_FOLDER: &str = "_checkpoints";
+/// The folder in a run folder holding manifests of checkpoints whose files are only on object storage
+/// (`<version>.json`), downloaded for their lineage.
+pub const LINEAGE_FOLDER: &str = ".lineage";
 
 /// One consumed sample and where it came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -203,17 +220,31 @@ fn fsync_tree(dir: &Path) -> Result<()> {
     fsync_dir(dir)
 }
 
-/// Writes the checkpoints of one run into `<checkpoints dir>/<run id>/`.
+/// Writes the checkpoints of one run into `<checkpoints dir>/<run id>/` (and, with a lake on object
+/// storage, tells the trainer where to upload them: [`CheckpointWriter::remote`]).
 #[derive(Debug, Clone)]
 pub struct CheckpointWriter {
     run_dir: PathBuf,
     run_id: String,
+    lake: Option<Lake>,
 }
 
 impl CheckpointWriter {
     /// A writer for run `run_id` under `checkpoints_dir` (created on the first write).
     pub fn new(checkpoints_dir: &Path, run_id: &str) -> CheckpointWriter {
-        CheckpointWriter { run_dir: checkpoints_dir.join(run_id), run_id: run_id.to_string() }
+        CheckpointWriter { run_dir: checkpoints_dir.join(run_id), run_id: run_id.to_string(), lake: None }
+    }
+
+    /// This writer, with the run's checkpoints mirrored to `lake` when it is on object storage (see the
+    /// module documentation); a local lake changes nothing.
+    pub fn with_lake(mut self, lake: &Lake) -> CheckpointWriter {
+        self.lake = lake.remote().is_some().then(|| lake.clone());
+        self
+    }
+
+    /// The object store the run's checkpoints are mirrored to, if any.
+    pub fn remote(&self) -> Option<&Remote> {
+        self.lake.as_ref().and_then(Lake::remote)
     }
 
     /// `<checkpoints dir>/<run id>`.
@@ -267,6 +298,20 @@ pub struct CheckpointScan {
     /// Folders that are not complete checkpoints, with the reason (temporary folders, unreadable or
     /// mismatched manifests).
     pub ignored: Vec<(PathBuf, String)>,
+    /// Manifests of checkpoints that are complete only on object storage ([`LINEAGE_FOLDER`]), ascending
+    /// by version: for their lineage ([`ancestry`]), not loadable.
+    pub lineage_only: Vec<Manifest>,
+}
+
+impl CheckpointScan {
+    /// Every manifest known for the run: the complete checkpoints' and the lineage-only ones (a version
+    /// in both counts once, complete), ascending by version.
+    pub fn manifests(&self) -> Vec<Manifest> {
+        let mut out: Vec<Manifest> = self.complete.iter().map(|(_, m)| m.clone()).collect();
+        out.extend(self.lineage_only.iter().filter(|l| !self.complete.iter().any(|(_, m)| m.version == l.version)).cloned());
+        out.sort_by_key(|m| m.version);
+        out
+    }
 }
 
 /// Lists the checkpoints of a run folder (`checkpoints/<run>`); a missing folder has none.
@@ -286,6 +331,10 @@ pub fn scan(run_dir: &Path) -> Result<CheckpointScan> {
             continue;
         }
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == LINEAGE_FOLDER {
+            out.lineage_only = read_lineage_folder(&path)?;
+            continue;
+        }
         let Ok(version) = name.parse::<i64>() else {
             out.ignored.push((path, "not a version folder (temporary or foreign)".into()));
             continue;
@@ -300,12 +349,190 @@ pub fn scan(run_dir: &Path) -> Result<CheckpointScan> {
     Ok(out)
 }
 
+/// The manifests in a run folder's [`LINEAGE_FOLDER`] (`<version>.json`), ascending by version;
+/// unreadable ones are skipped with a warning.
+///
+/// # Errors
+/// [`Error::Io`] when the folder cannot be listed.
+fn read_lineage_folder(dir: &Path) -> Result<Vec<Manifest>> {
+    let mut out = vec![];
+    for entry in fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
+        let path = entry.map_err(|e| Error::io("list", dir, e))?.path();
+        let Some(version) = path.file_stem().and_then(|n| n.to_str()).and_then(|n| n.parse::<i64>().ok()) else { continue };
+        let read = fs::read(&path).map_err(|e| Error::io("read", &path, e)).and_then(|b| Ok(serde_json::from_slice::<Manifest>(&b)?));
+        match read {
+            Ok(m) if m.version == version => out.push(m),
+            Ok(m) => tracing::warn!(path = %path.display(), version = m.version, "lineage manifest of another version; ignored"),
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "unreadable lineage manifest; ignored"),
+        }
+    }
+    out.sort_by_key(|m| m.version);
+    Ok(out)
+}
+
 /// The newest complete checkpoint of a run folder (for `--resume`), or `None`.
 ///
 /// # Errors
 /// As [`scan`].
 pub fn latest_complete(run_dir: &Path) -> Result<Option<(PathBuf, Manifest)>> {
     Ok(scan(run_dir)?.complete.pop())
+}
+
+/// `_checkpoints/<run>/<version>/<rel>` below the lake's prefix.
+fn remote_rel(run_id: &str, version: i64, rel: &str) -> String {
+    format!("{REMOTE_FOLDER}/{run_id}/{version}/{rel}")
+}
+
+/// The files below `dir` (recursive), as `/`-separated paths relative to it, sorted.
+fn files_below(dir: &Path) -> Result<Vec<String>> {
+    let mut out = vec![];
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let d = dir.join(&rel);
+        for entry in fs::read_dir(&d).map_err(|e| Error::io("list", &d, e))? {
+            let entry = entry.map_err(|e| Error::io("list", &d, e))?;
+            let r = rel.join(entry.file_name());
+            if entry.path().is_dir() {
+                todo.push(r);
+            } else {
+                out.push(r.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Uploads the complete checkpoint folder `dir` (of run `run_id`, version `version`) to
+/// `_checkpoints/<run>/<version>/` below the lake's prefix: every file, each with
+/// [`Remote::upload_file`] (an object already there is left as is), then `manifest.json` with one
+/// conditional PUT. Returns whether this call wrote the manifest (false: the store already had this
+/// version, e.g. uploaded before a crash, or written by another trainer of the same run).
+///
+/// # Errors
+/// [`Error::Io`] when a file cannot be read; [`Error::Unreachable`] when an upload fails (the version
+/// then has no manifest in the store, so it is not complete there; [`upload_missing`] retries).
+pub fn upload(remote: &Remote, run_id: &str, version: i64, dir: &Path) -> Result<bool> {
+    for rel in files_below(dir)?.iter().filter(|r| r.as_str() != MANIFEST_FILE) {
+        remote.upload_file(&dir.join(rel), &remote.path(&remote_rel(run_id, version, rel)))?;
+    }
+    let mpath = dir.join(MANIFEST_FILE);
+    let manifest = fs::read(&mpath).map_err(|e| Error::io("read", &mpath, e))?;
+    remote.put_new(&remote.path(&remote_rel(run_id, version, MANIFEST_FILE)), manifest)
+}
+
+/// The manifests of run `run_id`'s complete checkpoints on object storage (a `manifest.json` of its
+/// version), ascending by version.
+///
+/// # Errors
+/// [`Error::Unreachable`] when listing or reading fails; [`Error::Json`] for a malformed manifest.
+pub fn remote_manifests(remote: &Remote, run_id: &str) -> Result<Vec<Manifest>> {
+    let mut out = vec![];
+    for meta in remote.list(&format!("{REMOTE_FOLDER}/{run_id}"))? {
+        let rel = remote.rel(meta.location.as_ref());
+        let parts: Vec<&str> = rel.split('/').collect();
+        let [_, _, v, name] = parts.as_slice() else { continue };
+        let Ok(version) = v.parse::<i64>() else { continue };
+        if *name != MANIFEST_FILE {
+            continue;
+        }
+        let m: Manifest = serde_json::from_slice(&remote.get(&meta.location)?)?;
+        if m.version == version {
+            out.push(m);
+        } else {
+            tracing::warn!(object = %meta.location, version = m.version, "checkpoint manifest of another version on object storage; ignored");
+        }
+    }
+    out.sort_by_key(|m| m.version);
+    Ok(out)
+}
+
+/// Downloads version `version` of run `run_id` from object storage into `run_dir/<version>/`: every
+/// object of it into a temporary folder (`manifest.json` last), fsynced, renamed into place. Returns
+/// the folder.
+///
+/// # Errors
+/// [`Error::Config`] when the folder already exists locally or the store has no manifest for the
+/// version; [`Error::Unreachable`]/[`Error::Io`] on a failed transfer (the temporary folder is removed).
+pub fn download(remote: &Remote, run_id: &str, version: i64, run_dir: &Path) -> Result<PathBuf> {
+    let final_dir = run_dir.join(version.to_string());
+    if final_dir.exists() {
+        return Err(crate::config_err!("checkpoint {} already exists locally; not downloading over it", final_dir.display()));
+    }
+    let prefix = remote_rel(run_id, version, "");
+    let mut files: Vec<(String, datafusion::object_store::path::Path)> = remote
+        .list(prefix.trim_end_matches('/'))?
+        .into_iter()
+        .filter_map(|m| {
+            let rel = remote.rel(m.location.as_ref()).strip_prefix(&prefix)?.to_string();
+            Some((rel, m.location))
+        })
+        .collect();
+    if !files.iter().any(|(rel, _)| rel == MANIFEST_FILE) {
+        return Err(crate::config_err!("checkpoint {version} of run {run_id} has no {MANIFEST_FILE} on object storage (incomplete there)"));
+    }
+    // the manifest last, as on upload
+    files.sort_by_key(|(rel, _)| (rel == MANIFEST_FILE, rel.clone()));
+    fs::create_dir_all(run_dir).map_err(|e| Error::io("create folder", run_dir, e))?;
+    let tmp = run_dir.join(format!(".tmp-{version}-{}", uuid::Uuid::new_v4().simple()));
+    let result = (|| {
+        for (rel, object) in &files {
+            let local = tmp.join(rel);
+            if let Some(parent) = local.parent() {
+                fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
+            }
+            remote.download_file(object, &local)?;
+        }
+        fsync_tree(&tmp)?;
+        fs::rename(&tmp, &final_dir).map_err(|e| Error::io("rename", &final_dir, e))?;
+        fsync_dir(run_dir)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    Ok(final_dir)
+}
+
+/// Brings run `run_id`'s folder `run_dir` up to date with object storage before a resume: when the
+/// store holds a newer complete checkpoint than the folder, downloads it ([`download`]), and writes the
+/// manifest of every other version the folder lacks into [`LINEAGE_FOLDER`] (their lineage). Returns
+/// the version downloaded, if any.
+///
+/// # Errors
+/// As [`remote_manifests`], [`scan`] and [`download`]; [`Error::Io`] when a lineage manifest cannot be
+/// written.
+pub fn fetch_latest(remote: &Remote, run_id: &str, run_dir: &Path) -> Result<Option<i64>> {
+    let stored = remote_manifests(remote, run_id)?;
+    let local = scan(run_dir)?;
+    let local_latest = local.complete.last().map(|(_, m)| m.version);
+    let newest = stored.last().map(|m| m.version).filter(|&v| local_latest.is_none_or(|l| v > l));
+    if let Some(v) = newest {
+        let dir = download(remote, run_id, v, run_dir)?;
+        tracing::info!(run = run_id, version = v, path = %dir.display(), "checkpoint downloaded from object storage");
+    }
+    let have = |v: i64| Some(v) == newest || local.complete.iter().any(|(_, m)| m.version == v) || local.lineage_only.iter().any(|m| m.version == v);
+    for m in stored.iter().filter(|m| !have(m.version)) {
+        let path = run_dir.join(LINEAGE_FOLDER).join(format!("{}.json", m.version));
+        crate::lake::write_atomic(&path, &serde_json::to_vec_pretty(m)?)?;
+    }
+    Ok(newest)
+}
+
+/// Uploads every complete checkpoint of `run_dir` that object storage lacks (a manifest not there:
+/// e.g. an upload cut short by a crash). Returns the versions uploaded.
+///
+/// # Errors
+/// As [`remote_manifests`], [`scan`] and [`upload`].
+pub fn upload_missing(remote: &Remote, run_id: &str, run_dir: &Path) -> Result<Vec<i64>> {
+    let stored: HashSet<i64> = remote_manifests(remote, run_id)?.into_iter().map(|m| m.version).collect();
+    let mut out = vec![];
+    for (dir, m) in scan(run_dir)?.complete.into_iter().filter(|(_, m)| !stored.contains(&m.version)) {
+        if upload(remote, run_id, m.version, &dir)? {
+            out.push(m.version);
+        }
+    }
+    Ok(out)
 }
 
 /// The manifests on the path from `version` back to the initial weights (following `parent_version`),
@@ -400,6 +627,27 @@ mod tests {
         assert_eq!(fs::read_dir(w.run_dir()).unwrap().count(), 4);
         // Missing run folder: nothing.
         assert!(latest_complete(&dir.path().join("nope")).unwrap().is_none());
+    }
+
+    #[test]
+    fn lineage_only_manifests_join_the_ancestry_but_not_the_complete_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = CheckpointWriter::new(dir.path(), "run");
+        w.write(&mut manifest(2, 1, &["c"]), |_| Ok(vec![])).unwrap();
+        // version 1 only on object storage: its manifest kept for the lineage (and a stale copy of 2)
+        let lineage = w.run_dir().join(LINEAGE_FOLDER);
+        fs::create_dir_all(&lineage).unwrap();
+        fs::write(lineage.join("1.json"), serde_json::to_vec(&manifest(1, 0, &["a", "b"])).unwrap()).unwrap();
+        fs::write(lineage.join("2.json"), serde_json::to_vec(&manifest(2, 1, &["stale"])).unwrap()).unwrap();
+        fs::write(lineage.join("7.json"), b"not json").unwrap();
+        let s = scan(w.run_dir()).unwrap();
+        assert_eq!(s.complete.iter().map(|(_, m)| m.version).collect::<Vec<_>>(), vec![2]);
+        assert!(s.ignored.is_empty(), "{:?}", s.ignored);
+        assert_eq!(s.lineage_only.iter().map(|m| m.version).collect::<Vec<_>>(), vec![1, 2]);
+        let all = s.manifests();
+        assert_eq!(all.iter().map(|m| m.version).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(consumed_sample_ids(ancestry(&all, 2)), ["a", "b", "c"].iter().map(|s| s.to_string()).collect());
+        assert_eq!(latest_complete(w.run_dir()).unwrap().unwrap().1.version, 2);
     }
 
     #[test]

@@ -71,6 +71,16 @@ impl<P: Policy> Trainer<P> {
         if let Some((path, m)) = latest_complete(writer.run_dir())? {
             return Err(config_err!("run {} already has checkpoints up to version {} ({}); resume it or choose another run id", writer.run_id(), m.version, path.display()));
         }
+        if let Some(r) = writer.remote() {
+            if let Some(m) = checkpoint::remote_manifests(r, writer.run_id())?.pop() {
+                return Err(config_err!(
+                    "run {} already has checkpoints up to version {} on object storage ({}); resume it or choose another run id",
+                    writer.run_id(),
+                    m.version,
+                    r.path(&format!("{}/{}", checkpoint::REMOTE_FOLDER, writer.run_id()))
+                ));
+            }
+        }
         Self::fresh(policy, method, cfg, writer)
     }
 
@@ -102,10 +112,22 @@ impl<P: Policy> Trainer<P> {
     /// and returns the consumed sample ids of its [`ancestry`]. Without a checkpoint: a fresh start.
     /// A changed configuration hash is allowed (logged); a changed method or weights format is not.
     ///
+    /// With a lake on object storage ([`CheckpointWriter::with_lake`]) the newest checkpoint is looked
+    /// for there too: one newer than the run folder's is downloaded first, with the older manifests for
+    /// the lineage ([`checkpoint::fetch_latest`]), and local checkpoints the store lacks are uploaded
+    /// ([`checkpoint::upload_missing`]).
+    ///
     /// # Errors
     /// As [`Trainer::new`]; [`Error::Config`] when the checkpoint's method or weights format differs;
-    /// the errors of [`Policy::load_weights`] and [`AdamW::load`].
+    /// the errors of [`Policy::load_weights`] and [`AdamW::load`]; [`Error::Unreachable`] when object
+    /// storage fails.
     pub fn resume(mut policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<(Trainer<P>, Resumed)> {
+        if let Some(r) = writer.remote() {
+            checkpoint::fetch_latest(r, writer.run_id(), writer.run_dir())?;
+            for v in checkpoint::upload_missing(r, writer.run_id(), writer.run_dir())? {
+                tracing::info!(run = writer.run_id(), version = v, "checkpoint uploaded to object storage (missing there)");
+            }
+        }
         let found = scan(writer.run_dir())?;
         let Some((path, manifest)) = found.complete.last().cloned() else {
             let t = Self::fresh(policy, method, cfg, writer)?;
@@ -126,7 +148,7 @@ impl<P: Policy> Trainer<P> {
         t.opt.load(&path.join(&manifest.optimizer.file), manifest.optimizer.step)?;
         t.step = manifest.step;
         t.version = manifest.version;
-        let manifests: Vec<Manifest> = found.complete.into_iter().map(|(_, m)| m).collect();
+        let manifests: Vec<Manifest> = found.manifests();
         let consumed = consumed_sample_ids(ancestry(&manifests, manifest.version));
         Ok((t, Resumed { from: Some((path, manifest)), consumed }))
     }
@@ -354,9 +376,13 @@ impl<P: Policy> Trainer<P> {
     /// shutdown); `None` otherwise. The manifest holds the steps' metrics and the lineage of every sample
     /// consumed since the parent.
     ///
+    /// With a lake on object storage the complete checkpoint is then uploaded ([`checkpoint::upload`]).
+    ///
     /// # Errors
     /// [`Error::Io`] / [`Error::Torch`] when a file cannot be written; [`Error::Config`] when the version
-    /// folder already exists.
+    /// folder already exists, or object storage already holds this version (another trainer of the same
+    /// run); [`Error::Unreachable`] when the upload fails. After an upload error the checkpoint is
+    /// complete locally and the trainer's counters have moved past it; [`Trainer::resume`] uploads it.
     pub fn checkpoint(&mut self) -> Result<Option<WrittenCheckpoint>> {
         if self.pending_steps.is_empty() {
             return Ok(None);
@@ -401,6 +427,17 @@ impl<P: Policy> Trainer<P> {
         self.pending_lineage.clear();
         let row = manifest.to_row(&path)?;
         tracing::info!(run = %manifest.run_id, version = manifest.version, step = manifest.step, samples = row.samples, path = %path.display(), "checkpoint written");
+        if let Some(r) = self.writer.remote() {
+            if !checkpoint::upload(r, &manifest.run_id, manifest.version, &path)? {
+                return Err(config_err!(
+                    "checkpoint {} of run {} is already on object storage (another trainer of this run?); the local one is {}",
+                    manifest.version,
+                    manifest.run_id,
+                    path.display()
+                ));
+            }
+            tracing::info!(run = %manifest.run_id, version = manifest.version, "checkpoint uploaded to object storage");
+        }
         Ok(Some(WrittenCheckpoint { path, manifest, row }))
     }
 
