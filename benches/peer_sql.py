@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peer benchmark for benches/sql.rs: DuckDB over the same lake's Parquet files, same queries.
 
-    python3 benches/peer_sql.py --lake DIR [--repeats 3] [--threads 2]
+    python3 benches/peer_sql.py --lake DIR [--repeats 3] [--threads 2] [--layout LABEL]
 
 Each query runs on a fresh connection whose views read `DIR/<table>/date=*/*.parquet` (Hive partitioning,
 the `date` column), so file listing and Parquet metadata are timed as for a `nextstate sql` call, like
@@ -39,10 +39,11 @@ def main():
     ap.add_argument("--lake", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--layout", default="as written", help="label of the lake's file layout, copied into the results")
     args = ap.parse_args()
     for name, q in QUERIES:
         if name.startswith("join") and not os.path.isdir(os.path.join(args.lake, "samples")):
-            print("BENCH " + json.dumps({"bench": "sql", "case": name, "engine": "duckdb", "skipped": "no samples table"}))
+            print("BENCH " + json.dumps({"bench": "sql", "case": name, "engine": "duckdb", "layout": args.layout, "skipped": "no samples table"}))
             continue
         times, rows = [], None
         for _ in range(args.repeats):
@@ -55,7 +56,7 @@ def main():
             con.close()
         times.sort()
         result = "\n".join(json.dumps(r, default=float) for r in rows)
-        print("BENCH " + json.dumps({"bench": "sql", "case": name, "engine": "duckdb", "version": duckdb.__version__, "threads": args.threads,
+        print("BENCH " + json.dumps({"bench": "sql", "case": name, "engine": "duckdb", "layout": args.layout, "version": duckdb.__version__, "threads": args.threads,
                                      "query": q, "best_s": times[0], "median_s": times[len(times) // 2], "repeats": args.repeats, "result": result}))
 
 

@@ -29,7 +29,8 @@
 //! `cases=ceiling,run_sink,procs,resume` picks cases (default: all). Every run checks exactly-once: the
 //! lake holds each record's key once (`rows` in the output).
 //!
-//! Run: `cargo bench --bench sink -- brokers=127.0.0.1:19092` (default broker: `scripts/broker.sh`'s).
+//! Run: `cargo bench --bench sink -- brokers=127.0.0.1:19092` (default broker: `scripts/broker.sh`'s);
+//! with `RUST_LOG` set (e.g. `nextstate=debug`) the library's log goes to stderr.
 //! Prints `BENCH {json}` lines.
 
 mod common;
@@ -157,6 +158,10 @@ fn newest_file_time(dir: &std::path::Path) -> Option<SystemTime> {
 }
 
 fn main() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        // Diagnostics only (e.g. RUST_LOG=nextstate=debug shows each partition's first record and flush).
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).try_init();
+    }
     let Some(rows) = fixture_rows() else {
         eprintln!("SKIPPED: tau-bench fixture not found");
         return;

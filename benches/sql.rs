@@ -16,6 +16,10 @@
 //! complete. Each query runs `repeats=3` times on a fresh session (file listing and Parquet metadata
 //! included, as for a `nextstate sql` call); the best and median wall times are reported.
 //!
+//! `queries=count,join_samples_judgments` runs some of the queries (default: all); `layout=NAME` labels
+//! the results (`scripts/bench.sh` runs the lake as written and a copy after `nextstate compact`). DataFusion's settings
+//! can be varied through its `DATAFUSION_*` environment variables (see `sql::session`).
+//!
 //! Run: `cargo bench --bench sql -- turns=1000000`. Prints `BENCH {json}` lines.
 
 mod common;
@@ -189,6 +193,8 @@ fn main() {
     };
     let turns: usize = arg("turns", "1000000").parse().expect("turns=N");
     let repeats: usize = arg("repeats", "3").parse().expect("repeats=N");
+    let only = arg("queries", "");
+    let layout = arg("layout", "as written");
     let dir = PathBuf::from(arg("lake", &format!("{}/bench-lake-{turns}", env!("CARGO_TARGET_TMPDIR"))));
     let marker = dir.join("_complete.json");
     let meta: serde_json::Value = match std::fs::read(&marker).ok().and_then(|b| serde_json::from_slice(&b).ok()) {
@@ -209,7 +215,15 @@ fn main() {
             "jsonl_bytes": meta["jsonl_bytes"][table],
         }));
     }
-    emit(json!({"bench": "sql", "case": "lake", "lake": dir.display().to_string(), "turns": turns, "generate_secs": meta["generate_secs"], "tables": sizes}));
+    let files: serde_json::Map<String, serde_json::Value> = ["interactions", "judgments", "samples"]
+        .iter()
+        .map(|t| (t.to_string(), json!(Lake::open(&dir).and_then(|l| l.files(t)).map(|f| f.len()).unwrap_or(0))))
+        .collect();
+    let o = nextstate::sql::session_options().expect("DATAFUSION_* settings");
+    let settings = json!({"target_partitions": o.execution.target_partitions, "collect_statistics": o.execution.collect_statistics,
+        "metadata_size_hint": o.execution.parquet.metadata_size_hint});
+    emit(json!({"bench": "sql", "case": "lake", "layout": layout, "lake": dir.display().to_string(), "turns": turns, "generate_secs": meta["generate_secs"],
+        "tables": sizes, "files": files, "settings": settings}));
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let lake = Lake::open(&dir).expect("lake");
@@ -219,16 +233,25 @@ fn main() {
             emit(json!({"bench": "sql", "case": name, "engine": "datafusion", "skipped": "no samples table (model directory missing)"}));
             continue;
         }
-        let mut times = vec![];
+        if !only.is_empty() && !only.split(',').any(|o| o == *name) {
+            continue;
+        }
+        let (mut times, mut session_times) = (vec![], vec![]);
         let mut result = String::new();
         for _ in 0..repeats {
             let t = Instant::now();
-            let batches = rt.block_on(nextstate::sql::query(&lake, q)).expect("query");
+            // As `sql::query`, with the session's set-up (table registration) timed apart.
+            let batches = rt.block_on(async {
+                let ctx = nextstate::sql::session(&lake).await.expect("session");
+                session_times.push(t.elapsed().as_secs_f64());
+                ctx.sql(q).await.expect("plan").collect().await.expect("query")
+            });
             times.push(t.elapsed().as_secs_f64());
             result = nextstate::sql::render(&batches, nextstate::sql::OutputFormat::Json).expect("render");
         }
         times.sort_by(f64::total_cmp);
-        emit(json!({"bench": "sql", "case": name, "engine": "datafusion", "query": q, "best_s": times[0],
-            "median_s": times[times.len() / 2], "repeats": repeats, "result": result.trim()}));
+        session_times.sort_by(f64::total_cmp);
+        emit(json!({"bench": "sql", "case": name, "engine": "datafusion", "layout": layout, "query": q, "best_s": times[0],
+            "median_s": times[times.len() / 2], "session_median_s": session_times[session_times.len() / 2], "repeats": repeats, "result": result.trim()}));
     }
 }

@@ -91,6 +91,19 @@ if has sql; then
   LAKE=${NEXTSTATE_BENCH_LAKE:-$CARGO_TARGET_DIR/bench-lake-${NEXTSTATE_BENCH_TURNS:-1000000}}
   run sql cargo bench --bench sql -- "lake=$LAKE"
   run sql_peer "$PY" benches/peer_sql.py --lake "$LAKE" --threads "$(getconf _NPROCESSORS_ONLN)"
+  # The same rows after `nextstate compact` (covered files deleted at once): both engines read the
+  # compacted files.
+  if [ ! -f "$LAKE-compacted/_complete.json" ] && [ -f "$LAKE/_complete.json" ]; then
+    rm -rf "$LAKE-compacted" && cp -r "$LAKE" "$LAKE-compacted" && rm "$LAKE-compacted/_complete.json" &&
+      "$CARGO_TARGET_DIR/release/nextstate" compact --lake "$LAKE-compacted" --retain-secs 0 > "$OUT/sql_compact.log" 2>&1 &&
+      cp "$LAKE/_complete.json" "$LAKE-compacted/"
+  fi
+  if [ -f "$LAKE-compacted/_complete.json" ]; then
+    run sql_compacted cargo bench --bench sql -- "lake=$LAKE-compacted" "layout=compacted"
+    run sql_peer_compacted "$PY" benches/peer_sql.py --lake "$LAKE-compacted" --threads "$(getconf _NPROCESSORS_ONLN)" --layout compacted
+  else
+    echo "bench.sh: compacting a copy of $LAKE failed, see $OUT/sql_compact.log" >&2
+  fi
 fi
 if has stages; then
   run stages cargo bench --bench stages

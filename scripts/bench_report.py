@@ -257,28 +257,38 @@ def main():
     # 3. sql
     res, cmd, rc, _ = load(out, "sql")
     peer, pcmd, prc, _ = load(out, "sql_peer")
+    cres, ccmd, _, _ = load(out, "sql_compacted")
+    cpeer, cpcmd, _, _ = load(out, "sql_peer_compacted")
     turns = next((r.get("turns") for r in (res or []) if r.get("case") == "lake"), None)
     L.append(f"## 3. SQL over a lake of {f(turns) if turns else 'synthetic'} turns: DataFusion (ours) vs DuckDB\n")
     if res:
         lake = next((r for r in res if r.get("case") == "lake"), None)
+        clake = next((r for r in (cres or []) if r.get("case") == "lake"), None)
         if lake:
             L.append(f"Lake: {f(lake['turns'])} turns from the tau-bench fixture (ids varied), written through the lake writer "
-                     f"(generated in {f(lake.get('generate_secs'), 0)} s when first made). Size on disk vs the same rows as JSON Lines:\n")
-            L.append("| table | rows | Parquet (ZSTD) MB | JSONL MB | JSONL / Parquet |\n|---|---|---|---|---|")
+                     f"(generated in {f(lake.get('generate_secs'), 0)} s when first made), one file per table per copy of the fixture; "
+                     "*compacted*: a copy after `nextstate compact --retain-secs 0` (covered files deleted). Size on disk vs the same rows as JSON Lines:\n")
+            L.append("| table | rows | files as written | Parquet (ZSTD) MB | files compacted | compacted MB | JSONL MB | JSONL / Parquet as written |\n|---|---|---|---|---|---|---|---|")
             for t, v in lake["tables"].items():
                 pq, jl = v.get("parquet_bytes") or 0, v.get("jsonl_bytes") or 0
                 ratio = f"{jl / pq:.1f}×" if pq else "—"
-                L.append(f"| {t} | {f(v.get('rows'))} | {f(pq / 1e6)} | {f(jl / 1e6)} | {ratio} |")
+                cv = (clake or {}).get("tables", {}).get(t, {})
+                cfiles = (clake or {}).get("files", {}).get(t)
+                L.append(f"| {t} | {f(v.get('rows'))} | {f(lake.get('files', {}).get(t))} | {f(pq / 1e6)} | {f(cfiles) if cfiles is not None else '—'} | "
+                         f"{f((cv.get('parquet_bytes') or 0) / 1e6) if cv else '—'} | {f(jl / 1e6)} | {ratio} |")
             L.append("")
-        L.append("| query | DataFusion best / median s | DuckDB best / median s | same result |\n|---|---|---|---|")
-        for r in res:
-            if r.get("case") == "lake":
-                continue
-            p = next((x for x in (peer or []) if x.get("case") == r["case"]), None)
-            ours = "skipped" if r.get("skipped") else f"{f(r['best_s'], 3)} / {f(r['median_s'], 3)}"
-            theirs = "—" if not p or p.get("skipped") else f"{f(p['best_s'], 3)} / {f(p['median_s'], 3)}"
-            same = "—" if not p or r.get("skipped") or p.get("skipped") else ("yes" if same_result(r.get("result"), p.get("result")) else "NO")
-            L.append(f"| {r['case']} | {ours} | {theirs} | {same} |")
+        L.append("| query | files | DataFusion best / median s | DuckDB best / median s | DataFusion / DuckDB (median) | same result |\n|---|---|---|---|---|---|")
+        for layout, ours_res, peer_res in (("as written", res, peer), ("compacted", cres, cpeer)):
+            for r in ours_res or []:
+                if r.get("case") == "lake":
+                    continue
+                p = next((x for x in (peer_res or []) if x.get("case") == r["case"]), None)
+                ours = "skipped" if r.get("skipped") else f"{f(r['best_s'], 3)} / {f(r['median_s'], 3)}"
+                theirs = "—" if not p or p.get("skipped") else f"{f(p['best_s'], 3)} / {f(p['median_s'], 3)}"
+                both = p and not r.get("skipped") and not p.get("skipped")
+                ratio = f"{r['median_s'] / p['median_s']:.2f}×" if both and p["median_s"] else "—"
+                same = "yes" if both and same_result(r.get("result"), p.get("result")) else ("NO" if both else "—")
+                L.append(f"| {r['case']} | {layout} | {ours} | {theirs} | {ratio} | {same} |")
         L.append("")
         qs = [r for r in res if r.get("query")]
         if qs:
@@ -286,9 +296,16 @@ def main():
             for r in qs:
                 L.append(f"- {r['case']}: `{r['query']}` → `{(r.get('result') or '').replace(chr(10), ' ')}`")
             L.append("")
-        if peer and peer[0].get("version"):
-            L.append(f"DuckDB {peer[0]['version']}, {peer[0].get('threads')} threads; DataFusion with its default partitions (one per core).\n")
+        st = (lake or {}).get("settings")
+        engines = f"DuckDB {peer[0]['version']}, {peer[0].get('threads')} threads" if peer and peer[0].get("version") else "DuckDB"
+        if st:
+            L.append(f"{engines}; DataFusion with the lake's session settings (`sql::lake_options`): target_partitions {st.get('target_partitions')}, "
+                     f"collect_statistics {str(st.get('collect_statistics')).lower()}, parquet metadata_size_hint {f(st.get('metadata_size_hint'))} bytes.\n")
+        else:
+            L.append(f"{engines}; DataFusion with its default settings.\n")
         cmd_line(L, cmd, pcmd)
+        if ccmd:
+            cmd_line(L, ccmd, cpcmd)
         if pcmd is not None and not peer:
             not_measured(L, "sql_peer", pcmd, prc, out)
     else:

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::config::ConfigOptions;
 use datafusion::datasource::MemTable;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::object_store::local::LocalFileSystem;
@@ -30,12 +31,51 @@ pub enum OutputFormat {
     Json,
 }
 
-/// A DataFusion session with every lake table registered.
+/// Bytes read from the end of a Parquet file to get its footer in one read
+/// (`datafusion.execution.parquet.metadata_size_hint`): the lake's footers, with their page index, are
+/// 8–14 KiB for the widest tables; DataFusion's default (512 KiB) read most of every small file a sink
+/// writes just for its footer.
+pub const METADATA_SIZE_HINT: usize = 32 << 10;
+
+/// The session settings for the lake, before the environment's overrides (see [`session`]); measured on
+/// the 1,000,000-turn lake of `benches/sql.rs` (docs/BENCHMARKS.md §3):
+/// - `parquet.metadata_size_hint` = [`METADATA_SIZE_HINT`];
+/// - `collect_statistics = false`: per-query file statistics read and summarise every file's footer at
+///   planning time, which on a lake of many small files cost more than they saved (the join took 0.50 s
+///   with them against 0.75 s without, the group-by 0.19 against 0.29); row-group statistics still prune
+///   inside each file;
+/// - `target_partitions` = twice the cores (at least 4): scans of many small files wait on reads, so
+///   more partitions than cores overlap them.
+pub fn lake_options() -> ConfigOptions {
+    let mut o = ConfigOptions::new();
+    o.execution.parquet.metadata_size_hint = Some(METADATA_SIZE_HINT);
+    o.execution.collect_statistics = false;
+    o.execution.target_partitions = (2 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(4);
+    o
+}
+
+/// [`lake_options`] with every setting that has a `DATAFUSION_*` environment variable taken from it
+/// (DataFusion's own names: `datafusion.execution.target_partitions` is
+/// `DATAFUSION_EXECUTION_TARGET_PARTITIONS`, as `SessionConfig::from_env` reads them).
 ///
 /// # Errors
-/// [`Error::Sql`] when a table cannot be registered.
+/// [`Error::Sql`] when a variable's value is not valid for its setting.
+pub fn session_options() -> Result<ConfigOptions> {
+    let mut o = lake_options();
+    for entry in ConfigOptions::new().entries() {
+        if let Some(v) = std::env::var_os(entry.key.to_uppercase().replace('.', "_")) {
+            o.set(&entry.key, &v.to_string_lossy())?;
+        }
+    }
+    Ok(o)
+}
+
+/// A DataFusion session with every lake table registered, with [`session_options`].
+///
+/// # Errors
+/// [`Error::Sql`] when a table cannot be registered or a `DATAFUSION_*` variable is not a valid setting.
 pub async fn session(lake: &Lake) -> Result<SessionContext> {
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_information_schema(true));
+    let ctx = SessionContext::new_with_config(SessionConfig::from(session_options()?).with_information_schema(true));
     // Local files are listed through the lake's live-file rule: files a compaction merged are not read.
     let local = Arc::new(LiveFiles::new(Arc::new(LocalFileSystem::new())));
     ctx.runtime_env().register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), local);
@@ -152,4 +192,25 @@ pub async fn scalar_i64(lake: &Lake, q: &str) -> Result<i64> {
         .downcast_ref::<arrow::array::Int64Array>()
         .ok_or_else(|| Error::InvalidInput(format!("not an integer result: {q}")))?;
     Ok(arr.value(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lake_settings_apply_and_the_environment_overrides_them() {
+        let o = lake_options();
+        assert_eq!(o.execution.parquet.metadata_size_hint, Some(32 * 1024));
+        assert!(!o.execution.collect_statistics);
+        assert!(o.execution.target_partitions >= 4);
+        // A setting no other test reads, so that setting it here changes nothing elsewhere.
+        std::env::set_var("DATAFUSION_EXECUTION_PARQUET_MAX_PREDICATE_CACHE_SIZE", "12345");
+        let o = session_options().unwrap();
+        assert_eq!(o.execution.parquet.max_predicate_cache_size, Some(12345));
+        assert_eq!(o.execution.parquet.metadata_size_hint, Some(32 * 1024), "the others stay the lake's");
+        std::env::set_var("DATAFUSION_EXECUTION_PARQUET_MAX_PREDICATE_CACHE_SIZE", "not a number");
+        assert!(matches!(session_options(), Err(Error::Sql(_))));
+        std::env::remove_var("DATAFUSION_EXECUTION_PARQUET_MAX_PREDICATE_CACHE_SIZE");
+    }
 }

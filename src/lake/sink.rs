@@ -2,7 +2,9 @@
 //!
 //! - Rows are buffered per partition and written as one file per (partition, contiguous offset range,
 //!   date), named by that range ([`kafka_stem`]); a file is complete once renamed into place.
-//! - Offsets are committed to Kafka only after the file is durable. The committed offset is advisory:
+//! - A file is written on a blocking thread while the sink goes on reading (at most
+//!   [`MAX_WRITES_IN_FLIGHT`] files at a time, finished in the order they were started); its offsets are
+//!   committed to Kafka only after the file is durable. The committed offset is advisory:
 //!   on start and after every rebalance the sink re-reads the lake's own record of the last durable
 //!   offset per partition ([`Lake::next_offsets`]) and skips anything below it, so a crash between the
 //!   rename and the commit re-reads a range but never writes it twice.
@@ -17,7 +19,8 @@
 //! "zombie") can write a range the new owner also writes; Kafka transactions would fence it, the mock
 //! cluster and noida-db do not need it for the single-writer deployments we run.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -35,6 +38,10 @@ use crate::schema::{DeadLetter, Lineage, Table};
 pub struct SinkConfig {
     /// Roll a file when its buffered payload reaches this many bytes.
     pub roll_bytes: usize,
+    /// The most payload bytes the sink buffers across all its partitions (default 64 MiB): past it the
+    /// largest partition's buffer is written early, so a sink's memory does not grow with the number of
+    /// partitions it owns (at most this plus the [`MAX_WRITES_IN_FLIGHT`] files being written).
+    pub buffer_bytes: usize,
     /// Roll a file when its oldest buffered row is this old, in ms.
     pub roll_ms: u64,
     /// Consumer group prefix; the group is `<topic prefix><group prefix>.<table>`.
@@ -51,7 +58,7 @@ pub struct SinkConfig {
 
 impl Default for SinkConfig {
     fn default() -> Self {
-        SinkConfig { roll_bytes: 64 << 20, roll_ms: 5000, group_prefix: "nextstate-lake".into(), batch: 2000, dedupe_window: 50_000 }
+        SinkConfig { roll_bytes: 64 << 20, buffer_bytes: 64 << 20, roll_ms: 5000, group_prefix: "nextstate-lake".into(), batch: 2000, dedupe_window: 50_000 }
     }
 }
 
@@ -85,6 +92,59 @@ struct Buffer<T> {
     day: Option<i64>,
     bytes: usize,
     since: Instant,
+}
+
+/// How many files a sink writes at once on blocking threads while it goes on reading (the machines we
+/// run on have 2 cores: the consumer loop and one or two writers); a further file waits for the oldest.
+pub const MAX_WRITES_IN_FLIGHT: usize = 2;
+
+/// A file being written on a blocking thread.
+struct Write {
+    partition: i32,
+    /// The offset after the file's range (what is committed once the file is durable).
+    next: i64,
+    rows: u64,
+    /// The file's path, or `None` when no file was needed (an empty range on the embedded cluster).
+    task: tokio::task::JoinHandle<Result<Option<PathBuf>>>,
+}
+
+/// The sink's writes in flight, finished in start order so that a partition's commits stay in order.
+#[derive(Default)]
+struct Writes {
+    queue: VecDeque<Write>,
+}
+
+impl Writes {
+    /// Waits for the oldest write, then records it: stats, the lake's next offset, the Kafka commit.
+    async fn finish_one(&mut self, input: &InputLoop, table: &str, stats: &mut SinkStats, lake_next: &mut HashMap<i32, i64>) -> Result<bool> {
+        let Some(w) = self.queue.pop_front() else { return Ok(false) };
+        let written = w.task.await.map_err(|e| Error::Internal(format!("sink file writer task failed: {e}")))??;
+        if let Some(path) = written {
+            stats.files += 1;
+            crate::metrics::sink_file(table, w.rows, std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
+        }
+        stats.rows_written += w.rows;
+        lake_next.insert(w.partition, w.next);
+        // The file is durable; only now tell Kafka. A failed commit is harmless (the lake has the truth).
+        if let Err(e) = input.commit(&HashMap::from([(w.partition, w.next)])) {
+            tracing::warn!(partition = w.partition, error = %e, "offset commit failed after a durable write; the lake offsets still protect against duplicates");
+        }
+        Ok(true)
+    }
+
+    /// Waits for every write in flight (before the sink re-reads the lake's offsets, and at the end).
+    async fn finish_all(&mut self, input: &InputLoop, table: &str, stats: &mut SinkStats, lake_next: &mut HashMap<i32, i64>) -> Result<()> {
+        while self.finish_one(input, table, stats, lake_next).await? {}
+        Ok(())
+    }
+
+    /// Records the writes that are done, without waiting for the others.
+    async fn finish_done(&mut self, input: &InputLoop, table: &str, stats: &mut SinkStats, lake_next: &mut HashMap<i32, i64>) -> Result<()> {
+        while self.queue.front().is_some_and(|w| w.task.is_finished()) {
+            self.finish_one(input, table, stats, lake_next).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The consumer group of the lake sink of `table`.
@@ -153,12 +213,16 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
     let mut bufs: HashMap<i32, Buffer<T>> = HashMap::new();
     let mut dl_seq = 0u64;
     let writer_id = format!("sink-{}", uuid::Uuid::new_v4().simple());
+    let mut writes = Writes::default();
     loop {
         if ctl.stop.requested() {
             break;
         }
         let msgs = input.next_batch(cfg.batch, Duration::from_millis(200)).await?;
+        writes.finish_done(&input, T::NAME, &mut stats, &mut lake_next).await?;
         if input.rebalanced() {
+            // The lake's offsets are the truth only once this process's own files are in it.
+            writes.finish_all(&input, T::NAME, &mut stats, &mut lake_next).await?;
             lake_next = load_next(lake, bus, &topic, T::NAME)?;
             let owned: HashSet<i32> = input.assigned().into_iter().collect();
             // Another process may have written the partitions this one now owns: re-read their window.
@@ -193,7 +257,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             if let Some(r) = &row {
                 if let Some(b) = bufs.get(&m.partition) {
                     if b.day.is_some_and(|day| day != day_of(r.event_time_ms())) {
-                        flush(lake, bus, &input, &mut bufs, m.partition, &mut stats, &mut lake_next)?;
+                        flush(lake, bus, &input, &mut bufs, m.partition, &mut writes, &mut stats, &mut lake_next).await?;
                     }
                 }
             }
@@ -232,25 +296,41 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             }
         }
         let finishing = ctl.until_idle && ctl.upstream_done() && input.quiet_ms() >= ctl.idle_ms;
-        let due: Vec<i32> = bufs
-            .iter()
-            .filter(|(_, b)| finishing || b.bytes >= cfg.roll_bytes || b.since.elapsed().as_millis() as u64 >= cfg.roll_ms)
-            .map(|(p, _)| *p)
-            .collect();
+        let due = due_partitions(&bufs, cfg, finishing);
         for p in due {
-            flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut lake_next)?;
+            flush(lake, bus, &input, &mut bufs, p, &mut writes, &mut stats, &mut lake_next).await?;
         }
-        if input.idle_finished(ctl, bufs.len()).await? {
+        if finishing {
+            writes.finish_all(&input, T::NAME, &mut stats, &mut lake_next).await?;
+        }
+        if input.idle_finished(ctl, bufs.len() + writes.queue.len()).await? {
             break;
         }
     }
     let parts: Vec<i32> = bufs.keys().copied().collect();
     for p in parts {
-        flush(lake, bus, &input, &mut bufs, p, &mut stats, &mut lake_next)?;
+        flush(lake, bus, &input, &mut bufs, p, &mut writes, &mut stats, &mut lake_next).await?;
     }
+    writes.finish_all(&input, T::NAME, &mut stats, &mut lake_next).await?;
     tracing::info!(table = T::NAME, ?stats, "sink finished");
     ctl.done.set();
     Ok(stats)
+}
+
+/// The partitions whose buffers are written now: all when `finishing`; those past `roll_bytes` or
+/// `roll_ms`; then, while the others together still hold more than `buffer_bytes`, the largest of them.
+fn due_partitions<T>(bufs: &HashMap<i32, Buffer<T>>, cfg: &SinkConfig, finishing: bool) -> Vec<i32> {
+    let rolled = |b: &Buffer<T>| finishing || b.bytes >= cfg.roll_bytes || b.since.elapsed().as_millis() as u64 >= cfg.roll_ms;
+    let mut due: Vec<i32> = bufs.iter().filter(|(_, b)| rolled(b)).map(|(p, _)| *p).collect();
+    let mut rest: Vec<(usize, i32)> = bufs.iter().filter(|(_, b)| !rolled(b)).map(|(p, b)| (b.bytes, *p)).collect();
+    let mut held: usize = rest.iter().map(|(bytes, _)| bytes).sum();
+    rest.sort_unstable();
+    while held > cfg.buffer_bytes {
+        let Some((bytes, p)) = rest.pop() else { break };
+        held -= bytes;
+        due.push(p);
+    }
+    due
 }
 
 const MS_PER_DAY: i64 = 86_400_000;
@@ -270,34 +350,40 @@ fn load_next(lake: &Lake, bus: &Bus, topic: &str, table: &str) -> Result<HashMap
         .collect())
 }
 
+/// Starts writing partition `partition`'s buffer as one file on a blocking thread (after the oldest
+/// write in flight when [`MAX_WRITES_IN_FLIGHT`] are): the file is named by the buffer's offset range
+/// and dated by its rows' day. Its offsets are committed when [`Writes`] finishes it.
 #[allow(clippy::too_many_arguments)]
-fn flush<T: Table>(
+async fn flush<T: Table>(
     lake: &Lake,
     bus: &Bus,
     input: &InputLoop,
     bufs: &mut HashMap<i32, Buffer<T>>,
     partition: i32,
+    writes: &mut Writes,
     stats: &mut SinkStats,
     lake_next: &mut HashMap<i32, i64>,
 ) -> Result<()> {
     let Some(b) = bufs.remove(&partition) else { return Ok(()) };
+    while writes.queue.len() >= MAX_WRITES_IN_FLIGHT {
+        writes.finish_one(input, T::NAME, stats, lake_next).await?;
+    }
     let date = date_of(b.day.unwrap_or_else(|| day_of(crate::schema::now_ms())) * MS_PER_DAY);
     let stem = kafka_stem(bus.source_id(), &input.topic, partition, b.first, b.last);
-    let refs: Vec<&T> = b.rows.iter().collect();
     tracing::debug!(table = T::NAME, partition, first = b.first, last = b.last, rows = b.rows.len(), "flush");
     // An empty file marks a durable offset range (records that were all duplicates or dead letters).
     // The embedded cluster's offsets die with the process, so there it would only clutter the lake.
-    if !(refs.is_empty() && bus.is_embedded()) {
-        let path = lake.write_file::<T>(&date, &stem, &refs)?;
-        stats.files += 1;
-        crate::metrics::sink_file(T::NAME, b.rows.len() as u64, std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
-    }
-    stats.rows_written += b.rows.len() as u64;
-    lake_next.insert(partition, b.last + 1);
-    // The file is durable; only now tell Kafka. A failed commit is harmless (the lake has the truth).
-    if let Err(e) = input.commit(&HashMap::from([(partition, b.last + 1)])) {
-        tracing::warn!(partition, error = %e, "offset commit failed after a durable write; the lake offsets still protect against duplicates");
-    }
+    let write_file = !(b.rows.is_empty() && bus.is_embedded());
+    let rows = b.rows.len() as u64;
+    let lake = lake.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        if !write_file {
+            return Ok(None);
+        }
+        let refs: Vec<&T> = b.rows.iter().collect();
+        lake.write_file::<T>(&date, &stem, &refs).map(Some)
+    });
+    writes.queue.push_back(Write { partition, next: b.last + 1, rows, task });
     Ok(())
 }
 
@@ -321,6 +407,30 @@ pub fn dead_letter_for(m: &InMsg, topic: &str, table: &str, why: &str) -> DeadLe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn buffer(bytes: usize) -> Buffer<()> {
+        Buffer { rows: vec![], first: 0, last: 0, day: None, bytes, since: Instant::now() }
+    }
+
+    #[test]
+    fn the_largest_buffers_are_written_while_all_together_hold_more_than_buffer_bytes() {
+        let cfg = SinkConfig { roll_bytes: 100, buffer_bytes: 100, ..Default::default() };
+        let bufs: HashMap<i32, Buffer<()>> = [(0, buffer(30)), (1, buffer(50)), (2, buffer(40)), (3, buffer(10))].into_iter().collect();
+        // 130 held: the largest (50) goes, leaving 80.
+        assert_eq!(due_partitions(&bufs, &cfg, false), vec![1]);
+        let cfg = SinkConfig { buffer_bytes: 45, ..cfg };
+        // 130 → 80 → 40: p1 (50) then p2 (40) go.
+        assert_eq!(due_partitions(&bufs, &cfg, false), vec![1, 2]);
+        // A rolled buffer does not count towards the rest.
+        let bufs: HashMap<i32, Buffer<()>> = [(0, buffer(100)), (1, buffer(60)), (2, buffer(30))].into_iter().collect();
+        let cfg = SinkConfig { roll_bytes: 100, buffer_bytes: 100, ..Default::default() };
+        assert_eq!(due_partitions(&bufs, &cfg, false), vec![0]);
+        let mut all = due_partitions(&bufs, &cfg, true);
+        all.sort_unstable();
+        assert_eq!(all, vec![0, 1, 2], "finishing writes every buffer");
+        let cfg = SinkConfig { roll_ms: 0, ..cfg };
+        assert_eq!(due_partitions(&bufs, &cfg, false).len(), 3, "roll_ms reached");
+    }
 
     #[test]
     fn day_of_names_the_same_date_as_date_of() {
