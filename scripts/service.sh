@@ -1,5 +1,5 @@
-# Shared by scripts/broker.sh and scripts/s3.sh (sourced): a loopback service run in the background with
-# its PID in a file, started once and waited for until its port accepts connections.
+# Shared by scripts/broker.sh, scripts/s3.sh and scripts/azurite.sh (sourced): a loopback service run in
+# the background with its PID in a file, started once and waited for until its port accepts connections.
 #   service_start NAME PORT DIR PRINT CMD...   prints PRINT once 127.0.0.1:PORT accepts (or it already ran)
 #   service_stop NAME DIR                      SIGTERM, then SIGKILL after 5 s
 service_start() {

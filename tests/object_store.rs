@@ -1,5 +1,7 @@
-//! The lake on object storage (`--lake s3://bucket/prefix`) against a local S3-compatible server
-//! (moto, started by scripts/s3.sh): the lake's files, offsets, keys and rows; an idempotent re-write
+//! The lake on object storage against local servers: `--lake s3://bucket/prefix` on an S3-compatible
+//! server (moto, started by scripts/s3.sh) and `--lake az://container/prefix` on the Azure Blob Storage
+//! emulator (Azurite, scripts/azurite.sh). Each test body below runs once per store, as `s3::<name>` and
+//! `az::<name>` ([`on_each_store`]): the lake's files, offsets, keys and rows; an idempotent re-write
 //! of an offset range (one conditional PUT); SQL with the live-file rule; stray objects named; the
 //! documented `ingest` → `run --only signals` → `sql` sequence of a new user; `nextstate compact` on the
 //! bucket (merged objects, identical results, retention, the lock object); trainer checkpoints uploaded
@@ -7,6 +9,7 @@
 //! object storage is in tests/exactly_once.rs.
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use nextstate::lake::compact::{compact_table, CompactLock, CompactOptions};
@@ -19,10 +22,46 @@ fn dl(i: i64) -> DeadLetter {
     d
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lake_on_object_storage_keeps_the_lake_rules() {
+/// A fresh lake on one object store (`common::s3_lake`, `common::azure_lake`): its URL, `None` after
+/// `common::missing` when the store's server cannot be had.
+type StoreLake = fn(&Path) -> Option<String>;
+
+/// Runs each named test body (`async` or `sync`, taking a [`StoreLake`]) once per object store: tests
+/// `s3::<body>` (moto) and `az::<body>` (Azurite).
+macro_rules! on_each_store {
+    ($($kind:ident $body:ident),* $(,)?) => {
+        mod s3 {
+            $(on_each_store!(@test $kind $body s3_lake);)*
+        }
+        mod az {
+            $(on_each_store!(@test $kind $body azure_lake);)*
+        }
+    };
+    (@test async $body:ident $lake:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $body() {
+            super::$body(super::common::$lake).await
+        }
+    };
+    (@test sync $body:ident $lake:ident) => {
+        #[test]
+        fn $body() {
+            super::$body(super::common::$lake)
+        }
+    };
+}
+
+on_each_store! {
+    async a_lake_on_object_storage_keeps_the_lake_rules,
+    sync ingest_run_and_sql_with_the_lake_on_object_storage,
+    async compact_on_object_storage_merges_small_objects_and_changes_no_result,
+    sync checkpoints_go_to_the_bucket_and_resume_bit_exactly_without_the_local_folder,
+}
+use checkpoints::checkpoints_go_to_the_bucket_and_resume_bit_exactly_without_the_local_folder;
+
+async fn a_lake_on_object_storage_keeps_the_lake_rules(store: StoreLake) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(url) = common::s3_lake(&dir.path().join("state")) else { return };
+    let Some(url) = store(&dir.path().join("state")) else { return };
     let lake = Lake::open(&url).unwrap();
     assert!(lake.remote().is_some());
     // A direct writer's rows over two dates, and two sink files of partition 3.
@@ -68,10 +107,9 @@ async fn a_lake_on_object_storage_keeps_the_lake_rules() {
     assert_eq!(strays, vec![StrayReason::ForeignName, StrayReason::OutsideDateFolder]);
 }
 
-#[test]
-fn ingest_run_and_sql_with_the_lake_on_object_storage() {
+fn ingest_run_and_sql_with_the_lake_on_object_storage(store: StoreLake) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(url) = common::s3_lake(&dir.path().join("state")) else { return };
+    let Some(url) = store(&dir.path().join("state")) else { return };
     let log = common::data("agent-logs/swe-agent__gpt4__pydicom__pydicom-1458.traj");
     if !log.is_file() {
         common::missing(&format!("{} (../shared/data)", log.display()));
@@ -117,10 +155,9 @@ fn parquet_objects(lake: &Lake, table: &str) -> usize {
     lake.remote().unwrap().list(table).unwrap().iter().filter(|m| m.location.as_ref().ends_with(".parquet")).count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compact_on_object_storage_merges_small_objects_and_changes_no_result() {
+async fn compact_on_object_storage_merges_small_objects_and_changes_no_result(store: StoreLake) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(url) = common::s3_lake(&dir.path().join("state")) else { return };
+    let Some(url) = store(&dir.path().join("state")) else { return };
     let lake = Lake::open(&url).unwrap();
     // Partition 0: 10 sink files of 20 rows, contiguous offsets, 5 on each of two dates; a direct
     // writer's 3 files.
@@ -264,10 +301,9 @@ mod checkpoints {
         vec![s(0, 1.0), s(1, -1.0), s(2, 1.0), s(3, -1.0)]
     }
 
-    #[test]
-    fn checkpoints_go_to_the_bucket_and_resume_bit_exactly_without_the_local_folder() {
+    pub fn checkpoints_go_to_the_bucket_and_resume_bit_exactly_without_the_local_folder(store: super::StoreLake) {
         let dir = tempfile::tempdir().unwrap();
-        let Some(url) = super::common::s3_lake(&dir.path().join("state")) else { return };
+        let Some(url) = store(&dir.path().join("state")) else { return };
         let lake = nextstate::lake::Lake::open(&url).unwrap();
         let local = dir.path().join("checkpoints");
         let writer = || CheckpointWriter::new(&local, "run").with_lake(&lake);

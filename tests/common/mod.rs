@@ -299,3 +299,33 @@ pub fn s3_lake(state: &std::path::Path) -> Option<String> {
     assert!(reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200"), "create bucket {bucket}: {reply}");
     Some(format!("s3://{bucket}/lake"))
 }
+
+/// A fresh container on the local Azure Blob Storage emulator (Azurite) and the environment the lake's
+/// Azure client reads, set in this process (and so inherited by the `nextstate` processes a test
+/// spawns): returns the lake URL `az://<container>/lake`. The emulator is `NEXTSTATE_TEST_AZURE`
+/// (scripts/test.sh starts it with scripts/azurite.sh), else started here with scripts/azurite.sh.
+/// Stage state of the lake goes to `state` (`NEXTSTATE_STATE_DIR`). `None` (after [`missing`]) when no
+/// emulator can be started.
+pub fn azure_lake(state: &std::path::Path) -> Option<String> {
+    let script = root().join("scripts/azurite.sh");
+    let endpoint = match std::env::var("NEXTSTATE_TEST_AZURE") {
+        Ok(e) => e,
+        Err(_) => {
+            let out = Command::new("bash").arg(&script).arg("start").output().expect("run scripts/azurite.sh");
+            if !out.status.success() {
+                missing(&format!("a local Azure Blob Storage emulator (scripts/azurite.sh start: {})", String::from_utf8_lossy(&out.stderr).trim()));
+                return None;
+            }
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        }
+    };
+    // The emulator's well-known account (devstoreaccount1) and key: object_store's emulator mode.
+    std::env::set_var("AZURE_STORAGE_USE_EMULATOR", "true");
+    std::env::set_var("AZURITE_BLOB_STORAGE_URL", endpoint.trim_end_matches('/'));
+    std::env::set_var("NEXTSTATE_STATE_DIR", state);
+    // Create Container needs a SharedKey-signed request; the script signs it (node's crypto).
+    let container = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let out = Command::new("bash").arg(&script).args(["container", &container, &endpoint]).output().expect("run scripts/azurite.sh container");
+    assert!(out.status.success(), "create container {container}: {}", String::from_utf8_lossy(&out.stderr));
+    Some(format!("az://{container}/lake"))
+}
