@@ -9,9 +9,13 @@
 //! - `sink`: one in-process `run_sink::<Interaction>` (the default `[sink]` settings: 64 MiB / 5 s
 //!   rolls, polls of 2,000) from its start until it has written every record and found the topic idle
 //!   (`idle_ms = 300`, included in the time), for 1, 2 and 4 partitions;
+//!   Also reported: `last_file_secs`, from the sink's start to the newest Parquet file's mtime (the time
+//!   to the last durable row, without the idle wait after it);
 //! - `raw_consume`: librdkafka with no processing (what `kcat -C` does): a consumer assigned every
 //!   partition of the same topic from the beginning, polling until it has seen every record, counting
 //!   bytes; run on the same records in the same run just before each `sink` run;
+//! - `raw_consume_group`: the same, subscribed in a fresh consumer group as the sink is (so its time
+//!   includes the group join: noida-db holds a new group's first JoinGroup about 0.3 s);
 //! - `ceiling`: the same payloads parsed with serde_json and written with the lake's own writer
 //!   (`Lake::write_file`: serde_arrow → Arrow → ZSTD Parquet, fsync, rename) in 64 MiB files, in one
 //!   process, no Kafka;
@@ -197,23 +201,28 @@ fn main() {
 
     for &p in partitions.iter().filter(|_| has("run_sink")) {
         let lake_dir = tmp.path().join(format!("sink-p{p}"));
-        let (stats, secs, produce_secs) = rt.block_on(async {
+        let (stats, secs, last_file_secs, produce_secs) = rt.block_on(async {
             let (bus, _prefix, produce_secs) = topic_with(&brokers, p, &recs).await;
-            let (raw_secs, raw_bytes) = raw_consume(&brokers, &bus.topic(Interaction::NAME), p, n);
-            emit(json!({"bench": "sink", "case": "raw_consume", "partitions": p, "records": n, "mb": raw_bytes as f64 / 1e6, "secs": raw_secs,
-                "mb_s": raw_bytes as f64 / 1e6 / raw_secs, "records_s": n as f64 / raw_secs}));
+            for (case, group) in [("raw_consume", false), ("raw_consume_group", true)] {
+                let (raw_secs, raw_bytes) = raw_consume(&brokers, &bus.topic(Interaction::NAME), p, n, group);
+                emit(json!({"bench": "sink", "case": case, "partitions": p, "records": n, "mb": raw_bytes as f64 / 1e6, "secs": raw_secs,
+                    "mb_s": raw_bytes as f64 / 1e6 / raw_secs, "records_s": n as f64 / raw_secs}));
+            }
             let lake = Lake::open(&lake_dir).expect("lake");
             let mut ctl = TaskCtl::new("sink:interactions", true, Stop::default());
             ctl.idle_ms = 300;
-            let t = Instant::now();
+            let (t, started) = (Instant::now(), SystemTime::now());
             let stats = run_sink::<Interaction>(&bus, &lake, &SinkConfig::default(), &ctl, None).await.expect("sink");
-            (stats, t.elapsed().as_secs_f64(), produce_secs)
+            let secs = t.elapsed().as_secs_f64();
+            let last_file = newest_file_time(&lake_dir.join(Interaction::NAME)).and_then(|m| m.duration_since(started).ok()).map_or(f64::NAN, |d| d.as_secs_f64());
+            (stats, secs, last_file, produce_secs)
         });
         let lake = Lake::open(&lake_dir).expect("lake");
         let keys = lake.keys::<Interaction>().expect("keys").len();
         assert_eq!(keys, n, "exactly-once: every record once in the lake");
         emit(json!({"bench": "sink", "case": "run_sink", "partitions": p, "consumers": 1, "records": n, "mb": mb,
             "secs": secs, "mb_s": mb / secs, "records_s": n as f64 / secs, "rows": keys, "files": stats.files,
+            "last_file_secs": last_file_secs, "last_file_mb_s": mb / last_file_secs,
             "produce_mb_s": mb / produce_secs, "idle_ms_included": 300}));
     }
 
@@ -328,9 +337,12 @@ fn resume(rt: &tokio::runtime::Runtime, brokers: &str, rows: &[Interaction], n: 
         "peak_rss_mb": kb as f64 / 1024.0, "secs": secs, "floor_peak_rss_mb": floor_kb as f64 / 1024.0, "floor_secs": floor_secs}));
 }
 
-/// Seconds and payload bytes for a plain librdkafka consumer (no group join: partitions assigned from the
-/// beginning, as `kcat -C` does) to receive `n` records of `topic`'s `partitions` partitions.
-fn raw_consume(brokers: &str, topic: &str, partitions: i32, n: usize) -> (f64, u64) {
+/// Seconds and payload bytes for a plain librdkafka consumer to receive `n` records of `topic`'s
+/// `partitions` partitions: with `group` false, partitions assigned from the beginning (no group join, as
+/// `kcat -C` does); with `group` true, subscribed in a fresh consumer group (`auto.offset.reset =
+/// earliest`), so the time includes the group join the sink also pays (noida-db holds a new group's
+/// first JoinGroup about 0.3 s, as Kafka's `group.initial.rebalance.delay.ms` does).
+fn raw_consume(brokers: &str, topic: &str, partitions: i32, n: usize, group: bool) -> (f64, u64) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
     let consumer: BaseConsumer = ClientConfig::new()
@@ -338,14 +350,19 @@ fn raw_consume(brokers: &str, topic: &str, partitions: i32, n: usize) -> (f64, u
         .set("group.id", format!("bench-raw-{}", uuid::Uuid::new_v4().simple()))
         .set("enable.auto.commit", "false")
         .set("receive.message.max.bytes", (1u32 << 30).to_string())
+        .set("auto.offset.reset", "earliest")
         .create()
         .expect("raw consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("partition");
-    }
     let t = Instant::now();
-    consumer.assign(&tpl).expect("assign");
+    if group {
+        consumer.subscribe(&[topic]).expect("subscribe");
+    } else {
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning).expect("partition");
+        }
+        consumer.assign(&tpl).expect("assign");
+    }
     let (mut seen, mut bytes) = (0usize, 0u64);
     let deadline = Instant::now() + Duration::from_secs(300);
     while seen < n {

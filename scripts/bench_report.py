@@ -194,6 +194,7 @@ def main():
         sinks = [r for r in res if r.get("case") == "run_sink"]
         procs = [r for r in res if r.get("case") == "processes"]
         raws = [r for r in res if r.get("case") == "raw_consume"]
+        raw_groups = [r for r in res if r.get("case") == "raw_consume_group"]
         resume = next((r for r in res if r.get("case") == "resume"), None)
         size = ""
         if ceil and ceil.get("record_bytes_mean"):
@@ -207,6 +208,11 @@ def main():
             L.append(f"| ceiling: serde_json → serde_arrow → Parquet (lake writer), one process, no Kafka | — | — | {f(ceil['records'])} | {f(ceil['mb'])} | {f(ceil['secs'], 2)} | {f(ceil['mb_s'])} | {f(ceil['records_s'])} | — |")
         for r in raws:
             L.append(f"| raw consume: librdkafka, partitions assigned from the beginning, no processing (as `kcat -C`) | {r['partitions']} | 1 | {f(r['records'])} | {f(r['mb'])} | {f(r['secs'], 2)} | {f(r['mb_s'])} | {f(r['records_s'])} | — |")
+        for r in raw_groups:
+            L.append(f"| raw consume through a fresh consumer group (subscribe: group join included, as the sink pays it) | {r['partitions']} | 1 | {f(r['records'])} | {f(r['mb'])} | {f(r['secs'], 2)} | {f(r['mb_s'])} | {f(r['records_s'])} | — |")
+        for r in sinks:
+            if r.get("last_file_secs"):
+                L.append(f"| `run_sink` in-process, start → last file durable (group join included, idle wait not) | {r['partitions']} | 1 | {f(r['records'])} | {f(r['mb'])} | {f(r['last_file_secs'], 2)} | {f(r['last_file_mb_s'])} | {f(r['records'] / r['last_file_secs'])} | {f(r['rows'])} |")
         for r in sinks:
             L.append(f"| `run_sink` in-process (incl. 0.3 s idle detection) | {r['partitions']} | 1 | {f(r['records'])} | {f(r['mb'])} | {f(r['secs'], 2)} | {f(r['mb_s'])} | {f(r['records_s'])} | {f(r['rows'])} |")
         for r in procs:
@@ -224,6 +230,10 @@ def main():
             if raw and ceil:
                 limit = min(raw["mb_s"], ceil["mb_s"])
                 notes.append(f"{r['partitions']} partition(s): sink {r['mb_s'] / limit:.2f}× the smaller of raw consume and the ceiling ({limit:.1f} MB/s; target ≥ 0.5×)")
+            rawg = next((x for x in raw_groups if x["partitions"] == r["partitions"]), None)
+            if rawg and ceil and r.get("last_file_mb_s"):
+                limit = min(rawg["mb_s"], ceil["mb_s"])
+                notes.append(f"like for like (both through a group join, the sink to its last durable file): {r['last_file_mb_s'] / limit:.2f}× ({limit:.1f} MB/s)")
         s1 = next((r for r in sinks if r["partitions"] == 1), None)
         for r in sinks:
             if s1 and r is not s1:

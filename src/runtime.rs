@@ -334,6 +334,21 @@ impl InputLoop {
         }
     }
 
+    /// True when, by the high watermarks librdkafka cached from its last fetch responses (no request to
+    /// the broker), this consumer has read every record of every partition assigned to it. False with
+    /// no partition assigned, for a partition no fetch response has arrived for yet, and for a partition
+    /// this loop read no record of that is not empty (it may have started past records). A cheap hint,
+    /// not a decision: records produced since those responses are not seen (use
+    /// [`InputLoop::caught_up`] to decide).
+    pub fn drained(&self) -> bool {
+        let assigned = self.assigned();
+        !assigned.is_empty()
+            && assigned.iter().all(|p| match self.cached_high_watermark(*p) {
+                Some(high) => self.consumed_next.get(p).copied().unwrap_or(0) >= high,
+                None => false,
+            })
+    }
+
     /// Milliseconds since the last record arrived.
     pub fn quiet_ms(&self) -> u64 {
         self.last_msg.elapsed().as_millis() as u64

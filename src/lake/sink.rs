@@ -12,6 +12,9 @@
 //!   upstream stage that re-emits after its own crash (at-least-once) still leaves each key once. The
 //!   keys held are bounded by a window of offsets per partition (`[sink] dedupe_window`, see
 //!   [`super::dedupe`]), not by the size of the table.
+//! - With `--until-idle`, once the upstream is done and the input looks drained
+//!   ([`InputLoop::drained`]: the high watermarks of the last fetch responses are read), every buffer
+//!   is written at once, so the idle wait overlaps the last writes instead of preceding them.
 //! - Records that are not valid envelopes of the table's row type go to the dead-letter table with the
 //!   reason, and their offsets still advance (an empty file can mark a range holding only such records).
 //!
@@ -296,7 +299,10 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             }
         }
         let finishing = ctl.until_idle && ctl.upstream_done() && input.quiet_ms() >= ctl.idle_ms;
-        let due = due_partitions(&bufs, cfg, finishing);
+        // Until idle, once the input looks drained the buffers are written at once, so the idle wait
+        // overlaps the last writes (a record arriving later starts a new buffer).
+        let drained = ctl.until_idle && ctl.upstream_done() && !bufs.is_empty() && input.drained();
+        let due = due_partitions(&bufs, cfg, finishing || drained);
         for p in due {
             flush(lake, bus, &input, &mut bufs, p, &mut writes, &mut stats, &mut lake_next).await?;
         }
@@ -430,6 +436,45 @@ mod tests {
         assert_eq!(all, vec![0, 1, 2], "finishing writes every buffer");
         let cfg = SinkConfig { roll_ms: 0, ..cfg };
         assert_eq!(due_partitions(&bufs, &cfg, false).len(), 3, "roll_ms reached");
+    }
+
+    /// Until idle, a drained input's buffers are written at once, before the idle wait (here 6 s, with
+    /// rolls far off), not after it; the run still ends only after the wait, with every row once. (The
+    /// embedded cluster's group join takes about 3 s, so the times are measured from the write.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn until_idle_writes_the_buffers_once_the_input_is_drained_not_after_the_idle_wait() {
+        use crate::bus::BusConfig;
+        use crate::runtime::Stop;
+        use crate::schema::Interaction;
+        let bus = Bus::connect(BusConfig { partitions: 2, ..Default::default() }).await.unwrap();
+        bus.ensure_topics(&["interactions", "dead_letters"]).await.unwrap();
+        let producer = bus.producer().unwrap();
+        for i in 0..20 {
+            producer.send(&crate::ablate::fixtures::interaction(&format!("s{}", i % 5), i), None).await.unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open(dir.path()).unwrap();
+        let mut ctl = TaskCtl::new("sink:interactions", true, Stop::default());
+        ctl.idle_ms = 6000;
+        let cfg = SinkConfig { roll_ms: 600_000, ..Default::default() };
+        let started = Instant::now();
+        let sink = {
+            let (bus, lake) = (bus.clone(), lake.clone());
+            tokio::spawn(async move { run_sink::<Interaction>(&bus, &lake, &cfg, &ctl, None).await })
+        };
+        let written = loop {
+            if lake.keys::<Interaction>().unwrap().len() == 20 || sink.is_finished() {
+                break started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(!sink.is_finished(), "the sink was still waiting for idle when its rows were written");
+        let stats = sink.await.unwrap().unwrap();
+        let done = started.elapsed();
+        // Written at once: most of the 6 s wait comes after (without the early write: none of it).
+        assert!(done >= written + Duration::from_millis(4000), "rows written after {written:?}, the run ended after {done:?}");
+        assert_eq!((stats.rows_written, stats.duplicate_keys, stats.dead_letters), (20, 0, 0));
+        assert_eq!(lake.keys::<Interaction>().unwrap().len(), 20);
     }
 
     #[test]
