@@ -261,6 +261,21 @@ pub async fn start_policy_server(model: &std::path::Path, tls: Option<&nextstate
     (url, stop)
 }
 
+/// The endpoint of a local object-storage server: `$env` when set (scripts/test.sh starts the servers),
+/// else what `scripts/<script> start` prints after starting one. `None` (after [`missing`], naming
+/// `what`) when the script fails.
+fn local_server(env: &str, script: &str, what: &str) -> Option<String> {
+    if let Ok(e) = std::env::var(env) {
+        return Some(e);
+    }
+    let out = Command::new("bash").arg(root().join("scripts").join(script)).arg("start").output().unwrap_or_else(|e| panic!("run scripts/{script}: {e}"));
+    if !out.status.success() {
+        missing(&format!("{what} (scripts/{script} start: {})", String::from_utf8_lossy(&out.stderr).trim()));
+        return None;
+    }
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 /// A fresh bucket on the local S3-compatible server and the environment the lake's S3 client reads,
 /// set in this process (and so inherited by the `nextstate` processes a test spawns): returns the lake
 /// URL `s3://<bucket>/lake`. The server is `NEXTSTATE_TEST_S3` (scripts/test.sh starts moto with
@@ -268,17 +283,7 @@ pub async fn start_policy_server(model: &std::path::Path, tls: Option<&nextstate
 /// (`NEXTSTATE_STATE_DIR`). `None` (after [`missing`]) when no server can be started.
 pub fn s3_lake(state: &std::path::Path) -> Option<String> {
     use std::io::{Read, Write};
-    let endpoint = match std::env::var("NEXTSTATE_TEST_S3") {
-        Ok(e) => e,
-        Err(_) => {
-            let out = Command::new("bash").arg(root().join("scripts/s3.sh")).arg("start").output().expect("run scripts/s3.sh");
-            if !out.status.success() {
-                missing(&format!("a local S3-compatible server (scripts/s3.sh start: {})", String::from_utf8_lossy(&out.stderr).trim()));
-                return None;
-            }
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        }
-    };
+    let endpoint = local_server("NEXTSTATE_TEST_S3", "s3.sh", "a local S3-compatible server")?;
     for (k, v) in [
         ("AWS_ENDPOINT", endpoint.as_str()),
         ("AWS_ALLOW_HTTP", "true"),
@@ -308,17 +313,7 @@ pub fn s3_lake(state: &std::path::Path) -> Option<String> {
 /// emulator can be started.
 pub fn azure_lake(state: &std::path::Path) -> Option<String> {
     let script = root().join("scripts/azurite.sh");
-    let endpoint = match std::env::var("NEXTSTATE_TEST_AZURE") {
-        Ok(e) => e,
-        Err(_) => {
-            let out = Command::new("bash").arg(&script).arg("start").output().expect("run scripts/azurite.sh");
-            if !out.status.success() {
-                missing(&format!("a local Azure Blob Storage emulator (scripts/azurite.sh start: {})", String::from_utf8_lossy(&out.stderr).trim()));
-                return None;
-            }
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        }
-    };
+    let endpoint = local_server("NEXTSTATE_TEST_AZURE", "azurite.sh", "a local Azure Blob Storage emulator")?;
     // The emulator's well-known account (devstoreaccount1) and key: object_store's emulator mode.
     std::env::set_var("AZURE_STORAGE_USE_EMULATOR", "true");
     std::env::set_var("AZURITE_BLOB_STORAGE_URL", endpoint.trim_end_matches('/'));
