@@ -21,8 +21,6 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::datatypes::{FieldRef, SchemaRef};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_arrow::schema::{SchemaLike, TracingOptions};
@@ -283,9 +281,9 @@ pub(crate) fn write_rows<T: Serialize + DeserializeOwned>(out: &Path, name: &str
     Ok(FileReport { path, rows: rows.len(), skipped: skips.0 })
 }
 
-/// Writes batches as one ZSTD Parquet file, atomically.
+/// Writes batches as one Parquet file with the lake's writer settings ([`crate::lake::writer_properties`]), atomically.
 pub(crate) fn write_parquet(path: &Path, schema: SchemaRef, batches: &[RecordBatch]) -> Result<()> {
-    let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build();
+    let props = crate::lake::writer_properties(&schema)?;
     let mut buf = vec![];
     {
         let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props))?;

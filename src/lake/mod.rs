@@ -33,9 +33,31 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::file::reader::ChunkReader;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
-use crate::schema::{field_refs, schema_of, Table};
+use crate::schema::{field_refs, schema_of, Table, HISTORY_LAYOUT, LAYOUT_KEY};
+
+/// Largest data page (bytes, uncompressed) of a [`HISTORY_LAYOUT`] column: large enough that a long
+/// session's turns share a page, so ZSTD stores each turn's new suffix rather than its whole history.
+/// On the tau-bench log's 600-row files this cuts `request_messages` from 173 kB to 81 kB with the rows
+/// grouped by session (102 kB with 1 MiB pages); docs/BENCHMARKS.md §8.
+pub const HISTORY_PAGE_BYTES: usize = 8 << 20;
+
+/// The lake's Parquet writer settings for `schema`: ZSTD level 3 on every column; a column marked
+/// [`HISTORY_LAYOUT`] (field metadata [`LAYOUT_KEY`]) is written without a dictionary and in pages of
+/// up to [`HISTORY_PAGE_BYTES`].
+///
+/// # Errors
+/// None in practice ([`Error::Parquet`] if the ZSTD level were invalid).
+pub fn writer_properties(schema: &arrow::datatypes::Schema) -> Result<WriterProperties> {
+    let mut b = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?));
+    for f in schema.fields().iter().filter(|f| f.metadata().get(LAYOUT_KEY).is_some_and(|l| l == HISTORY_LAYOUT)) {
+        let col = ColumnPath::from(f.name().as_str());
+        b = b.set_column_dictionary_enabled(col.clone(), false).set_column_data_page_size_limit(col, HISTORY_PAGE_BYTES);
+    }
+    Ok(b.build())
+}
 
 /// Separator between the parts of a lake file name (not valid in Kafka topic names).
 const SEP: char = '~';
@@ -358,14 +380,18 @@ impl Lake {
         if self.remote.is_none() && path.exists() {
             return Ok(path);
         }
+        // Rows grouped by session (a stable sort: offset order within a session), so a session's
+        // growing request history sits in one page run and ZSTD stores each turn's new suffix only.
+        let mut rows = rows.to_vec();
+        rows.sort_by(|a, b| a.session_id().cmp(b.session_id()));
         let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
         let batch = batch.with_schema(schema_of::<T>())?;
         self.write_batches(T::NAME, date, stem, batch.schema(), std::iter::once(Ok(batch)))
     }
 
     /// Writes `batches` (each of `schema`) as `<table>/date=<date>/<stem>.parquet` with the lake's
-    /// writer settings (ZSTD level 3), atomically: a temporary name, fsync, rename, fsync of the folder.
-    /// If the file already exists it is left as is and its path returned.
+    /// writer settings ([`writer_properties`]), atomically: a temporary name, fsync, rename, fsync of
+    /// the folder. If the file already exists it is left as is and its path returned.
     ///
     /// # Errors
     /// The first error of `batches`; [`Error::Parquet`]/[`Error::Io`] on write.
@@ -377,11 +403,11 @@ impl Lake {
         schema: arrow::datatypes::SchemaRef,
         batches: impl IntoIterator<Item = Result<RecordBatch>>,
     ) -> Result<PathBuf> {
-        let props = || -> Result<WriterProperties> { Ok(WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build()) };
+        let props = writer_properties(&schema)?;
         if let Some(r) = &self.remote {
             // One conditional PUT: the object appears complete, and a second writer of the same name
             // (a re-written offset range) leaves the first copy.
-            let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(props()?))?;
+            let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(props))?;
             for batch in batches {
                 w.write(&batch?)?;
             }
@@ -398,7 +424,7 @@ impl Lake {
         let tmp = dir.join(format!(".{stem}.parquet.tmp"));
         let written = (|| {
             let file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
-            let mut w = ArrowWriter::try_new(file, schema, Some(props()?))?;
+            let mut w = ArrowWriter::try_new(file, schema, Some(props))?;
             for batch in batches {
                 w.write(&batch?)?;
             }

@@ -137,6 +137,21 @@ pub fn schema_json(schema: &Schema) -> serde_json::Value {
 pub(crate) fn doc(f: Field, doc: &str) -> Field {
     f.with_metadata(HashMap::from([("doc".to_string(), doc.to_string())]))
 }
+/// Field metadata key that marks a column's storage layout in the lake (see [`HISTORY_LAYOUT`]).
+pub const LAYOUT_KEY: &str = "layout";
+/// [`LAYOUT_KEY`] value of a column whose value in each row repeats the session's previous rows and
+/// grows by a suffix (the request history: a session of n turns holds O(n²) messages). The lake writes
+/// it without a dictionary (its values are all distinct) and in pages of up to
+/// [`crate::lake::HISTORY_PAGE_BYTES`], with each file's rows grouped by session, so ZSTD finds the
+/// previous turn's copy in the same page (measured in docs/BENCHMARKS.md §8).
+pub const HISTORY_LAYOUT: &str = "history";
+
+/// `f` marked with the [`HISTORY_LAYOUT`] storage layout.
+pub(crate) fn history(f: Field) -> Field {
+    let mut md = f.metadata().clone();
+    md.insert(LAYOUT_KEY.to_string(), HISTORY_LAYOUT.to_string());
+    f.with_metadata(md)
+}
 pub(crate) fn utf8(name: &str, nullable: bool, d: &str) -> Field {
     doc(Field::new(name, DataType::Utf8, nullable), d)
 }
