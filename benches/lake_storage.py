@@ -7,8 +7,11 @@ messages; Parquet's ZSTD pages take some of that back. Per log: `nextstate inges
   what the bus carries per record);
 - unique: per session, each distinct request message (canonical JSON) and each distinct value of the
   other string columns once, uncompressed;
-- on disk: the table's Parquet files; unique_zstd: the unique content compressed with ZSTD level 3 (the
-  lake's codec), the floor a message-once layout could reach.
+- on disk: the table's Parquet files as the ingest wrote them (their number and row split vary from run to
+  run with the embedded sinks' timing); on disk compacted: the same after `nextstate compact
+  --retain-secs 0` (one file per partition);
+- unique_zstd: the unique content compressed with ZSTD level 3 (the lake's codec), the floor a
+  message-once layout could reach.
 
 Prints one `BENCH {json}` line per log. Needs pyarrow.
 
@@ -32,7 +35,7 @@ LOGS = [
 def measure(bin_path, log, tmp):
     lake = os.path.join(tmp, os.path.basename(log))
     subprocess.run([bin_path, "ingest", "--lake", lake, log], check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    files = glob.glob(f"{lake}/interactions/date=*/*.parquet")
+    files = sorted(glob.glob(f"{lake}/interactions/date=*/*.parquet"))
     disk = sum(os.path.getsize(f) for f in files)
     t = pa.concat_tables([pq.read_table(f) for f in files])
     str_cols = [f.name for f in t.schema if f.type in (pa.string(), pa.large_string())]
@@ -49,11 +52,15 @@ def measure(bin_path, log, tmp):
         for c in str_cols:
             if c != "request_messages" and r[c]:
                 u.add(c + ":" + r[c])
-    unique = b"".join(x.encode() for s in uniq.values() for x in sorted(s))
+    unique = b"".join(x.encode() for sid in sorted(uniq) for x in sorted(uniq[sid]))
     unique_zstd = len(pa.compress(unique, codec="zstd", asbytes=True))
+    subprocess.run([bin_path, "compact", "--lake", lake, "--table", "interactions", "--retain-secs", "0"], check=True, capture_output=True)
+    compacted = sorted(glob.glob(f"{lake}/interactions/date=*/*.parquet"))
+    disk_compacted = sum(os.path.getsize(f) for f in compacted)
     return {"bench": "storage", "log": os.path.basename(log), "sessions": len(uniq), "turns": len(rows), "max_turns": max(turns.values()),
             "raw_kb": raw / 1e3, "unique_kb": len(unique) / 1e3, "disk_kb": disk / 1e3, "unique_zstd_kb": unique_zstd / 1e3,
-            "raw_over_unique": raw / len(unique), "disk_over_unique_zstd": disk / unique_zstd}
+            "raw_over_unique": raw / len(unique), "disk_over_unique_zstd": disk / unique_zstd, "files": len(files),
+            "disk_compacted_kb": disk_compacted / 1e3, "files_compacted": len(compacted), "disk_compacted_over_unique_zstd": disk_compacted / unique_zstd}
 
 
 def main():

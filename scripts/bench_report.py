@@ -416,12 +416,17 @@ def main():
         L.append("Each `interactions` row stores its whole request history, so a session of n turns stores O(n²) messages. Per log, "
                  "`nextstate ingest` into a fresh lake; *raw* is the rows' string columns uncompressed (what a read holds in memory, "
                  "about what the bus carries), *unique* each distinct message and value once per session; *on disk* the table's "
-                 "ZSTD Parquet files, *unique, ZSTD* the unique content compressed with the lake's codec (the floor of a "
-                 "message-once layout). Small files are dominated by Parquet's footer (about 15 kB for this schema).\n")
-        L.append("| log | sessions | turns | max turns per session | raw kB | unique kB | raw / unique | on disk kB | unique, ZSTD kB | on disk / unique ZSTD |\n|---|---|---|---|---|---|---|---|---|---|")
+                 "ZSTD Parquet files as the ingest wrote them (how many, and where they split a session, varies from run to run with "
+                 "the embedded sinks' timing), *compacted* the same after `nextstate compact --retain-secs 0`, *unique, ZSTD* the "
+                 "unique content compressed with the lake's codec (the floor of a message-once layout). Each file's rows are grouped "
+                 "by session and `request_messages` is written without a dictionary in pages of up to 2 MiB "
+                 "(`lake::HISTORY_PAGE_BYTES`), so ZSTD finds the previous turn's copy. Small files are dominated by Parquet's "
+                 "footer (about 15 kB for this schema).\n")
+        L.append("| log | sessions | turns | max turns per session | raw kB | unique kB | raw / unique | files | on disk kB | files compacted | compacted kB | unique, ZSTD kB | on disk / unique ZSTD | compacted / unique ZSTD |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in res:
             L.append(f"| {r['log']} | {f(r['sessions'])} | {f(r['turns'])} | {f(r['max_turns'])} | {f(r['raw_kb'])} | {f(r['unique_kb'])} | "
-                     f"{r['raw_over_unique']:.1f}× | {f(r['disk_kb'])} | {f(r['unique_zstd_kb'])} | {r['disk_over_unique_zstd']:.2f}× |")
+                     f"{r['raw_over_unique']:.1f}× | {f(r['files'])} | {f(r['disk_kb'])} | {f(r['files_compacted'])} | {f(r['disk_compacted_kb'])} | "
+                     f"{f(r['unique_zstd_kb'])} | {r['disk_over_unique_zstd']:.2f}× | {r['disk_compacted_over_unique_zstd']:.2f}× |")
         L.append("")
         cmd_line(L, cmd)
     else:

@@ -70,16 +70,19 @@ async fn a_lake_on_object_storage_keeps_the_lake_rules(store: StoreLake) {
     let extra: Vec<DeadLetter> = (100..110).map(dl).collect();
     let refs: Vec<&DeadLetter> = extra.iter().collect();
     let stem = kafka_stem("c1", "ns.dead_letters", 3, 10, 14);
-    lake.write_file::<DeadLetter>("2025-11-24", &stem, &refs[..5]).unwrap();
-    // the same offset range again (a sink restarted after a crash) leaves the first copy
+    let first = lake.write_file::<DeadLetter>("2025-11-24", &stem, &refs[..5]).unwrap();
+    // the same offset range again (a sink restarted after a crash) leaves the first copy, writing 0 bytes
     let other: Vec<&DeadLetter> = extra[5..].iter().collect();
-    lake.write_file::<DeadLetter>("2025-11-24", &stem, &other).unwrap();
+    let again = lake.write_file::<DeadLetter>("2025-11-24", &stem, &other).unwrap();
+    assert_eq!((again.path.clone(), again.bytes), (first.path.clone(), 0));
     lake.write_file::<DeadLetter>("2025-11-24", &kafka_stem("c1", "ns.dead_letters", 3, 15, 19), &refs[5..]).unwrap();
 
     assert_eq!(lake.tables(), vec!["dead_letters".to_string()]);
     let files = lake.files(DeadLetter::NAME).unwrap();
     assert_eq!(files.len(), 4, "{files:?}");
     assert!(files.iter().all(|f| f.bytes > 0));
+    // what the write reported (the sink's `sink_bytes_total`) is the object's size in the bucket
+    assert_eq!(files.iter().find(|f| f.path == first.path).map(|f| f.bytes), Some(first.bytes));
     assert_eq!(lake.next_offsets(DeadLetter::NAME).unwrap().get(&("c1".into(), "ns.dead_letters".into(), 3)), Some(&20));
     let mut back = lake.read_table::<DeadLetter>().unwrap();
     back.sort_by_key(|d| d.source_line);

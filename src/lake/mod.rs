@@ -12,6 +12,11 @@
 //! re-writing the same range is idempotent and a restarted sink resumes after the last durable offset.
 //! Files written directly (ingest without Kafka records, the trainer's step table) are named by a writer
 //! id and sequence number.
+//!
+//! Within a file, rows are grouped by session (in offset order within a session), and a column marked
+//! [`HISTORY_LAYOUT`] (the request history, which grows by a suffix each turn) is written without a
+//! dictionary in large pages ([`writer_properties`]): ZSTD then stores each turn's new messages, not
+//! the whole history again, and `interactions` keeps one plain JSON-text column that SQL reads as is.
 
 pub mod columns;
 pub mod compact;
@@ -40,9 +45,11 @@ use crate::schema::{field_refs, schema_of, Table, HISTORY_LAYOUT, LAYOUT_KEY};
 
 /// Largest data page (bytes, uncompressed) of a [`HISTORY_LAYOUT`] column: large enough that a long
 /// session's turns share a page, so ZSTD stores each turn's new suffix rather than its whole history.
-/// On the tau-bench log's 600-row files this cuts `request_messages` from 173 kB to 81 kB with the rows
-/// grouped by session (102 kB with 1 MiB pages); docs/BENCHMARKS.md §8.
-pub const HISTORY_PAGE_BYTES: usize = 8 << 20;
+/// Measured on 24,540 tau-bench rows grouped by session (docs/BENCHMARKS.md §8): 1, 2, 4 and 8 MiB
+/// pages give 1.86, 1.33, 1.07 and 0.94 MB of Parquet, and the write takes longer as pages grow
+/// (0.19, 0.24, 0.29, 0.37 s; 0.34 s and 6.94 MB with the dictionary and 1 MiB pages in offset order).
+/// 2 MiB keeps most of the saving and writes faster than before.
+pub const HISTORY_PAGE_BYTES: usize = 2 << 20;
 
 /// The lake's Parquet writer settings for `schema`: ZSTD level 3 on every column; a column marked
 /// [`HISTORY_LAYOUT`] (field metadata [`LAYOUT_KEY`]) is written without a dictionary and in pages of
@@ -57,6 +64,16 @@ pub fn writer_properties(schema: &arrow::datatypes::Schema) -> Result<WriterProp
         b = b.set_column_dictionary_enabled(col.clone(), false).set_column_data_page_size_limit(col, HISTORY_PAGE_BYTES);
     }
     Ok(b.build())
+}
+
+/// A file [`Lake::write_file`] or [`Lake::write_batches`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Its path (on object storage: the object's path in its bucket).
+    pub path: PathBuf,
+    /// Bytes this call wrote: the file's size, or 0 when a file of that name was already there and was
+    /// left as is (a re-written offset range).
+    pub bytes: u64,
 }
 
 /// Separator between the parts of a lake file name (not valid in Kafka topic names).
@@ -365,20 +382,20 @@ impl Lake {
         let mut paths = vec![];
         for (date, group) in by_date {
             let stem = format!("w{SEP}{}{SEP}{seq:06}", sanitize(writer));
-            paths.push(self.write_file::<T>(&date, &stem, &group)?);
+            paths.push(self.write_file::<T>(&date, &stem, &group)?.path);
         }
         Ok(paths)
     }
 
     /// Writes rows of one date as `<table>/date=<date>/<stem>.parquet`, atomically. If the file already
-    /// exists (a re-write of the same offset range) it is left as is and its path returned.
+    /// exists (a re-write of the same offset range) it is left as is (`bytes` 0).
     ///
     /// # Errors
     /// As [`Lake::write_rows`].
-    pub fn write_file<T: Table>(&self, date: &str, stem: &str, rows: &[&T]) -> Result<PathBuf> {
+    pub fn write_file<T: Table>(&self, date: &str, stem: &str, rows: &[&T]) -> Result<Written> {
         let path = self.table_dir(T::NAME).join(format!("date={date}")).join(format!("{stem}.parquet"));
         if self.remote.is_none() && path.exists() {
-            return Ok(path);
+            return Ok(Written { path, bytes: 0 });
         }
         // Rows grouped by session (a stable sort: offset order within a session), so a session's
         // growing request history sits in one page run and ZSTD stores each turn's new suffix only.
@@ -391,7 +408,7 @@ impl Lake {
 
     /// Writes `batches` (each of `schema`) as `<table>/date=<date>/<stem>.parquet` with the lake's
     /// writer settings ([`writer_properties`]), atomically: a temporary name, fsync, rename, fsync of
-    /// the folder. If the file already exists it is left as is and its path returned.
+    /// the folder. If the file already exists it is left as is (`bytes` 0).
     ///
     /// # Errors
     /// The first error of `batches`; [`Error::Parquet`]/[`Error::Io`] on write.
@@ -402,7 +419,7 @@ impl Lake {
         stem: &str,
         schema: arrow::datatypes::SchemaRef,
         batches: impl IntoIterator<Item = Result<RecordBatch>>,
-    ) -> Result<PathBuf> {
+    ) -> Result<Written> {
         let props = writer_properties(&schema)?;
         if let Some(r) = &self.remote {
             // One conditional PUT: the object appears complete, and a second writer of the same name
@@ -412,13 +429,15 @@ impl Lake {
                 w.write(&batch?)?;
             }
             let path = r.path(&format!("{table}/date={date}/{stem}.parquet"));
-            r.put_new(&path, w.into_inner()?)?;
-            return Ok(PathBuf::from(path.as_ref()));
+            let data = w.into_inner()?;
+            let bytes = data.len() as u64;
+            let wrote = r.put_new(&path, data)?;
+            return Ok(Written { path: PathBuf::from(path.as_ref()), bytes: if wrote { bytes } else { 0 } });
         }
         let dir = self.table_dir(table).join(format!("date={date}"));
         let path = dir.join(format!("{stem}.parquet"));
         if path.exists() {
-            return Ok(path);
+            return Ok(Written { path, bytes: 0 });
         }
         fs::create_dir_all(&dir).map_err(|e| Error::io("create partition folder", &dir, e))?;
         let tmp = dir.join(format!(".{stem}.parquet.tmp"));
@@ -429,17 +448,21 @@ impl Lake {
                 w.write(&batch?)?;
             }
             let file = w.into_inner()?;
-            file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))
+            file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+            Ok(file.metadata().map_err(|e| Error::io("stat", &tmp, e))?.len())
         })();
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
+        let bytes = match written {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
         if let Ok(d) = File::open(&dir) {
             let _ = d.sync_all();
         }
-        Ok(path)
+        Ok(Written { path, bytes })
     }
 
     /// Reads every row of table `T` (all files, path order).

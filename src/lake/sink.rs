@@ -23,7 +23,6 @@
 //! cluster and noida-db do not need it for the single-writer deployments we run.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -108,7 +107,7 @@ struct Write {
     next: i64,
     rows: u64,
     /// The file's path, or `None` when no file was needed (an empty range on the embedded cluster).
-    task: tokio::task::JoinHandle<Result<Option<PathBuf>>>,
+    task: tokio::task::JoinHandle<Result<Option<super::Written>>>,
 }
 
 /// The sink's writes in flight, finished in start order so that a partition's commits stay in order.
@@ -122,9 +121,9 @@ impl Writes {
     async fn finish_one(&mut self, input: &InputLoop, table: &str, stats: &mut SinkStats, lake_next: &mut HashMap<i32, i64>) -> Result<bool> {
         let Some(w) = self.queue.pop_front() else { return Ok(false) };
         let written = w.task.await.map_err(|e| Error::Internal(format!("sink file writer task failed: {e}")))??;
-        if let Some(path) = written {
+        if let Some(file) = written {
             stats.files += 1;
-            crate::metrics::sink_file(table, w.rows, std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
+            crate::metrics::sink_file(table, w.rows, file.bytes);
         }
         stats.rows_written += w.rows;
         lake_next.insert(w.partition, w.next);

@@ -32,9 +32,11 @@ fn kafka_file_names_record_offsets_and_rewrites_are_idempotent() {
     let rows = [dl(1, 0), dl(2, 0)];
     let refs: Vec<&DeadLetter> = rows.iter().collect();
     let stem = kafka_stem("mock-1", "dead_letters", 3, 10, 11);
-    lake.write_file::<DeadLetter>("1970-01-01", &stem, &refs).unwrap();
-    // the same range again (a restarted sink) is a no-op
-    lake.write_file::<DeadLetter>("1970-01-01", &stem, &refs[..1]).unwrap();
+    let first = lake.write_file::<DeadLetter>("1970-01-01", &stem, &refs).unwrap();
+    assert_eq!(first.bytes, std::fs::metadata(&first.path).unwrap().len());
+    // the same range again (a restarted sink) is a no-op that writes 0 bytes
+    let again = lake.write_file::<DeadLetter>("1970-01-01", &stem, &refs[..1]).unwrap();
+    assert_eq!((again.path, again.bytes), (first.path, 0));
     assert_eq!(lake.read_table::<DeadLetter>().unwrap().len(), 2);
     let next = lake.next_offsets("dead_letters").unwrap();
     assert_eq!(next.get(&("mock-1".to_string(), "dead_letters".to_string(), 3)), Some(&12));
@@ -132,7 +134,7 @@ fn long_sessions_are_grouped_and_their_history_costs_about_its_new_content() {
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::open(dir.path()).unwrap();
     let refs: Vec<&Interaction> = rows.iter().collect();
-    let path = lake.write_file::<Interaction>("2023-11-14", &kafka_stem("c", "interactions", 0, 0, 59), &refs).unwrap();
+    let path = lake.write_file::<Interaction>("2023-11-14", &kafka_stem("c", "interactions", 0, 0, 59), &refs).unwrap().path;
     let back: Vec<(String, i32)> = read_file::<Interaction>(&path).unwrap().into_iter().map(|r| (r.session_id, r.turn_index)).collect();
     let expected: Vec<(String, i32)> = ["a", "b"].iter().flat_map(|s| (0..turns).map(move |t| (s.to_string(), t))).collect();
     assert_eq!(back, expected);
