@@ -13,10 +13,11 @@
 //! Files written directly (ingest without Kafka records, the trainer's step table) are named by a writer
 //! id and sequence number.
 //!
-//! Within a file, rows are grouped by session (in offset order within a session), and a column marked
-//! [`HISTORY_LAYOUT`] (the request history, which grows by a suffix each turn) is written without a
-//! dictionary in large pages ([`writer_properties`]): ZSTD then stores each turn's new messages, not
-//! the whole history again, and `interactions` keeps one plain JSON-text column that SQL reads as is.
+//! A column marked [`HISTORY_LAYOUT`] (the request history, which grows by a suffix each turn) is
+//! written without a dictionary in large pages ([`writer_properties`]), and the rows of a file of such
+//! a table are grouped by session (in offset order within a session): ZSTD then stores each turn's new
+//! messages, not the whole history again, and `interactions` keeps one plain JSON-text column that SQL
+//! reads as is. Files of the other tables hold their rows in offset order.
 
 pub mod columns;
 pub mod compact;
@@ -59,7 +60,7 @@ pub const HISTORY_PAGE_BYTES: usize = 2 << 20;
 /// None in practice ([`Error::Parquet`] if the ZSTD level were invalid).
 pub fn writer_properties(schema: &arrow::datatypes::Schema) -> Result<WriterProperties> {
     let mut b = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?));
-    for f in schema.fields().iter().filter(|f| f.metadata().get(LAYOUT_KEY).is_some_and(|l| l == HISTORY_LAYOUT)) {
+    for f in schema.fields().iter().filter(|f| is_history(f)) {
         let col = ColumnPath::from(f.name().as_str());
         b = b.set_column_dictionary_enabled(col.clone(), false).set_column_data_page_size_limit(col, HISTORY_PAGE_BYTES);
     }
@@ -74,6 +75,11 @@ pub struct Written {
     /// Bytes this call wrote: the file's size, or 0 when a file of that name was already there and was
     /// left as is (a re-written offset range).
     pub bytes: u64,
+}
+
+/// Whether `field` is marked with the [`HISTORY_LAYOUT`] (field metadata [`LAYOUT_KEY`]).
+fn is_history(field: &arrow::datatypes::Field) -> bool {
+    field.metadata().get(LAYOUT_KEY).is_some_and(|l| l == HISTORY_LAYOUT)
 }
 
 /// Separator between the parts of a lake file name (not valid in Kafka topic names).
@@ -397,12 +403,17 @@ impl Lake {
         if self.remote.is_none() && path.exists() {
             return Ok(Written { path, bytes: 0 });
         }
-        // Rows grouped by session (a stable sort: offset order within a session), so a session's
-        // growing request history sits in one page run and ZSTD stores each turn's new suffix only.
+        // A table with a history column gets its rows grouped by session (a stable sort: offset order
+        // within a session), so a session's growing request history sits in one page run and ZSTD
+        // stores each turn's new suffix only. Other tables keep offset order, the lake order that the
+        // stages' re-publishing of pending rows follows.
+        let schema = schema_of::<T>();
         let mut rows = rows.to_vec();
-        rows.sort_by(|a, b| a.session_id().cmp(b.session_id()));
+        if schema.fields().iter().any(|f| is_history(f)) {
+            rows.sort_by(|a, b| a.session_id().cmp(b.session_id()));
+        }
         let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
-        let batch = batch.with_schema(schema_of::<T>())?;
+        let batch = batch.with_schema(schema)?;
         self.write_batches(T::NAME, date, stem, batch.schema(), std::iter::once(Ok(batch)))
     }
 
