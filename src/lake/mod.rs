@@ -46,7 +46,7 @@ use crate::schema::{field_refs, schema_of, Table, HISTORY_LAYOUT, LAYOUT_KEY};
 
 /// Largest data page (bytes, uncompressed) of a [`HISTORY_LAYOUT`] column: large enough that a long
 /// session's turns share a page, so ZSTD stores each turn's new suffix rather than its whole history.
-/// Measured on 24,540 tau-bench rows grouped by session (docs/BENCHMARKS.md §8): 1, 2, 4 and 8 MiB
+/// Measured on 24,540 tau-bench rows grouped by session (docs/BENCHMARKS.md §2): 1, 2, 4 and 8 MiB
 /// pages give 1.86, 1.33, 1.07 and 0.94 MB of Parquet, and the write takes longer as pages grow
 /// (0.19, 0.24, 0.29, 0.37 s; 0.34 s and 6.94 MB with the dictionary and 1 MiB pages in offset order).
 /// 2 MiB keeps most of the saving and writes faster than before.
@@ -408,10 +408,15 @@ impl Lake {
         // stores each turn's new suffix only. Other tables keep offset order, the lake order that the
         // stages' re-publishing of pending rows follows.
         let schema = schema_of::<T>();
-        let mut rows = rows.to_vec();
-        if schema.fields().iter().any(|f| is_history(f)) {
-            rows.sort_by(|a, b| a.session_id().cmp(b.session_id()));
-        }
+        let grouped: Vec<&T>;
+        let rows = if schema.fields().iter().any(|f| is_history(f)) {
+            let mut r = rows.to_vec();
+            r.sort_by(|a, b| a.session_id().cmp(b.session_id()));
+            grouped = r;
+            &grouped[..]
+        } else {
+            rows
+        };
         let batch = serde_arrow::to_record_batch(&field_refs::<T>(), &rows)?;
         let batch = batch.with_schema(schema)?;
         self.write_batches(T::NAME, date, stem, batch.schema(), std::iter::once(Ok(batch)))
