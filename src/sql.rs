@@ -11,7 +11,6 @@ use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::MemTable;
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::object_store::local::LocalFileSystem;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 
 use crate::error::{Error, Result};
@@ -77,7 +76,7 @@ pub fn session_options() -> Result<ConfigOptions> {
 pub async fn session(lake: &Lake) -> Result<SessionContext> {
     let ctx = SessionContext::new_with_config(SessionConfig::from(session_options()?).with_information_schema(true));
     // Local files are listed through the lake's live-file rule: files a compaction merged are not read.
-    let local = Arc::new(LiveFiles::new(Arc::new(LocalFileSystem::new())));
+    let local = Arc::new(LiveFiles::local());
     ctx.runtime_env().register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), local);
     if let Some(r) = lake.remote() {
         ctx.runtime_env().register_object_store(&r.base, Arc::new(LiveFiles::new(r.store.clone())));
