@@ -14,6 +14,8 @@
 #   NEXTSTATE_BENCH_PYTHON   Python with torch, transformers, peft, duckdb (default: python3)
 #   NEXTSTATE_BENCH_BROKERS  Kafka bootstrap (default: 127.0.0.1:19092 if open, else scripts/broker.sh start)
 #   NEXTSTATE_BENCH_RECORDS / _SCALE_RECORDS / _TURNS / _STEPS   sizes (see each bench's docs)
+#   NEXTSTATE_BENCH_LAKE     the sql section's lake (default $CARGO_TARGET_DIR/bench-lake-<turns>, made if absent)
+#   NEXTSTATE_BENCH_SQL_REPEATS   runs per query and engine in the sql section (default 7)
 #   NEXTSTATE_BENCH_OUT      where raw outputs go (default $CARGO_TARGET_DIR/bench-run)
 #   NEXTSTATE_BENCH_KEEP=1   keep the other sections' raw outputs in OUT (re-run some sections only);
 #                            the report then says which sections ran at which time
@@ -89,8 +91,10 @@ if has sink; then
 fi
 if has sql; then
   LAKE=${NEXTSTATE_BENCH_LAKE:-$CARGO_TARGET_DIR/bench-lake-${NEXTSTATE_BENCH_TURNS:-1000000}}
-  run sql cargo bench --bench sql -- "lake=$LAKE"
-  run sql_peer "$PY" benches/peer_sql.py --lake "$LAKE" --threads "$(getconf _NPROCESSORS_ONLN)"
+  # 7 runs per query and engine: single runs of these 0.1-0.5 s queries move by +-20 % on 2 shared cores
+  REPEATS=${NEXTSTATE_BENCH_SQL_REPEATS:-7}
+  run sql cargo bench --bench sql -- "lake=$LAKE" "repeats=$REPEATS"
+  run sql_peer "$PY" benches/peer_sql.py --lake "$LAKE" --threads "$(getconf _NPROCESSORS_ONLN)" --repeats "$REPEATS"
   # The same rows after `nextstate compact` (covered files deleted at once): both engines read the
   # compacted files.
   if [ ! -f "$LAKE-compacted/_complete.json" ] && [ -f "$LAKE/_complete.json" ]; then
@@ -99,8 +103,8 @@ if has sql; then
       cp "$LAKE/_complete.json" "$LAKE-compacted/"
   fi
   if [ -f "$LAKE-compacted/_complete.json" ]; then
-    run sql_compacted cargo bench --bench sql -- "lake=$LAKE-compacted" "layout=compacted"
-    run sql_peer_compacted "$PY" benches/peer_sql.py --lake "$LAKE-compacted" --threads "$(getconf _NPROCESSORS_ONLN)" --layout compacted
+    run sql_compacted cargo bench --bench sql -- "lake=$LAKE-compacted" "layout=compacted" "repeats=$REPEATS"
+    run sql_peer_compacted "$PY" benches/peer_sql.py --lake "$LAKE-compacted" --threads "$(getconf _NPROCESSORS_ONLN)" --layout compacted --repeats "$REPEATS"
   else
     echo "bench.sh: compacting a copy of $LAKE failed, see $OUT/sql_compact.log" >&2
   fi
