@@ -388,13 +388,33 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             let user = e.chain().find_map(|c| c.downcast_ref::<nextstate::Error>()).is_some_and(|ne| ne.domain() == nextstate::error::Domain::User);
             if user {
-                eprintln!("Error: {e:#}");
+                eprintln!("Error: {}", user_message(&e));
             } else {
                 eprintln!("Error: {e:?}");
             }
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `e`'s message and causes joined by ": " (as anyhow's `{:#}`), leaving out a cause whose text the
+/// message before it already contains: thiserror's `#[error("sql: {0}")]` wrappers print their source in
+/// their own text, and DataFusion nests one error in another with the same text, so `{:#}` would print a
+/// schema error's list of valid fields four times.
+fn user_message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if previous.is_empty() || !previous.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        previous = text;
+    }
+    out
 }
 
 fn run() -> Result<()> {
