@@ -116,7 +116,36 @@ impl TaskCtl {
     pub fn upstream_done(&self) -> bool {
         self.upstream.iter().all(DoneFlag::is_set)
     }
+    /// How long the task's next poll for records may wait, given `base` (its usual wait), `quiet_ms`
+    /// (ms since its last record) and `pending` (its own unfinished work, as for
+    /// [`InputLoop::idle_finished`]), so that an until-idle task decides it is idle when the idle wait
+    /// ends, not up to one poll later:
+    /// - not until-idle, or an upstream task still running: `base`;
+    /// - quiet for less than `idle_ms`: the milliseconds left of the idle wait (at most `base`);
+    /// - quiet long enough but work pending: [`PENDING_POLL`] (at most `base`), so the task finishes
+    ///   soon after its work does (pending work is checked locally, without a broker request);
+    /// - quiet long enough, nothing pending: `base` (the idle check then asks the broker, so it is not
+    ///   repeated faster than the usual poll).
+    ///
+    /// Never under 1 ms.
+    pub fn poll_wait(&self, quiet_ms: u64, base: Duration, pending: usize) -> Duration {
+        if !self.until_idle || !self.upstream_done() {
+            return base;
+        }
+        let wait = if quiet_ms < self.idle_ms {
+            Duration::from_millis(self.idle_ms - quiet_ms)
+        } else if pending > 0 {
+            PENDING_POLL
+        } else {
+            base
+        };
+        wait.min(base).max(Duration::from_millis(1))
+    }
 }
+
+/// The longest an until-idle task that is quiet long enough waits between polls while its own work
+/// (e.g. a sink's file writes) is still pending ([`TaskCtl::poll_wait`]).
+pub const PENDING_POLL: Duration = Duration::from_millis(20);
 
 /// One consumed record.
 #[derive(Debug, Clone)]
@@ -403,6 +432,12 @@ impl InputLoop {
         Ok(caught_up)
     }
 
+    /// How long the task's next [`InputLoop::next_batch`] may wait: [`TaskCtl::poll_wait`] with this
+    /// loop's [`InputLoop::quiet_ms`].
+    pub fn poll_wait(&self, ctl: &TaskCtl, base: Duration, pending: usize) -> Duration {
+        ctl.poll_wait(self.quiet_ms(), base, pending)
+    }
+
     /// Decides whether an until-idle task may finish now: upstream done, input quiet for `ctl.idle_ms`,
     /// and caught up. `pending` is the task's own buffered work (must be 0).
     ///
@@ -440,4 +475,45 @@ where
         }
     }
     Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idle wait is 300 ms, the usual poll 200 ms.
+    fn ctl(until_idle: bool) -> TaskCtl {
+        let mut c = TaskCtl::new("t", until_idle, Stop::default());
+        c.idle_ms = 300;
+        c
+    }
+
+    #[test]
+    fn poll_wait_ends_at_the_idle_deadline_then_polls_fast_only_for_pending_work() {
+        let base = Duration::from_millis(200);
+        let ms = Duration::from_millis;
+        let c = ctl(true);
+        // quiet 0 ms: 300 left, cut to the usual 200; quiet 250: 50 left; quiet 299: 1 left
+        assert_eq!(c.poll_wait(0, base, 0), ms(200));
+        assert_eq!(c.poll_wait(250, base, 0), ms(50));
+        assert_eq!(c.poll_wait(299, base, 3), ms(1));
+        // quiet long enough: 20 ms while work is pending, else the usual poll (the check asks the broker)
+        assert_eq!(c.poll_wait(300, base, 2), ms(20));
+        assert_eq!(c.poll_wait(5000, base, 1), ms(20));
+        assert_eq!(c.poll_wait(300, base, 0), ms(200));
+        // a usual poll shorter than the fast one is not lengthened; never 0
+        assert_eq!(c.poll_wait(300, ms(5), 1), ms(5));
+        assert_eq!(c.poll_wait(300, ms(0), 1), ms(1));
+    }
+
+    #[test]
+    fn poll_wait_is_the_usual_poll_unless_until_idle_with_upstream_done() {
+        let base = Duration::from_millis(200);
+        assert_eq!(ctl(false).poll_wait(250, base, 1), base);
+        let up = DoneFlag::default();
+        let c = ctl(true).after(&up);
+        assert_eq!(c.poll_wait(250, base, 1), base);
+        up.set();
+        assert_eq!(c.poll_wait(250, base, 1), Duration::from_millis(50));
+    }
 }

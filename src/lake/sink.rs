@@ -14,7 +14,9 @@
 //!   [`super::dedupe`]), not by the size of the table.
 //! - With `--until-idle`, once the upstream is done and the input looks drained
 //!   ([`InputLoop::drained`]: the high watermarks of the last fetch responses are read), every buffer
-//!   is written at once, so the idle wait overlaps the last writes instead of preceding them.
+//!   is written at once, so the idle wait overlaps the last writes instead of preceding them; its polls
+//!   then end when the idle wait does, and every 20 ms while its writes are still in flight
+//!   ([`TaskCtl::poll_wait`]), so it exits soon after both, not up to a 200 ms poll later.
 //! - Records that are not valid envelopes of the table's row type go to the dead-letter table with the
 //!   reason, and their offsets still advance (an empty file can mark a range holding only such records).
 //!
@@ -220,7 +222,8 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
         if ctl.stop.requested() {
             break;
         }
-        let msgs = input.next_batch(cfg.batch, Duration::from_millis(200)).await?;
+        let wait = input.poll_wait(ctl, Duration::from_millis(200), bufs.len() + writes.queue.len());
+        let msgs = input.next_batch(cfg.batch, wait).await?;
         writes.finish_done(&input, T::NAME, &mut stats, &mut lake_next).await?;
         if input.rebalanced() {
             // The lake's offsets are the truth only once this process's own files are in it.

@@ -181,7 +181,7 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
         if ctl.stop.requested() {
             break;
         }
-        let msgs = input.next_batch(run.batch, Duration::from_millis(200)).await?;
+        let msgs = input.next_batch(run.batch, input.poll_wait(ctl, Duration::from_millis(200), 0)).await?;
         // Records of a partition taken away may still be in `msgs`: the stage drops its state after
         // the batch. A partition kept and read again from its committed offset is rebuilt by the stage
         // itself when its offsets go back.

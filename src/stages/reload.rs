@@ -76,7 +76,7 @@ pub async fn follow_checkpoints(bus: &Bus, f: &Follower, ctl: &TaskCtl) -> Resul
         if ctl.stop.requested() {
             break;
         }
-        let batch = input.next_batch(16, Duration::from_millis(300)).await?;
+        let batch = input.next_batch(16, input.poll_wait(ctl, Duration::from_millis(300), 0)).await?;
         if batch.is_empty() {
             if input.idle_finished(ctl, 0).await? {
                 break;

@@ -329,7 +329,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                 if ctl.stop.requested() || report.steps >= max_steps {
                     break;
                 }
-                let msgs = input.next_batch(256, std::time::Duration::from_millis(300)).await?;
+                let msgs = input.next_batch(256, input.poll_wait(ctl, std::time::Duration::from_millis(300), 0)).await?;
                 input.rebalanced();
                 for m in &msgs {
                     consumed_next.insert(m.partition, m.offset + 1);
