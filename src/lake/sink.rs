@@ -15,8 +15,9 @@
 //! - With `--until-idle`, once the upstream is done and the input looks drained
 //!   ([`InputLoop::drained`]: the high watermarks of the last fetch responses are read), every buffer
 //!   is written at once, so the idle wait overlaps the last writes instead of preceding them; its polls
-//!   then end when the idle wait does, and every 20 ms while its writes are still in flight
-//!   ([`TaskCtl::poll_wait`]), so it exits soon after both, not up to a 200 ms poll later.
+//!   then end when the idle wait does, and poll every [`crate::runtime::PENDING_POLL`] while its writes
+//!   are still in flight ([`TaskCtl::poll_wait`]), so it exits soon after both, not up to a 200 ms poll
+//!   later.
 //! - Records that are not valid envelopes of the table's row type go to the dead-letter table with the
 //!   reason, and their offsets still advance (an empty file can mark a range holding only such records).
 //!
