@@ -45,6 +45,9 @@ pub struct Metrics {
     /// `consumer_lag{stage, topic, partition}`: records between a consumer's position and the
     /// partition's high watermark.
     pub consumer_lag: Family<Labels, IntGauge>,
+    /// `consumers_recreated_total{stage, topic}`: consumers replaced in-process after a fatal error
+    /// (a fenced static member, [`crate::runtime::InputLoop`]).
+    pub consumers_recreated: Family<Labels, Counter>,
     /// `sink_rows_total{table}`: rows written to the lake.
     pub sink_rows: Family<Labels, Counter>,
     /// `sink_files_total{table}`: Parquet files written to the lake.
@@ -155,6 +158,7 @@ impl Metrics {
             records_out: Family::default(),
             dead_letters: Family::default(),
             consumer_lag: Family::default(),
+            consumers_recreated: Family::default(),
             sink_rows: Family::default(),
             sink_files: Family::default(),
             sink_bytes: Family::default(),
@@ -186,6 +190,7 @@ impl Metrics {
         r.add("records_out", "Rows a streaming stage emitted, by stage and output table", None, &m.records_out);
         r.add("dead_letters", "Dead letters acknowledged by the bus, by stage and reason code", None, &m.dead_letters);
         r.add("consumer_lag", "Records between a consumer's position and the partition's high watermark", None, &m.consumer_lag);
+        r.add("consumers_recreated", "Consumers replaced in-process after a fatal error (a fenced static member), by stage and topic", None, &m.consumers_recreated);
         r.add("sink_rows", "Rows written to the lake, by table", None, &m.sink_rows);
         r.add("sink_files", "Parquet files written to the lake, by table", None, &m.sink_files);
         r.add("sink", "Bytes of Parquet files written to the lake, by table", Some(Unit::Bytes), &m.sink_bytes);
@@ -278,6 +283,11 @@ pub fn dead_letter(stage: &str, reason: &str) {
 /// Sets the lag of `stage`'s consumer on `topic`/`partition`, records.
 pub fn consumer_lag(stage: &str, topic: &str, partition: i32, lag: i64) {
     get().consumer_lag.get_or_create(&labels(&[("stage", stage), ("topic", topic), ("partition", &partition.to_string())])).set(lag.max(0));
+}
+
+/// Counts one consumer of `stage` on `topic` replaced after a fatal error.
+pub fn consumer_recreated(stage: &str, topic: &str) {
+    get().consumers_recreated.get_or_create(&labels(&[("stage", stage), ("topic", topic)])).inc();
 }
 
 /// Counts one Parquet file of `rows` rows and `bytes` bytes written to `table` (an empty file counts

@@ -170,12 +170,36 @@ pub struct InMsg {
 /// process goes on, exiting normally.
 pub const CONSUMER_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many times an [`InputLoop`] replaces its consumer after a fatal error within
+/// [`CONSUMER_RECREATE_WINDOW`] before the error is returned instead (two processes configured with one
+/// `group.instance.id` fence each other forever: that is a configuration error to report, not to retry).
+pub const CONSUMER_RECREATE_LIMIT: usize = 5;
+
+/// The window of [`CONSUMER_RECREATE_LIMIT`].
+pub const CONSUMER_RECREATE_WINDOW: Duration = Duration::from_secs(600);
+
 /// A consumer-group reader of one topic with offset bookkeeping and an until-idle check.
+///
+/// A consumer that hits a fatal error never delivers again. librdkafka raises one when a static member
+/// (`group.instance.id`) is fenced: by a copy of the process that took its place after it exceeded
+/// `max.poll.interval.ms`, or by its own rejoin after a broker restart racing a commit that still
+/// carried the old member id (seen with noida-db stopped and restarted, `tests/chaos/broker.rs`). The
+/// loop then replaces the consumer in-process (same group and instance id) and goes on from the
+/// group's committed offsets, as a restarted process would; the caller sees a rebalance with a new
+/// [`InputLoop::generation`] and drops every partition's uncommitted state.
 pub struct InputLoop {
-    /// Dropped by hand in `Drop`, bounded by [`CONSUMER_CLOSE_TIMEOUT`].
+    /// Dropped by hand ([`close_consumer`]), bounded by [`CONSUMER_CLOSE_TIMEOUT`].
     consumer: std::mem::ManuallyDrop<StreamConsumer<BusContext>>,
     flag: RebalanceFlag,
     bus: Bus,
+    /// `max.poll.interval.ms` asked for (to create a replacement consumer alike).
+    max_poll_ms: u32,
+    /// Consumers replaced so far (0: the first one still reads).
+    generation: u64,
+    /// When the consumer was replaced, newest last (the ones within [`CONSUMER_RECREATE_WINDOW`]).
+    recreated_at: Vec<Instant>,
+    /// A replacement's rebalance not yet reported by [`InputLoop::rebalanced`].
+    reset_pending: std::sync::atomic::AtomicBool,
     /// Full topic name.
     pub topic: String,
     consumed_next: HashMap<i32, i64>,
@@ -192,14 +216,19 @@ impl Drop for InputLoop {
         }
         // SAFETY: `consumer` is not used after this point; `drop` runs once.
         let consumer = unsafe { std::mem::ManuallyDrop::take(&mut self.consumer) };
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let closing = std::thread::Builder::new().name("consumer-close".into()).spawn(move || {
-            drop(consumer);
-            let _ = tx.send(());
-        });
-        if closing.is_ok() && rx.recv_timeout(CONSUMER_CLOSE_TIMEOUT).is_err() {
-            tracing::warn!(topic = %self.topic, group = %self.group, timeout_s = CONSUMER_CLOSE_TIMEOUT.as_secs(), "consumer close did not finish; left on its own thread (offsets were committed)");
-        }
+        close_consumer(consumer, &self.topic, &self.group);
+    }
+}
+
+/// Drops `consumer` on its own thread, waiting at most [`CONSUMER_CLOSE_TIMEOUT`] for it.
+fn close_consumer(consumer: StreamConsumer<BusContext>, topic: &str, group: &str) {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let closing = std::thread::Builder::new().name("consumer-close".into()).spawn(move || {
+        drop(consumer);
+        let _ = tx.send(());
+    });
+    if closing.is_ok() && rx.recv_timeout(CONSUMER_CLOSE_TIMEOUT).is_err() {
+        tracing::warn!(%topic, %group, timeout_s = CONSUMER_CLOSE_TIMEOUT.as_secs(), "consumer close did not finish; left on its own thread (offsets were committed)");
     }
 }
 
@@ -226,6 +255,10 @@ impl InputLoop {
             consumer: std::mem::ManuallyDrop::new(consumer),
             flag,
             bus: bus.clone(),
+            max_poll_ms,
+            generation: 0,
+            recreated_at: vec![],
+            reset_pending: std::sync::atomic::AtomicBool::new(false),
             topic: topic.to_string(),
             consumed_next: HashMap::new(),
             last_msg: Instant::now(),
@@ -241,9 +274,17 @@ impl InputLoop {
         self
     }
 
-    /// True (once) after partitions were assigned or revoked.
+    /// True (once) after partitions were assigned or revoked, or the consumer was replaced.
     pub fn rebalanced(&self) -> bool {
-        self.flag.take()
+        let reset = self.reset_pending.swap(false, std::sync::atomic::Ordering::SeqCst);
+        self.flag.take() | reset
+    }
+
+    /// How many times the consumer was replaced after a fatal error (type docs). A caller that keeps
+    /// per-partition state past the committed offsets drops all of it when this changes: the new
+    /// consumer reads again from the committed offsets, also of partitions it is assigned again.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The partitions currently assigned to this consumer.
@@ -256,9 +297,16 @@ impl InputLoop {
 
     /// Receives up to `max` records, waiting at most `wait` for the first and returning what arrived.
     ///
+    /// A consumer that hit a fatal error is replaced first (type docs); records received from it in
+    /// this call are left out (the replacement reads them again from the committed offsets).
+    ///
     /// # Errors
-    /// [`Error::Kafka`] on a fatal consumer error (transient ones are logged and skipped).
+    /// [`Error::Kafka`] on a fatal consumer error past [`CONSUMER_RECREATE_LIMIT`] or when the
+    /// replacement cannot be created (transient errors are logged and skipped).
     pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<Vec<InMsg>> {
+        if self.recover_if_fatal()? {
+            return Ok(vec![]);
+        }
         let mut out = vec![];
         let deadline = tokio::time::Instant::now() + wait;
         while out.len() < max {
@@ -271,7 +319,9 @@ impl InputLoop {
                 Err(_) => break,
                 Ok(Err(e)) => {
                     tracing::warn!(topic = %self.topic, error = %e, "consumer error");
-                    self.check_fatal()?;
+                    if self.recover_if_fatal()? {
+                        return Ok(vec![]);
+                    }
                     if out.is_empty() {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -329,38 +379,58 @@ impl InputLoop {
 
     /// Commits `next offset` per partition (the offset of the next record to read) synchronously.
     ///
+    /// A commit that fails leaves the records to be read again; every caller's output is keyed and
+    /// de-duplicated downstream. A fenced consumer is replaced by the next [`InputLoop::next_batch`].
+    /// Nothing is sent while no partition is assigned (a replaced consumer still joining, or a
+    /// rebalance under way): a static member's commit then races its own join and the broker answers
+    /// `FENCED_INSTANCE_ID`, which is fatal to the consumer.
+    ///
     /// # Errors
-    /// [`Error::Kafka`] when the commit fails (e.g. the partition was revoked).
+    /// [`Error::Kafka`] when the commit fails (e.g. the partition was revoked, or the consumer was
+    /// fenced); `ConsumerCommit(AssignmentLost)` when no partition is assigned.
     pub fn commit(&self, next: &HashMap<i32, i64>) -> Result<()> {
         if next.is_empty() {
             return Ok(());
+        }
+        if self.assigned().is_empty() {
+            return Err(Error::Kafka(rdkafka::error::KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::AssignmentLost)));
         }
         let mut tpl = TopicPartitionList::new();
         for (p, o) in next {
             tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o))?;
         }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
-            self.check_fatal()?;
-            return Err(e.into());
-        }
+        self.consumer.commit(&tpl, CommitMode::Sync)?;
         Ok(())
     }
 
-    /// Fails when the consumer hit a fatal error, after which it never delivers again: librdkafka
-    /// raises one when a static member (`group.instance.id`) is fenced by another process with the same
-    /// id, e.g. after this one exceeded `max.poll.interval.ms` and a restarted copy took its place. The
-    /// caller exits (and is restarted by its supervisor) instead of idling forever.
+    /// Replaces the consumer when it hit a fatal error (type docs): true when it did. The old one is
+    /// closed within [`CONSUMER_CLOSE_TIMEOUT`]; what this loop read is forgotten and a rebalance is
+    /// reported.
     ///
     /// # Errors
-    /// [`Error::Kafka`] (`MessageConsumptionFatal`) with the fatal error's code; the reason is logged.
-    pub fn check_fatal(&self) -> Result<()> {
-        match self.consumer.client().fatal_error() {
-            Some((code, reason)) => {
-                tracing::error!(topic = %self.topic, group = %self.group, %reason, "fatal consumer error: the consumer must be recreated");
-                Err(Error::Kafka(rdkafka::error::KafkaError::MessageConsumptionFatal(code)))
-            }
-            None => Ok(()),
+    /// [`Error::Kafka`] (`MessageConsumptionFatal`, with the fatal error's code) after
+    /// [`CONSUMER_RECREATE_LIMIT`] replacements within [`CONSUMER_RECREATE_WINDOW`]; [`Error::Kafka`]
+    /// when the replacement cannot be created.
+    fn recover_if_fatal(&mut self) -> Result<bool> {
+        let Some((code, reason)) = self.consumer.client().fatal_error() else {
+            return Ok(false);
+        };
+        self.recreated_at.retain(|t| t.elapsed() < CONSUMER_RECREATE_WINDOW);
+        if self.recreated_at.len() >= CONSUMER_RECREATE_LIMIT {
+            tracing::error!(topic = %self.topic, group = %self.group, %reason, replaced = self.recreated_at.len(), window_s = CONSUMER_RECREATE_WINDOW.as_secs(), "fatal consumer error again after replacing the consumer; giving up (is another process using the same group.instance.id?)");
+            return Err(Error::Kafka(rdkafka::error::KafkaError::MessageConsumptionFatal(code)));
         }
+        tracing::warn!(topic = %self.topic, group = %self.group, %reason, "fatal consumer error: replacing the consumer; reading again from the committed offsets");
+        let (consumer, flag) = self.bus.consumer_with_max_poll(&self.group, std::slice::from_ref(&self.topic), self.max_poll_ms)?;
+        let old = std::mem::replace(&mut *self.consumer, consumer);
+        close_consumer(old, &self.topic, &self.group);
+        self.flag = flag;
+        self.consumed_next.clear();
+        self.generation += 1;
+        self.recreated_at.push(Instant::now());
+        self.reset_pending.store(true, std::sync::atomic::Ordering::SeqCst);
+        crate::metrics::consumer_recreated(&self.stage, &self.topic);
+        Ok(true)
     }
 
     /// True when, by the high watermarks librdkafka cached from its last fetch responses (no request to

@@ -219,6 +219,7 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
     let mut dl_seq = 0u64;
     let writer_id = format!("sink-{}", uuid::Uuid::new_v4().simple());
     let mut writes = Writes::default();
+    let mut generation = input.generation();
     loop {
         if ctl.stop.requested() {
             break;
@@ -233,8 +234,11 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             let owned: HashSet<i32> = input.assigned().into_iter().collect();
             // Another process may have written the partitions this one now owns: re-read their window.
             keys = RecentKeys::load(lake, T::NAME, T::KEY, bus.source_id(), &topic, cfg.dedupe_window, Some(&owned))?;
+            // A replaced consumer reads every partition again from its committed offset: no buffer is
+            // kept (its records arrive again).
+            let replaced = std::mem::replace(&mut generation, input.generation()) != input.generation();
             bufs.retain(|p, b| {
-                let keep = owned.contains(p);
+                let keep = !replaced && owned.contains(p);
                 if !keep {
                     stats.released_on_rebalance += (b.last - b.first + 1) as u64;
                 }

@@ -224,7 +224,6 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
         }
         if let Err(e) = input.commit(&next) {
             tracing::warn!(stage = logic.name(), error = %e, "commit failed; records will be re-read (outputs are keyed, sinks drop duplicates)");
-            input.check_fatal()?;
         }
         if rebalanced {
             logic.on_rebalance(&input.assigned());

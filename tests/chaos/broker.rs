@@ -170,5 +170,9 @@ async fn restarts_lose_and_duplicate_nothing(kind: Kind) {
         sup.run_until_idle(n, Duration::from_secs(180));
     }
     let c = check::check(&lake, "restart", &expected, false, None);
-    eprintln!("[chaos] PASS in {:.0} s: {restarts} broker restarts ({}); {} records checked ({:?})", t0.elapsed().as_secs_f64(), broker.how(), c.total(), c.rows);
+    // A static member fenced after a restart (its commit raced its own rejoin) replaces its consumer.
+    let replaced = sup.log_lines_with("replacing the consumer");
+    // Commits held back while no partition was assigned (they would race the rejoin).
+    let held = sup.log_lines_with("Assignment lost");
+    eprintln!("[chaos] PASS in {:.0} s: {restarts} broker restarts ({}); {} records checked ({:?}); consumers replaced after a fence: {replaced}; commits held back while unassigned: {held}", t0.elapsed().as_secs_f64(), broker.how(), c.total(), c.rows);
 }

@@ -138,6 +138,11 @@ impl Supervisor {
         self.roles.iter().map(|r| format!("{}: {} starts, {} kills", r.name, r.starts, r.kills)).collect::<Vec<_>>().join("; ")
     }
 
+    /// Lines of the roles' logs (appended over restarts) that contain `text`.
+    pub fn log_lines_with(&self, text: &str) -> usize {
+        self.roles.iter().map(|r| std::fs::read_to_string(self.log(r.name)).unwrap_or_default().lines().filter(|l| l.contains(text)).count()).sum()
+    }
+
     /// Runs role `name` with `--until-idle` (extra args appended) to completion within `limit`.
     pub fn run_until_idle(&mut self, name: &str, limit: Duration) {
         let log = self.log(name);

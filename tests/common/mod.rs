@@ -181,12 +181,33 @@ impl Proc {
         }
     }
 
-    /// The last `n` lines of the log.
+    /// The last `n` lines of the log, leaving out the frames of backtraces (`RUST_BACKTRACE=1`
+    /// prints dozens per error, which pushed the error's own text out of the tail).
     pub fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
+        let lines = without_backtrace_frames(&text);
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
+}
+
+/// The lines of `text` but the frames under a `stack backtrace:` heading (`  12: symbol` and
+/// `      at path:line:col`); an error's numbered causes (`    0: message`) under `Caused by:` stay.
+fn without_backtrace_frames(text: &str) -> Vec<&str> {
+    let mut in_backtrace = false;
+    let mut out = vec![];
+    for line in text.lines() {
+        let t = line.trim_start();
+        let frame = t.starts_with("at ") || t.split_once(": ").is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if t.eq_ignore_ascii_case("stack backtrace:") {
+            in_backtrace = true;
+        } else if in_backtrace && frame {
+            continue;
+        } else {
+            in_backtrace = false;
+        }
+        out.push(line);
+    }
+    out
 }
 
 impl Drop for Proc {
