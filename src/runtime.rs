@@ -198,8 +198,6 @@ pub struct InputLoop {
     generation: u64,
     /// When the consumer was replaced, newest last (the ones within [`CONSUMER_RECREATE_WINDOW`]).
     recreated_at: Vec<Instant>,
-    /// A replacement's rebalance not yet reported by [`InputLoop::rebalanced`].
-    reset_pending: std::sync::atomic::AtomicBool,
     /// Full topic name.
     pub topic: String,
     consumed_next: HashMap<i32, i64>,
@@ -258,7 +256,6 @@ impl InputLoop {
             max_poll_ms,
             generation: 0,
             recreated_at: vec![],
-            reset_pending: std::sync::atomic::AtomicBool::new(false),
             topic: topic.to_string(),
             consumed_next: HashMap::new(),
             last_msg: Instant::now(),
@@ -276,8 +273,7 @@ impl InputLoop {
 
     /// True (once) after partitions were assigned or revoked, or the consumer was replaced.
     pub fn rebalanced(&self) -> bool {
-        let reset = self.reset_pending.swap(false, std::sync::atomic::Ordering::SeqCst);
-        self.flag.take() | reset
+        self.flag.take()
     }
 
     /// How many times the consumer was replaced after a fatal error (type docs). A caller that keeps
@@ -424,11 +420,11 @@ impl InputLoop {
         let (consumer, flag) = self.bus.consumer_with_max_poll(&self.group, std::slice::from_ref(&self.topic), self.max_poll_ms)?;
         let old = std::mem::replace(&mut *self.consumer, consumer);
         close_consumer(old, &self.topic, &self.group);
+        flag.raise();
         self.flag = flag;
         self.consumed_next.clear();
         self.generation += 1;
         self.recreated_at.push(Instant::now());
-        self.reset_pending.store(true, std::sync::atomic::Ordering::SeqCst);
         crate::metrics::consumer_recreated(&self.stage, &self.topic);
         Ok(true)
     }

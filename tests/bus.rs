@@ -14,6 +14,11 @@ fn cfg(prefix: &str) -> BusConfig {
     BusConfig { brokers: Some(common::brokers()), topic_prefix: prefix.to_string(), partitions: 3, ..Default::default() }
 }
 
+/// [`cfg`] with `partitions`, a 10 s `max.poll.interval.ms` and membership `instance` (static when set).
+fn member_cfg(prefix: &str, partitions: i32, instance: Option<String>) -> BusConfig {
+    BusConfig { partitions, max_poll_interval_ms: 10_000, group_instance_id: instance, ..cfg(prefix) }
+}
+
 fn record(i: usize) -> DeadLetter {
     DeadLetter::new("test", "t", "r", format!("{i}").as_bytes(), Lineage { source_line: Some(i as i64), ..Default::default() })
         .with_keys(&format!("session-{}", i % 7), None)
@@ -147,16 +152,7 @@ async fn consumer_started_before_the_producer_reads_from_the_beginning() {
 async fn a_crashed_member_does_not_stall_its_group() {
     for instance in [Some("host-a".to_string()), None] {
         let prefix = common::prefix();
-        let bus = Bus::connect(BusConfig {
-            brokers: Some(common::brokers()),
-            topic_prefix: prefix.clone(),
-            partitions: 2,
-            max_poll_interval_ms: 10_000,
-            group_instance_id: instance.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let bus = Bus::connect(member_cfg(&prefix, 2, instance.clone())).await.unwrap();
         bus.ensure_topics(&["dead_letters"]).await.unwrap();
         let topic = bus.topic("dead_letters");
         let group = format!("{prefix}g");
@@ -248,16 +244,7 @@ async fn sasl_scram_settings_take_the_password_from_the_environment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_static_member_is_replaced_and_reads_again_from_the_committed_offsets() {
     let prefix = common::prefix();
-    let bus = Bus::connect(BusConfig {
-        brokers: Some(common::brokers()),
-        topic_prefix: prefix.clone(),
-        partitions: 1,
-        max_poll_interval_ms: 10_000,
-        group_instance_id: Some("host-a".to_string()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let bus = Bus::connect(member_cfg(&prefix, 1, Some("host-a".to_string()))).await.unwrap();
     bus.ensure_topics(&["dead_letters"]).await.unwrap();
     let topic = bus.topic("dead_letters");
     let p = bus.producer().unwrap();

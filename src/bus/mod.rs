@@ -510,6 +510,12 @@ impl RebalanceFlag {
     pub fn take(&self) -> bool {
         self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// Marks a rebalance (the consumer context does on every assign and revoke; a consumer loop does
+    /// when it replaced its consumer, `runtime::InputLoop`).
+    pub fn raise(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Consumer context that records rebalances.
@@ -567,7 +573,7 @@ impl ConsumerContext for BusContext {
             Rebalance::Revoke(tpl) => tracing::debug!(partitions = tpl.count(), "revoked"),
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
         }
-        self.flag.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.flag.raise();
     }
 }
 

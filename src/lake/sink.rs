@@ -236,7 +236,8 @@ pub async fn run_sink<T: Table>(bus: &Bus, lake: &Lake, cfg: &SinkConfig, ctl: &
             keys = RecentKeys::load(lake, T::NAME, T::KEY, bus.source_id(), &topic, cfg.dedupe_window, Some(&owned))?;
             // A replaced consumer reads every partition again from its committed offset: no buffer is
             // kept (its records arrive again).
-            let replaced = std::mem::replace(&mut generation, input.generation()) != input.generation();
+            let replaced = input.generation() != generation;
+            generation = input.generation();
             bufs.retain(|p, b| {
                 let keep = !replaced && owned.contains(p);
                 if !keep {
