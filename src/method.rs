@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 pub enum Method {
     /// Binary RL from PRM votes: advantage r.
     Binary,
-    /// On-policy distillation from hints: advantage teacher − old.
+    /// On-policy distillation from hints: advantage teacher − student (the current policy).
     Opd,
-    /// Both: w_rl·r + w_opd·(teacher − old).
+    /// Both: w_rl·r + w_opd·(teacher − student).
     Combined,
 }
 

@@ -285,7 +285,7 @@ pub fn assemble(
         teacher_id = Some(tr.teacher_id.clone());
         teacher_prompt_token_ids = Some(tr.teacher_prompt_token_ids.clone());
     } else if sample_type == SampleType::CombinedScoreOnly {
-        // No hint: the teacher term A = teacher − old is 0 when teacher := old (METHOD.md §5).
+        // No hint: teacher := rollout (METHOD.md §5); the trainer sets this type's teacher term to exactly 0.
         teacher_logprobs = Some(rollout_logprobs.to_vec());
     }
 

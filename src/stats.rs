@@ -100,6 +100,25 @@ pub fn mcnemar_exact(before: &[bool], after: &[bool]) -> Result<McNemar> {
     Ok(McNemar { n: before.len() as u64, gained, lost, p_value })
 }
 
+/// Holm–Bonferroni adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
+/// procedure", Scand. J. Statist. 6:65–70), in the input order: with the m p-values sorted ascending,
+/// p₍ᵢ₎ (i = 1..m) becomes max over j ≤ i of min(1, (m − j + 1)·p₍ⱼ₎). Rejecting where the adjusted value
+/// is below α controls the family-wise error rate at α across all m tests. Ties keep their input order.
+/// NaN values are treated as 1.
+pub fn holm(p: &[f64]) -> Vec<f64> {
+    let m = p.len();
+    let mut order: Vec<usize> = (0..m).collect();
+    let val = |i: usize| if p[i].is_nan() { 1.0 } else { p[i] };
+    order.sort_by(|&a, &b| val(a).total_cmp(&val(b)).then(a.cmp(&b)));
+    let mut out = vec![1.0; m];
+    let mut running: f64 = 0.0;
+    for (rank, &i) in order.iter().enumerate() {
+        running = running.max(((m - rank) as f64 * val(i)).min(1.0));
+        out[i] = running;
+    }
+    out
+}
+
 /// A p-value for text: three decimals, or two significant digits in scientific notation below 0.001
 /// (`0.219`, `2.2e-4`).
 pub fn p_text(p: f64) -> String {
@@ -194,6 +213,21 @@ pub fn paired_t(diffs: &[f64]) -> Result<PairedT> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holm_by_hand() {
+        // Sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 → max(0.06, 0.04) = 0.06.
+        let got = holm(&[0.01, 0.04, 0.03, 0.005]);
+        let want = [0.03, 0.06, 0.06, 0.02];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-15, "{got:?}");
+        }
+        // Capped at 1; one test is unadjusted; NaN counts as 1; empty stays empty.
+        assert_eq!(holm(&[0.4, 0.6]), vec![0.8, 0.8]);
+        assert_eq!(holm(&[0.02]), vec![0.02]);
+        assert_eq!(holm(&[f64::NAN, 0.01]), vec![1.0, 0.02]);
+        assert!(holm(&[]).is_empty());
+    }
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol

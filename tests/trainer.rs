@@ -454,10 +454,13 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     rows.sort_by_key(|r| r.step);
     assert_eq!(lines, rows);
     assert_eq!(lines.iter().map(|r| r.step).collect::<Vec<_>>(), vec![1, 2]);
-    // OPD with teacher = rollout + 0.05: every trained token has A > 0; every sample has r = 0.
+    // OPD with teacher = rollout + 0.05 and A = teacher − current policy (METHOD.md §6): at step 1 the
+    // current policy is the one that sampled, so every trained token has A > 0; at step 2 the policy has
+    // moved, so the signs are whatever the move made them. Every sample has r = 0.
+    assert_eq!((lines[0].positive_advantage_fraction, lines[0].negative_advantage_fraction), (Some(1.0), Some(0.0)), "{:?}", lines[0]);
     for r in &lines {
         assert_eq!((r.reward_mean, r.reward_std, r.learning_rate), (Some(0.0), Some(0.0), Some(1e-4)), "{r:?}");
-        assert_eq!((r.positive_advantage_fraction, r.negative_advantage_fraction), (Some(1.0), Some(0.0)), "{r:?}");
+        assert!(r.positive_advantage_fraction.unwrap() + r.negative_advantage_fraction.unwrap() <= 1.0 + 1e-12, "{r:?}");
         assert!(r.response_length_max.is_some_and(|m| m > 0) && r.tokens_per_second.is_some_and(|x| x > 0.0), "{r:?}");
     }
 
@@ -495,4 +498,75 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
     assert_eq!(dead.iter().filter(|d| d.stage == "train").count(), 2);
     assert_eq!(nextstate::trainer::scan(&run_dir).unwrap().complete.len(), 2);
+}
+
+/// The OPD target of `nextstate loss --json`, checked independently (METHOD.md §6, the reference's
+/// openclaw-combine/combine_loss.py): on samples whose teacher and rollout log-probs are perturbed
+/// token by token, every reported token advantage equals the teacher log-prob minus the policy's own
+/// log-prob of the token, the latter computed here with the inference scorer (`LanguageModel::score`,
+/// not the trainer's forward pass) — to 1e-5 — and the rollout log-probs never enter it (a second
+/// perturbation of them changes no advantage). Score-only combined samples have advantage r exactly.
+#[test]
+fn loss_json_reports_teacher_minus_the_current_policy() {
+    use rand::{Rng, SeedableRng};
+    let Some(model) = common::smollm2() else {
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pfile = dir.path().join("p.toml");
+    std::fs::write(&pfile, format!("name = \"losscheck\"\nmethod = \"combined\"\n[policy]\nmodel = \"{}\"\nthreads = 1\n[trainer]\nbatch_size = 4\n", model.display())).unwrap();
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(37);
+    let base = samples(&lm, 4, "losscheck");
+    let run = |rows: &[Sample], tag: &str| -> serde_json::Value {
+        let lake_dir = dir.path().join(tag);
+        nextstate::lake::Lake::open(&lake_dir).unwrap().write_rows(rows, "test", 1).unwrap();
+        let out = Command::new(common::bin())
+            .args(["loss", "--pipeline"])
+            .arg(&pfile)
+            .args(["--sql", "SELECT * FROM samples ORDER BY sample_id", "--json", "--lake"])
+            .arg(&lake_dir)
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mut perturbed = base.clone();
+    for (i, s) in perturbed.iter_mut().enumerate() {
+        s.sample_type = if i == 3 { SampleType::CombinedScoreOnly } else { SampleType::CombinedHintOnly };
+        s.reward = if i == 3 { -1.0 } else { 0.0 };
+        let teacher: Vec<f32> = s.rollout_logprobs.iter().map(|x| x + rng.gen_range(-0.5f32..0.5)).collect();
+        s.teacher_logprobs = Some(if i == 3 { s.rollout_logprobs.clone() } else { teacher });
+        s.rollout_logprobs = s.rollout_logprobs.iter().map(|x| x + rng.gen_range(-1.0f32..1.0)).collect();
+    }
+    perturbed.sort_by(|a, b| a.sample_id.cmp(&b.sample_id));
+    let mut other_rollout = perturbed.clone();
+    for s in &mut other_rollout {
+        s.rollout_logprobs = s.rollout_logprobs.iter().map(|x| x - 0.7).collect();
+    }
+    let (a, b) = (run(&perturbed, "a"), run(&other_rollout, "b"));
+    let items: Vec<(Vec<u32>, Vec<u32>)> = perturbed.iter().map(|s| (s.prompt_token_ids.iter().map(|&x| x as u32).collect(), s.response_token_ids.iter().map(|&x| x as u32).collect())).collect();
+    let current = lm.score(&items, 0).unwrap();
+    let rows = a["report"]["samples"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    let mut checked = 0;
+    for ((s, row), cur) in perturbed.iter().zip(rows).zip(&current) {
+        assert_eq!(row["sample_id"], s.sample_id.as_str());
+        let adv: Vec<f64> = serde_json::from_value(row["token_advantages"].clone()).unwrap();
+        assert_eq!(adv.len(), s.response_token_ids.len());
+        for (t, a_t) in adv.iter().enumerate() {
+            let want = if s.sample_type == SampleType::CombinedScoreOnly { -1.0 } else { f64::from(s.teacher_logprobs.as_ref().unwrap()[t]) - f64::from(cur.logprobs[t]) };
+            assert!((a_t - want).abs() < 1e-5, "{} token {t}: {a_t} vs {want}", s.sample_id);
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "{checked}");
+    // Other rollout log-probs: the same advantages (only the PPO ratio sees them: ppo_kl moves by 0.7).
+    for (ra, rb) in rows.iter().zip(b["report"]["samples"].as_array().unwrap()) {
+        assert_eq!((&ra["sample_id"], &ra["token_advantages"], &ra["student_logprobs"]), (&rb["sample_id"], &rb["token_advantages"], &rb["student_logprobs"]));
+        let d = ra["ppo_kl"].as_f64().unwrap() - rb["ppo_kl"].as_f64().unwrap();
+        assert!((d - 0.7).abs() < 1e-4, "ppo_kl {} vs {}", ra["ppo_kl"], rb["ppo_kl"]);
+    }
 }

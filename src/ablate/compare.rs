@@ -15,7 +15,11 @@
 //! - **Against the initial weights** ([`versus_initial`], `arm_vs_v0`): each group as A against v0 as
 //!   B, the same paired t-test over problems with v0's outcomes standing in on every seed (every
 //!   replicate starts from those weights, evaluated once): whether training moved the score at all.
-//! - **The paper's ordering** ([`ordering`]): whether combined > OPD > binary holds, at what confidence.
+//! - **Multiple comparisons** ([`adjust_holm`]): every p-value the report shows (between arms and
+//!   against v0) is Holm-corrected across all of them together (`p_holm`); "significant" means
+//!   `p_holm` < [`ALPHA`].
+//! - **The paper's ordering** ([`ordering`]): whether combined > OPD > binary holds, at what confidence
+//!   (Holm-adjusted).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,6 +86,10 @@ pub struct PairRow {
     pub high: Option<f64>,
     /// Two-sided p-value of the paired t-test over problems.
     pub p_value: f64,
+    /// `p_value` after the Holm correction across every comparison the report shows (the between-arm
+    /// pairs and each arm against v0 together, [`adjust_holm`]); equal to `p_value` until adjusted.
+    #[serde(default)]
+    pub p_holm: f64,
     /// (seed, problem) pairs only A satisfied.
     pub a_only: i64,
     /// (seed, problem) pairs only B satisfied.
@@ -89,9 +97,24 @@ pub struct PairRow {
 }
 
 impl PairRow {
-    /// Whether A − B differs from 0 at level `alpha`.
+    /// Whether A − B differs from 0 at level `alpha`, after the Holm correction (`p_holm`).
     pub fn significant(&self, alpha: f64) -> bool {
-        self.p_value < alpha
+        self.p_holm < alpha
+    }
+}
+
+/// Sets `p_holm` of every row of every family member: the Holm correction ([`crate::stats::holm`])
+/// across all of them together, so the family-wise error rate of the report's statements is
+/// [`ALPHA`].
+pub fn adjust_holm(families: &mut [&mut [PairRow]]) {
+    let p: Vec<f64> = families.iter().flat_map(|f| f.iter().map(|r| r.p_value)).collect();
+    let adj = crate::stats::holm(&p);
+    let mut i = 0;
+    for f in families.iter_mut() {
+        for r in f.iter_mut() {
+            r.p_holm = adj[i];
+            i += 1;
+        }
     }
 }
 
@@ -256,6 +279,7 @@ fn compare(a: &str, ra: &Outcomes, b: &str, rb: &Outcomes) -> Result<Option<Pair
         low: t.diff.low,
         high: t.diff.high,
         p_value: t.p_value,
+        p_holm: t.p_value,
         a_only,
         b_only,
     }))
@@ -275,9 +299,9 @@ fn plain_group(arms: &[ArmRow], method: &str) -> Option<String> {
 fn pair<'a>(pairs: &'a [PairRow], x: &str, y: &str) -> Option<(f64, f64, &'a PairRow)> {
     pairs.iter().find_map(|p| {
         if p.a == x && p.b == y {
-            Some((p.mean_diff, p.p_value, p))
+            Some((p.mean_diff, p.p_holm, p))
         } else if p.a == y && p.b == x {
-            Some((-p.mean_diff, p.p_value, p))
+            Some((-p.mean_diff, p.p_holm, p))
         } else {
             None
         }
@@ -292,7 +316,7 @@ pub fn ordering(arms: &[ArmRow], pairs: &[PairRow]) -> Option<String> {
     let (d1, p1, r1) = pair(pairs, &c, &o)?;
     let (d2, p2, r2) = pair(pairs, &o, &b)?;
     let n = r1.seeds.len().min(r2.seeds.len());
-    let part = |x: &str, y: &str, d: f64, p: f64| format!("{x} − {y} = {d:+.3} (p = {})", p_text(p));
+    let part = |x: &str, y: &str, d: f64, p: f64| format!("{x} − {y} = {d:+.3} (Holm-adjusted p = {})", p_text(p));
     let detail = format!("{}; {}", part(&c, &o, d1, p1), part(&o, &b, d2, p2));
     Some(if d1 > 0.0 && d2 > 0.0 && p1 < ALPHA && p2 < ALPHA {
         format!("**combined > OPD > binary holds here** at the 95 % level (paired t-tests over problems, {n} seed(s)): {detail}.")
@@ -428,14 +452,31 @@ mod tests {
     #[test]
     fn ordering_says_what_was_measured() {
         let arms = vec![arm("binary", "binary", "binary", 1), arm("opd", "opd", "opd", 1), arm("combined", "combined", "combined", 1)];
-        let row = |a: &str, b: &str, d: f64, p: f64| PairRow { a: a.into(), b: b.into(), seeds: vec![1], problems: 48, mean_diff: d, low: None, high: None, p_value: p, a_only: 0, b_only: 0 };
+        let row = |a: &str, b: &str, d: f64, p: f64| PairRow { a: a.into(), b: b.into(), seeds: vec![1], problems: 48, mean_diff: d, low: None, high: None, p_value: p, p_holm: p, a_only: 0, b_only: 0 };
         let holds = vec![row("binary", "opd", -0.2, 0.01), row("opd", "combined", -0.1, 0.02), row("binary", "combined", -0.3, 0.001)];
         let s = ordering(&arms, &holds).unwrap();
-        assert!(s.contains("holds here") && s.contains("combined − opd = +0.100 (p = 0.020)") && s.contains("opd − binary = +0.200 (p = 0.010)"), "{s}");
+        assert!(s.contains("holds here") && s.contains("combined − opd = +0.100 (Holm-adjusted p = 0.020)") && s.contains("opd − binary = +0.200 (Holm-adjusted p = 0.010)"), "{s}");
         let weak = vec![row("binary", "opd", -0.2, 0.01), row("opd", "combined", -0.1, 0.2)];
         assert!(ordering(&arms, &weak).unwrap().contains("not at the 95 % level"));
         let not = vec![row("binary", "opd", 0.2, 0.01), row("opd", "combined", -0.1, 0.02)];
         assert!(ordering(&arms, &not).unwrap().contains("does not hold here"));
         assert_eq!(ordering(&arms[..2], &holds), None, "no combined arm");
+        // The statement reads the Holm-adjusted p-values: raw 0.01 and 0.02 adjusted to 0.06 do not hold.
+        let mut pairs = holds.clone();
+        let mut v0 = vec![row("combined", "v0", 0.1, 0.03)];
+        for p in &mut pairs {
+            p.p_holm = 1.0;
+        }
+        adjust_holm(&mut [&mut pairs, &mut v0]);
+        // Sorted 0.001·4, 0.01·3, 0.02·2, 0.03·1 → 0.004, 0.03, 0.04, max(0.04, 0.03) = 0.04.
+        let got: Vec<f64> = pairs.iter().chain(&v0).map(|p| p.p_holm).collect();
+        for (g, w) in got.iter().zip([0.03, 0.04, 0.004, 0.04]) {
+            assert!((g - w).abs() < 1e-12, "{got:?}");
+        }
+        assert!(ordering(&arms, &pairs).unwrap().contains("holds here"));
+        let three = vec![row("binary", "opd", -0.2, 0.02), row("opd", "combined", -0.1, 0.02), row("binary", "combined", -0.3, 0.03)];
+        let mut three = three;
+        adjust_holm(&mut [&mut three]);
+        assert!(ordering(&arms, &three).unwrap().contains("not at the 95 % level"), "0.02·3 = 0.06 > 0.05");
     }
 }

@@ -131,7 +131,9 @@ pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample],
 }
 
 /// Each sample's mean advantage over its masked tokens as the arm's loss computes it at the start of
-/// training (METHOD.md §6, [`crate::trainer::loss::advantages`], `old` = the rollout log-probs), times
+/// training (METHOD.md §6, [`crate::trainer::loss::advantages`]): the OPD target's student side is the
+/// current policy, which at the start is v0, the weights that collected every sample, so its log-probs
+/// of the response are the samples' rollout log-probs; times
 /// the sample's sign in a random-sign control arm ([`TrainerConfig::advantage_sign_of`]).
 ///
 /// # Errors

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::compare::{ordering, summarize, versus_initial, GroupRow, PairRow, ALPHA};
+use super::compare::{adjust_holm, ordering, summarize, versus_initial, GroupRow, PairRow, ALPHA};
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
 use super::results::{write_table, CheckpointRow, TABLES};
 use super::gather::{gather, write_results, Gathered};
@@ -63,10 +63,11 @@ pub struct AblationSummary {
 pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, base: &Score, problems: usize) -> Result<AblationSummary> {
     let g = gather(cfg, arms, stream, lay, problems).await?;
     write_results(&g, &lay.results())?;
-    let (groups, pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
+    let (groups, mut pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
+    let mut versus_v0 = versus_initial(&g.arms, &g.checkpoints, &g.responses)?;
+    adjust_holm(&mut [&mut pairs, &mut versus_v0]);
     write_table(&lay.results(), "arm_summary", &groups)?;
     write_table(&lay.results(), "arm_comparisons", &pairs)?;
-    let versus_v0 = versus_initial(&g.arms, &g.checkpoints, &g.responses)?;
     write_table(&lay.results(), "arm_vs_v0", &versus_v0)?;
     let mut plots = write_plots(&g, &lay.out)?;
     if !groups.is_empty() {
@@ -183,17 +184,32 @@ struct Across<'a> {
 /// The "Arms over seeds" section: per group, per pair, and the paper's ordering.
 /// A table of paired comparisons; `b` heads the second arm's column.
 fn pair_table(s: &mut String, pairs: &[PairRow], b: &str) {
-    let _ = writeln!(s, "| A | {b} | seeds | problems | A − {b} | 95 % CI | p | only A / only {b} met all |");
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---|---:|---|");
+    let _ = writeln!(s, "| A | {b} | seeds | problems | A − {b} | 95 % CI | p | Holm p | only A / only {b} met all |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---|---:|---:|---|");
     for p in pairs {
         let ci = match (p.low, p.high) {
             (Some(l), Some(h)) => format!("{l:+.3} – {h:+.3}"),
             _ => "–".into(),
         };
-        let pv = if p.significant(ALPHA) { format!("**{}**", p_text(p.p_value)) } else { p_text(p.p_value) };
-        let _ = writeln!(s, "| {} | {} | {} | {} | {:+.3} | {} | {} | {} / {} |", cell(&p.a), cell(&p.b), p.seeds.len(), p.problems, p.mean_diff, ci, pv, p.a_only, p.b_only);
+        let ph = if p.significant(ALPHA) { format!("**{}**", p_text(p.p_holm)) } else { p_text(p.p_holm) };
+        let _ = writeln!(s, "| {} | {} | {} | {} | {:+.3} | {} | {} | {} | {} / {} |", cell(&p.a), cell(&p.b), p.seeds.len(), p.problems, p.mean_diff, ci, p_text(p.p_value), ph, p.a_only, p.b_only);
     }
     s.push('\n');
+}
+
+/// One arm's teacher − student gap from `x` (v0) to `y` (last checkpoint), read as a distance: `|x| → |y|`,
+/// and "overshoot" when the sign changed (the student passed the teacher), not "moved toward" it.
+fn gap_change(arm: &str, x: f64, y: f64) -> String {
+    let verdict = if x != 0.0 && y != 0.0 && x.signum() != y.signum() {
+        "overshoot: the sign changed"
+    } else if y.abs() < x.abs() {
+        "closer"
+    } else if y.abs() > x.abs() {
+        "farther"
+    } else {
+        "unchanged"
+    };
+    format!("{arm} |{x:+.4}| → |{y:+.4}| ({verdict})")
 }
 
 fn render_groups(s: &mut String, a: &Across<'_>) {
@@ -396,13 +412,13 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
         .filter_map(|a| {
             let rows: Vec<&CheckpointRow> = g.checkpoints.iter().filter(|c| c.arm == a.arm).collect();
             match (rows.first().and_then(|c| c.teacher_gap), rows.last().and_then(|c| c.teacher_gap)) {
-                (Some(x), Some(y)) => Some(format!("{} {:+.4}", a.arm, y - x)),
+                (Some(x), Some(y)) => Some(gap_change(&a.arm, x, y)),
                 _ => None,
             }
         })
         .collect();
     if !gaps.is_empty() {
-        let _ = writeln!(s, "- Change of the teacher − student gap from v0 to the last checkpoint (positive = the student moved toward the hint-conditioned teacher): {}.", gaps.join(", "));
+        let _ = writeln!(s, "- The teacher − student gap (mean over the held-out samples' tokens of the hint-conditioned teacher's log-prob minus the student's) from v0 to the last checkpoint, as |gap|: smaller = closer to the teacher; a gap that changed sign went past the teacher (overshoot): {}.", gaps.join(", "));
     }
     let _ = writeln!(
         s,
@@ -524,4 +540,14 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     }
     let _ = writeln!(s, "| **sum of phases** | | **{total:.0}** |\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_gap_that_crosses_zero_is_an_overshoot() {
+        assert_eq!(super::gap_change("opd", -0.129, 0.132), "opd |-0.1290| → |+0.1320| (overshoot: the sign changed)");
+        assert_eq!(super::gap_change("opd", -0.129, -0.025), "opd |-0.1290| → |-0.0250| (closer)");
+        assert_eq!(super::gap_change("b", -0.1, -0.2), "b |-0.1000| → |-0.2000| (farther)");
+    }
 }

@@ -478,8 +478,10 @@ pub struct DemoReport {
 }
 
 /// The trained samples' rewards and the size of the two terms of the combined advantage (METHOD.md §6:
-/// `A_t = w_rl · r + w_opd · (teacher_t − old_t)`, with `old` = the rollout log-probs), over the tokens
-/// the loss trains (loss mask 1).
+/// `A_t = w_rl · r + w_opd · (teacher_t − student_t)`), over the tokens the loss trains (loss mask 1).
+/// `student` here is the policy that sampled the response (its rollout log-probs): the trainer's target
+/// uses the current policy at the step, which is that policy when the sample is trained without
+/// staleness, so this is the advantage as the trainer first saw it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdvantageSummary {
     /// Samples.
@@ -501,7 +503,7 @@ pub struct AdvantageSummary {
     pub w_opd: f64,
     /// Mean over all trained tokens of `|w_rl · r|` (the binary term, per token).
     pub mean_abs_rl: f64,
-    /// Mean over the hinted samples' trained tokens of `|w_opd · (teacher_t − old_t)|`, and of the signed
+    /// Mean over the hinted samples' trained tokens of `|w_opd · (teacher_t − student_t)|`, and of the signed
     /// value (nats scaled by `w_opd`); 0 without hinted samples.
     pub mean_abs_opd: f64,
     /// See `mean_abs_opd`.
@@ -674,8 +676,9 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
         let _ = writeln!(
             s,
             "{} samples ({} trained tokens): reward +1 on {}, −1 on {}, 0 on {}; {} with an accepted hint ({} tokens). \
-             Advantage per token (METHOD.md §6, `old` = rollout log-probs): mean |w_rl·r| = {:.3} (w_rl = {}); on the hinted \
-             tokens mean |w_opd·(teacher − old)| = {:.3}, signed mean {:+.3} (w_opd = {}).\n",
+             Advantage per token (METHOD.md §6; `student` = the sampling policy's log-probs, the current policy's when the \
+             sample was trained): mean |w_rl·r| = {:.3} (w_rl = {}); on the hinted \
+             tokens mean |w_opd·(teacher − student)| = {:.3}, signed mean {:+.3} (w_opd = {}).\n",
             a.samples,
             a.tokens,
             a.positive,

@@ -11,7 +11,7 @@
 mod rules;
 mod select;
 
-pub use rules::{error_line, first_sentences, RulesHint, MAX_RULE_HINT_CHARS, RULES_HINT_MODEL};
+pub use rules::{error_line, first_sentences, instruction_from, RuleHintStyle, RulesHint, MAX_RULE_HINT_CHARS, RULES_HINT_MODEL};
 pub use select::{candidate_hints, last_hint_block, parse_hint_vote, select_hint, ParsedHint, Selection, Strategy};
 
 use std::sync::Arc;
@@ -63,6 +63,10 @@ pub struct HintConfig {
     pub strategy: Strategy,
     /// A hint must be longer than this many characters to be accepted (default 10, as the reference).
     pub min_hint_chars: usize,
+    /// What the rule backend writes for a user's correction: `instruction` (default: an imperative
+    /// rewritten from it, as the hint contract asks) or `verbatim` (the user's own sentences). Only
+    /// `backend = "rules"` reads it ([`RuleHintStyle`]).
+    pub rules_style: RuleHintStyle,
 }
 
 impl Default for HintConfig {
@@ -82,6 +86,7 @@ impl Default for HintConfig {
             max_field_chars: 8000,
             strategy: Strategy::Longest,
             min_hint_chars: 10,
+            rules_style: RuleHintStyle::Instruction,
         }
     }
 }
@@ -109,12 +114,14 @@ impl VotingConfig for HintConfig {
     fn voting(&self) -> VotingFields<'_> {
         voting_fields!(self, "hint")
     }
-    fn rules_backend() -> Arc<dyn VoteBackend> {
-        Arc::new(RulesHint)
+    fn rules_backend(&self) -> Arc<dyn VoteBackend> {
+        Arc::new(RulesHint { style: self.rules_style })
     }
-    /// `;strategy=…;min_hint_chars=…`: the selection decides the hint too.
+    /// `;strategy=…;min_hint_chars=…` (the selection decides the hint too), and `;rules_style=…` with
+    /// the rule backend (its hint text depends on it).
     fn fingerprint_extra(&self) -> String {
-        format!(";strategy={};min_hint_chars={}", self.strategy.as_str(), self.min_hint_chars)
+        let style = if self.backend == BackendKind::Rules { format!(";rules_style={}", self.rules_style.as_str()) } else { String::new() };
+        format!(";strategy={};min_hint_chars={}{style}", self.strategy.as_str(), self.min_hint_chars)
     }
 }
 

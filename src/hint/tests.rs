@@ -64,7 +64,7 @@ fn sentences_and_error_lines() {
 }
 
 fn rule(t: &TurnContext) -> (Option<String>, &'static str) {
-    RulesHint::decide(t)
+    RulesHint::VERBATIM.decide(t)
 }
 
 #[test]
@@ -98,10 +98,50 @@ fn rule_hint_cases() {
 }
 
 #[test]
+fn instruction_hints_rewrite_corrections_into_what_to_do() {
+    let cases: &[(&str, Option<&str>)] = &[
+        // The simulated student's phrasings (src/demo/student.rs) ...
+        ("ugh, no bold text, just write it out like a normal message instead. also no labels like \"Step 1:\", can you explain it again like a friend would?",
+            Some("Do not use bold text. Write it out like a normal message. Do not use labels like \"Step 1:\".")),
+        ("way too long, can you do it again in a few sentences?", Some("Keep it short. Do it in a few sentences.")),
+        ("hmm, I don't think that's right, can you check it again?", Some("Check the work and make sure the final answer is correct.")),
+        ("you forgot to tell me the actual number at the end.", Some("Remember to tell the user the actual number at the end.")),
+        ("can you put the final number at the very end instead?", Some("Put the final number at the very end.")),
+        ("no code blocks, just plain text instead.", Some("Do not use code blocks. Use plain text.")),
+        ("can you not use the bold and starred stuff and just write it normally instead?", Some("Do not use the bold and starred stuff. Write it normally.")),
+        // ... and other users' words.
+        ("Please answer in French.", Some("Answer in French.")),
+        ("No, that's wrong. I said 9am.\nFix it now. Thanks.", Some("Check the work and make sure the final answer is correct.")),
+        ("Next time please confirm the seat first.", None),
+        ("Don't push to main; open a pull request instead.", Some("Do not push to main. Open a pull request.")),
+        ("I only need the SQL, not the explanation.", Some("Give the user only the SQL.")),
+        ("The dates should be in ISO format.", Some("The dates should be in ISO format.")),
+        ("it reads like a textbook.", None),
+        ("can you try again?", None),
+    ];
+    for (text, want) in cases {
+        assert_eq!(instruction_from(text).as_deref(), *want, "{text}");
+    }
+}
+
+#[test]
+fn instruction_style_falls_back_to_the_verbatim_hint_and_verbatim_style_copies() {
+    let req = vec![Message::text("user", "Book the 9am flight.")];
+    // Nothing to rewrite ("Next time please ..." starts with no verb): the verbatim hint.
+    let t = turn(req.clone(), "Booked.", NextStateKind::User, "Next time please confirm the seat first.");
+    assert_eq!(RulesHint::INSTRUCTION.decide(&t), (Some("Next time please confirm the seat first.".into()), "user_instruction"));
+    let mut t = turn(req, "Booked the 10am flight.", NextStateKind::User, "Don't book the 10am one, take the 9am flight instead.");
+    t.correction_cue = true;
+    assert_eq!(RulesHint::INSTRUCTION.decide(&t).0.as_deref(), Some("Do not book the 10am one. Take the 9am flight."));
+    assert_eq!(RulesHint::VERBATIM.decide(&t).0.as_deref(), Some("Don't book the 10am one, take the 9am flight instead."));
+    assert_eq!(RulesHint::default().style, RuleHintStyle::Instruction);
+}
+
+#[test]
 fn rule_answer_round_trips_through_the_parser() {
     let mut t = turn(vec![Message::text("user", "q")], "r", NextStateKind::User, "Please answer in French.");
     t.correction_cue = true;
-    let raw = RulesHint::answer(&t);
+    let raw = RulesHint::VERBATIM.answer(&t);
     assert_eq!(
         raw,
         "Rule-based hint judge hint-rules-v1 (a baseline, not an LLM). Rule `user_instruction` fired.\n\\boxed{1}\n[HINT_START]Please answer in French.[HINT_END]"
@@ -109,7 +149,7 @@ fn rule_answer_round_trips_through_the_parser() {
     let p = parse_hint_vote(&raw);
     assert_eq!((p.score, p.hint.as_deref()), (Some(1), Some("Please answer in French.")));
     let t = turn(vec![], "r", NextStateKind::Tool, "fine");
-    assert_eq!(parse_hint_vote(&RulesHint::answer(&t)).score, Some(-1));
+    assert_eq!(parse_hint_vote(&RulesHint::VERBATIM.answer(&t)).score, Some(-1));
 }
 
 /// The mini-swe-agent log (real claude-sonnet-4 run): the first command reads a missing path and

@@ -143,7 +143,7 @@ impl VotingConfig for JudgeConfig {
     fn voting(&self) -> VotingFields<'_> {
         voting_fields!(self, "judge")
     }
-    fn rules_backend() -> Arc<dyn VoteBackend> {
+    fn rules_backend(&self) -> Arc<dyn VoteBackend> {
         Arc::new(RulesJudge)
     }
 }

@@ -104,7 +104,7 @@ pub trait VotingConfig: fmt::Debug + Send + Sync {
     /// The shared fields.
     fn voting(&self) -> VotingFields<'_>;
     /// The rule-based baseline answering when `backend = "rules"`.
-    fn rules_backend() -> Arc<dyn VoteBackend>;
+    fn rules_backend(&self) -> Arc<dyn VoteBackend>;
     /// What the stage's [`VotingStage::config_fingerprint`] adds after the shared part (each item as
     /// `;key=value`); empty by default.
     fn fingerprint_extra(&self) -> String {
@@ -339,7 +339,7 @@ impl<C: VotingConfig> VotingStage<C> {
     pub fn new(cfg: C) -> Result<VotingStage<C>> {
         let v = cfg.voting();
         v.validate()?;
-        let backend = build_backend(v.backend, v.url, v.model, v.api_key_env, v.timeout_s, C::rules_backend())?;
+        let backend = build_backend(v.backend, v.url, v.model, v.api_key_env, v.timeout_s, cfg.rules_backend())?;
         let sem = Arc::new(Semaphore::new(v.concurrency));
         VotingStage::with_parts(cfg, backend, Arc::new(VoteCache::new()), sem)
     }

@@ -23,6 +23,11 @@ pub(super) struct Evaluated {
     pub(super) out: loss::LossOutput,
     /// Mean |rollout − current| log-prob over the trained tokens (nats).
     pub(super) rollout_abs_diff: f64,
+    /// `[B, T]` f32: the current policy's log-probs of the response tokens (the OPD target's student
+    /// side), no gradient.
+    pub(super) student: Tensor,
+    /// `[B, T]` f32: the teacher log-probs the loss used (`None` when the method has none).
+    pub(super) teacher: Option<Tensor>,
 }
 
 fn check_hidden(hidden: &Tensor, b: i64, t: i64) -> Result<()> {
@@ -177,7 +182,8 @@ pub(super) fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Po
         sample_tokens: None,
         num_samples: Some(num_samples),
     };
-    Ok(Evaluated { out: loss::compute_loss(lcfg, &inputs)?, rollout_abs_diff })
+    let out = loss::compute_loss(lcfg, &inputs)?;
+    Ok(Evaluated { out, rollout_abs_diff, student: new_all, teacher })
 }
 
 /// Groups `samples` into micro-batches whose padded size (count × longest prompt + response) stays

@@ -211,8 +211,8 @@ pub struct TrainerConfig {
     pub topk_coef: f64,
     /// Use only the first `topk_k` of the teacher's top-K columns (0 = all the samples carry).
     pub topk_k: usize,
-    /// How the teacher signal enters the loss: `ppo` (advantage `teacher − old`), `topk` (top-K
-    /// reverse KL only) or `both`.
+    /// How the teacher signal enters the loss: `ppo` (advantage `teacher − student`, student = the
+    /// current policy), `topk` (top-K reverse KL only) or `both`.
     pub opd_loss: OpdLoss,
     /// LoRA settings.
     pub lora: LoraSettings,

@@ -2,10 +2,12 @@
 //! training scripts). Pure functions of tensors: no model, no I/O.
 //!
 //! Notation: B samples, T = Tmax response positions (right-padded), K teacher top-K width, V vocabulary.
-//! `new` = log π_θ(response_t | …) under the current weights (carries gradients), `old` = the rollout
-//! log-probs the response was sampled with (or recomputed, see `TrainerConfig::recompute_old_logprobs`),
-//! `teacher` = log-probs of the same tokens under the hint-enhanced prompt, `mask` = 1 on trained
-//! response tokens. All log-probs are natural logs (nats). Every function accepts f32 or f64 tensors on
+//! `new` = log π_θ(response_t | …) under the current weights (carries gradients), `student` = the same
+//! values without gradient (the policy at the start of the optimizer step: the weights change only
+//! after every micro-batch of the step has been evaluated, so the step's one forward pass gives them and
+//! no extra pass is needed), `old` = the rollout log-probs the response was sampled with (or recomputed,
+//! see `TrainerConfig::recompute_old_logprobs`; used **only** in the PPO ratio), `teacher` = log-probs of
+//! the same tokens under the hint-enhanced prompt, `mask` = 1 on trained response tokens. All log-probs are natural logs (nats). Every function accepts f32 or f64 tensors on
 //! any device; the mask must have the same kind as the values.
 //!
 //! Which terms each method uses (METHOD.md §6; `opd_loss` picks how the teacher signal enters):
@@ -13,12 +15,12 @@
 //! | method | PPO advantage A_t | top-K term | KL / entropy |
 //! |---|---|---|---|
 //! | binary | `r` | never | `kl_coef`, `entropy_coef` (0 by default) |
-//! | opd, `opd_loss = ppo` | `teacher_t − old_t` | no | same |
+//! | opd, `opd_loss = ppo` | `teacher_t − student_t` | no | same |
 //! | opd, `opd_loss = topk` | 0 (the PPO term vanishes) | `topk_coef · topk_kl` | same |
-//! | opd, `opd_loss = both` | `teacher_t − old_t` | `topk_coef · topk_kl` | same |
-//! | combined, `ppo` | `w_rl·r + w_opd·(teacher_t − old_t)` | no | same |
+//! | opd, `opd_loss = both` | `teacher_t − student_t` | `topk_coef · topk_kl` | same |
+//! | combined, `ppo` | `w_rl·r + w_opd·(teacher_t − student_t)` | no | same |
 //! | combined, `topk` | `w_rl·r` | `topk_coef · topk_kl` | same |
-//! | combined, `both` | `w_rl·r + w_opd·(teacher_t − old_t)` | `topk_coef · topk_kl` | same |
+//! | combined, `both` | `w_rl·r + w_opd·(teacher_t − student_t)` | `topk_coef · topk_kl` | same |
 //! | opd, `overlap` | 0 | `w_opd · overlap term` ([`overlap_opd_loss`]) | same |
 //! | combined, `overlap` | `w_rl·r` | `w_opd · overlap term` | same |
 //!
@@ -31,11 +33,15 @@
 //! - **Temperature**: the reference divides the training logits by the rollout temperature (0.6) but
 //!   scores its teacher at T = 1; we train, score rollouts and score the teacher at T = 1 (the trainer's
 //!   log-softmax in `trainer::evaluate` and `model::score::score` apply no temperature), so the OPD
-//!   advantage `teacher − old` compares two log-probs of one distribution family.
-//! - **Old log-probs**: the reference recomputes `old` with the current weights just before the step
-//!   (ratio exactly 1 on the first pass); by default we use the rollout log-probs (the true importance
-//!   ratio for samples of an older policy version); `TrainerConfig::recompute_old_logprobs` gives the
-//!   reference's behaviour (`old = new` detached, in the same forward pass).
+//!   advantage `teacher − student` compares two log-probs of one distribution family.
+//! - **Old log-probs in the PPO ratio**: the reference recomputes `old` with the current weights just
+//!   before the step (ratio exactly 1 on the first pass); by default we use the rollout log-probs (the
+//!   true importance ratio for samples of an older policy version); `TrainerConfig::recompute_old_logprobs`
+//!   gives the reference's behaviour (`old = new` detached, in the same forward pass). This choice is
+//!   the ratio's only: the OPD term is always `teacher − student` with `student` the current policy, as
+//!   in the reference (openclaw-combine/combine_loss.py takes the OPD student side from the training
+//!   engine's log-probs whatever the ratio uses). A target against the rollout log-probs never sees the
+//!   policy move and drives it past the teacher: measured, an offline OPD arm collapsed that way.
 //!
 //! Every term is a per-token value times a per-token aggregation weight `w_b / (n_b · N)` (n_b the
 //! sample's trained tokens, N the step's samples), so the loss of a batch is the sum of the losses of
@@ -53,11 +59,11 @@ use crate::schema::SampleType;
 use crate::{input_err, Result};
 
 /// How the teacher signal of the OPD and combined methods enters the loss (METHOD.md §6: the token-level
-/// advantage `teacher − old` in the PPO term, the top-K reverse-KL distillation term, or both).
+/// advantage `teacher − student` in the PPO term, the top-K reverse-KL distillation term, or both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OpdLoss {
-    /// The teacher term `w_opd·(teacher − old)` is part of the PPO advantage (the reference default).
+    /// The teacher term `w_opd·(teacher − student)` is part of the PPO advantage (the reference default).
     #[default]
     Ppo,
     /// The teacher signal enters only through the top-K reverse KL; the PPO advantage keeps the
@@ -128,7 +134,7 @@ impl LossConfig {
         }
     }
 
-    /// Whether the PPO advantage contains the teacher term `teacher − old` (OPD/combined with
+    /// Whether the PPO advantage contains the teacher term `teacher − student` (OPD/combined with
     /// `opd_loss` `ppo` or `both`).
     pub fn teacher_in_advantage(&self) -> bool {
         self.method.uses_hints() && matches!(self.opd_loss, OpdLoss::Ppo | OpdLoss::Both)
@@ -169,43 +175,48 @@ fn masked(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
     Ok(x.f_where_self(&keep, &x.f_zeros_like()?)?)
 }
 
-/// Per-token advantages `A_t` `[B, T]` (same kind as `old`, no gradient, 0 where `mask` is 0)
+/// Per-token advantages `A_t` `[B, T]` (same kind as `student`, no gradient, 0 where `mask` is 0)
 /// (METHOD.md §6):
 /// - binary: `A_t = r`;
-/// - OPD: `A_t = teacher_t − old_t` (0 when `opd_loss = topk`);
-/// - combined: `A_t = w_rl·r + w_opd·(teacher_t − old_t)` (the teacher part left out when
+/// - OPD: `A_t = teacher_t − student_t` (0 when `opd_loss = topk`);
+/// - combined: `A_t = w_rl·r + w_opd·(teacher_t − student_t)` (the teacher part left out when
 ///   `opd_loss = topk`).
 ///
-/// A [`SampleType::CombinedScoreOnly`] row has no hint: its teacher log-probs are the rollout
-/// log-probs (METHOD.md §5), so its teacher term is 0 by construction; we set it to exactly 0 so that
-/// recomputed `old` log-probs cannot turn it into noise.
+/// `student` is the **current policy's** log-prob of each response token (the weights at the start of
+/// the optimizer step, no gradient; [`compute_loss`] passes `new` detached), never the rollout
+/// log-probs: the reference's OPD target (openclaw-combine/combine_loss.py; METHOD.md §6). After a step
+/// that lowered the policy's log-prob of a token by δ, that token's OPD advantage is δ higher.
 ///
-/// `reward` is `[B]`, `old`, `teacher` and `mask` `[B, T]`, `sample_types` has B entries.
+/// A [`SampleType::CombinedScoreOnly`] row has no hint: its teacher log-probs are the rollout
+/// log-probs (METHOD.md §5), so its teacher term would be `rollout − current`, noise that says nothing
+/// about a teacher; it is set to exactly 0.
+///
+/// `reward` is `[B]`, `student`, `teacher` and `mask` `[B, T]` (nats), `sample_types` has B entries.
 ///
 /// # Errors
 /// [`crate::Error::InvalidInput`] on a shape mismatch, or when the method needs teacher log-probs and
 /// `teacher` is `None`; [`crate::Error::Torch`] on a tensor failure.
-pub fn advantages(cfg: &LossConfig, reward: &Tensor, old: &Tensor, teacher: Option<&Tensor>, sample_types: &[SampleType], mask: &Tensor) -> Result<Tensor> {
-    let (b, t) = dims2("old log-probs", old)?;
+pub fn advantages(cfg: &LossConfig, reward: &Tensor, student: &Tensor, teacher: Option<&Tensor>, sample_types: &[SampleType], mask: &Tensor) -> Result<Tensor> {
+    let (b, t) = dims2("student log-probs", student)?;
     check_shape("reward", reward, &[b])?;
     check_shape("mask", mask, &[b, t])?;
     if sample_types.len() as i64 != b {
         return Err(input_err!("{} sample types for a batch of {b}", sample_types.len()));
     }
-    let kind = old.kind();
+    let kind = student.kind();
     let r = reward.f_detach()?.f_to_kind(kind)?.f_unsqueeze(1)?.f_expand([b, t], false)?;
     let teacher_term = |teacher: Option<&Tensor>| -> Result<Tensor> {
         let teacher = teacher.ok_or_else(|| input_err!("method {} needs teacher log-probs", cfg.method.as_str()))?;
         check_shape("teacher log-probs", teacher, &[b, t])?;
-        let diff = teacher.f_detach()?.f_sub(&old.f_detach()?)?;
+        let diff = teacher.f_detach()?.f_sub(&student.f_detach()?)?;
         let has_hint: Vec<f64> = sample_types.iter().map(|s| if *s == SampleType::CombinedScoreOnly { 0.0 } else { 1.0 }).collect();
-        let has_hint = Tensor::f_from_slice(&has_hint)?.f_to_kind(kind)?.f_to_device(old.device())?.f_unsqueeze(1)?;
+        let has_hint = Tensor::f_from_slice(&has_hint)?.f_to_kind(kind)?.f_to_device(student.device())?.f_unsqueeze(1)?;
         Ok(diff.f_mul(&has_hint)?)
     };
     let a = match cfg.method {
         Method::Binary => r,
         Method::Opd if cfg.teacher_in_advantage() => teacher_term(teacher)?,
-        Method::Opd => old.f_zeros_like()?,
+        Method::Opd => student.f_zeros_like()?,
         Method::Combined => {
             let rl = r.f_mul_scalar(cfg.w_rl)?;
             if cfg.teacher_in_advantage() {
@@ -567,7 +578,9 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
     };
     let agg = |x: &Tensor, m: &Tensor, tokens: Option<&Tensor>| mean_of_sample_means(x, m, weights, tokens, n);
 
-    let mut adv = advantages(cfg, inp.reward, inp.old_logprobs, inp.teacher_logprobs, inp.sample_types, &mask)?;
+    // The OPD target's student side: the current policy (METHOD.md §6), `new` without gradient.
+    let student = new.f_detach()?;
+    let mut adv = advantages(cfg, inp.reward, &student, inp.teacher_logprobs, inp.sample_types, &mask)?;
     if let Some(s) = inp.advantage_signs {
         check_shape("advantage signs", s, &[b])?;
         adv = adv.f_mul(&s.f_detach()?.f_to_kind(kind)?.f_unsqueeze(1)?)?;

@@ -44,6 +44,15 @@ pub struct SampleLoss {
     pub topk_kl: f64,
     /// The sample's loss `pg + kl_coef·kl − entropy_coef·entropy (+ topk_coef·topk_kl)`, before its weight.
     pub loss: f64,
+    /// Per response token (length = the sample's response length): the advantage `A_t` the loss used
+    /// (METHOD.md §6; 0 on untrained tokens), times the sample's sign in a random-sign control arm.
+    pub token_advantages: Vec<f64>,
+    /// Per response token: the current policy's log-prob (nats) of the token under the weights
+    /// evaluated — the student side of the OPD target `teacher − student`.
+    pub student_logprobs: Vec<f64>,
+    /// Per response token: the teacher log-probs (nats) of the PPO teacher term; `None` when the
+    /// configuration has no such term (binary, `opd_loss = topk` or `overlap`) or the sample has none.
+    pub teacher_logprobs: Option<Vec<f64>>,
 }
 
 /// What [`loss_report`] returns (serialisable to JSON).
@@ -67,6 +76,12 @@ pub struct LossReport {
 
 fn to_vec(t: &Tensor) -> Result<Vec<f64>> {
     Ok(Vec::<f64>::try_from(&t.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?)?)
+}
+
+/// Row `i` of a `[B, T]` tensor, its first `len` positions (at most T).
+fn row(t: &Tensor, i: usize, len: usize) -> Result<Vec<f64>> {
+    let r = to_vec(&t.f_get(i as i64)?)?;
+    Ok(r[..len.min(r.len())].to_vec())
 }
 
 /// Computes, without updating weights (under `no_grad`), the advantages and every loss component of each
@@ -94,6 +109,13 @@ pub fn loss_report<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy
         let (adv, pg, clip, pkl, kl, ent, tk, l, tok) = (adv?, pg?, clip?, pkl?, kl?, ent?, tk?, l?, tok?);
         for (i, &src) in batch.source_index.iter().enumerate() {
             let s = &chunk[src];
+            let len = s.response_token_ids.len();
+            let token_advantages = row(&ev.out.advantages, i, len)?;
+            let student_logprobs = row(&ev.student, i, len)?;
+            let teacher_logprobs = match (&ev.teacher, &s.teacher_logprobs) {
+                (Some(t), Some(_)) if lcfg.teacher_in_advantage() => Some(row(t, i, len)?),
+                _ => None,
+            };
             report.samples.push(SampleLoss {
                 sample_id: s.sample_id.clone(),
                 sample_type: s.sample_type.as_str().into(),
@@ -109,6 +131,9 @@ pub fn loss_report<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy
                 entropy: ent[i],
                 topk_kl: tk[i],
                 loss: l[i],
+                token_advantages,
+                student_logprobs,
+                teacher_logprobs,
             });
         }
         report.batches.push(ev.out.metrics);

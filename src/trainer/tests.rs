@@ -571,6 +571,42 @@ fn opd_batch(p: &Tiny, poison: &[usize]) -> Vec<Sample> {
     v
 }
 
+/// METHOD.md §6, the reference's OPD target: `teacher − π_θ` with π_θ the weights being trained. A real
+/// optimizer step on a teacher below the policy lowers the policy's log-probs, and the loss report's
+/// advantage of every token rises by exactly that amount; off-policy rollout log-probs never enter it.
+#[test]
+fn opd_advantage_is_teacher_minus_the_current_policy_across_a_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(11);
+    let mut samples = opd_batch(&p, &[]);
+    for s in &mut samples {
+        // The teacher 0.3 nats below the policy on every token, the rollout log-probs 0.4 nats off it.
+        s.teacher_logprobs = Some(s.rollout_logprobs.iter().map(|x| x - 0.3).collect());
+        s.rollout_logprobs = s.rollout_logprobs.iter().map(|x| x - 0.4).collect();
+    }
+    let c = TrainerConfig { checkpoint_every: 1000, ..cfg(0.05) };
+    let mut t = Trainer::new(p, Method::Opd, c, CheckpointWriter::new(dir.path(), "opd-target")).unwrap();
+    let before = t.loss_report(&samples).unwrap();
+    t.train_step(&samples).unwrap();
+    let after = t.loss_report(&samples).unwrap();
+    let mut lowered = 0;
+    for (s, (b, a)) in samples.iter().zip(before.samples.iter().zip(&after.samples)) {
+        assert_eq!((b.sample_id.as_str(), a.sample_id.as_str()), (s.sample_id.as_str(), s.sample_id.as_str()));
+        let teacher = s.teacher_logprobs.as_ref().unwrap();
+        assert_eq!(a.teacher_logprobs.as_ref().unwrap().len(), teacher.len());
+        for i in 0..s.response_token_ids.len() {
+            // Before the step the policy is where the rollout would have been: A = −0.3.
+            assert!((b.token_advantages[i] + 0.3).abs() < 1e-5, "{b:?}");
+            assert!((a.token_advantages[i] - (f64::from(teacher[i]) - a.student_logprobs[i])).abs() < 1e-5, "{a:?}");
+            let moved = a.student_logprobs[i] - b.student_logprobs[i];
+            assert!((a.token_advantages[i] - b.token_advantages[i] + moved).abs() < 1e-5, "{b:?} {a:?}");
+            lowered += usize::from(moved < -1e-3);
+        }
+    }
+    // The step moved the policy: most of the 7 tokens went down.
+    assert!(lowered >= 4, "{lowered} of 7 tokens lowered");
+}
+
 #[test]
 fn f32_min_teacher_logprob_passes_packing_and_makes_the_loss_infinite() {
     let p = tiny(20);

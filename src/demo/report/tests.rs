@@ -168,8 +168,8 @@ fn paired_test_and_result_line_from_per_problem_outcomes() {
 fn advantage_summary_by_hand() {
     use crate::ablate::fixtures::sample;
     use crate::schema::SampleType;
-    // a: reward −1, 2 trained tokens of 3, teacher − old = (−0.5, +1.0) on them (third masked out)
-    // b: reward +1, 1 trained token, no hint; c: reward 0, 2 tokens, teacher − old = (−1.0, 0)
+    // a: reward −1, 2 trained tokens of 3, teacher − student = (−0.5, +1.0) on them (third masked out)
+    // b: reward +1, 1 trained token, no hint; c: reward 0, 2 tokens, teacher − student = (−1.0, 0)
     let a = sample(SampleType::CombinedBoth, -1.0, &[-1.0, -2.0, -3.0], Some(&[-1.5, -1.0, 9.0]), &[1, 1, 0]);
     let b = sample(SampleType::CombinedScoreOnly, 1.0, &[-1.0], None, &[1]);
     let c = sample(SampleType::CombinedBoth, 0.0, &[-1.0, -1.0], Some(&[-2.0, -1.0]), &[1, 1]);
@@ -185,5 +185,5 @@ fn advantage_summary_by_hand() {
     r.advantages = Some(s);
     let md = render_markdown(&r, "p.png", true);
     assert!(md.contains("4 samples (6 trained tokens): reward +1 on 2, −1 on 1, 0 on 1; 2 with an accepted hint (4 tokens)."), "{md}");
-    assert!(md.contains("mean |w_rl·r| = 0.333 (w_rl = 0.5); on the hinted tokens mean |w_opd·(teacher − old)| = 1.250, signed mean -0.250 (w_opd = 2)."), "{md}");
+    assert!(md.contains("mean |w_rl·r| = 0.333 (w_rl = 0.5); on the hinted tokens mean |w_opd·(teacher − student)| = 1.250, signed mean -0.250 (w_opd = 2)."), "{md}");
 }

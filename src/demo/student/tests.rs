@@ -255,7 +255,7 @@ fn pipeline_view(request: &str, response: &str, reply: &str) -> (NextStateKind, 
     t.thanks_cue = f.thanks_cue;
     t.success_cue = f.success_cue;
     let (vote, rule, _) = RulesJudge::decide(&t);
-    let (hint, _) = RulesHint::decide(&t);
+    let (hint, _) = RulesHint::VERBATIM.decide(&t);
     (t.next_state_kind, vote, rule, hint)
 }
 
@@ -286,6 +286,29 @@ fn every_correction_is_read_as_a_correction_with_the_reply_as_hint() {
         }
     }
     assert!(checked > 5000, "{checked}");
+}
+
+/// The rule backend's default `instruction` style turns every correction the student writes into an
+/// instruction of its own (never the complaint copied, never the verbatim fallback): capitalised
+/// sentences ending with a period, addressed to the assistant (no "I"/"me" of the student).
+#[test]
+fn every_correction_becomes_an_instruction_hint() {
+    use ViolationKind::*;
+    let all = [Bold, Italics, Header, List, Latex, CodeFence, TooLong, Label, BulletLike, WrongAnswer, NoNumber, AnswerNotAtEnd];
+    let mut checked = 0;
+    for k in all {
+        for t in corrections(k) {
+            for o in OPENERS {
+                let text = format!("{o}{t}").replace("{label}", "\"Step 1:\"");
+                let hint = crate::hint::instruction_from(&text).unwrap_or_else(|| panic!("no instruction from {text:?}"));
+                assert_ne!(hint, text);
+                assert!(hint.chars().count() > 10 && hint.ends_with('.') && hint.starts_with(char::is_uppercase), "{text:?} -> {hint:?}");
+                assert!(![" I ", " me ", " my ", "I'm"].iter().any(|w| format!(" {hint} ").contains(w)), "{text:?} -> {hint:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, all.iter().map(|k| corrections(*k).len()).sum::<usize>() * OPENERS.len());
 }
 
 #[test]

@@ -47,6 +47,26 @@ fn ln(x: f64) -> f64 {
     x.ln()
 }
 
+/// Loss inputs with only the policy, rollout, reward, mask and types given (no teacher, weights, signs,
+/// reference, entropy or top-K).
+fn plain_inputs<'a>(new: &'a Tensor, old: &'a Tensor, reward: &'a Tensor, mask: &'a Tensor, types: &'a [SampleType]) -> LossInputs<'a> {
+    LossInputs {
+        new_logprobs: new,
+        old_logprobs: old,
+        teacher_logprobs: None,
+        reward,
+        mask,
+        sample_types: types,
+        sample_weights: None,
+        advantage_signs: None,
+        ref_logprobs: None,
+        entropy: None,
+        topk: None,
+        sample_tokens: None,
+        num_samples: None,
+    }
+}
+
 // ---------- advantages ----------
 
 #[test]
@@ -61,7 +81,7 @@ fn binary_advantage_is_the_reward_on_masked_tokens() {
 }
 
 #[test]
-fn opd_advantage_is_teacher_minus_old() {
+fn opd_advantage_is_teacher_minus_student() {
     let cfg = LossConfig::new(Method::Opd);
     let old = t2(&[&[-1.0, -0.25, -2.0]]);
     let teacher = t2(&[&[-0.5, -1.0, -2.0]]);
@@ -119,10 +139,10 @@ fn advantage_shape_errors_name_the_shapes() {
 }
 
 proptest! {
-    /// METHOD.md §6: with teacher = old and r = 0, the combined advantage is exactly 0 (any weights,
+    /// METHOD.md §6: with teacher = student and r = 0, the combined advantage is exactly 0 (any weights,
     /// any sample type, any mask).
     #[test]
-    fn combined_advantage_is_zero_when_teacher_equals_old_and_no_reward(
+    fn combined_advantage_is_zero_when_teacher_equals_student_and_no_reward(
         old in proptest::collection::vec(-30.0f64..0.0, 1..24),
         w_rl in -3.0f64..3.0,
         w_opd in -3.0f64..3.0,
@@ -140,6 +160,37 @@ proptest! {
             prop_assert_eq!(*x, 0.0);
         }
     }
+}
+
+/// METHOD.md §6 (the reference's target): the OPD term of the whole loss is `teacher − student` with
+/// `student` = `new` (the current policy), never the rollout log-probs in `old`. The rollout log-probs
+/// only move the PPO ratio; a policy whose log-probs were lowered by δ gets advantages δ higher.
+#[test]
+fn opd_term_of_the_loss_uses_the_current_policy_not_the_rollout() {
+    let teacher = t2(&[&[-0.5, -1.0, -2.0], &[-0.7, -0.9, 0.0]]);
+    let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
+    let reward = t1(&[0.0, -1.0]);
+    let types = [SampleType::CombinedHintOnly, SampleType::CombinedScoreOnly];
+    let cfg = LossConfig::new(Method::Combined);
+    let run = |new: &Tensor, old: &Tensor| {
+        let inp = LossInputs { teacher_logprobs: Some(&teacher), ..plain_inputs(new, old, &reward, &mask, &types) };
+        v2(&compute_loss(&cfg, &inp).unwrap().advantages)
+    };
+    let new = t2(&[&[-1.0, -0.25, -2.0], &[-0.7, -0.9, 0.0]]);
+    // Rollout log-probs far from the policy: they must not enter the advantage.
+    let rollout = t2(&[&[-3.0, -3.0, -3.0], &[-5.0, -0.1, 0.0]]);
+    let a = run(&new, &rollout);
+    // Row 1 (hint only, r = 0): −0.5 − (−1) = 0.5; −1 − (−0.25) = −0.75; −2 − (−2) = 0.
+    assert_all_close(&a[0], &[0.5, -0.75, 0.0], 1e-12);
+    // Row 2 (score only): the teacher term is exactly 0 whatever new and old are: A = r = −1.
+    assert_eq!(a[1], vec![-1.0, -1.0, 0.0]);
+    // The same policy with other rollout log-probs: identical advantages.
+    assert_eq!(run(&new, &new.copy()), a);
+    // A step lowered the policy's log-probs by δ = (0.3, 0.05, 1.0): the OPD advantage rises by δ.
+    let lowered = new.f_sub(&t2(&[&[0.3, 0.05, 1.0], &[0.2, 0.2, 0.0]])).unwrap();
+    let b = run(&lowered, &rollout);
+    assert_all_close(&b[0], &[0.8, -0.7, 1.0], 1e-12);
+    assert_eq!(b[1], vec![-1.0, -1.0, 0.0]);
 }
 
 // ---------- PPO ----------
@@ -174,21 +225,7 @@ fn clip_fraction_and_ppo_kl_over_masked_tokens() {
     let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 1.0]]);
     let types = [SampleType::Binary, SampleType::Binary];
     let reward = t1(&[1.0, -1.0]);
-    let inp = LossInputs {
-        new_logprobs: &new2,
-        old_logprobs: &old2,
-        teacher_logprobs: None,
-        reward: &reward,
-        mask: &mask,
-        sample_types: &types,
-        sample_weights: None,
-        advantage_signs: None,
-        ref_logprobs: None,
-        entropy: None,
-        topk: None,
-        sample_tokens: None,
-        num_samples: None,
-    };
+    let inp = plain_inputs(&new2, &old2, &reward, &mask, &types);
     let out = compute_loss(&LossConfig::new(Method::Binary), &inp).unwrap();
     // Row 1 (A=+1): log r = 0.5 clipped, −0.5 unclipped, 0.1 unclipped.
     // Row 2 (A=−1): log r = 0.5 unclipped, −0.5 clipped, 0 unclipped. → 2 of 6.
