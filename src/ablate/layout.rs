@@ -113,6 +113,26 @@ pub(super) struct BaseEval {
     pub(super) responses: Vec<ResponseRow>,
     pub(super) gaps: Vec<GapRow>,
     pub(super) seconds: f64,
+    /// The hint-conditioned teacher per hint strategy (empty in markers written before it existed:
+    /// computed then).
+    #[serde(default)]
+    pub(super) teachers: Vec<TeacherEval>,
+}
+
+/// The hint-conditioned teacher's score on the held-out problems under one hint strategy
+/// ([`super::teacher_eval`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TeacherEval {
+    /// The hint strategy.
+    pub(crate) strategy: super::teacher_eval::HintStrategy,
+    /// The teacher's score (greedy answers, the student's checker).
+    pub(crate) score: crate::demo::Score,
+    /// Problems that got a hint (the others keep v0's answer).
+    pub(crate) hinted: usize,
+    /// Up to three (hint, teacher answer) examples, for the report.
+    pub(crate) examples: Vec<(String, String)>,
+    /// Seconds the evaluation took.
+    pub(crate) seconds: f64,
 }
 
 /// `work/arms/<arm>/train.json`: an arm is trained; what it trained on.

@@ -22,7 +22,8 @@
 //!    ordered sample ids it trained on.
 //! 3. **Evaluate every checkpoint** ([`eval`]): personalization score on held-out GSM8K problems
 //!    (greedy), held-out loss components, teacher/student log-prob gap, and judge-vs-outcome agreement on
-//!    labelled logs (tau-bench rewards).
+//!    labelled logs (tau-bench rewards); the hint-conditioned teacher itself is scored on the same
+//!    problems once per hint strategy ([`teacher_eval`]): the bound distillation can reach.
 //! 4. **Report** ([`report`]): `report.md`, PNG plots and Parquet tables of every number ([`results`]);
 //!    with several replicate seeds per arm (`[shared] seeds`), each arm's mean and 95 % interval over
 //!    seeds and paired tests between arms on the same problems ([`compare`]).
@@ -42,6 +43,7 @@ pub mod replay;
 pub mod report;
 pub mod results;
 pub mod run;
+pub mod teacher_eval;
 
 #[cfg(test)]
 pub(crate) mod fixtures;

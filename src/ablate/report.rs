@@ -10,6 +10,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::compare::{adjust_holm, ordering, summarize, versus_initial, GroupRow, PairRow, ALPHA};
+use super::layout::TeacherEval;
+use super::teacher_eval::HintStrategy;
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
 use super::results::{write_table, CheckpointRow, TABLES};
 use super::gather::{gather, write_results, Gathered};
@@ -60,7 +62,7 @@ pub struct AblationSummary {
 ///
 /// # Errors
 /// I/O, Parquet and plotting errors.
-pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, base: &Score, problems: usize) -> Result<AblationSummary> {
+pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, base: &Score, teachers: &[TeacherEval], problems: usize) -> Result<AblationSummary> {
     let g = gather(cfg, arms, stream, lay, problems).await?;
     write_results(&g, &lay.results())?;
     let (groups, mut pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
@@ -79,7 +81,7 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
         plots.files.insert(0, ("score_by_arm.png".into(), "final personalization score per arm: mean over seeds with its 95 % interval and each seed's score".into()));
     }
     let order = ordering(&g.arms, &pairs);
-    let md = render(cfg, arms, stream, &g, base, &plots, &Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, ordering: order.as_deref() }, &lay.out);
+    let md = render(cfg, arms, stream, &g, base, teachers, &plots, &Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, ordering: order.as_deref() }, &lay.out);
     let report = lay.out.join("report.md");
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary {
@@ -197,6 +199,39 @@ fn pair_table(s: &mut String, pairs: &[PairRow], b: &str) {
     s.push('\n');
 }
 
+/// "The teacher, the bound": the hint-conditioned teacher's score per hint strategy beside v0, each
+/// preference's rate, and per arm group how much of the teacher − v0 difference (instruction hints, the
+/// rule backend's default) its final mean score transferred. Nothing when no teacher was evaluated.
+fn render_teacher(s: &mut String, base: &Score, teachers: &[TeacherEval], groups: &[GroupRow]) {
+    if teachers.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "## The teacher, the bound\n");
+    let _ = writeln!(
+        s,
+        "OPD distils the **teacher** — the initial weights reading a hint appended to the student's message — into the student. Its own greedy answers to the held-out problems, scored like every version (hints from the student's reply to v0's answer on each problem; `oracle` names every preference; `src/ablate/teacher_eval.rs`):\n"
+    );
+    let prefs: Vec<&String> = base.per_preference_rate.keys().collect();
+    let _ = writeln!(s, "| policy | hinted problems | score | {} |", prefs.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(s, "|---|---:|---:|{}", "---:|".repeat(prefs.len()));
+    let rates = |sc: &Score| prefs.iter().map(|p| format!("{:.3}", sc.per_preference_rate.get(*p).copied().unwrap_or(0.0))).collect::<Vec<_>>().join(" | ");
+    let _ = writeln!(s, "| v0 (no hint) | – | {:.3} | {} |", base.fraction_all_satisfied, rates(base));
+    for t in teachers {
+        let _ = writeln!(s, "| teacher, {} hints | {} of {} | {:.3} | {} |", t.strategy.as_str(), t.hinted, t.score.n, t.score.fraction_all_satisfied, rates(&t.score));
+    }
+    s.push('\n');
+    if let Some(t) = teachers.iter().find(|t| t.strategy == HintStrategy::Instruction) {
+        let room = t.score.fraction_all_satisfied - base.fraction_all_satisfied;
+        if room.abs() > 1e-9 && !groups.is_empty() {
+            let parts: Vec<String> = groups.iter().map(|g| format!("{} {:+.0} %", g.group, 100.0 * (g.mean - base.fraction_all_satisfied) / room)).collect();
+            let _ = writeln!(s, "Share of the teacher − v0 difference ({:+.3}, instruction hints) each arm's final mean score transferred (100 % = the student scores as the teacher does; negative = it moved away): {}.\n", room, parts.join(", "));
+        }
+    }
+    if let Some((h, a)) = teachers.iter().find(|t| t.strategy == HintStrategy::Instruction).and_then(|t| t.examples.first()) {
+        let _ = writeln!(s, "An instruction hint and the teacher's answer with it: hint \"{}\" → \"{}\"\n", cell(h), cell(&a.chars().take(300).collect::<String>()));
+    }
+}
+
 /// One arm's teacher − student gap from `x` (v0) to `y` (last checkpoint), read as a distance: `|x| → |y|`,
 /// and "overshoot" when the sign changed (the student passed the teacher), not "moved toward" it.
 fn gap_change(arm: &str, x: f64, y: f64) -> String {
@@ -268,12 +303,13 @@ fn render_groups(s: &mut String, a: &Across<'_>) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, plots: &Plots, across: &Across<'_>, out: &Path) -> String {
+fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, teachers: &[TeacherEval], plots: &Plots, across: &Across<'_>, out: &Path) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Ablation `{}`\n", cfg.name);
     if !cfg.description.trim().is_empty() {
         let _ = writeln!(s, "{}\n", cfg.description.trim());
     }
+    render_teacher(&mut s, base, teachers, across.groups);
     let first = arms.first().map(|a| &a.pipeline);
     let _ = writeln!(s, "## Setup\n");
     let phases: f64 = g.timings.iter().map(|t| t.seconds).sum();
@@ -549,5 +585,43 @@ mod tests {
         assert_eq!(super::gap_change("opd", -0.129, 0.132), "opd |-0.1290| → |+0.1320| (overshoot: the sign changed)");
         assert_eq!(super::gap_change("opd", -0.129, -0.025), "opd |-0.1290| → |-0.0250| (closer)");
         assert_eq!(super::gap_change("b", -0.1, -0.2), "b |-0.1000| → |-0.2000| (farther)");
+    }
+
+    #[test]
+    fn the_teacher_section_states_scores_rates_and_the_share_transferred() {
+        use super::{GroupRow, HintStrategy, Score, TeacherEval};
+        let score = |all: f64, concise: f64| Score { n: 48, fraction_all_satisfied: all, per_preference_rate: [("concise".to_string(), concise)].into_iter().collect(), accuracy: 0.0 };
+        let base = score(0.25, 0.5);
+        let t = |strategy, all, concise, hinted| TeacherEval { strategy, score: score(all, concise), hinted, examples: vec![("Keep it short.".into(), "It is 36.".into())], seconds: 1.0 };
+        let teachers = vec![t(HintStrategy::Verbatim, 0.5, 0.75, 36), t(HintStrategy::Instruction, 0.75, 1.0, 36), t(HintStrategy::Oracle, 1.0, 1.0, 48)];
+        let group = |name: &str, mean: f64| GroupRow {
+            group: name.into(),
+            method: "opd".into(),
+            seeds: vec![1],
+            arms: vec![name.into()],
+            final_versions: vec![4],
+            final_scores: vec![mean],
+            mean,
+            sd: 0.0,
+            low: None,
+            high: None,
+            responses: 48,
+            satisfied: 0,
+            pooled_low: 0.0,
+            pooled_high: 1.0,
+            mean_accuracy: 0.0,
+        };
+        let mut s = String::new();
+        super::render_teacher(&mut s, &base, &teachers, &[group("opd", 0.5), group("binary", 0.125)]);
+        assert!(s.contains("| policy | hinted problems | score | concise |"), "{s}");
+        assert!(s.contains("| v0 (no hint) | – | 0.250 | 0.500 |"), "{s}");
+        assert!(s.contains("| teacher, instruction hints | 36 of 48 | 0.750 | 1.000 |"), "{s}");
+        assert!(s.contains("| teacher, oracle hints | 48 of 48 | 1.000 | 1.000 |"), "{s}");
+        // (0.5 − 0.25)/(0.75 − 0.25) = 50 %; (0.125 − 0.25)/0.5 = −25 %.
+        assert!(s.contains("(+0.500, instruction hints)") && s.contains("opd +50 %, binary -25 %"), "{s}");
+        assert!(s.contains("hint \"Keep it short.\" → \"It is 36.\""), "{s}");
+        let mut none = String::new();
+        super::render_teacher(&mut none, &base, &[], &[]);
+        assert!(none.is_empty());
     }
 }

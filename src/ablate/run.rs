@@ -24,7 +24,8 @@ use super::collect::{collect, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, VersionEval};
 use crate::demo::heldout::{greedy_answers, load_policy};
-use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, EvalMarker, ReplayMarker, StagesMarker, TrainMarker};
+use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
+use super::teacher_eval::{teacher_answers, HintStrategy};
 use super::plan::{evaluated_versions, judge_groups, needed_data_pipelines, selected};
 use super::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
 use super::results::{GapRow, ResponseRow};
@@ -283,8 +284,12 @@ async fn prepared(cfg: &AblationConfig, arms: Vec<ResolvedArm>, lay: &Layout) ->
 
 async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop) -> Result<BaseEval> {
     let path = lay.state().join("base-eval.json");
-    if let Some(b) = read_marker::<BaseEval>(&path)? {
+    if let Some(mut b) = read_marker::<BaseEval>(&path)? {
         if b.fingerprint == p.eval_fingerprint {
+            if b.teachers.is_empty() {
+                b.teachers = teacher_evals(cfg, p, &b.responses, stop).await?;
+                write_marker(&path, &b)?;
+            }
             return Ok(b);
         }
     }
@@ -301,10 +306,40 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
         Ok((score, responses, gaps))
     })
     .await?;
-    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds: t.elapsed().as_secs_f64() };
-    eprintln!("[ablate] initial weights: personalization score {:.3} (accuracy {:.3})", b.score.fraction_all_satisfied, b.score.accuracy);
+    let seconds = t.elapsed().as_secs_f64();
+    eprintln!("[ablate] initial weights: personalization score {:.3} (accuracy {:.3})", score.fraction_all_satisfied, score.accuracy);
+    let teachers = teacher_evals(cfg, p, &responses, stop).await?;
+    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers };
     write_marker(&path, &b)?;
     Ok(b)
+}
+
+/// The hint-conditioned teacher (the initial weights reading a hint) on the held-out problems, once per
+/// hint strategy ([`super::teacher_eval`]), from v0's answers `v0` (the base evaluation's responses).
+async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], stop: &Stop) -> Result<Vec<TeacherEval>> {
+    let mut out = vec![];
+    let answers: Vec<(Problem, String)> = p
+        .eval_problems
+        .iter()
+        .filter_map(|pr| v0.iter().find(|r| r.problem_id == pr.id as i64).map(|r| (pr.clone(), r.response_text.clone())))
+        .collect();
+    for strategy in HintStrategy::ALL {
+        check_stop(stop)?;
+        let t = Instant::now();
+        let (pcfg, student, answers) = (p.arms[0].pipeline.clone(), p.student.clone(), answers.clone());
+        let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
+        let (score, hints, texts) = blocking(move || {
+            let lm = load_policy(&pcfg, None)?;
+            let (texts, hints) = teacher_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
+            Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts))
+        })
+        .await?;
+        let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
+        let e = TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64() };
+        eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
+        out.push(e);
+    }
+    Ok(out)
 }
 
 async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &Layout, stop: &Stop, metrics_jsonl: Option<&std::path::Path>) -> Result<TrainMarker> {
@@ -447,6 +482,6 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
         train_arm(cfg, arm, &p, &lay, &stop, opts.metrics_jsonl.as_deref()).await?;
         eval_arm(cfg, arm, &p, &base, &lay, &stop).await?;
     }
-    let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, p.eval_problems.len()).await?;
+    let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, &base.teachers, p.eval_problems.len()).await?;
     Ok(AblationSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
 }

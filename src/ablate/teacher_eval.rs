@@ -1,0 +1,156 @@
+//! The hint-conditioned teacher, measured: what distillation can reach at best.
+//!
+//! OPD moves the student toward the teacher — the same initial weights reading the hint appended to the
+//! user's message (METHOD.md §3–§4). Whether an arm's gain is large or small only means something beside
+//! the teacher's own score, so every ablation evaluates the teacher on the held-out problems the arms are
+//! scored on, once per hint strategy:
+//!
+//! | strategy | the hint for a held-out problem |
+//! |---|---|
+//! | `verbatim` | the student's reply to v0's greedy answer, its first 1–3 sentences (the complaint copied; the rule backend's `verbatim` style) |
+//! | `instruction` | that reply rewritten as instructions ([`crate::hint::instruction_from`]; the rule backend's default `instruction` style), the verbatim hint when nothing can be rewritten |
+//! | `oracle` | every preference of the student named ([`oracle_hint`]): the in-context bound, what a perfect hint extractor could say |
+//!
+//! For `verbatim` and `instruction` a problem whose v0 answer already satisfied the student gets no
+//! hint (the student thanked, the pipeline extracts none), so the teacher's answer there is v0's.
+//! The teacher answers greedily, as every evaluated version does, and is scored by the same checker
+//! ([`crate::demo::check`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::demo::{Preference, Preferences, Problem, Student};
+use crate::error::Result;
+use crate::hint::{first_sentences, instruction_from, teacher_messages, MAX_RULE_HINT_CHARS};
+use crate::model::{LanguageModel, SamplingParams};
+use crate::schema::Message;
+
+/// How the teacher's hint for a held-out problem is made (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HintStrategy {
+    /// The student's complaint copied.
+    Verbatim,
+    /// The complaint rewritten as instructions.
+    Instruction,
+    /// Every preference named.
+    Oracle,
+}
+
+impl HintStrategy {
+    /// Every strategy, in report order.
+    pub const ALL: [HintStrategy; 3] = [HintStrategy::Verbatim, HintStrategy::Instruction, HintStrategy::Oracle];
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HintStrategy::Verbatim => "verbatim",
+            HintStrategy::Instruction => "instruction",
+            HintStrategy::Oracle => "oracle",
+        }
+    }
+}
+
+/// The oracle hint: one instruction per enabled preference, in [`Preference::ALL`] order, e.g. for the
+/// default student "Do not use markdown: no bold or italics, headers, lists, LaTeX or code blocks. Use at
+/// most 80 words. Write casual plain sentences without labels such as "Step 1:" or "Answer:". State the
+/// final number in the last sentence."
+pub fn oracle_hint(prefs: &Preferences) -> String {
+    prefs
+        .enabled()
+        .into_iter()
+        .map(|p| match p {
+            Preference::NoMarkdown => "Do not use markdown: no bold or italics, headers, lists, LaTeX or code blocks.".to_string(),
+            Preference::Concise => format!("Use at most {} words.", prefs.max_words),
+            Preference::PlainSentences => "Write casual plain sentences without labels such as \"Step 1:\" or \"Answer:\".".to_string(),
+            Preference::AnswerAtEnd => "State the final number in the last sentence.".to_string(),
+            Preference::CorrectAnswer => "Check the arithmetic so that the final number is the correct answer.".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The hint `strategy` gives for a problem whose v0 answer drew `reply` from the student (`None`: no
+/// hint, the student was satisfied). The verbatim hint is capped at the rule backend's length.
+pub fn hint_for(strategy: HintStrategy, reply_text: &str, satisfied: bool, prefs: &Preferences) -> Option<String> {
+    let verbatim = || first_sentences(reply_text, 3).chars().take(MAX_RULE_HINT_CHARS).collect::<String>();
+    match strategy {
+        HintStrategy::Oracle => Some(oracle_hint(prefs)),
+        _ if satisfied => None,
+        HintStrategy::Verbatim => Some(verbatim()),
+        HintStrategy::Instruction => Some(instruction_from(reply_text).unwrap_or_else(verbatim)),
+    }
+}
+
+/// The teacher's greedy answers under `strategy`: for each `(problem, v0 answer)`, the student's reply to
+/// the v0 answer gives the hint ([`hint_for`]); the teacher context is the student's first message with
+/// the hint appended ([`teacher_messages`]); without a hint the answer is v0's own (no generation).
+/// Returns the answers in problem order and, per problem, the hint used. `batch` prompts per generation
+/// call, at most `max_tokens` tokens each.
+///
+/// # Errors
+/// Model errors.
+pub fn teacher_answers(
+    lm: &LanguageModel,
+    v0: &[(Problem, String)],
+    student: &Student,
+    strategy: HintStrategy,
+    max_tokens: usize,
+    batch: usize,
+) -> Result<(Vec<(Problem, String)>, Vec<Option<String>>)> {
+    let prefs = student.preferences();
+    let hints: Vec<Option<String>> = v0
+        .iter()
+        .map(|(p, answer)| {
+            let reply = student.reply_at(answer, p, 1);
+            hint_for(strategy, &reply.text, reply.satisfied, prefs)
+        })
+        .collect();
+    let todo: Vec<usize> = (0..v0.len()).filter(|&i| hints[i].is_some()).collect();
+    let mut out: Vec<(Problem, String)> = v0.to_vec();
+    for chunk in todo.chunks(batch.max(1)) {
+        let prompts = chunk
+            .iter()
+            .map(|&i| {
+                let ask = [Message::text("user", student.first_message(&v0[i].0))];
+                lm.chat_prompt_ids(&teacher_messages(&ask, hints[i].as_deref().unwrap_or_default()), None, true)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
+        for (&i, g) in chunk.iter().zip(gens) {
+            out[i].1 = g.text;
+        }
+    }
+    Ok((out, hints))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oracle_names_every_enabled_preference() {
+        let prefs = Preferences { correct_answer: false, ..Preferences::default() };
+        assert_eq!(
+            oracle_hint(&prefs),
+            "Do not use markdown: no bold or italics, headers, lists, LaTeX or code blocks. Use at most 80 words. Write casual plain \
+             sentences without labels such as \"Step 1:\" or \"Answer:\". State the final number in the last sentence."
+        );
+        let only = Preferences { no_markdown: false, plain_sentences: false, answer_at_end: false, correct_answer: false, max_words: 50, ..Preferences::default() };
+        assert_eq!(oracle_hint(&only), "Use at most 50 words.");
+    }
+
+    #[test]
+    fn hints_per_strategy() {
+        let prefs = Preferences::default();
+        let reply = "ugh, no bold text, just write it out like a normal message instead.";
+        assert_eq!(hint_for(HintStrategy::Verbatim, reply, false, &prefs).as_deref(), Some(reply));
+        assert_eq!(hint_for(HintStrategy::Instruction, reply, false, &prefs).as_deref(), Some("Do not use bold text. Write it out like a normal message."));
+        assert_eq!(hint_for(HintStrategy::Oracle, reply, false, &prefs), Some(oracle_hint(&prefs)));
+        // A satisfied student gives no hint, except to the oracle.
+        assert_eq!(hint_for(HintStrategy::Instruction, "thanks!", true, &prefs), None);
+        assert_eq!(hint_for(HintStrategy::Verbatim, "thanks!", true, &prefs), None);
+        assert!(hint_for(HintStrategy::Oracle, "thanks!", true, &prefs).is_some());
+        // Nothing to rewrite: the instruction strategy falls back to the verbatim hint.
+        assert_eq!(hint_for(HintStrategy::Instruction, "it reads like a textbook.", false, &prefs).as_deref(), Some("it reads like a textbook."));
+    }
+}
