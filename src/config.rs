@@ -164,6 +164,12 @@ impl PipelineConfig {
         self.hint.validate()?;
         self.trainer.validate()?;
         self.teacher.validate()?;
+        if self.method.uses_hints() && self.teacher.temperature != self.trainer.temperature {
+            return Err(Error::Config(format!(
+                "teacher.temperature = {} and trainer.temperature = {} differ: the OPD term teacher − student must compare log-probs of one distribution family (METHOD.md §6); set both to the rollout temperature",
+                self.teacher.temperature, self.trainer.temperature
+            )));
+        }
         crate::serve::reload::validate(&self.serve)?;
         // A LoRA reload needs adapter checkpoints, a disk reload full weights: the other way round every
         // reload would fail at run time.
@@ -191,5 +197,35 @@ impl PipelineConfig {
     pub fn hash(&self) -> String {
         let json = serde_json::to_string(self).unwrap_or_default();
         crate::schema::content_hash(&[json.as_bytes()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PipelineConfig;
+
+    fn parse(extra: &str) -> PipelineConfig {
+        toml::from_str(&format!("name = \"t\"\nmethod = \"combined\"\n{extra}")).unwrap()
+    }
+
+    /// The OPD term compares the teacher's and the student's log-probs: both must be scored at one
+    /// temperature (METHOD.md §6), and only the local teacher scores at another than 1.
+    #[test]
+    fn teacher_and_trainer_temperatures_must_agree() {
+        let e = parse("[trainer]\ntemperature = 0.6\nrecompute_old_logprobs = true\n").validate().unwrap_err().to_string();
+        assert!(e.contains("teacher.temperature = 1 and trainer.temperature = 0.6 differ"), "{e}");
+        parse("[trainer]\ntemperature = 0.6\nrecompute_old_logprobs = true\n[teacher]\ntemperature = 0.6\n").validate().unwrap();
+        // Binary has no teacher term: the teacher stage's temperature does not matter.
+        let mut b = parse("[trainer]\ntemperature = 0.6\nrecompute_old_logprobs = true\n");
+        b.method = crate::method::Method::Binary;
+        b.validate().unwrap();
+        let e = parse("[teacher]\ntemperature = 0.6\nbackend = \"vllm\"\nurl = \"http://127.0.0.1:1\"\nmodel = \"m\"\n[trainer]\ntemperature = 0.6\nrecompute_old_logprobs = true\n")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs teacher.backend = \"local\""), "{e}");
+        // At temperature 1 neither key appears in the serialised form (hashes of older pipelines hold).
+        let d = parse("");
+        assert!(!serde_json::to_string(&d.teacher).unwrap().contains("temperature") && !serde_json::to_string(&d.trainer).unwrap().contains("temperature"));
     }
 }

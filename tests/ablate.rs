@@ -312,6 +312,14 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
         assert!(md.contains(&format!("### {}", a.arm)), "report lacks arm {}", a.arm);
     }
     assert!(md.contains("## Arms over seeds") && md.contains("The paper's ordering: "), "{md}");
+    // The hint-conditioned teacher opens the report: v0 and one row per hint strategy, each of the 2
+    // problems hinted by the oracle.
+    let teacher = md.find("## The teacher, the bound").expect("teacher section");
+    assert!(teacher < md.find("## Setup").unwrap(), "the teacher section comes first");
+    for row in ["| v0 (no hint) | – |", "| teacher, verbatim hints |", "| teacher, instruction hints |", "| teacher, oracle hints | 2 of 2 |"] {
+        assert!(md.contains(row), "{row} missing:\n{md}");
+    }
+    assert!(md.contains("| A | B | seeds | problems | A − B | 95 % CI | p | Holm p | only A / only B met all |"), "{md}");
     let groups = read_table::<nextstate::ablate::compare::GroupRow>(&r1, "arm_summary").unwrap();
     assert_eq!(groups.iter().map(|g| g.group.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
     for g in &groups {

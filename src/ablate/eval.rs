@@ -103,11 +103,12 @@ fn masked_mean(values: impl Iterator<Item = f64>, mask: &[i32]) -> Option<f64> {
 
 /// The teacher/student gap of each sample that has teacher log-probs: mean over its masked response
 /// tokens of `teacher_t − student_t`, where `student_t` is `lm`'s log-prob of the response token
-/// (nats); samples are scored `batch` at a time. Samples without teacher log-probs are skipped.
+/// (nats) at `temperature` (the arm's `trainer.temperature`, which its teacher stage scored at);
+/// samples are scored `batch` at a time. Samples without teacher log-probs are skipped.
 ///
 /// # Errors
 /// Model errors.
-pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample], batch: usize) -> Result<Vec<GapRow>> {
+pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample], batch: usize, temperature: f64) -> Result<Vec<GapRow>> {
     let with: Vec<&Sample> = samples.iter().filter(|s| s.teacher_logprobs.is_some()).collect();
     let mut out = vec![];
     for chunk in with.chunks(batch.max(1)) {
@@ -115,7 +116,7 @@ pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample],
             .iter()
             .map(|s| (s.prompt_token_ids.iter().map(|&x| x as u32).collect(), s.response_token_ids.iter().map(|&x| x as u32).collect()))
             .collect();
-        for (s, scored) in chunk.iter().zip(lm.score(&items, 0)?) {
+        for (s, scored) in chunk.iter().zip(lm.score_at_temperature(&items, 0, &[], temperature)?) {
             let teacher = s.teacher_logprobs.as_deref().unwrap_or_default();
             if teacher.len() != scored.logprobs.len() {
                 continue;

@@ -189,8 +189,10 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &
                 });
             }
         }
-        // advantages of the training samples, in training order
-        let samples = query_samples(&lake, &t.train_sql).await?;
+        // advantages of the training samples, in training order; from the samples' rollout log-probs,
+        // which are v0's at temperature 1 only: an arm trained at another temperature gets none here
+        // (its steps' advantage metrics are in train_steps)
+        let samples = if p.trainer.temperature == 1.0 { query_samples(&lake, &t.train_sql).await? } else { vec![] };
         let adv = sample_advantages(p.method, &p.trainer, &samples)?;
         for (k, (s, a)) in samples.iter().zip(adv).enumerate() {
             g.advantages.push(AdvantageRow {

@@ -302,7 +302,7 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
         let lm = load_policy(&pcfg, None)?;
         let answers = greedy_answers(&lm, &problems, &student, max_tokens, batch)?;
         let (score, responses) = score_answers("", 0, &answers, &prefs);
-        let gaps = gap_rows(&lm, "", 0, &gap_set, pcfg.trainer.batch_size)?;
+        let gaps = gap_rows(&lm, "", 0, &gap_set, pcfg.trainer.batch_size, pcfg.trainer.temperature)?;
         Ok((score, responses, gaps))
     })
     .await?;
@@ -431,7 +431,7 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
                 None => {
                     let answers = greedy_answers(&lm, &problems, &student, max_tokens, batch)?;
                     let (score, responses) = score_answers(&name, version, &answers, &prefs);
-                    (score, responses, gap_rows(&lm, &name, version, &gap_set, pcfg.trainer.batch_size)?)
+                    (score, responses, gap_rows(&lm, &name, version, &gap_set, pcfg.trainer.batch_size, pcfg.trainer.temperature)?)
                 }
             };
             let heldout = heldout_rows(&lm, &name, version, pcfg.method, &pcfg.trainer, &held)?;

@@ -320,6 +320,14 @@ impl LanguageModel {
         score::score_at(&self.transformer, items, top_k, at, self.pad_id)
     }
 
+    /// Scores responses at a temperature (see [`score::score_at_temperature`]; `at` may be empty).
+    ///
+    /// # Errors
+    /// As [`score::score_at_temperature`].
+    pub fn score_at_temperature(&self, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], temperature: f64) -> Result<Vec<ScoredResponse>> {
+        score::score_at_temperature(&self.transformer, items, top_k, at, self.pad_id, temperature)
+    }
+
     /// [`LanguageModel::score`] with each response token's whole-vocabulary rank
     /// ([`ScoredResponse::ranks`]).
     ///

@@ -363,7 +363,20 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
 /// As [`score`]; [`Error::InvalidInput`] when `at` has another length than `items`, a row of `at`
 /// has another length than its response, the widths differ, or an id is outside the vocabulary.
 pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32) -> Result<Vec<ScoredResponse>> {
-    score_pass(model, items, top_k, at, pad_id, false)
+    score_pass(model, items, top_k, at, pad_id, false, 1.0)
+}
+
+/// [`score_at`] of the distribution at `temperature`: every log-prob (of the response tokens, the
+/// top-K lists and the ids asked for) is taken from the log-softmax of `logits / temperature` — the
+/// distribution the trainer trains with `trainer.temperature` (METHOD.md §6). 1 is [`score_at`].
+///
+/// # Errors
+/// As [`score_at`]; [`Error::InvalidInput`] for a temperature that is not a positive number.
+pub fn score_at_temperature(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32, temperature: f64) -> Result<Vec<ScoredResponse>> {
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(crate::input_err!("scoring temperature {temperature} must be a positive number"));
+    }
+    score_pass(model, items, top_k, at, pad_id, false, temperature)
 }
 
 /// [`score`], and also each response token's rank in the whole vocabulary
@@ -372,10 +385,10 @@ pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usiz
 /// # Errors
 /// As [`score`].
 pub fn score_ranked(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, pad_id: u32) -> Result<Vec<ScoredResponse>> {
-    score_pass(model, items, top_k, &[], pad_id, true)
+    score_pass(model, items, top_k, &[], pad_id, true, 1.0)
 }
 
-fn score_pass(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32, ranked: bool) -> Result<Vec<ScoredResponse>> {
+fn score_pass(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, at: &[Vec<Vec<u32>>], pad_id: u32, ranked: bool, temperature: f64) -> Result<Vec<ScoredResponse>> {
     let _guard = tch::no_grad_guard();
     let v = model.config.vocab_size;
     if top_k > v {
@@ -431,7 +444,9 @@ fn score_pass(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize,
         };
         let (mut lps, mut ids, mut vals, mut ats, mut rks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (t0, n) in position_chunks(b, tmax, LOGIT_CHUNK_TOKENS) {
-            let lsm = model.logits(&pass.hidden.f_narrow(1, t0, n)?)?.f_log_softmax(-1, Kind::Float)?;
+            let logits = model.logits(&pass.hidden.f_narrow(1, t0, n)?)?;
+            let logits = if temperature == 1.0 { logits } else { logits.f_div_scalar(temperature)? };
+            let lsm = logits.f_log_softmax(-1, Kind::Float)?;
             let lp = lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?;
             if ranked {
                 rks.push(lsm.f_ge_tensor(&lp)?.f_sum_dim_intlist(-1i64, false, Kind::Int64)?);

@@ -122,6 +122,16 @@ impl<I> TeacherStage<I> {
         }
     }
 
+    /// The teacher's name in row ids: its weights' name, with the scoring temperature when it is not 1
+    /// (rows scored at another temperature are other rows).
+    fn teacher_key(&self) -> String {
+        if self.cfg.temperature == 1.0 {
+            self.models.teacher_id.clone()
+        } else {
+            format!("{}@temperature={}", self.models.teacher_id, self.cfg.temperature)
+        }
+    }
+
     /// Uses `cache` for teacher rows already computed (see the module docs).
     pub fn with_cache(mut self, cache: TeacherCache) -> TeacherStage<I> {
         self.cache = cache;
@@ -379,7 +389,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             let teachers: Vec<TeacherPrompt> = prompts
                 .into_iter()
                 .map(|(hint_index, tp)| {
-                    let id = teacher_row_id(&interaction.interaction_id, &self.models.teacher_id, &tp, self.cfg.top_k, student_name.as_deref());
+                    let id = teacher_row_id(&interaction.interaction_id, &self.teacher_key(), &tp, self.cfg.top_k, student_name.as_deref());
                     TeacherPrompt { hint_index, prompt: tp, id, cached: None }
                 })
                 .collect();
@@ -413,6 +423,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             })
             .collect();
         let threads = self.threads;
+        let temperature = self.cfg.temperature;
         let teacher_counts: Vec<usize> = work.iter().map(|w| w.teachers.len()).collect();
         let (per_job, teacher_items, local_out) = tokio::task::spawn_blocking(move || -> Result<PolicyPasses> {
             if threads > 0 {
@@ -450,7 +461,8 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 let ids: Vec<Vec<Vec<u32>>> = at[start..start + chunk.len()].iter().map(|a| a.clone().unwrap_or_default()).collect();
                 start += chunk.len();
                 let lm = lock(teacher);
-                teacher_out.extend(if at[start - chunk.len()..start].iter().all(Option::is_some) { lm.score_at(chunk, top_k, &ids)? } else { lm.score(chunk, top_k)? });
+                let ids = if at[start - chunk.len()..start].iter().all(Option::is_some) { ids } else { vec![] };
+                teacher_out.extend(lm.score_at_temperature(chunk, top_k, &ids, temperature)?);
             }
             Ok((per_job, teacher_items, Some(teacher_out)))
         })

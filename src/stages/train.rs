@@ -497,7 +497,8 @@ pub struct LossCommandReport {
     pub weights: String,
     /// Per-sample advantages and loss components, per-chunk metrics, dropped samples.
     pub report: crate::trainer::LossReport,
-    /// Per sample (input order): log π(response_t | prompt, response_<t) for every response token (nats).
+    /// Per sample (input order): log π(response_t | prompt, response_<t) for every response token (nats),
+    /// at `trainer.temperature`.
     pub token_logprobs: Vec<Vec<f32>>,
     /// Per sample: mean (teacher − student) log-prob over the response (null without teacher log-probs).
     pub teacher_gap: Vec<Option<f64>>,
@@ -525,7 +526,7 @@ pub fn loss_command(cfg: &PipelineConfig, checkpoint: Option<&std::path::Path>, 
         .collect();
     let mut token_logprobs = vec![];
     for chunk in items.chunks(cfg.trainer.batch_size.max(1)) {
-        token_logprobs.extend(lm.score(chunk, 0)?.into_iter().map(|s| s.logprobs));
+        token_logprobs.extend(lm.score_at_temperature(chunk, 0, &[], cfg.trainer.temperature)?.into_iter().map(|s| s.logprobs));
     }
     let teacher_gap = samples
         .iter()

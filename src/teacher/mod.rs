@@ -102,10 +102,21 @@ pub struct TeacherConfig {
     /// candidates. Left out of the serialised form when 1, so older pipeline hashes are unchanged.
     #[serde(skip_serializing_if = "is_one")]
     pub candidates: usize,
+    /// Temperature of the scored distribution (1): the local teacher's log-probs (and top-K lists) are
+    /// the log-softmax of `logits / temperature`. Must equal `trainer.temperature` for methods with a
+    /// teacher term, so that `teacher − student` compares one distribution family (checked by the
+    /// pipeline); remote backends score at 1 only. Part of the teacher row id when not 1. Left out of
+    /// the serialised form when 1.
+    #[serde(skip_serializing_if = "is_one_f")]
+    pub temperature: f64,
 }
 
 fn is_one(n: &usize) -> bool {
     *n == 1
+}
+
+fn is_one_f(x: &f64) -> bool {
+    *x == 1.0
 }
 
 const DEFAULT_TIMEOUT_S: f64 = 120.0;
@@ -141,6 +152,7 @@ impl Default for TeacherConfig {
             max_tokens: 8192,
             batch: 4,
             candidates: 1,
+            temperature: 1.0,
         }
     }
 }
@@ -160,6 +172,9 @@ impl TeacherConfig {
                 self.candidates
             )));
         }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return Err(Error::Config(format!("teacher.temperature = {} must be a positive number", self.temperature)));
+        }
         if self.backend.is_local() {
             if let Some(u) = &self.url {
                 return Err(Error::Config(format!("teacher.url = {u:?} is only used by a remote teacher.backend (sglang or vllm); backend is \"local\"")));
@@ -167,6 +182,9 @@ impl TeacherConfig {
             return Ok(());
         }
         let backend = self.backend.as_str();
+        if self.temperature != 1.0 {
+            return Err(Error::Config(format!("teacher.temperature = {} needs teacher.backend = \"local\": the {backend} backend scores at temperature 1", self.temperature)));
+        }
         if self.url.as_deref().is_none_or(|u| u.trim().is_empty()) {
             return Err(Error::Config(format!("teacher.backend = \"{backend}\" needs teacher.url (the server's base URL)")));
         }

@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 use super::batch::{pack_samples, Dropped, PackOptions, PackedBatch};
 use super::config::{TeacherSource, TrainerConfig};
 use super::loss::{self, LossConfig, LossMetrics};
-use super::policy::Policy;
+use super::policy::{tempered, Policy};
 use crate::method::Method;
 use crate::input_err;
 use crate::model::score::{position_chunks, Gradients};
@@ -54,7 +54,7 @@ pub(super) fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Po
     // same teacher).
     let teacher = match (&batch.teacher_pass, cfg.teacher) {
         (Some(pass), TeacherSource::Current) => {
-            let lp = policy.response_logprobs(pass)?;
+            let lp = policy.response_logprobs_at(pass, cfg.temperature)?;
             check_hidden(&lp.f_unsqueeze(-1)?, b, t)?;
             Some(lp.f_detach()?.f_to_kind(kind)?)
         }
@@ -62,7 +62,7 @@ pub(super) fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Po
     };
     let ref_lp = match reference {
         Some(r) => {
-            let lp = r.response_logprobs(batch)?;
+            let lp = r.response_logprobs_at(batch, cfg.temperature)?;
             check_hidden(&lp.f_unsqueeze(-1)?, b, t)?;
             Some(lp.f_to_kind(kind)?)
         }
@@ -100,7 +100,7 @@ pub(super) fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Po
         let cut = |x: &Tensor| x.f_narrow(1, t0, n);
         let hc = cut(&pass.hidden)?;
         let hc = if train { hc.f_detach()?.f_requires_grad_(true)? } else { hc };
-        let lsm = policy.logits(&hc)?.f_to_kind(kind)?.f_log_softmax(-1, kind)?;
+        let lsm = tempered(&policy.logits(&hc)?.f_to_kind(kind)?, cfg.temperature)?.f_log_softmax(-1, kind)?;
         let new_c = lsm.f_gather(2, &cut(&batch.response_ids)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
         let ent_c = if train && lcfg.entropy_coef != 0.0 {
             loss::entropy(&lsm)?

@@ -262,6 +262,20 @@ pub struct TrainerConfig {
     /// [`TeacherSource`]). Left out of the serialised form when `samples`.
     #[serde(skip_serializing_if = "TeacherSource::is_samples")]
     pub teacher: TeacherSource,
+    /// Temperature of the distribution trained and scored (1): the trainer's log-probs, the teacher
+    /// stage's local scoring and the ablation's held-out gap are the log-softmax of `logits / temperature`.
+    /// Set it to the temperature the rollouts are sampled at (the reference trains at its rollout
+    /// temperature, 0.6): then the trained distribution is the one that sampled, the policy-gradient
+    /// estimate is on-policy, and a constant offset in the advantage (the OPD term's mean is
+    /// −KL(student‖teacher) ≤ 0) cancels in expectation instead of pushing the sampled (most likely)
+    /// tokens down. Values other than 1 need `recompute_old_logprobs = true` (rollout log-probs are
+    /// recorded at temperature 1). Left out of the serialised form when 1.
+    #[serde(skip_serializing_if = "is_one")]
+    pub temperature: f64,
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl Default for TrainerConfig {
@@ -296,6 +310,7 @@ impl Default for TrainerConfig {
             advantage_sign: AdvantageSign::Signal,
             overlap: OverlapSettings::default(),
             teacher: TeacherSource::Samples,
+            temperature: 1.0,
         }
     }
 }
@@ -364,6 +379,15 @@ impl TrainerConfig {
             return Err(config_err!(
                 "trainer.teacher = \"current\" works with trainer.opd_loss = \"ppo\" only (got \"{}\"): the current policy is scored at the sampled tokens, the top-K and overlap terms need the teacher stage's lists",
                 self.opd_loss.as_str()
+            ));
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return Err(config_err!("trainer.temperature = {} must be a positive number", self.temperature));
+        }
+        if self.temperature != 1.0 && !self.recompute_old_logprobs {
+            return Err(config_err!(
+                "trainer.temperature = {} needs trainer.recompute_old_logprobs = true: the rollout log-probs are recorded at temperature 1, so the PPO ratio would compare two distributions",
+                self.temperature
             ));
         }
         if let Some(bad) = self.lora.targets.iter().find(|t| !LORA_TARGETS.contains(&t.as_str())) {
@@ -524,6 +548,18 @@ mod tests {
         assert_eq!(h.len(), 32);
         assert_eq!(h, c.hash(Method::Combined).unwrap());
         assert_ne!(h, c.hash(Method::Binary).unwrap());
-        assert_ne!(h, TrainerConfig { lr: 2e-5, ..c }.hash(Method::Combined).unwrap());
+        assert_ne!(h, TrainerConfig { lr: 2e-5, ..c.clone() }.hash(Method::Combined).unwrap());
+        // The default temperature is left out of the serialised form (hashes of older configurations
+        // stay), another one changes the hash.
+        assert!(!serde_json::to_string(&c).unwrap().contains("temperature"));
+        assert_ne!(h, TrainerConfig { temperature: 0.6, recompute_old_logprobs: true, ..c }.hash(Method::Combined).unwrap());
+    }
+
+    #[test]
+    fn a_temperature_needs_recomputed_old_logprobs() {
+        let e = TrainerConfig { temperature: 0.6, ..TrainerConfig::default() }.validate().unwrap_err().to_string();
+        assert!(e.contains("trainer.temperature = 0.6 needs trainer.recompute_old_logprobs = true"), "{e}");
+        assert!(TrainerConfig { temperature: 0.6, recompute_old_logprobs: true, ..TrainerConfig::default() }.validate().is_ok());
+        assert!(TrainerConfig { temperature: 0.0, recompute_old_logprobs: true, ..TrainerConfig::default() }.validate().is_err());
     }
 }

@@ -77,12 +77,22 @@ pub trait Policy {
     /// # Errors
     /// As [`Policy::response_hidden`] and [`Policy::logits`].
     fn response_logprobs(&self, batch: &PackedBatch) -> Result<Tensor> {
+        self.response_logprobs_at(batch, 1.0)
+    }
+
+    /// [`Policy::response_logprobs`] of the distribution at `temperature`: the log-softmax of
+    /// `logits / temperature` (the trainer's `trainer.temperature`, METHOD.md §6). 1 gives the plain
+    /// log-softmax.
+    ///
+    /// # Errors
+    /// As [`Policy::response_logprobs`].
+    fn response_logprobs_at(&self, batch: &PackedBatch, temperature: f64) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
         let pass = self.response_hidden(batch, Gradients::None)?;
         let (b, t) = (batch.batch_size() as i64, batch.max_response_len() as i64);
         let mut parts = Vec::new();
         for (t0, n) in position_chunks(b, t, LOGIT_CHUNK_TOKENS) {
-            let lsm = self.logits(&pass.hidden.f_narrow(1, t0, n)?)?.f_log_softmax(-1, Kind::Float)?;
+            let lsm = tempered(&self.logits(&pass.hidden.f_narrow(1, t0, n)?)?, temperature)?.f_log_softmax(-1, Kind::Float)?;
             parts.push(lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?);
         }
         if parts.is_empty() {
@@ -144,4 +154,17 @@ pub fn load_trainable(vs: &VarStore, dir: &Path, format: WeightsFormat) -> Resul
         return Err(Error::Model(format!("{}: tensor {extra} is not a trainable tensor of the model", path.display())));
     }
     Ok(())
+}
+
+/// `logits / temperature` (unchanged, no copy, at 1): the logits of the distribution the trainer trains
+/// and scores (`trainer.temperature`, METHOD.md §6).
+///
+/// # Errors
+/// [`Error::Torch`] on a tensor failure.
+pub fn tempered(logits: &Tensor, temperature: f64) -> Result<Tensor> {
+    if temperature == 1.0 {
+        Ok(logits.shallow_clone())
+    } else {
+        Ok(logits.f_div_scalar(temperature)?)
+    }
 }

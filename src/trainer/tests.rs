@@ -607,6 +607,31 @@ fn opd_advantage_is_teacher_minus_the_current_policy_across_a_step() {
     assert!(lowered >= 4, "{lowered} of 7 tokens lowered");
 }
 
+/// `trainer.temperature`: the trainer's log-probs are the log-softmax of `logits / T` (by hand from the
+/// tiny policy's embedding and head), and the OPD advantage compares the teacher with them.
+#[test]
+fn the_trainer_scores_and_trains_the_distribution_at_its_temperature() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(12);
+    let mut samples = opd_batch(&p, &[]);
+    // By hand for o1 (prompt [1, 2], response [3, 4, 5]): the positions predicting 3, 4, 5 read 2, 3, 4.
+    let logits = p.head.forward(&p.emb.forward(&Tensor::from_slice(&[2i64, 3, 4])));
+    let want: Vec<f32> = Vec::<f32>::try_from(&(logits / 0.6).log_softmax(-1, Kind::Float).gather(1, &Tensor::from_slice(&[3i64, 4, 5]).unsqueeze(-1), false).squeeze_dim(-1)).unwrap();
+    for s in &mut samples {
+        s.teacher_logprobs = Some(vec![-1.0; s.len()]);
+    }
+    let c = TrainerConfig { temperature: 0.6, recompute_old_logprobs: true, checkpoint_every: 1000, ..cfg(0.05) };
+    let t = Trainer::new(p, Method::Opd, c, CheckpointWriter::new(dir.path(), "temp")).unwrap();
+    let r = t.loss_report(&samples).unwrap();
+    let o1 = r.samples.iter().find(|s| s.sample_id == "o1").unwrap();
+    for i in 0..3 {
+        assert!((o1.student_logprobs[i] - f64::from(want[i])).abs() < 1e-6, "{:?} vs {want:?}", o1.student_logprobs);
+        assert!((o1.token_advantages[i] - (-1.0 - f64::from(want[i]))).abs() < 1e-6, "{o1:?}");
+    }
+    // At temperature 1 the same weights give other log-probs (the rollout ones).
+    assert!((f64::from(samples[0].rollout_logprobs[0]) - o1.student_logprobs[0]).abs() > 1e-3);
+}
+
 #[test]
 fn f32_min_teacher_logprob_passes_packing_and_makes_the_loss_infinite() {
     let p = tiny(20);
