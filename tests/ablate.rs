@@ -320,6 +320,10 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
         assert!(md.contains(row), "{row} missing:\n{md}");
     }
     assert!(md.contains("| A | B | seeds | problems | A − B | 95 % CI | p | Holm p | only A / only B met all |"), "{md}");
+    // The baselines without training: `prompted` always, compared with every arm group.
+    assert!(md.contains("### Against the baselines without training") && md.contains("- `prompted`: personalization score"), "{md}");
+    let vb = read_table::<nextstate::ablate::compare::PairRow>(&r1, "arm_vs_baselines").unwrap();
+    assert_eq!(vb.iter().filter(|p| p.b == "prompted").count(), 5, "{vb:?}");
     let groups = read_table::<nextstate::ablate::compare::GroupRow>(&r1, "arm_summary").unwrap();
     assert_eq!(groups.iter().map(|g| g.group.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
     for g in &groups {

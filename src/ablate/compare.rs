@@ -224,6 +224,28 @@ pub fn versus_initial(arms: &[ArmRow], checkpoints: &[CheckpointRow], responses:
     let Some(base) = arms.iter().map(|a| outcomes(&a.arm, 0, responses)).find(|o| !o.is_empty()) else {
         return Ok(vec![]);
     };
+    versus_reference(INITIAL, &base, arms, checkpoints, responses)
+}
+
+/// Every group against each baseline without training ([`super::baselines`]), as [`versus_initial`]
+/// does against v0: `b` = the baseline's name, its outcomes (`baseline_responses`, rows whose `arm` is
+/// the baseline's name) standing in on every seed. Groups in file order within each baseline, baselines
+/// in the order given.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] only on non-finite values (not expected).
+pub fn versus_baselines(arms: &[ArmRow], checkpoints: &[CheckpointRow], responses: &[ResponseRow], baseline_responses: &[ResponseRow], names: &[String]) -> Result<Vec<PairRow>> {
+    let mut out = vec![];
+    for name in names {
+        let base = outcomes(name, 0, baseline_responses);
+        if !base.is_empty() {
+            out.extend(versus_reference(name, &base, arms, checkpoints, responses)?);
+        }
+    }
+    Ok(out)
+}
+
+fn versus_reference(b: &str, base: &BTreeMap<i64, bool>, arms: &[ArmRow], checkpoints: &[CheckpointRow], responses: &[ResponseRow]) -> Result<Vec<PairRow>> {
     let mut out = vec![];
     for (name, reps) in groups(arms) {
         let (mut ra, mut rb) = (Outcomes::new(), Outcomes::new());
@@ -232,7 +254,7 @@ pub fn versus_initial(arms: &[ArmRow], checkpoints: &[CheckpointRow], responses:
             ra.insert(a.seed, outcomes(&a.arm, c.version, responses));
             rb.insert(a.seed, base.clone());
         }
-        if let Some(p) = compare(&name, &ra, INITIAL, &rb)? {
+        if let Some(p) = compare(&name, &ra, b, &rb)? {
             out.push(p);
         }
     }
@@ -436,6 +458,15 @@ mod tests {
         // b: seed 1 TFFF, seed 2 TFFT vs FFFT → d = [1, 0, 0, −½] → mean 0.125.
         assert!((v0[1].mean_diff - 0.125).abs() < 1e-12, "{:?}", v0[1]);
         assert!(versus_initial(&arms, &checkpoints, &responses[4..]).unwrap().is_empty(), "no v0 responses, no comparison");
+
+        // Against a baseline without training, memory = TTFF: c's d = [0, 0, ½, 0] → mean 0.125; b's
+        // d = [0, −1, 0, ½] → mean −0.125. A baseline without responses gives no rows.
+        let memory = resp("memory", 0, &[true, true, false, false]);
+        let names = vec!["memory".to_string(), "prompted".to_string()];
+        let vb = versus_baselines(&arms, &checkpoints, &responses, &memory, &names).unwrap();
+        assert_eq!(vb.iter().map(|p| (p.a.as_str(), p.b.as_str())).collect::<Vec<_>>(), vec![("c", "memory"), ("b", "memory")]);
+        assert!((vb[0].mean_diff - 0.125).abs() < 1e-12 && (vb[1].mean_diff + 0.125).abs() < 1e-12, "{vb:?}");
+        assert_eq!(vb[1].p_value, crate::stats::paired_t(&[0.0, -1.0, 0.0, 0.5]).unwrap().p_value);
     }
 
     #[test]

@@ -117,6 +117,24 @@ pub(super) struct BaseEval {
     /// computed then).
     #[serde(default)]
     pub(super) teachers: Vec<TeacherEval>,
+    /// The baselines without training (empty in markers written before they existed: computed then).
+    #[serde(default)]
+    pub(super) baselines: Vec<BaselineEval>,
+}
+
+/// A baseline without training on the held-out problems ([`super::baselines`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BaselineEval {
+    /// `prompted` or `memory`.
+    pub(crate) name: String,
+    /// The system prompt it answered with.
+    pub(crate) system: String,
+    /// Its score.
+    pub(crate) score: Score,
+    /// Its responses (arm = the name, version 0), for the paired tests.
+    pub(crate) responses: Vec<ResponseRow>,
+    /// Seconds the evaluation took.
+    pub(crate) seconds: f64,
 }
 
 /// The hint-conditioned teacher's score on the held-out problems under one hint strategy

@@ -23,7 +23,9 @@
 //! 3. **Evaluate every checkpoint** ([`eval`]): personalization score on held-out GSM8K problems
 //!    (greedy), held-out loss components, teacher/student log-prob gap, and judge-vs-outcome agreement on
 //!    labelled logs (tau-bench rewards); the hint-conditioned teacher itself is scored on the same
-//!    problems once per hint strategy ([`teacher_eval`]): the bound distillation can reach.
+//!    problems once per hint strategy ([`teacher_eval`]): the bound distillation can reach; and two
+//!    baselines without training ([`baselines`]: the preferences in the system prompt, and the
+//!    accepted hints accumulated as memory) that training has to beat.
 //! 4. **Report** ([`report`]): `report.md`, PNG plots and Parquet tables of every number ([`results`]);
 //!    with several replicate seeds per arm (`[shared] seeds`), each arm's mean and 95 % interval over
 //!    seeds and paired tests between arms on the same problems ([`compare`]).
@@ -32,6 +34,7 @@
 //! deterministic: seeded sampling, synthetic event times, fixed batch compositions, one scoring pass per
 //! teacher row — the same configuration gives the same numbers (`tests/ablate.rs`).
 
+pub mod baselines;
 pub mod collect;
 pub mod compare;
 pub mod config;

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::compare::{adjust_holm, ordering, summarize, versus_initial, GroupRow, PairRow, ALPHA};
-use super::layout::TeacherEval;
+use super::compare::{adjust_holm, ordering, summarize, versus_baselines, versus_initial, GroupRow, PairRow, ALPHA};
+use super::layout::{BaselineEval, TeacherEval};
+use super::results::ResponseRow;
 use super::teacher_eval::HintStrategy;
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
 use super::results::{write_table, CheckpointRow, TABLES};
@@ -62,15 +63,28 @@ pub struct AblationSummary {
 ///
 /// # Errors
 /// I/O, Parquet and plotting errors.
-pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, base: &Score, teachers: &[TeacherEval], problems: usize) -> Result<AblationSummary> {
+pub(crate) async fn write_all(
+    cfg: &AblationConfig,
+    arms: &[ResolvedArm],
+    stream: &Stream,
+    lay: &Layout,
+    base: &Score,
+    teachers: &[TeacherEval],
+    baselines: &[BaselineEval],
+    problems: usize,
+) -> Result<AblationSummary> {
     let g = gather(cfg, arms, stream, lay, problems).await?;
     write_results(&g, &lay.results())?;
     let (groups, mut pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
     let mut versus_v0 = versus_initial(&g.arms, &g.checkpoints, &g.responses)?;
-    adjust_holm(&mut [&mut pairs, &mut versus_v0]);
+    let baseline_rows: Vec<ResponseRow> = baselines.iter().flat_map(|b| b.responses.iter().cloned()).collect();
+    let names: Vec<String> = baselines.iter().map(|b| b.name.clone()).collect();
+    let mut versus_base = versus_baselines(&g.arms, &g.checkpoints, &g.responses, &baseline_rows, &names)?;
+    adjust_holm(&mut [&mut pairs, &mut versus_v0, &mut versus_base]);
     write_table(&lay.results(), "arm_summary", &groups)?;
     write_table(&lay.results(), "arm_comparisons", &pairs)?;
     write_table(&lay.results(), "arm_vs_v0", &versus_v0)?;
+    write_table(&lay.results(), "arm_vs_baselines", &versus_base)?;
     let mut plots = write_plots(&g, &lay.out)?;
     if !groups.is_empty() {
         let items: Vec<IntervalItem> = groups
@@ -81,7 +95,8 @@ pub(crate) async fn write_all(cfg: &AblationConfig, arms: &[ResolvedArm], stream
         plots.files.insert(0, ("score_by_arm.png".into(), "final personalization score per arm: mean over seeds with its 95 % interval and each seed's score".into()));
     }
     let order = ordering(&g.arms, &pairs);
-    let md = render(cfg, arms, stream, &g, base, teachers, &plots, &Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, ordering: order.as_deref() }, &lay.out);
+    let across = Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, versus_baselines: &versus_base, baselines, ordering: order.as_deref() };
+    let md = render(cfg, arms, stream, &g, base, teachers, &plots, &across, &lay.out);
     let report = lay.out.join("report.md");
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary {
@@ -179,6 +194,10 @@ struct Across<'a> {
     pairs: &'a [PairRow],
     /// Each group against the initial weights ([`versus_initial`]).
     versus_v0: &'a [PairRow],
+    /// Each group against each baseline without training ([`versus_baselines`]).
+    versus_baselines: &'a [PairRow],
+    /// The baselines without training.
+    baselines: &'a [BaselineEval],
     /// [`ordering`]'s sentence.
     ordering: Option<&'a str>,
 }
@@ -229,6 +248,27 @@ fn render_teacher(s: &mut String, base: &Score, teachers: &[TeacherEval], groups
     }
     if let Some((h, a)) = teachers.iter().find(|t| t.strategy == HintStrategy::Instruction).and_then(|t| t.examples.first()) {
         let _ = writeln!(s, "An instruction hint and the teacher's answer with it: hint \"{}\" → \"{}\"\n", cell(h), cell(&a.chars().take(300).collect::<String>()));
+    }
+}
+
+/// "Against the baselines without training": each baseline's score and system prompt, the paired tests of
+/// every arm group against it, and whether any arm beats it (Holm-adjusted).
+fn render_baselines(s: &mut String, a: &Across<'_>) {
+    if a.baselines.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "### Against the baselines without training
+");
+    let _ = writeln!(s, "The initial weights with a system prompt and no weight update (`src/ablate/baselines.rs`): training is worth running only where it beats these.
+");
+    for b in a.baselines {
+        let beats: Vec<&str> = a.versus_baselines.iter().filter(|p| p.b == b.name && p.mean_diff > 0.0 && p.significant(ALPHA)).map(|p| p.a.as_str()).collect();
+        let verdict = if beats.is_empty() { "no arm beats it significantly".to_string() } else { format!("beaten significantly by {}", beats.join(", ")) };
+        let _ = writeln!(s, "- `{}`: personalization score **{:.3}**; {verdict}. System prompt: \"{}\"", b.name, b.score.fraction_all_satisfied, cell(&b.system.replace('\n', " ")));
+    }
+    s.push('\n');
+    if !a.versus_baselines.is_empty() {
+        pair_table(s, a.versus_baselines, "baseline");
     }
 }
 
@@ -285,6 +325,7 @@ fn render_groups(s: &mut String, a: &Across<'_>) {
         );
         pair_table(s, a.versus_v0, "v0");
     }
+    render_baselines(s, a);
     if !pairs.is_empty() {
         let _ = writeln!(
             s,

@@ -24,7 +24,8 @@ use super::collect::{collect, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, VersionEval};
 use crate::demo::heldout::{greedy_answers, load_policy};
-use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
+use super::baselines::{answers_with_system, memory_system, prompted_system, MEMORY_TOKENS};
+use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, BaselineEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
 use super::teacher_eval::{teacher_answers, HintStrategy};
 use super::plan::{evaluated_versions, judge_groups, needed_data_pipelines, selected};
 use super::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
@@ -112,6 +113,9 @@ struct Prepared {
     student: Student,
     /// Hinted held-out samples (the gap set), from the first data pipeline that builds hints.
     gap_samples: Vec<Sample>,
+    /// The accepted hints of the training interactions, oldest first, from the first data pipeline
+    /// that builds hints (the `memory` baseline's material).
+    memory_hints: Vec<String>,
     eval_fingerprint: String,
 }
 
@@ -279,15 +283,29 @@ async fn prepared(cfg: &AblationConfig, arms: Vec<ResolvedArm>, lay: &Layout) ->
         Some(q) => query_samples(&lake, &q).await?.into_iter().filter(|s| s.hint_id.is_some() && s.teacher_logprobs.is_some()).collect(),
         None => vec![],
     };
-    Ok(Prepared { arms, stream, eval_problems: split.eval, student, gap_samples, eval_fingerprint: eval_fingerprint(cfg)? })
+    let memory_hints = match arms.iter().find(|a| a.pipeline.method.uses_hints()) {
+        Some(a) => {
+            let mut rows: Vec<(i64, String)> = lake
+                .read_table::<crate::schema::HintRecord>()?
+                .into_iter()
+                .filter(|h| h.pipeline == a.data_pipeline && !stream.heldout.contains(&h.session_id))
+                .filter_map(|h| Some((stream.rank.get(&h.interaction_id).copied().unwrap_or(i64::MAX), h.chosen_hint?)))
+                .collect();
+            rows.sort();
+            rows.into_iter().map(|(_, h)| h).collect()
+        }
+        None => vec![],
+    };
+    Ok(Prepared { arms, stream, eval_problems: split.eval, student, gap_samples, memory_hints, eval_fingerprint: eval_fingerprint(cfg)? })
 }
 
 async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop) -> Result<BaseEval> {
     let path = lay.state().join("base-eval.json");
     if let Some(mut b) = read_marker::<BaseEval>(&path)? {
         if b.fingerprint == p.eval_fingerprint {
-            if b.teachers.is_empty() {
+            if b.teachers.is_empty() || b.baselines.is_empty() {
                 b.teachers = teacher_evals(cfg, p, &b.responses, stop).await?;
+                b.baselines = baseline_evals(cfg, p, stop).await?;
                 write_marker(&path, &b)?;
             }
             return Ok(b);
@@ -309,7 +327,8 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
     let seconds = t.elapsed().as_secs_f64();
     eprintln!("[ablate] initial weights: personalization score {:.3} (accuracy {:.3})", score.fraction_all_satisfied, score.accuracy);
     let teachers = teacher_evals(cfg, p, &responses, stop).await?;
-    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers };
+    let baselines = baseline_evals(cfg, p, stop).await?;
+    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers, baselines };
     write_marker(&path, &b)?;
     Ok(b)
 }
@@ -337,6 +356,39 @@ async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], s
         let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
         let e = TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64() };
         eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
+        out.push(e);
+    }
+    Ok(out)
+}
+
+/// The baselines without training on the held-out problems ([`super::baselines`]): `prompted`, and
+/// `memory` when the training interactions have accepted hints.
+async fn baseline_evals(cfg: &AblationConfig, p: &Prepared, stop: &Stop) -> Result<Vec<BaselineEval>> {
+    let mut out = vec![];
+    for name in ["prompted", "memory"] {
+        check_stop(stop)?;
+        let t = Instant::now();
+        let (pcfg, student, problems, hints) = (p.arms[0].pipeline.clone(), p.student.clone(), p.eval_problems.clone(), p.memory_hints.clone());
+        let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
+        let name_s = name.to_string();
+        let done = blocking(move || {
+            let lm = load_policy(&pcfg, None)?;
+            let system = match name_s.as_str() {
+                "prompted" => Some(prompted_system(&prefs)),
+                _ => memory_system(&hints, MEMORY_TOKENS, |s| lm.encode(s).map(|ids| ids.len()).unwrap_or(usize::MAX)),
+            };
+            let Some(system) = system else { return Ok(None) };
+            let answers = answers_with_system(&lm, &problems, &student, &system, max_tokens, batch)?;
+            let (score, responses) = score_answers(&name_s, 0, &answers, &prefs);
+            Ok(Some((system, score, responses)))
+        })
+        .await?;
+        let Some((system, score, responses)) = done else {
+            eprintln!("[ablate] baseline {name}: no accepted hint in the training interactions, not evaluated");
+            continue;
+        };
+        let e = BaselineEval { name: name.into(), system, score, responses, seconds: t.elapsed().as_secs_f64() };
+        eprintln!("[ablate] baseline {name} (no training): personalization score {:.3} ({:.0} s)", e.score.fraction_all_satisfied, e.seconds);
         out.push(e);
     }
     Ok(out)
@@ -482,6 +534,6 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
         train_arm(cfg, arm, &p, &lay, &stop, opts.metrics_jsonl.as_deref()).await?;
         eval_arm(cfg, arm, &p, &base, &lay, &stop).await?;
     }
-    let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, &base.teachers, p.eval_problems.len()).await?;
+    let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, &base.teachers, &base.baselines, p.eval_problems.len()).await?;
     Ok(AblationSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
 }
