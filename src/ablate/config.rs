@@ -486,7 +486,12 @@ impl AblationConfig {
             set_dotted(&mut t, "policy.model", toml::Value::String(m.display().to_string()))?;
         }
         set_dotted(&mut t, "policy.threads", toml::Value::Integer(s.threads as i64))?;
-        set_dotted(&mut t, "trainer.seed", toml::Value::Integer(s.seed as i64))?;
+        // One listed seed is the seed (with several, each replicate sets its own below).
+        let seed = match s.seeds.as_slice() {
+            [one] => *one,
+            _ => s.seed,
+        };
+        set_dotted(&mut t, "trainer.seed", toml::Value::Integer(seed as i64))?;
         set_dotted(&mut t, "trainer.batch_size", toml::Value::Integer(s.batch_size as i64))?;
         set_dotted(&mut t, "trainer.checkpoint_every", toml::Value::Integer(s.checkpoint_every as i64))?;
         if let Some(lr) = s.lr {
@@ -628,6 +633,9 @@ values = [0.5, 2.0]
         let plain = AblationConfig::parse(FILE).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
         assert_eq!(one.iter().map(|a| (&a.name, &a.config_hash)).collect::<Vec<_>>(), plain.iter().map(|a| (&a.name, &a.config_hash)).collect::<Vec<_>>());
         assert!(plain.iter().all(|a| a.group == a.name && a.seed == 3));
+        // one seed that differs from `seed`: it is the trainer's seed, as the report says
+        let five = AblationConfig::parse(&FILE.replace("seed = 3\n", "seed = 3\nseeds = [5]\n")).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        assert!(five.iter().all(|a| a.seed == 5 && a.pipeline.trainer.seed == 5), "{:?}", five.iter().map(|a| (a.seed, a.pipeline.trainer.seed)).collect::<Vec<_>>());
         assert!(AblationConfig::parse(&FILE.replace("seed = 3\n", "seed = 3\nseeds = [1, 1]\n")).unwrap_err().to_string().contains("listed twice"));
         let clash = format!("{multi}\n[[arms]]\nname = \"x.seed=7\"\nmethod = \"opd\"\n");
         assert!(AblationConfig::parse(&clash).unwrap_err().to_string().contains("names the replicates"));
