@@ -317,7 +317,8 @@ fn clause_instruction(raw: &str, wrong: &Regex, long: &Regex) -> Option<String> 
             return Some(format!("Give the user {}", tidy(&rest)?));
         }
     }
-    if Regex::new(r"(?i)\b(should|must|needs? to|has to|have to)\b").map(|r| r.is_match(&c)).unwrap_or(false) {
+    static MODAL: OnceLock<Regex> = OnceLock::new();
+    if MODAL.get_or_init(|| Regex::new(r"(?i)\b(should|must|needs? to|has to|have to)\b").expect("constant regex")).is_match(&c) {
         return tidy(&c);
     }
     if starts_with_verb(&c) {
