@@ -340,6 +340,20 @@ pub struct ScoredResponse {
     pub ranks: Option<Vec<u32>>,
 }
 
+/// `logits / temperature` (unchanged, no copy, at 1): the logits of the distribution that is trained and
+/// scored at `trainer.temperature` / `teacher.temperature` (METHOD.md §6). Shared by the scorer and the
+/// trainer so both take one tempering.
+///
+/// # Errors
+/// [`Error::Torch`] on a tensor failure.
+pub fn tempered(logits: &Tensor, temperature: f64) -> Result<Tensor> {
+    if temperature == 1.0 {
+        Ok(logits.shallow_clone())
+    } else {
+        Ok(logits.f_div_scalar(temperature)?)
+    }
+}
+
 /// Most tokens (B·L) scored in one forward pass.
 pub const SCORE_BATCH_TOKENS: usize = 8192;
 
@@ -444,9 +458,7 @@ fn score_pass(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize,
         };
         let (mut lps, mut ids, mut vals, mut ats, mut rks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (t0, n) in position_chunks(b, tmax, LOGIT_CHUNK_TOKENS) {
-            let logits = model.logits(&pass.hidden.f_narrow(1, t0, n)?)?;
-            let logits = if temperature == 1.0 { logits } else { logits.f_div_scalar(temperature)? };
-            let lsm = logits.f_log_softmax(-1, Kind::Float)?;
+            let lsm = tempered(&model.logits(&pass.hidden.f_narrow(1, t0, n)?)?, temperature)?.f_log_softmax(-1, Kind::Float)?;
             let lp = lsm.f_gather(2, &batch.response_ids.f_narrow(1, t0, n)?.f_unsqueeze(-1)?, false)?;
             if ranked {
                 rks.push(lsm.f_ge_tensor(&lp)?.f_sum_dim_intlist(-1i64, false, Kind::Int64)?);

@@ -10,10 +10,10 @@ use tch::{Kind, Tensor};
 use super::batch::{pack_samples, Dropped, PackOptions, PackedBatch};
 use super::config::{TeacherSource, TrainerConfig};
 use super::loss::{self, LossConfig, LossMetrics};
-use super::policy::{tempered, Policy};
+use super::policy::Policy;
 use crate::method::Method;
 use crate::input_err;
-use crate::model::score::{position_chunks, Gradients};
+use crate::model::score::{position_chunks, tempered, Gradients};
 use crate::schema::Sample;
 use crate::Result;
 

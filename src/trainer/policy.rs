@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 
 use super::batch::PackedBatch;
 use super::optim;
-use crate::model::score::{position_chunks, Gradients, HiddenPass, LOGIT_CHUNK_TOKENS};
+use crate::model::score::{position_chunks, tempered, Gradients, HiddenPass, LOGIT_CHUNK_TOKENS};
 use crate::{Error, Result};
 
 /// How the trainable weights are checkpointed.
@@ -154,17 +154,4 @@ pub fn load_trainable(vs: &VarStore, dir: &Path, format: WeightsFormat) -> Resul
         return Err(Error::Model(format!("{}: tensor {extra} is not a trainable tensor of the model", path.display())));
     }
     Ok(())
-}
-
-/// `logits / temperature` (unchanged, no copy, at 1): the logits of the distribution the trainer trains
-/// and scores (`trainer.temperature`, METHOD.md §6).
-///
-/// # Errors
-/// [`Error::Torch`] on a tensor failure.
-pub fn tempered(logits: &Tensor, temperature: f64) -> Result<Tensor> {
-    if temperature == 1.0 {
-        Ok(logits.shallow_clone())
-    } else {
-        Ok(logits.f_div_scalar(temperature)?)
-    }
 }
