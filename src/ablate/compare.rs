@@ -402,6 +402,7 @@ mod tests {
             heldout_topk_kl: None,
             gap_samples: 0,
             teacher_gap: None,
+            teacher_abs_gap: None,
             student_logprob: None,
         }
     }

@@ -121,14 +121,23 @@ pub fn gap_rows(lm: &LanguageModel, arm: &str, version: i64, samples: &[Sample],
             if teacher.len() != scored.logprobs.len() {
                 continue;
             }
-            let gap = masked_mean(teacher.iter().zip(&scored.logprobs).map(|(t, st)| f64::from(*t) - f64::from(*st)), &s.loss_mask);
             let student = masked_mean(scored.logprobs.iter().map(|x| f64::from(*x)), &s.loss_mask);
-            if let (Some(gap), Some(student_logprob)) = (gap, student) {
-                out.push(GapRow { arm: arm.into(), version, sample_id: s.sample_id.clone(), tokens: s.loss_mask.iter().filter(|m| **m != 0).count() as i64, gap, student_logprob });
+            if let (Some((gap, abs_gap)), Some(student_logprob)) = (token_gap(teacher, &scored.logprobs, &s.loss_mask), student) {
+                out.push(GapRow { arm: arm.into(), version, sample_id: s.sample_id.clone(), tokens: s.loss_mask.iter().filter(|m| **m != 0).count() as i64, gap, abs_gap: Some(abs_gap), student_logprob });
             }
         }
     }
     Ok(out)
+}
+
+/// The signed and the absolute teacher − student gap of one response: the means over the tokens with a
+/// non-zero `mask` of `teacher − student` and of `|teacher − student|` (log-probs, nats; all three
+/// slices one entry per response token). The signed mean can be 0 for a student that is above the
+/// teacher on some tokens and below on others; the absolute one is 0 only where they agree. None when
+/// no token is masked in.
+fn token_gap(teacher: &[f32], student: &[f32], mask: &[i32]) -> Option<(f64, f64)> {
+    let diff = || teacher.iter().zip(student).map(|(t, s)| f64::from(*t) - f64::from(*s));
+    Some((masked_mean(diff(), mask)?, masked_mean(diff().map(f64::abs), mask)?))
 }
 
 /// Each sample's mean advantage over its masked tokens as the arm's loss computes it at the start of
@@ -287,5 +296,15 @@ mod tests {
     fn masked_means() {
         assert_eq!(masked_mean([1.0, 2.0, 4.0].into_iter(), &[1, 0, 1]), Some(2.5));
         assert_eq!(masked_mean([1.0].into_iter(), &[0]), None);
+    }
+
+    #[test]
+    fn the_absolute_gap_sees_an_overshoot_the_signed_gap_hides() {
+        // student above the teacher on one token, below on another, equal on the third; a masked-out
+        // fourth token does not count
+        let (gap, abs) = token_gap(&[-1.0, -2.0, -3.0, -9.0], &[-2.0, -1.0, -3.0, 0.0], &[1, 1, 1, 0]).unwrap();
+        assert_eq!(gap, 0.0);
+        assert!((abs - 2.0 / 3.0).abs() < 1e-12, "{abs}");
+        assert_eq!(token_gap(&[-1.0], &[-2.0], &[0]), None);
     }
 }

@@ -45,6 +45,8 @@ fn checkpoint_row(arm: &str, e: &VersionEval, problems: usize) -> CheckpointRow 
         heldout_topk_kl: hm(|r| r.topk_kl),
         gap_samples: e.gaps.len() as i64,
         teacher_gap: mean(e.gaps.iter().map(|g| g.gap)),
+        // only when every row has it (rows of a resumed older run do not)
+        teacher_abs_gap: e.gaps.iter().map(|g| g.abs_gap).collect::<Option<Vec<f64>>>().and_then(|v| mean(v.into_iter())),
         student_logprob: mean(e.gaps.iter().map(|g| g.student_logprob)),
     }
 }

@@ -418,7 +418,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
 
     // Comparison
     let _ = writeln!(s, "## Comparison\n");
-    let _ = writeln!(s, "| arm | differs from the first arm by | samples trained (types) | steps | score v0 → last (best) | accuracy last | held-out loss v0 → last | t − s gap v0 → last | judge agreement |");
+    let _ = writeln!(s, "| arm | differs from the first arm by | samples trained (types) | steps | score v0 → last (best) | accuracy last | held-out loss v0 → last | t − s gap v0 → last (\\|t − s\\|) | judge agreement |");
     let _ = writeln!(s, "|---|---|---|---:|---|---:|---|---|---|");
     let first_arm = arms.first();
     for a in &g.arms {
@@ -450,7 +450,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
             .unwrap_or_else(|| "– (no judge)".into());
         let _ = writeln!(
             s,
-            "| {} | {} | {} ({}) | {} | {:.3} → **{:.3}** ({:.3}) | {:.3} | {} → {} | {} → {} | {} |",
+            "| {} | {} | {} ({}) | {} | {:.3} → **{:.3}** ({:.3}) | {:.3} | {} → {} | {} → {} ({} → {}) | {} |",
             cell(&a.arm),
             diff,
             a.sample_ids.len(),
@@ -464,6 +464,8 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
             f3(last.heldout_loss),
             f3(v0.teacher_gap),
             f3(last.teacher_gap),
+            f3(v0.teacher_abs_gap),
+            f3(last.teacher_abs_gap),
             agree
         );
     }
@@ -524,15 +526,24 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
         for p in &prefs {
             let _ = write!(s, " {p} |");
         }
-        let _ = writeln!(s, " held-out loss | held-out pg loss | held-out old − new | t − s gap |");
-        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|{}---:|---:|---:|---:|", "---:|".repeat(prefs.len()));
+        let _ = writeln!(s, " held-out loss | held-out pg loss | held-out old − new | t − s gap | \\|t − s\\| | gap samples |");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|{}---:|---:|---:|---:|---:|---:|", "---:|".repeat(prefs.len()));
         for c in g.checkpoints.iter().filter(|c| c.arm == a.arm) {
             let _ = write!(s, "| {} | {} | {} | {} | {:.3} | {:.3} |", c.version, c.step, c.interactions_seen, c.samples_seen, c.score, c.accuracy);
             for p in &prefs {
                 let r = g.preferences.iter().find(|r| r.arm == a.arm && r.version == c.version && &r.preference == p).map(|r| r.rate);
                 let _ = write!(s, " {} |", f3(r));
             }
-            let _ = writeln!(s, " {} | {} | {} | {} |", f3(c.heldout_loss), f3(c.heldout_pg_loss), c.heldout_ppo_kl.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "–".into()), f3(c.teacher_gap));
+            let _ = writeln!(
+                s,
+                " {} | {} | {} | {} | {} | {} |",
+                f3(c.heldout_loss),
+                f3(c.heldout_pg_loss),
+                c.heldout_ppo_kl.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "–".into()),
+                f3(c.teacher_gap),
+                f3(c.teacher_abs_gap),
+                c.gap_samples
+            );
         }
         s.push('\n');
         let steps: Vec<_> = g.steps.iter().filter(|x| x.arm == a.arm).collect();

@@ -128,6 +128,9 @@ pub struct CheckpointRow {
     pub gap_samples: i64,
     /// Mean over them of mean(teacher − student) response-token log-prob, nats.
     pub teacher_gap: Option<f64>,
+    /// Mean over them of mean |teacher − student| response-token log-prob, nats ([`GapRow::abs_gap`]).
+    #[serde(default)]
+    pub teacher_abs_gap: Option<f64>,
     /// Mean student response-token log-prob on them, nats.
     pub student_logprob: Option<f64>,
 }
@@ -189,6 +192,11 @@ pub struct GapRow {
     pub tokens: i64,
     /// Mean (teacher − student) log-prob over response tokens, nats.
     pub gap: f64,
+    /// Mean |teacher − student| log-prob over response tokens, nats: 0 only where the student matches
+    /// the teacher on every token, so a student that went past the teacher reads as far, not as close
+    /// (None in results written before it existed).
+    #[serde(default)]
+    pub abs_gap: Option<f64>,
     /// Mean student log-prob, nats.
     pub student_logprob: f64,
 }
@@ -385,8 +393,8 @@ mod tests {
     fn tables_round_trip_and_are_queryable() {
         let dir = tempfile::tempdir().unwrap();
         let rows = vec![
-            GapRow { arm: "opd".into(), version: 1, sample_id: "s1".into(), tokens: 3, gap: -0.25, student_logprob: -1.5 },
-            GapRow { arm: "binary".into(), version: 0, sample_id: "s2".into(), tokens: 2, gap: 0.5, student_logprob: -2.0 },
+            GapRow { arm: "opd".into(), version: 1, sample_id: "s1".into(), tokens: 3, gap: -0.25, abs_gap: Some(0.75), student_logprob: -1.5 },
+            GapRow { arm: "binary".into(), version: 0, sample_id: "s2".into(), tokens: 2, gap: 0.5, abs_gap: None, student_logprob: -2.0 },
         ];
         write_table(dir.path(), "teacher_gaps", &rows).unwrap();
         assert_eq!(read_table::<GapRow>(dir.path(), "teacher_gaps").unwrap(), rows);
