@@ -52,9 +52,34 @@ pub struct ProxyConfig {
     pub spool_max_bytes: u64,
     /// Environment variable holding the bearer key clients must send (none: open).
     pub api_key_env: Option<String>,
+    /// Require that key on `/health` too (default false: `/health` stays open, for load balancers).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub health_requires_key: bool,
     /// Listen on https with this certificate chain and key (`[proxy.tls] cert_file`, `key_file`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<crate::net::ServerTls>,
+    /// Seconds a client may take to send a request's headers; also the longest a connection may stay
+    /// silent or idle; the connection is then closed (default 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_timeout_s: Option<u64>,
+    /// Seconds a client may take to send a request's body after its headers; then 408 and the
+    /// connection is closed (default 30).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_timeout_s: Option<u64>,
+    /// Most connections open at once; further ones wait in the listen backlog until one closes
+    /// (default 512).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+}
+
+impl ProxyConfig {
+    /// The listener limits of `header_timeout_s`, `body_timeout_s` and `max_connections`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a zero value.
+    pub fn limits(&self) -> Result<crate::net::ListenLimits> {
+        crate::net::ListenLimits::from_settings("proxy", self.header_timeout_s, self.body_timeout_s, self.max_connections)
+    }
 }
 
 impl Default for ProxyConfig {
@@ -66,7 +91,11 @@ impl Default for ProxyConfig {
             spool_dir: PathBuf::from(".cache/proxy-spool"),
             spool_max_bytes: 256 << 20,
             api_key_env: None,
+            health_requires_key: false,
             tls: None,
+            header_timeout_s: None,
+            body_timeout_s: None,
+            max_connections: None,
         }
     }
 }
@@ -190,6 +219,8 @@ impl PipelineConfig {
         if self.bus.partitions < 1 {
             return Err(Error::Config("bus.partitions must be at least 1".into()));
         }
+        self.proxy.limits()?;
+        self.serve.limits()?;
         Ok(())
     }
 
@@ -227,5 +258,22 @@ mod tests {
         // At temperature 1 neither key appears in the serialised form (hashes of older pipelines hold).
         let d = parse("");
         assert!(!serde_json::to_string(&d.teacher).unwrap().contains("temperature") && !serde_json::to_string(&d.trainer).unwrap().contains("temperature"));
+    }
+
+    /// `[proxy]` and `[serve]` listener limits and `health_requires_key`: parsed, a zero refused, and
+    /// left out of the serialised form when unset (hashes of older pipelines hold).
+    #[test]
+    fn listener_limits_and_health_key() {
+        let c = parse("[proxy]\nheader_timeout_s = 3\nmax_connections = 7\nhealth_requires_key = true\n[serve]\nbody_timeout_s = 5\n");
+        c.validate().unwrap();
+        let p = c.proxy.limits().unwrap();
+        assert_eq!((p.header_read_timeout.as_secs(), p.body_read_timeout.as_secs(), p.max_connections, c.proxy.health_requires_key), (3, 30, 7, true));
+        assert_eq!(c.serve.limits().unwrap().body_read_timeout.as_secs(), 5);
+        let e = parse("[serve]\nmax_connections = 0\n").validate().unwrap_err().to_string();
+        assert!(e.contains("serve.max_connections must be at least 1"), "{e}");
+        let d = serde_json::to_string(&parse("")).unwrap();
+        for key in ["header_timeout_s", "body_timeout_s", "max_connections", "health_requires_key"] {
+            assert!(!d.contains(key), "{key} serialised by default");
+        }
     }
 }

@@ -14,7 +14,14 @@
 //!
 //! **Listeners.** `serve` and `proxy` listen on https when given a certificate chain and key
 //! ([`ServerTls`]); [`Listener`] accepts TCP connections and completes TLS handshakes off the accept
-//! loop, so a slow or broken client never holds up the others.
+//! loop, so a slow or broken client never holds up the others. [`serve_app_with`] serves HTTP/1.1 on
+//! it under [`ListenLimits`]: a client must send a request's headers within `header_read_timeout`
+//! (also the longest a connection may sit idle or silent) and its body within `body_read_timeout`,
+//! and at most `max_connections` connections are open at once (hyper's own header timeout, a body
+//! deadline, a semaphore around accept).
+//!
+//! **Secrets.** A URL may carry credentials (`http://user:pass@host`): everything that prints or
+//! returns one passes it through [`redact_url`] first.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -296,34 +303,285 @@ impl From<tokio::net::TcpListener> for Listener {
     }
 }
 
-/// Serves `app` on `listener` (plain or TLS) until `shutdown` resolves, then drains open requests.
+/// What a listener of `serve` or `proxy` allows its clients ([`serve_app_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenLimits {
+    /// Longest a client may take to send a request's headers, counted from when the connection is
+    /// accepted (after the TLS handshake) or falls idle after a response; the connection is then closed
+    /// without an answer. Also bounds a silent or idle keep-alive connection. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request's whole body, counted from the end of its headers;
+    /// the request then gets `408 Request Timeout` and the connection is closed. Default 30 s.
+    pub body_read_timeout: Duration,
+    /// Most connections open at once (TLS handshakes in progress included). Further connections are
+    /// not refused: they wait, unaccepted, in the listen backlog until one closes (the two timeouts
+    /// above close slow ones). Each proxied connection also holds one connection to the upstream: keep
+    /// twice this under the process's open-file limit (`ulimit -n`). Default 512.
+    pub max_connections: usize,
+}
+
+impl Default for ListenLimits {
+    fn default() -> Self {
+        ListenLimits { header_read_timeout: Duration::from_secs(10), body_read_timeout: Duration::from_secs(30), max_connections: 512 }
+    }
+}
+
+impl ListenLimits {
+    /// The limits of a config section's `header_timeout_s`, `body_timeout_s` and `max_connections`
+    /// (each `None`: its default); `what` names the section in errors (`"proxy"`, `"serve"`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a zero value.
+    pub fn from_settings(what: &str, header_timeout_s: Option<u64>, body_timeout_s: Option<u64>, max_connections: Option<usize>) -> Result<ListenLimits> {
+        let d = ListenLimits::default();
+        for (key, v) in [("header_timeout_s", header_timeout_s.map(|v| v as u128)), ("body_timeout_s", body_timeout_s.map(|v| v as u128)), ("max_connections", max_connections.map(|v| v as u128))] {
+            if v == Some(0) {
+                return Err(Error::Config(format!("{what}.{key} must be at least 1")));
+            }
+        }
+        Ok(ListenLimits {
+            header_read_timeout: header_timeout_s.map(Duration::from_secs).unwrap_or(d.header_read_timeout),
+            body_read_timeout: body_timeout_s.map(Duration::from_secs).unwrap_or(d.body_read_timeout),
+            max_connections: max_connections.unwrap_or(d.max_connections),
+        })
+    }
+}
+
+/// The command-line flags of a listener's [`ListenLimits`] (`serve`, `proxy`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenLimitArgs {
+    /// Seconds a client may take to send a request's headers (also the longest a connection may stay
+    /// silent or idle); the connection is then closed.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout_s: u64,
+    /// Seconds a client may take to send a request's body after its headers; then 408 and the
+    /// connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout_s: u64,
+    /// Most connections open at once; further ones wait in the listen backlog until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+}
+
+impl ListenLimitArgs {
+    /// The limits these flags describe.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a zero value.
+    pub fn limits(&self) -> Result<ListenLimits> {
+        for (flag, v) in [("--header-timeout-s", self.header_timeout_s as u128), ("--body-timeout-s", self.body_timeout_s as u128), ("--max-connections", self.max_connections as u128)] {
+            if v == 0 {
+                return Err(Error::Config(format!("{flag} must be at least 1")));
+            }
+        }
+        Ok(ListenLimits { header_read_timeout: Duration::from_secs(self.header_timeout_s), body_read_timeout: Duration::from_secs(self.body_timeout_s), max_connections: self.max_connections })
+    }
+}
+
+/// Set in a request's extensions by [`serve_app_with`]: whether its body missed the
+/// `body_read_timeout` deadline. A middleware that answers in an API's own error shape checks it after
+/// the handler ran and answers 408 in that shape (the listener adds `Connection: close`; without such a
+/// middleware it answers a 408 in the OpenAI error shape itself).
+#[derive(Debug, Clone, Default)]
+pub struct BodyTimedOut(Arc<std::sync::atomic::AtomicBool>);
+
+impl BodyTimedOut {
+    /// Whether the body's deadline passed before its last byte arrived.
+    pub fn fired(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The error a request body yields once its deadline has passed.
+#[derive(Debug)]
+struct BodyTimeout(Duration);
+
+impl std::fmt::Display for BodyTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request body not received within {:.1} s", self.0.as_secs_f64())
+    }
+}
+
+impl std::error::Error for BodyTimeout {}
+
+/// A request body that fails with [`BodyTimeout`] when its last frame has not arrived by a deadline.
+struct DeadlineBody {
+    inner: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    limit: Duration,
+    fired: BodyTimedOut,
+}
+
+impl hyper::body::Body for DeadlineBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<std::result::Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::future::Future;
+        let this = self.get_mut();
+        if let std::task::Poll::Ready(frame) = std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            return std::task::Poll::Ready(frame);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.fired.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            return std::task::Poll::Ready(Some(Err(axum::Error::new(BodyTimeout(this.limit)))));
+        }
+        std::task::Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The request with its body under a `limit` deadline from now, [`BodyTimedOut`] in its extensions.
+fn with_body_deadline(req: axum::extract::Request, limit: Duration) -> (axum::extract::Request, BodyTimedOut) {
+    use hyper::body::Body as _;
+    let fired = BodyTimedOut::default();
+    let (mut parts, body) = req.into_parts();
+    parts.extensions.insert(fired.clone());
+    if body.is_end_stream() {
+        return (axum::extract::Request::from_parts(parts, body), fired);
+    }
+    let body = DeadlineBody { inner: body, deadline: Box::pin(tokio::time::sleep(limit)), limit, fired: fired.clone() };
+    (axum::extract::Request::from_parts(parts, axum::body::Body::new(body)), fired)
+}
+
+/// Serves `app` on `listener` (plain or TLS) under the default [`ListenLimits`] until `shutdown`
+/// resolves, then drains open requests.
 ///
 /// # Errors
 /// The I/O error that ended serving.
 pub async fn serve_app(listener: Listener, app: axum::Router, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    serve_app_with(listener, app, ListenLimits::default(), shutdown).await
+}
+
+/// Serves `app` over HTTP/1.1 on `listener` (plain or TLS) under `limits` until `shutdown` resolves;
+/// then stops accepting, lets every request in flight finish and closes idle connections.
+///
+/// # Errors
+/// The I/O error that ended serving (none today: accept errors are logged and retried).
+pub async fn serve_app_with(listener: Listener, app: axum::Router, limits: ListenLimits, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let conns = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     match listener.tls {
-        None => axum::serve(listener.tcp, app).with_graceful_shutdown(shutdown).await,
-        Some(cfg) => axum::serve(TlsListener::start(listener.tcp, cfg)?, app).with_graceful_shutdown(shutdown).await,
+        None => serve_loop(PlainAccept { tcp: listener.tcp, conns }, app, limits, shutdown).await,
+        Some(cfg) => serve_loop(TlsListener::start(listener.tcp, cfg, conns)?, app, limits, shutdown).await,
     }
 }
 
-/// Accepts TCP connections on a background task and hands over those whose TLS handshake completed
-/// within [`HANDSHAKE_TIMEOUT`] (at most [`MAX_PENDING_HANDSHAKES`] at once); failed handshakes are
-/// logged at debug level and dropped (the client sees the TLS alert).
+/// A source of connections, each with its slot of the connection cap.
+trait Accept {
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    fn accept(&mut self) -> impl std::future::Future<Output = (Self::Io, std::net::SocketAddr, tokio::sync::OwnedSemaphorePermit)> + Send;
+}
+
+/// Plain TCP: a slot of the cap, then the next connection.
+struct PlainAccept {
+    tcp: tokio::net::TcpListener,
+    conns: Arc<tokio::sync::Semaphore>,
+}
+
+impl Accept for PlainAccept {
+    type Io = tokio::net::TcpStream;
+    async fn accept(&mut self) -> (Self::Io, std::net::SocketAddr, tokio::sync::OwnedSemaphorePermit) {
+        loop {
+            let Ok(permit) = self.conns.clone().acquire_owned().await else { return std::future::pending().await };
+            match self.tcp.accept().await {
+                Ok((s, peer)) => return (s, peer, permit),
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a moment, as axum's own loop does.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The accept loop of [`serve_app_with`]: one task per connection; on shutdown, graceful shutdown of
+/// every connection and a wait for all of them.
+async fn serve_loop<A: Accept>(mut acc: A, app: axum::Router, limits: ListenLimits, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Every connection task holds a clone of `open`; `closed()` resolves when the last is gone.
+    let (open_tx, open) = tokio::sync::watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (io, peer, permit) = tokio::select! {
+            c = acc.accept() => c,
+            _ = &mut shutdown => break,
+        };
+        let (app, mut stop_rx, open) = (app.clone(), stop_rx.clone(), open.clone());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let mut app = app.clone();
+                let (req, timed_out) = with_body_deadline(req.map(axum::body::Body::new), limits.body_read_timeout);
+                async move {
+                    let mut resp = match tower_service::Service::call(&mut app, req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
+                    };
+                    if timed_out.fired() {
+                        if resp.status() != axum::http::StatusCode::REQUEST_TIMEOUT {
+                            let msg = BodyTimeout(limits.body_read_timeout).to_string();
+                            let body = serde_json::json!({"error": {"message": msg, "type": "invalid_request_error", "param": null, "code": "body_timeout"}});
+                            resp = axum::response::IntoResponse::into_response((axum::http::StatusCode::REQUEST_TIMEOUT, axum::Json(body)));
+                        }
+                        // The rest of the body may never come: do not wait for it to reuse the connection.
+                        resp.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+            let mut conn = std::pin::pin!(builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc));
+            let mut stopping = false;
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            tracing::debug!(%peer, error = %e, "connection closed");
+                        }
+                        break;
+                    }
+                    // The only change ever sent is the stop.
+                    _ = stop_rx.changed(), if !stopping => {
+                        stopping = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            drop((permit, open));
+        });
+    }
+    drop(acc);
+    let _ = stop_tx.send(true);
+    drop(open);
+    open_tx.closed().await;
+    Ok(())
+}
+
+/// Accepts TCP connections on a background task (each once a slot of the connection cap is free) and
+/// hands over those whose TLS handshake completed within [`HANDSHAKE_TIMEOUT`] (at most
+/// [`MAX_PENDING_HANDSHAKES`] at once); failed handshakes are logged at debug level and dropped (the
+/// client sees the TLS alert).
 struct TlsListener {
-    rx: tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr)>,
-    addr: std::net::SocketAddr,
+    rx: tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr, tokio::sync::OwnedSemaphorePermit)>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
-    fn start(tcp: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
-        let addr = tcp.local_addr()?;
+    fn start(tcp: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>, conns: Arc<tokio::sync::Semaphore>) -> std::io::Result<TlsListener> {
         let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
         let task = tokio::spawn(async move {
             loop {
+                let Ok(slot) = conns.clone().acquire_owned().await else { return };
                 let Ok(permit) = pending.clone().acquire_owned().await else { return };
                 let (stream, peer) = match tcp.accept().await {
                     Ok(c) => c,
@@ -340,7 +598,7 @@ impl TlsListener {
                     drop(permit);
                     match handshake {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
+                            let _ = tx.send((tls, peer, slot)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -348,7 +606,7 @@ impl TlsListener {
                 });
             }
         });
-        Ok(TlsListener { rx, addr, task })
+        Ok(TlsListener { rx, task })
     }
 }
 
@@ -358,19 +616,56 @@ impl Drop for TlsListener {
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl Accept for TlsListener {
     type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = std::net::SocketAddr;
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+    async fn accept(&mut self) -> (Self::Io, std::net::SocketAddr, tokio::sync::OwnedSemaphorePermit) {
         match self.rx.recv().await {
             Some(c) => c,
             // The accept task never ends on its own; if it did, wait for shutdown instead of spinning.
             None => std::future::pending().await,
         }
     }
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.addr)
+}
+
+/// The token of an `Authorization` header value of the `Bearer` scheme (`Bearer KEY`), the scheme
+/// matched case-insensitively as HTTP allows (`bearer KEY`, `BEARER KEY`; RFC 9110 §11.1); `None` for
+/// another scheme or a value without a token.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once([' ', '\t'])?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// `text` with the credentials of every URL in it hidden: `http://user:pass@host/p` →
+/// `http://user:***@host/p`, `http://token@host` → `http://***@host`. Works on a bare URL and on
+/// free text that contains URLs (an error message, a log line); text without credentials comes back
+/// unchanged. Use it wherever a URL is printed, logged or returned.
+pub fn redact_url(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        // The authority ends at the path, query or fragment, or where the URL ends in free text.
+        let end = tail.find(|c: char| matches!(c, '/' | '?' | '#' | ')' | '(' | '"' | '\'' | '<' | '>' | ',' | ';' | '[' | ']' | '{' | '}') || c.is_whitespace()).unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                match authority[..at].split_once(':') {
+                    Some((user, _)) => {
+                        out.push_str(user);
+                        out.push_str(":***");
+                    }
+                    None => out.push_str("***"),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
     }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -402,6 +697,33 @@ mod tests {
         let e = std::io::Error::other(e);
         assert!(is_tls_error(&e));
         assert!(!is_tls_error(&std::io::Error::other("connection reset")));
+    }
+
+    #[test]
+    fn credentials_in_urls_are_redacted() {
+        assert_eq!(redact_url("http://user:s3cret@host:8000/v1"), "http://user:***@host:8000/v1");
+        assert_eq!(redact_url("https://tok3n@h"), "https://***@h");
+        assert_eq!(redact_url("http://u:p@ss@h/x?y=1"), "http://u:***@h/x?y=1");
+        assert_eq!(redact_url("http://h:1/a@b"), "http://h:1/a@b");
+        let e = "error sending request for url (http://user:s3cret@127.0.0.1:9/v1/models): refused; see https://a:b@c";
+        assert_eq!(redact_url(e), "error sending request for url (http://user:***@127.0.0.1:9/v1/models): refused; see https://a:***@c");
+        assert_eq!(redact_url("no url here"), "no url here");
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer k", "bearer k", "BEARER k", "BeArEr   k "] {
+            assert_eq!(bearer_token(v), Some("k"), "{v}");
+        }
+        assert_eq!(bearer_token("Basic k"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerk"), None);
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        assert!(ListenLimits::from_settings("proxy", Some(0), None, None).unwrap_err().to_string().contains("proxy.header_timeout_s"));
+        assert_eq!(ListenLimits::from_settings("proxy", None, None, None).unwrap(), ListenLimits::default());
     }
 
     #[test]

@@ -20,12 +20,19 @@ struct Running {
 }
 
 async fn start(api_key: Option<&str>) -> Option<Running> {
+    start_with(api_key, |_| {}).await
+}
+
+/// [`start`] with the options changed by `tune` first.
+async fn start_with(api_key: Option<&str>, tune: impl FnOnce(&mut ServerOptions)) -> Option<Running> {
     tch::set_num_threads(1);
     let dir = common::test_model_or_missing()?;
     let lm = LanguageModel::load(&dir, &LoadOptions::default()).expect("load model");
     let opts = ServerOptions {
         model_name: "smollm2".into(),
         api_key: api_key.map(str::to_string),
+        health_requires_key: false,
+        limits: Default::default(),
         max_body_bytes: 1 << 20,
         max_batch: 8,
         batch_window: Duration::from_millis(10),
@@ -35,6 +42,8 @@ async fn start(api_key: Option<&str>) -> Option<Running> {
         base_dir: dir.clone(),
         threads: 0,
     };
+    let mut opts = opts;
+    tune(&mut opts);
     let server = PolicyServer::start(lm, 0, opts).expect("start");
     let handle = server.handle();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -209,4 +218,65 @@ async fn auth_models_and_bad_requests() {
     let big = json!({"messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
     let r = client.post(&url).bearer_auth("sekrit").json(&big).send().await.unwrap();
     assert_eq!(r.status(), 413);
+}
+
+/// Reads until the server closes the connection; returns what it sent and when it closed. Fails the
+/// test when the connection is still open after `limit`.
+async fn read_until_closed(s: &mut tokio::net::TcpStream, limit: Duration) -> (String, Duration) {
+    use tokio::io::AsyncReadExt;
+    let t = std::time::Instant::now();
+    let (mut got, mut buf) = (vec![], [0u8; 4096]);
+    loop {
+        match tokio::time::timeout(limit.saturating_sub(t.elapsed()), s.read(&mut buf)).await {
+            Err(_) => panic!("connection still open after {limit:?} (got {:?})", String::from_utf8_lossy(&got)),
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), t.elapsed()),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Issue 38 on the policy server: a silent connection, half-sent headers and a half-sent body are
+/// dropped within the (short) timeouts while a good client is served; `/health` behind the key when
+/// asked; the bearer scheme in any case; unknown routes get a JSON 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_dropped_and_health_can_require_the_key() {
+    use tokio::io::AsyncWriteExt;
+    let limits = nextstate::net::ListenLimits { header_read_timeout: Duration::from_millis(400), body_read_timeout: Duration::from_millis(600), max_connections: 64 };
+    let Some(s) = start_with(Some("k3y"), |o| {
+        o.limits = limits;
+        o.health_requires_key = true;
+    })
+    .await
+    else {
+        return;
+    };
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let opened = std::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut half_headers = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    half_headers.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthoriza").await.unwrap();
+    let mut half_body = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    half_body.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":").await.unwrap();
+    // Served meanwhile, with the scheme in any case.
+    let client = nextstate::net::http_client(Some(Duration::from_secs(5))).unwrap();
+    let t = std::time::Instant::now();
+    for auth in ["Bearer k3y", "bearer k3y", "BEARER k3y"] {
+        let r = client.get(format!("{}/v1/models", s.base)).header("authorization", auth).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{auth:?}");
+    }
+    assert!(t.elapsed() < Duration::from_millis(400), "the good client waited {:?}", t.elapsed());
+    let slack = Duration::from_millis(1500);
+    let (got, after) = read_until_closed(&mut silent, limits.header_read_timeout + slack).await;
+    assert!(got.is_empty(), "a silent connection gets no answer, got {got:?}");
+    assert!(opened.elapsed() + Duration::from_millis(50) >= limits.header_read_timeout, "closed before its timeout ({after:?} into the read)");
+    read_until_closed(&mut half_headers, limits.header_read_timeout + slack).await;
+    let (got, _) = read_until_closed(&mut half_body, limits.body_read_timeout + slack).await;
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("body_timeout"), "{got}");
+    // /health behind the key; JSON 404 for unknown routes.
+    assert_eq!(client.get(format!("{}/health", s.base)).send().await.unwrap().status(), 401);
+    assert_eq!(client.get(format!("{}/health", s.base)).bearer_auth("k3y").send().await.unwrap().status(), 200);
+    let r = client.get(format!("{}/v1/nope", s.base)).bearer_auth("k3y").send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "unknown_route");
 }

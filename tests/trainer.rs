@@ -125,6 +125,8 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     let opts = nextstate::serve::ServerOptions {
         model_name: "m".into(),
         api_key: None,
+        health_requires_key: false,
+        limits: Default::default(),
         max_body_bytes: 1 << 20,
         max_batch: 4,
         batch_window: Duration::from_millis(5),

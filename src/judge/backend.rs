@@ -220,13 +220,18 @@ pub(crate) async fn post_json(
 /// An OpenAI-compatible chat endpoint: `POST {url}/v1/chat/completions` with
 /// `{model, messages, temperature, max_tokens, n: 1, stream: false}`; the vote is
 /// `choices[0].message.content`.
-#[derive(Debug)]
 pub struct OpenAiBackend {
     client: reqwest::Client,
     url: String,
     model: String,
     key: Option<ApiKey>,
     timeout_s: f64,
+}
+
+impl std::fmt::Debug for OpenAiBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiBackend").field("url", &crate::net::redact_url(&self.url)).field("model", &self.model).field("key", &self.key).finish()
+    }
 }
 
 impl OpenAiBackend {
@@ -299,7 +304,7 @@ pub struct SglangBackend {
 
 impl fmt::Debug for SglangBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SglangBackend").field("url", &self.url).field("model", &self.model).field("key", &self.key).finish()
+        f.debug_struct("SglangBackend").field("url", &crate::net::redact_url(&self.url)).field("model", &self.model).field("key", &self.key).finish()
     }
 }
 

@@ -39,6 +39,28 @@ pub struct ServeConfig {
     /// Serve https with this certificate chain and key (`[serve.tls] cert_file`, `key_file`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<crate::net::ServerTls>,
+    /// Seconds a client may take to send a request's headers; also the longest a connection may stay
+    /// silent or idle; the connection is then closed (default 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_timeout_s: Option<u64>,
+    /// Seconds a client may take to send a request's body after its headers; then 408 and the
+    /// connection is closed (default 30).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_timeout_s: Option<u64>,
+    /// Most connections open at once; further ones wait in the listen backlog until one closes
+    /// (default 512).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+}
+
+impl ServeConfig {
+    /// The listener limits of `header_timeout_s`, `body_timeout_s` and `max_connections`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for a zero value.
+    pub fn limits(&self) -> crate::Result<crate::net::ListenLimits> {
+        crate::net::ListenLimits::from_settings("serve", self.header_timeout_s, self.body_timeout_s, self.max_connections)
+    }
 }
 
 impl Default for ServeConfig {
@@ -55,6 +77,9 @@ impl Default for ServeConfig {
             reload_urls: Vec::new(),
             reload_timeout_s: None,
             tls: None,
+            header_timeout_s: None,
+            body_timeout_s: None,
+            max_connections: None,
         }
     }
 }

@@ -37,6 +37,12 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long, env = "NEXTSTATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Require the API key on /health too (default: /health is open, for load balancers).
+    #[arg(long)]
+    pub health_requires_key: bool,
+    /// Header and body read timeouts and the connection cap.
+    #[command(flatten)]
+    pub limits: crate::net::ListenLimitArgs,
     /// Model id reported to clients (default: the model directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -107,6 +113,8 @@ impl ServeArgs {
         let opts = ServerOptions {
             model_name,
             api_key: self.api_key.clone(),
+            health_requires_key: self.health_requires_key,
+            limits: self.limits.limits()?,
             max_body_bytes: self.max_body_bytes,
             max_batch: self.max_batch,
             batch_window: std::time::Duration::from_millis(self.batch_window_ms),
@@ -119,9 +127,21 @@ impl ServeArgs {
         let server = PolicyServer::start(lm, self.policy_version, opts)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::io("tokio runtime", "-", e))?;
         let tls = self.tls.server_tls()?;
+        let limits = self.limits.limits()?;
         rt.block_on(async move {
             let listener = crate::net::Listener::bind(&self.host, self.port, tls.as_ref()).await?;
-            tracing::info!("policy server listening on {} (auth {})", listener.url()?, if self.api_key.is_some() { "on" } else { "off" });
+            tracing::info!(
+                "policy server listening on {} (auth {}, header/body timeouts {} s/{} s, at most {} connections)",
+                listener.url()?,
+                match (&self.api_key, self.health_requires_key) {
+                    (None, _) => "off",
+                    (Some(_), false) => "on, /health open",
+                    (Some(_), true) => "on, /health too",
+                },
+                limits.header_read_timeout.as_secs_f64(),
+                limits.body_read_timeout.as_secs_f64(),
+                limits.max_connections
+            );
             server.serve(listener, shutdown_signal()).await
         })
     }

@@ -58,6 +58,7 @@ use backon::{ExponentialBuilder, Retryable};
 use serde_json::{json, Value};
 
 use super::config::ServeConfig;
+use crate::net::redact_url;
 use crate::{Error, Result};
 
 /// Tries per request for an unreachable server or a 5xx answer (nothing else is retried).
@@ -427,18 +428,18 @@ impl Reloader {
                 // (vLLM `--max-loras`, SGLang `--max-loaded-loras`) do not fill up.
                 let unload_error = match (&before.last_adapter, &adapter) {
                     (Some(prev), Some(new)) if prev != new => self.unload(&url, prev).await.err().map(|e| {
-                        tracing::warn!(%url, adapter = %prev, error = %e, "reload: the previous adapter could not be unloaded (the new one serves)");
+                        tracing::warn!(url = %redact_url(&url), adapter = %prev, error = %redact_url(&e.to_string()), "reload: the previous adapter could not be unloaded (the new one serves)");
                         e.to_string()
                     }),
                     _ => None,
                 };
                 self.loaded.finish(&url, Some((version, adapter)));
-                tracing::info!(%url, version, kind = self.kind.as_str(), "reload: server confirmed the checkpoint");
+                tracing::info!(url = %redact_url(&url), version, kind = self.kind.as_str(), "reload: server confirmed the checkpoint");
                 ReloadOutcome::Loaded { url, version, unload_error }
             }
             Err((reason, error)) => {
                 self.loaded.finish(&url, None);
-                tracing::error!(%url, version, kind = self.kind.as_str(), reason, error = %error, "reload failed");
+                tracing::error!(url = %redact_url(&url), version, kind = self.kind.as_str(), reason, error = %redact_url(&error.to_string()), "reload failed");
                 ReloadOutcome::Failed(ReloadFailure { url, reason, error })
             }
         }
@@ -488,7 +489,7 @@ impl Reloader {
             // or failed it. A TLS failure fails the same way again, after a timeout or a broken-off answer
             // the server may have done the load (a second load_lora_adapter of the same name is a 4xx).
             .when(|failure| matches!(failure.0, "unreachable" | "http_5xx"))
-            .notify(|failure, delay| tracing::warn!(%url, endpoint, ?delay, error = %failure.1, "reload: retrying"))
+            .notify(|failure, delay| tracing::warn!(url = %redact_url(url), endpoint, ?delay, error = %redact_url(&failure.1.to_string()), "reload: retrying"))
             .await
     }
 

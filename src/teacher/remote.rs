@@ -169,7 +169,7 @@ impl RemoteTeacher {
                     CallError::BadResponse(_) => true,
                     _ => false,
                 };
-                let error = Error::Http(format!("remote teacher {} ({}) after {attempts} attempt(s): {e}", self.url, self.backend.as_str()));
+                let error = Error::Http(crate::net::redact_url(&format!("remote teacher {} ({}) after {attempts} attempt(s): {e}", self.url, self.backend.as_str())));
                 return Err(if turn_fault {
                     let code = if matches!(e, CallError::BadResponse(_)) { "teacher_bad_response" } else { "teacher_rejected" };
                     RemoteFailure::Turn { code, error }

@@ -263,6 +263,8 @@ pub async fn start_policy_server(model: &std::path::Path, tls: Option<&nextstate
     let opts = nextstate::serve::ServerOptions {
         model_name: "smollm2-135m-instruct".into(),
         api_key: None,
+        health_requires_key: false,
+        limits: Default::default(),
         max_body_bytes: 8 << 20,
         max_batch: 4,
         batch_window: std::time::Duration::from_millis(5),

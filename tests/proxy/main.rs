@@ -3,10 +3,12 @@
 //! streams with delays between chunks; the proxy in front of it, emitting `interactions` events to
 //! the embedded bus (one test: the real broker); Kafka unavailable (spool, drops, replay); errors;
 //! the Python `openai` client; and a bounded latency/throughput measurement. `apis.rs`: the same
-//! for the OpenAI Responses and Anthropic Messages APIs.
+//! for the OpenAI Responses and Anthropic Messages APIs. `hardening.rs`: slow clients, the connection
+//! cap, redacted upstream credentials, `/health` behind the key, error shapes (issue 38).
 mod apis;
 #[path = "../common/mod.rs"]
 mod common;
+mod hardening;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -703,6 +705,8 @@ async fn our_policy_server_behind_the_proxy() {
     let sopts = ServerOptions {
         model_name: "smollm2".into(),
         api_key: None,
+        health_requires_key: false,
+        limits: Default::default(),
         max_body_bytes: 1 << 20,
         max_batch: 4,
         batch_window: Duration::from_millis(5),

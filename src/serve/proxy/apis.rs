@@ -70,6 +70,24 @@ impl Api {
         out
     }
 
+    /// An error body of the proxy itself in this API's own shape. Chat completions and Responses:
+    /// OpenAI's `{"error": {"message", "type": kind, "param": null, "code"}}`. Messages: Anthropic's
+    /// `{"type": "error", "error": {"type", "message"}}`, `error.type` chosen by `status`
+    /// ([`anthropic_error_type`]; `kind` is OpenAI's and unused), plus `error.code` when `code` is
+    /// given (the proxy's reason code, as in the OpenAI shape; Anthropic clients ignore it).
+    pub fn error_body(self, status: u16, message: &str, kind: &str, code: Option<&str>) -> Value {
+        match self {
+            Api::ChatCompletions | Api::Responses => crate::serve::openai::error_body(message, kind, code),
+            Api::Messages => {
+                let mut e = serde_json::json!({"type": anthropic_error_type(status), "message": message});
+                if let Some(c) = code {
+                    e["code"] = Value::String(c.to_string());
+                }
+                serde_json::json!({"type": "error", "error": e})
+            }
+        }
+    }
+
     /// The request path, the same on the proxy and the upstream.
     pub fn path(self) -> &'static str {
         match self {
@@ -86,6 +104,24 @@ impl Api {
             Api::Responses => "responses",
             Api::Messages => "messages",
         }
+    }
+}
+
+/// Anthropic's `error.type` for an HTTP status (the Messages API's error list): 401
+/// `authentication_error`, 403 `permission_error`, 404 `not_found_error`, 413 `request_too_large`,
+/// 429 `rate_limit_error`, 504 `timeout_error`, 529 `overloaded_error`, any other 4xx
+/// `invalid_request_error`, any other status `api_error`.
+pub fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        504 => "timeout_error",
+        529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
     }
 }
 
@@ -232,6 +268,13 @@ mod tests {
         assert_eq!((ms[2].tool_calls[0].id.as_deref(), &ms[2].tool_calls[0].arguments), (Some("t1"), &json!({"a": 1})));
         assert_eq!(ms[3].tool_call_id.as_deref(), Some("t1"));
         assert_eq!(conversation(Api::Messages, &obj(json!({"model": "m"})), &mut vec![]).unwrap_err().0, "missing_messages");
+    }
+
+    #[test]
+    fn proxy_errors_in_each_api_shape() {
+        assert_eq!(Api::Messages.error_body(502, "down", "upstream_error", None), json!({"type": "error", "error": {"type": "api_error", "message": "down"}}));
+        assert_eq!(Api::Messages.error_body(400, "bad", "invalid_request_error", Some("malformed_json"))["error"], json!({"type": "invalid_request_error", "message": "bad", "code": "malformed_json"}));
+        assert_eq!(Api::Responses.error_body(404, "no", "invalid_request_error", Some("unknown_route")), json!({"error": {"message": "no", "type": "invalid_request_error", "param": null, "code": "unknown_route"}}));
     }
 
     #[test]

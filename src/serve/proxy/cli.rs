@@ -26,9 +26,16 @@ pub struct ProxyArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` from clients on every route but /health.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) from clients on every route but
+    /// /health.
     #[arg(long, env = "NEXTSTATE_PROXY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Require the API key on /health too (default: /health is open, for load balancers).
+    #[arg(long)]
+    pub health_requires_key: bool,
+    /// Header and body read timeouts and the connection cap.
+    #[command(flatten)]
+    pub limits: crate::net::ListenLimitArgs,
     /// Name of the environment variable holding the upstream's API key.
     #[arg(long)]
     pub upstream_api_key_env: Option<String>,
@@ -88,10 +95,13 @@ impl ProxyArgs {
     /// The library options these flags describe.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad turn type, logprobs mode, or a missing upstream key variable.
+    /// [`Error::Config`] for a bad turn type, logprobs mode, a zero limit, or a missing upstream key
+    /// variable.
     pub fn options(&self) -> Result<ProxyOptions> {
         let mut o = ProxyOptions::new(self.upstream.clone());
         o.api_key = self.api_key.clone().filter(|k| !k.is_empty());
+        o.health_requires_key = self.health_requires_key;
+        o.limits = self.limits.limits()?;
         if let Some(name) = &self.upstream_api_key_env {
             o.upstream_api_key = Some(std::env::var(name).map_err(|_| crate::config_err!("--upstream-api-key-env {name}: variable not set"))?);
         }
@@ -160,11 +170,18 @@ impl ProxyArgs {
             let listener = crate::net::Listener::bind(&self.host, self.port, tls.as_ref()).await?;
             let addr = listener.url()?;
             tracing::info!(
-                "capture proxy on {addr} → {} (auth {}, default turn type {}, events to {})",
-                upstream_base(&opts.upstream),
-                if opts.api_key.is_some() { "on" } else { "off" },
+                "capture proxy on {addr} → {} (auth {}, default turn type {}, events to {}, header/body timeouts {} s/{} s, at most {} connections)",
+                crate::net::redact_url(&upstream_base(&opts.upstream)),
+                match (&opts.api_key, opts.health_requires_key) {
+                    (None, _) => "off",
+                    (Some(_), false) => "on, /health open",
+                    (Some(_), true) => "on, /health too",
+                },
                 opts.default_turn_type.as_str(),
-                if bus.is_embedded() { "the embedded bus".to_string() } else { bus.bootstrap().to_string() }
+                if bus.is_embedded() { "the embedded bus".to_string() } else { bus.bootstrap().to_string() },
+                opts.limits.header_read_timeout.as_secs_f64(),
+                opts.limits.body_read_timeout.as_secs_f64(),
+                opts.limits.max_connections
             );
             let mut wait = stop.clone();
             let served = serve_proxy(opts, bus, listener, async move { wait.wait().await }).await;

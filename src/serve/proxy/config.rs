@@ -10,8 +10,15 @@ use crate::schema::TurnType;
 pub struct ProxyOptions {
     /// Base URL of the upstream server (`http://host:port`; a trailing `/` or `/v1` is removed).
     pub upstream: String,
-    /// Require `Authorization: Bearer KEY` from clients on every route but `/health`.
+    /// Require `Authorization: Bearer KEY` (scheme in any case) or `x-api-key: KEY` from clients on
+    /// every route but `/health` (and on `/health` too with `health_requires_key`).
     pub api_key: Option<String>,
+    /// Put `/health` behind `api_key` as well (default false: `/health` is open, for load balancers).
+    /// No effect without an `api_key`.
+    pub health_requires_key: bool,
+    /// Header and body read timeouts and the connection cap of the listener (default
+    /// [`crate::net::ListenLimits::default`]: 10 s, 30 s, 512 connections).
+    pub limits: crate::net::ListenLimits,
     /// Bearer key for the upstream. When `None` and `api_key` is `None`, the client's own
     /// `Authorization` header is forwarded.
     pub upstream_api_key: Option<String>,
@@ -43,13 +50,15 @@ pub struct ProxyOptions {
 }
 
 impl ProxyOptions {
-    /// Defaults for `upstream`: no auth, turn type `main`, spool `.cache/proxy-spool` bounded to
+    /// Defaults for `upstream`: no auth (`/health` open), turn type `main`, the default listener limits, spool `.cache/proxy-spool` bounded to
     /// 256 MiB, 16 MiB bodies, token ids requested, 600 s upstream idle timeout, 5 s connect timeout,
     /// 100,000 sessions.
     pub fn new(upstream: impl Into<String>) -> ProxyOptions {
         ProxyOptions {
             upstream: upstream.into(),
             api_key: None,
+            health_requires_key: false,
+            limits: crate::net::ListenLimits::default(),
             upstream_api_key: None,
             default_turn_type: TurnType::Main,
             spool: SpoolConfig::new(".cache/proxy-spool", 256 << 20),

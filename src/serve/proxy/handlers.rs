@@ -1,5 +1,7 @@
 //! The capture proxy's HTTP handlers: auth and request counting, the capture routes (one request
-//! forwarded upstream and its turn captured), `/v1/models`, `/health` and `/metrics`.
+//! forwarded upstream and its turn captured), `/v1/models`, `/health`, `/metrics`, and the JSON 404 /
+//! 405 of anything else. The proxy's own errors come in the client's API's error shape
+//! ([`Api::error_body`]); upstream URLs in them are redacted ([`crate::net::redact_url`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -24,21 +26,33 @@ use super::request::{prepare_request, strip_logprobs, Rejected};
 use super::state::{capture, reloaded_version, submit_dead, turn_request, Shared};
 use super::streams::Accumulator;
 use super::upstream::{respond, response_headers, with_auth, X_API_KEY};
+use crate::net::redact_url;
 use crate::schema::now_ms;
-use crate::serve::openai::error_body;
 use crate::serve::VERSION_HEADER;
 
-/// A JSON error answer of the proxy itself (OpenAI error shape).
-fn api_error(status: StatusCode, message: &str, kind: &str) -> Response {
-    (status, Json(error_body(message, kind, None))).into_response()
+/// A JSON error answer of the proxy itself, in `api`'s error shape.
+fn api_error(api: Api, status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> Response {
+    (status, Json(api.error_body(status.as_u16(), message, kind, code))).into_response()
+}
+
+/// The API whose error shape a request's client reads: Messages for `/v1/messages` and for requests
+/// with Anthropic's headers (`anthropic-version`, `x-api-key`), Responses for `/v1/responses`, else
+/// chat completions.
+fn client_api(path: &str, headers: &HeaderMap) -> Api {
+    match path {
+        p if p == Api::Messages.path() => Api::Messages,
+        p if p == Api::Responses.path() => Api::Responses,
+        _ if headers.contains_key("anthropic-version") || headers.contains_key(X_API_KEY) => Api::Messages,
+        _ => Api::ChatCompletions,
+    }
 }
 
 /// A 4xx for a refused request: `error.code` is the reason code.
-fn rejected(s: &Shared, r: &Rejected) -> Response {
+fn rejected(s: &Shared, api: Api, r: &Rejected) -> Response {
     s.metrics.turn("bad_request");
     tracing::info!(code = r.code, reason = %r.message, "proxy: request refused");
     let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
-    (status, Json(error_body(&r.message, "invalid_request_error", Some(r.code)))).into_response()
+    api_error(api, status, &r.message, "invalid_request_error", Some(r.code))
 }
 
 /// The metrics label of a request path.
@@ -54,34 +68,81 @@ fn route_of(path: &str) -> &'static str {
     }
 }
 
-/// Auth (constant-time) on every route but `/health`: `Authorization: Bearer KEY`, or `x-api-key:
-/// KEY` as Anthropic clients send it; counts every response by route/status.
+/// Auth (constant-time) on every route but `/health` (and on `/health` too with
+/// [`super::ProxyOptions::health_requires_key`]): `Authorization: Bearer KEY` (the scheme in any
+/// case), or `x-api-key: KEY` as Anthropic clients send it; a body that missed the listener's
+/// deadline ([`crate::net::BodyTimedOut`]) answered 408 in the API's shape; counts every response by
+/// route/status.
 pub(super) async fn auth_and_count(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let route = route_of(req.uri().path());
+    let api = client_api(req.uri().path(), req.headers());
     if let Some(key) = &s.opts.api_key {
-        if route != "health" {
+        if route != "health" || s.opts.health_requires_key {
             let h = req.headers();
-            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+            let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(crate::net::bearer_token).unwrap_or("");
             let x_key = h.get(X_API_KEY).and_then(|v| v.to_str().ok()).unwrap_or("");
             // Either header may carry the key (both compared, in constant time).
             let ok = bearer.as_bytes().ct_eq(key.as_bytes()) | x_key.as_bytes().ct_eq(key.as_bytes());
             if !bool::from(ok) {
                 s.metrics.request(route, 401);
-                return api_error(StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error");
+                return api_error(api, StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error", None);
             }
         }
     }
-    let r = next.run(req).await;
+    let timed_out = req.extensions().get::<crate::net::BodyTimedOut>().cloned();
+    let mut r = next.run(req).await;
+    if timed_out.is_some_and(|t| t.fired()) {
+        let limit = s.opts.limits.body_read_timeout.as_secs_f64();
+        tracing::info!(route, "proxy: request body not received within {limit:.1} s; connection closed");
+        r = api_error(api, StatusCode::REQUEST_TIMEOUT, &format!("request body not received within {limit:.1} s"), "invalid_request_error", Some("body_timeout"));
+    }
     s.metrics.request(route, r.status().as_u16());
     r
 }
 
+/// Fallback of unknown paths: a JSON 404 in the client's API's shape, naming the routes there are.
+pub(super) async fn not_found(req: Request) -> Response {
+    let api = client_api(req.uri().path(), req.headers());
+    let message = format!(
+        "no route {} {}: the proxy serves POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, GET /v1/models, GET /health, GET /metrics",
+        req.method(),
+        req.uri().path()
+    );
+    api_error(api, StatusCode::NOT_FOUND, &message, "invalid_request_error", Some("unknown_route"))
+}
+
+/// Fallback of a known path asked with the wrong method: a JSON 405 in the client's API's shape.
+pub(super) async fn method_not_allowed(req: Request) -> Response {
+    let api = client_api(req.uri().path(), req.headers());
+    let message = format!("method {} not allowed on {}", req.method(), req.uri().path());
+    api_error(api, StatusCode::METHOD_NOT_ALLOWED, &message, "invalid_request_error", Some("method_not_allowed"))
+}
+
+/// What went wrong reaching the upstream, for logs and the 502: its `error.code`
+/// (`upstream_tls_error`, `upstream_timeout`, `upstream_unreachable`, `upstream_failed`) and message. A
+/// TLS failure names TLS and its reason (`invalid peer certificate: UnknownIssuer`, ...); every message
+/// carries the whole error chain (the OS error: connection refused, DNS, ...) and the upstream URL
+/// redacted.
+fn upstream_failure(base: &str, e: &reqwest::Error) -> (&'static str, String) {
+    let chain = crate::net::error_chain(e);
+    let (code, message) = if crate::net::is_tls_error(e) {
+        ("upstream_tls_error", format!("TLS connection to upstream {base} failed: {chain}"))
+    } else if e.is_timeout() {
+        ("upstream_timeout", format!("upstream {base} timed out: {chain}"))
+    } else if e.is_connect() {
+        ("upstream_unreachable", format!("could not connect to upstream {base}: {chain}"))
+    } else {
+        ("upstream_failed", format!("upstream {base} failed: {chain}"))
+    };
+    (code, redact_url(&message))
+}
+
 /// The 502 for an upstream that could not be reached (counted as outcome `upstream_unreachable`).
-fn unreachable_error(s: &Shared, e: &reqwest::Error) -> Response {
+fn unreachable_error(s: &Shared, api: Api, e: &reqwest::Error) -> Response {
     s.metrics.turn("upstream_unreachable");
-    let what = if e.is_timeout() { "timed out" } else if e.is_connect() { "refused the connection" } else { "failed" };
-    tracing::warn!(upstream = %s.base, error = %e, "proxy: upstream {what}");
-    api_error(StatusCode::BAD_GATEWAY, &format!("upstream {} {what}: {e}", s.base), "upstream_error")
+    let (code, message) = upstream_failure(&s.base, e);
+    tracing::warn!(upstream = %redact_url(&s.base), code, "proxy: {message}");
+    api_error(api, StatusCode::BAD_GATEWAY, &message, "upstream_error", Some(code))
 }
 
 /// `POST /v1/chat/completions`: forwarded and captured.
@@ -108,18 +169,18 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
         Err(e) => {
             s.metrics.turn("bad_request");
             let kind = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { "invalid_request_error" } else { "server_error" };
-            return api_error(e.status(), &e.body_text(), kind);
+            return api_error(api, e.status(), &e.body_text(), kind, None);
         }
     };
     let prepared = match prepare_request(api, &headers, &raw, &s.rewrite) {
         Ok(p) => p,
-        Err(r) => return rejected(&s, &r),
+        Err(r) => return rejected(&s, api, &r),
     };
     // An explicit session and turn index that this proxy already captured: a duplicate turn.
     if let (Some(id), Some(turn)) = (&prepared.meta.session_id, prepared.meta.turn_index) {
         if s.sessions.lock().unwrap_or_else(|p| p.into_inner()).is_recorded(id, turn) {
             let message = format!("turn {turn} of session {id:?} was already captured by this proxy");
-            return rejected(&s, &Rejected { status: 409, code: "duplicate_turn", message });
+            return rejected(&s, api, &Rejected { status: 409, code: "duplicate_turn", message });
         }
     }
     let req = turn_request(&s, api, &prepared, received_ms);
@@ -131,7 +192,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     rb = with_auth(&s.opts, api, &headers, rb);
     let resp = match rb.send().await {
         Ok(r) => r,
-        Err(e) => return unreachable_error(&s, &e),
+        Err(e) => return unreachable_error(&s, api, &e),
     };
     let status = resp.status().as_u16();
     let header_version = resp.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok());
@@ -145,7 +206,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     }
     let body = match resp.bytes().await {
         Ok(b) => b,
-        Err(e) => return unreachable_error(&s, &e),
+        Err(e) => return unreachable_error(&s, api, &e),
     };
     if !(200..300).contains(&status) {
         s.metrics.turn("upstream_error");
@@ -178,17 +239,22 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
 pub(super) async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let rb = s.client.get(format!("{}/v1/models", s.base));
     // Anthropic clients list models with their own headers.
-    let anthropic = headers.contains_key(X_API_KEY) || headers.contains_key("anthropic-version");
-    let rb = with_auth(&s.opts, if anthropic { Api::Messages } else { Api::ChatCompletions }, &headers, rb);
+    let api = client_api("/v1/models", &headers);
+    let rb = with_auth(&s.opts, api, &headers, rb);
+    let failed = |e: reqwest::Error| {
+        let (code, message) = upstream_failure(&s.base, &e);
+        tracing::warn!(upstream = %redact_url(&s.base), code, "proxy: /v1/models: {message}");
+        api_error(api, StatusCode::BAD_GATEWAY, &message, "upstream_error", Some(code))
+    };
     let resp = match rb.send().await {
         Ok(r) => r,
-        Err(e) => return api_error(StatusCode::BAD_GATEWAY, &format!("upstream {}: {e}", s.base), "upstream_error"),
+        Err(e) => return failed(e),
     };
     let status = resp.status().as_u16();
     let h = response_headers(resp.headers());
     match resp.bytes().await {
         Ok(b) => respond(status, h, Body::from(b)),
-        Err(e) => api_error(StatusCode::BAD_GATEWAY, &format!("upstream {}: {e}", s.base), "upstream_error"),
+        Err(e) => failed(e),
     }
 }
 
@@ -202,7 +268,7 @@ pub(super) async fn health(State(s): State<Arc<Shared>>) -> Response {
     let t = Instant::now();
     let (reachable, up_status, error) = match rb.send().await {
         Ok(r) => (true, Some(r.status().as_u16()), None),
-        Err(e) => (false, None, Some(e.to_string())),
+        Err(e) => (false, None, Some(upstream_failure(&s.base, &e).1)),
     };
     let m = &s.metrics;
     let st = ProxyStats::of(m);
@@ -217,7 +283,7 @@ pub(super) async fn health(State(s): State<Arc<Shared>>) -> Response {
     let body = json!({
         "status": status,
         "version": env!("CARGO_PKG_VERSION"),
-        "upstream": {"url": s.base, "reachable": reachable, "status": up_status, "latency_ms": t.elapsed().as_secs_f64() * 1e3, "error": error},
+        "upstream": {"url": redact_url(&s.base), "reachable": reachable, "status": up_status, "latency_ms": t.elapsed().as_secs_f64() * 1e3, "error": error},
         "kafka_up": kafka_up,
         "spool": {"dir": s.opts.spool.dir, "bytes": st.spool_bytes, "events": st.spool_events, "max_bytes": s.opts.spool.max_bytes},
         "events": {"emitted": st.events_emitted, "spooled": st.events_spooled, "replayed": st.events_replayed, "dropped": st.events_dropped},
@@ -238,6 +304,15 @@ pub(super) async fn metrics_text(State(s): State<Arc<Shared>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_shape_follows_the_client() {
+        let mut h = HeaderMap::new();
+        assert_eq!(client_api("/v1/messages", &h), Api::Messages);
+        assert_eq!(client_api("/nope", &h), Api::ChatCompletions);
+        h.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        assert_eq!(client_api("/nope", &h), Api::Messages);
+    }
 
     #[test]
     fn routes_for_metrics() {

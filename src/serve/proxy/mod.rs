@@ -33,9 +33,21 @@
 //! - The response is returned unchanged otherwise (non-stream: the upstream's bytes, re-serialised
 //!   only when log-probs had to be removed); streams are forwarded chunk by chunk as they arrive.
 //! - Upstream error status → passed through (status and body), no event, counted; upstream
-//!   unreachable → 502 with a JSON error; body over the limit → 413; missing/wrong key (bearer, or
-//!   `x-api-key`) → 401
-//!   (compared in constant time; `/health` is open).
+//!   unreachable → 502 with a JSON error (`error.code` `upstream_tls_error` for a TLS failure, whose
+//!   message says TLS and why; `upstream_timeout`, `upstream_unreachable` with the OS's reason, or
+//!   `upstream_failed`); body over the limit → 413; missing/wrong
+//!   key (`Authorization: Bearer`, the scheme in any case, or `x-api-key`) → 401 (compared in constant
+//!   time; `/health` is open unless [`ProxyOptions::health_requires_key`]); an unknown path → 404 and
+//!   a wrong method → 405. The proxy's own errors come in the client's API's shape: OpenAI's
+//!   `{"error": {"message", "type", "param", "code"}}` for chat completions and Responses,
+//!   Anthropic's `{"type": "error", "error": {"type", "message"}}` for Messages (and for unknown
+//!   routes asked with Anthropic headers); see [`apis::Api::error_body`].
+//! - Slow clients ([`ProxyOptions::limits`], [`crate::net::ListenLimits`]): headers not complete
+//!   within the header timeout (default 10 s; also a silent or idle connection) → connection closed;
+//!   a body not complete within the body timeout (default 30 s) → 408 and connection closed; at most
+//!   `max_connections` (default 512) connections, further ones wait to be accepted.
+//! - An upstream URL with credentials (`http://user:pass@host`) is never shown with its password:
+//!   logs, error bodies and `/health` carry it as `http://user:***@host`.
 //! - Requests that could not become a row are refused before the upstream runs, with 400 and
 //!   `error.code` naming why ([`request::Rejected`]): not JSON (`malformed_json`: bad syntax, invalid
 //!   UTF-8, nesting deeper than 128), not an object (`wrong_type`), bad turn metadata

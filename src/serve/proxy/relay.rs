@@ -68,10 +68,11 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
         let chunk = match chunk {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "proxy: upstream stream broke off");
+                let reason = crate::net::redact_url(&crate::net::error_chain(&e));
+                tracing::warn!(error = %reason, "proxy: upstream stream broke off");
                 // In the API's own error shape, after a blank line that ends any event cut mid-way.
                 let mut out = if framer.has_partial() { b"\n\n".to_vec() } else { vec![] };
-                out.extend(api.stream_error_event(&format!("upstream stream failed: {e}")));
+                out.extend(api.stream_error_event(&format!("upstream stream failed: {reason}")));
                 let _ = tx.send(Ok(Bytes::from(out))).await;
                 failed = Some("upstream_error");
                 break;

@@ -11,7 +11,7 @@ use axum::Router;
 use super::apis::Api;
 use super::config::{upstream_base, ProxyOptions};
 use super::emit::{Emitter, Spool};
-use super::handlers::{auth_and_count, chat_completions, health, messages, metrics_text, models, responses};
+use super::handlers::{auth_and_count, chat_completions, health, messages, method_not_allowed, metrics_text, models, not_found, responses};
 use super::metrics::{Metrics, ProxyStats};
 use super::request::RewriteOptions;
 use super::sessions::Sessions;
@@ -28,7 +28,7 @@ pub struct Proxy {
 
 impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Proxy").field("upstream", &self.shared.base).finish()
+        f.debug_struct("Proxy").field("upstream", &crate::net::redact_url(&self.shared.base)).finish()
     }
 }
 
@@ -43,7 +43,7 @@ impl Proxy {
     pub async fn start(opts: ProxyOptions, bus: &Bus) -> Result<Proxy> {
         let base = upstream_base(&opts.upstream);
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(crate::config_err!("--upstream must be an http:// URL, got {:?}", opts.upstream));
+            return Err(crate::config_err!("--upstream must be an http:// URL, got {:?}", crate::net::redact_url(&opts.upstream)));
         }
         let client = crate::net::client_builder()?
             .connect_timeout(opts.connect_timeout)
@@ -74,7 +74,8 @@ impl Proxy {
     }
 
     /// The routes: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages`,
-    /// `GET /v1/models`, `GET /health`, `GET /metrics`.
+    /// `GET /v1/models`, `GET /health`, `GET /metrics`; any other path is a JSON 404 and another method
+    /// on a route a JSON 405, in the client's API's error shape.
     pub fn router(&self) -> Router {
         Router::new()
             .route(Api::ChatCompletions.path(), post(chat_completions))
@@ -83,6 +84,8 @@ impl Proxy {
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(self.shared.clone(), auth_and_count))
             .layer(DefaultBodyLimit::max(self.shared.opts.max_body_bytes))
             .with_state(self.shared.clone())
@@ -105,7 +108,8 @@ impl Proxy {
     /// [`Error::Http`] when the server fails.
     pub async fn serve(self, listener: impl Into<crate::net::Listener>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<ProxyStats> {
         let app = self.router();
-        let r = crate::net::serve_app(listener.into(), app, shutdown).await.map_err(|e| Error::Http(format!("proxy server: {e}")));
+        let limits = self.shared.opts.limits;
+        let r = crate::net::serve_app_with(listener.into(), app, limits, shutdown).await.map_err(|e| Error::Http(format!("proxy server: {e}")));
         let stats = self.shutdown().await;
         r.map(|_| stats)
     }

@@ -35,8 +35,10 @@ fn error_kind(status: StatusCode) -> &'static str {
     }
 }
 
-/// Bearer auth (constant-time) on every route but `/health`, and `X-Policy-Version` on every response
-/// that does not set it itself.
+/// Bearer auth (constant-time; the scheme in any case) on every route but `/health` (and on `/health`
+/// too with [`super::ServerOptions::health_requires_key`]), a 408 for a body that missed the
+/// listener's deadline ([`crate::net::BodyTimedOut`]), and `X-Policy-Version` on every response that
+/// does not set it itself.
 pub(super) async fn auth_and_version(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let route = route_name(req.uri().path());
     let r = authorized(s, req, next).await;
@@ -59,8 +61,8 @@ fn route_name(path: &str) -> &'static str {
 
 async fn authorized(s: Arc<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.opts.api_key {
-        if req.uri().path() != "/health" {
-            let given = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        if req.uri().path() != "/health" || s.opts.health_requires_key {
+            let given = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(crate::net::bearer_token).unwrap_or("");
             if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
                 let mut r = api_error(StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error");
                 set_version(&mut r, s.version.load(Ordering::SeqCst));
@@ -68,7 +70,12 @@ async fn authorized(s: Arc<Shared>, req: Request, next: Next) -> Response {
             }
         }
     }
+    let timed_out = req.extensions().get::<crate::net::BodyTimedOut>().cloned();
     let mut r = next.run(req).await;
+    if timed_out.is_some_and(|t| t.fired()) {
+        let limit = s.opts.limits.body_read_timeout.as_secs_f64();
+        r = (StatusCode::REQUEST_TIMEOUT, Json(error_body(&format!("request body not received within {limit:.1} s"), "invalid_request_error", Some("body_timeout")))).into_response();
+    }
     if !r.headers().contains_key(VERSION_HEADER) {
         set_version(&mut r, s.version.load(Ordering::SeqCst));
     }
@@ -79,6 +86,22 @@ fn set_version(r: &mut Response, v: i64) {
     if let Ok(h) = HeaderValue::from_str(&v.to_string()) {
         r.headers_mut().insert(VERSION_HEADER, h);
     }
+}
+
+/// Fallback of unknown paths: a JSON 404 naming the routes there are.
+pub(super) async fn not_found(req: Request) -> Response {
+    let message = format!(
+        "no route {} {}: the server serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /v1/reload, GET /metrics",
+        req.method(),
+        req.uri().path()
+    );
+    (StatusCode::NOT_FOUND, Json(error_body(&message, "invalid_request_error", Some("unknown_route")))).into_response()
+}
+
+/// Fallback of a known path asked with the wrong method: a JSON 405.
+pub(super) async fn method_not_allowed(req: Request) -> Response {
+    let message = format!("method {} not allowed on {}", req.method(), req.uri().path());
+    (StatusCode::METHOD_NOT_ALLOWED, Json(error_body(&message, "invalid_request_error", Some("method_not_allowed")))).into_response()
 }
 
 pub(super) async fn models(State(s): State<Arc<Shared>>) -> Response {

@@ -34,7 +34,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::model::{Generation, LanguageModel, LoadOptions, LogprobMode, SamplingParams};
 use crate::schema::Message;
 use crate::{Error, Result};
-use handlers::{auth_and_version, chat_completions, completions, health, metrics, models, reload};
+use handlers::{auth_and_version, chat_completions, completions, health, method_not_allowed, metrics, models, not_found, reload};
 use worker::worker_loop;
 
 /// Response header carrying the policy version.
@@ -45,8 +45,15 @@ pub const VERSION_HEADER: &str = "x-policy-version";
 pub struct ServerOptions {
     /// Model id reported by `/v1/models` and in responses.
     pub model_name: String,
-    /// Bearer token required on every route but `/health` (none: open).
+    /// Bearer token (`Authorization: Bearer KEY`, the scheme in any case) required on every route but
+    /// `/health` (none: open).
     pub api_key: Option<String>,
+    /// Put `/health` behind `api_key` as well (false: `/health` stays open, for load balancers). No
+    /// effect without an `api_key`.
+    pub health_requires_key: bool,
+    /// Header and body read timeouts and the connection cap of the listener
+    /// ([`crate::net::ListenLimits`]; default 10 s, 30 s, 512 connections).
+    pub limits: crate::net::ListenLimits,
     /// Largest accepted request body (bytes).
     pub max_body_bytes: usize,
     /// Most requests generated together in one batch.
@@ -257,7 +264,8 @@ impl PolicyServer {
 
     /// The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions` (prompt log-probs, vLLM style),
     /// `GET /v1/models`, `GET /health`, `POST /v1/reload`, `GET /metrics` (the process-wide
-    /// [`crate::metrics`], OpenMetrics text).
+    /// [`crate::metrics`], OpenMetrics text); any other path is a JSON 404 and another method on a
+    /// route a JSON 405 (OpenAI error shape).
     pub fn router(&self) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat_completions))
@@ -266,19 +274,21 @@ impl PolicyServer {
             .route("/health", get(health))
             .route("/v1/reload", post(reload))
             .route("/metrics", get(metrics))
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(self.shared.clone(), auth_and_version))
             .layer(DefaultBodyLimit::max(self.shared.opts.max_body_bytes))
             .with_state(self.shared.clone())
     }
 
-    /// Serves on `listener` (a plain `TcpListener`, or a [`crate::net::Listener`] that speaks TLS) until
-    /// `shutdown` resolves (in-flight requests are finished first).
+    /// Serves on `listener` (a plain `TcpListener`, or a [`crate::net::Listener`] that speaks TLS) under
+    /// [`ServerOptions::limits`] until `shutdown` resolves (in-flight requests are finished first).
     ///
     /// # Errors
     /// [`Error::Http`] when the server fails.
     pub async fn serve(self, listener: impl Into<crate::net::Listener>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
         let app = self.router();
-        crate::net::serve_app(listener.into(), app, shutdown).await.map_err(|e| Error::Http(format!("server: {e}")))
+        crate::net::serve_app_with(listener.into(), app, self.shared.opts.limits, shutdown).await.map_err(|e| Error::Http(format!("server: {e}")))
     }
 }
 

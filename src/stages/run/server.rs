@@ -67,6 +67,8 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
     let opts = crate::serve::ServerOptions {
         model_name: cfg.policy.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "policy".into()),
         api_key: None,
+        health_requires_key: false,
+        limits: cfg.serve.limits()?,
         max_body_bytes: 16 << 20,
         max_batch: cfg.serve.max_batch,
         batch_window: std::time::Duration::from_millis(cfg.serve.batch_window_ms),
@@ -106,6 +108,8 @@ pub(super) async fn start_proxy(cfg: &PipelineConfig, upstream: Option<String>, 
     if let Some(env) = &cfg.proxy.api_key_env {
         popts.api_key = Some(std::env::var(env).map_err(|_| Error::Config(format!("proxy.api_key_env: ${env} is not set")))?);
     }
+    popts.health_requires_key = cfg.proxy.health_requires_key;
+    popts.limits = cfg.proxy.limits()?;
     let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port, cfg.proxy.tls.as_ref()).await?;
     tracing::info!(%url, "capture proxy listening");
     let proxy = Proxy::start(popts, bus).await?;
