@@ -8,8 +8,13 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{Array, ArrayRef, AsArray, StringBuilder};
+use arrow::datatypes::{Float32Type, Float64Type};
+use arrow::json::writer::{make_encoder, Encoder, EncoderFactory, EncoderOptions, LineDelimited, NullableEncoder, WriterBuilder};
 use datafusion::config::ConfigOptions;
+use datafusion::dataframe::DataFrame;
 use datafusion::datasource::MemTable;
+use datafusion::execution::context::SQLOptions;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 
@@ -137,29 +142,72 @@ pub fn stray_files(lake: &Lake) -> Result<Vec<(std::path::PathBuf, crate::lake::
     Ok(out)
 }
 
-/// Runs `query` over the lake and returns the result batches.
-///
-/// # Errors
-/// [`Error::Sql`] naming the unknown table/column or the failure.
-pub async fn query(lake: &Lake, query: &str) -> Result<Vec<RecordBatch>> {
-    let ctx = session(lake).await?;
-    let df = ctx.sql(query).await?;
-    Ok(df.collect().await?)
+/// What every SQL entry point (`nextstate sql`, and the `--sql` of `export`, `train`, `replay`, `loss` and
+/// the ablation's selections) runs: queries only. DDL (`CREATE [EXTERNAL] TABLE`, `DROP`, views), DML
+/// (`INSERT`, `COPY ... TO`) and statements (`SET`, transactions) are refused before anything runs, so a
+/// query can neither write a file anywhere the process can nor add rows to the lake, and cannot register
+/// an outside file as a table (DataFusion's [`SQLOptions`]).
+pub fn read_only() -> SQLOptions {
+    SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false)
 }
 
-/// Renders batches in `format`.
+/// Plans `query` on `ctx` as a read-only query ([`read_only`]); nothing runs until the frame is
+/// collected.
+///
+/// # Errors
+/// [`Error::InvalidInput`] (a user error) naming the refused kind of statement, for anything but a query;
+/// [`Error::Sql`] when the query does not parse or names a table/column that is not there.
+pub async fn read_only_frame(ctx: &SessionContext, query: &str) -> Result<DataFrame> {
+    let plan = ctx.state().create_logical_plan(query).await?;
+    read_only().verify_plan(&plan).map_err(|e| {
+        let why = e.find_root().to_string();
+        let why = why.strip_prefix("Error during planning: ").unwrap_or(&why).to_string();
+        Error::InvalidInput(format!(
+            "only read-only queries run here (SELECT, WITH, VALUES, EXPLAIN, SHOW, DESCRIBE); nothing was run or written: {why}"
+        ))
+    })?;
+    Ok(ctx.execute_logical_plan(plan).await?)
+}
+
+/// Runs `query` (read-only, [`read_only_frame`]) over the lake and returns the result batches; a result
+/// without rows is one empty batch with the result's schema, so that its columns can still be printed.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for anything but a query; [`Error::Sql`] naming the unknown table/column or
+/// the failure.
+pub async fn query(lake: &Lake, query: &str) -> Result<Vec<RecordBatch>> {
+    let ctx = session(lake).await?;
+    let df = read_only_frame(&ctx, query).await?;
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let mut batches = df.collect().await?;
+    if batches.is_empty() {
+        batches.push(RecordBatch::new_empty(schema));
+    }
+    Ok(batches)
+}
+
+/// Renders batches in `format`:
+/// - `table`: an aligned text table; a result without rows prints its header and `0 rows`;
+/// - `csv`: a header row (also for a result without rows), then one line per row; a nested value (list,
+///   struct, map) is written as its JSON text in one field;
+/// - `json`: one JSON object per row; a NaN or infinite float is written as the string `"NaN"`,
+///   `"Infinity"` or `"-Infinity"` (JSON has no such numbers), so it stays distinct from null.
 ///
 /// # Errors
 /// [`Error::Arrow`] when a value cannot be rendered.
 pub fn render(batches: &[RecordBatch], format: OutputFormat) -> Result<String> {
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     match format {
-        OutputFormat::Table => Ok(arrow::util::pretty::pretty_format_batches(batches)?.to_string()),
+        OutputFormat::Table => {
+            let table = arrow::util::pretty::pretty_format_batches(batches)?.to_string();
+            Ok(if rows == 0 { format!("{table}\n0 rows") } else { table })
+        }
         OutputFormat::Csv => {
             let mut buf = vec![];
             {
                 let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut buf);
                 for b in batches {
-                    w.write(b)?;
+                    w.write(&nested_as_json_text(b)?)?;
                 }
             }
             String::from_utf8(buf).map_err(|e| Error::Internal(e.to_string()))
@@ -167,7 +215,7 @@ pub fn render(batches: &[RecordBatch], format: OutputFormat) -> Result<String> {
         OutputFormat::Json => {
             let mut buf = vec![];
             {
-                let mut w = arrow::json::LineDelimitedWriter::new(&mut buf);
+                let mut w = WriterBuilder::new().with_encoder_factory(Arc::new(NonFiniteAsText)).build::<_, LineDelimited>(&mut buf);
                 for b in batches {
                     w.write(b)?;
                 }
@@ -175,6 +223,90 @@ pub fn render(batches: &[RecordBatch], format: OutputFormat) -> Result<String> {
             }
             String::from_utf8(buf).map_err(|e| Error::Internal(e.to_string()))
         }
+    }
+}
+
+/// `batch` with every nested column (list, struct, map) replaced by a UTF-8 column of each value's JSON
+/// text (null stays null), for CSV, which has no nested values.
+fn nested_as_json_text(batch: &RecordBatch) -> Result<RecordBatch> {
+    if !batch.schema().fields().iter().any(|f| f.data_type().is_nested()) {
+        return Ok(batch.clone());
+    }
+    let options = EncoderOptions::default().with_encoder_factory(Arc::new(NonFiniteAsText));
+    let mut fields = vec![];
+    let mut columns: Vec<ArrayRef> = vec![];
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !field.data_type().is_nested() {
+            fields.push(field.clone());
+            columns.push(column.clone());
+            continue;
+        }
+        let mut encoder = make_encoder(field, column.as_ref(), &options)?;
+        let mut text = StringBuilder::new();
+        let mut buf = vec![];
+        for row in 0..column.len() {
+            if encoder.is_null(row) {
+                text.append_null();
+            } else {
+                buf.clear();
+                encoder.encode(row, &mut buf);
+                text.append_value(String::from_utf8_lossy(&buf));
+            }
+        }
+        fields.push(Arc::new(Field::new(field.name(), DataType::Utf8, true)));
+        columns.push(Arc::new(text.finish()));
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// The JSON encoders' options without [`NonFiniteAsText`]: the default encoders, which it delegates
+/// finite values to.
+static PLAIN_JSON: std::sync::LazyLock<EncoderOptions> = std::sync::LazyLock::new(EncoderOptions::default);
+
+/// Encodes `Float32`/`Float64` values (at any depth) as arrow-json does, except NaN and ±infinity, which
+/// arrow-json writes as `null`: they become the strings `"NaN"`, `"Infinity"`, `"-Infinity"`.
+#[derive(Debug)]
+struct NonFiniteAsText;
+
+/// A float encoder: the non-finite values as text, the others by arrow-json's own encoder.
+struct FloatEncoder<'a> {
+    value: Box<dyn Fn(usize) -> f64 + 'a>,
+    finite: NullableEncoder<'a>,
+}
+
+impl Encoder for FloatEncoder<'_> {
+    fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
+        let v = (self.value)(idx);
+        if v.is_nan() {
+            out.extend_from_slice(b"\"NaN\"");
+        } else if v.is_infinite() {
+            out.extend_from_slice(if v > 0.0 { b"\"Infinity\"" } else { b"\"-Infinity\"" });
+        } else {
+            self.finite.encode(idx, out);
+        }
+    }
+}
+
+impl EncoderFactory for NonFiniteAsText {
+    fn make_default_encoder<'a>(
+        &self,
+        field: &'a arrow::datatypes::FieldRef,
+        array: &'a dyn Array,
+        _options: &'a EncoderOptions,
+    ) -> std::result::Result<Option<NullableEncoder<'a>>, arrow::error::ArrowError> {
+        let value: Box<dyn Fn(usize) -> f64 + 'a> = match array.data_type() {
+            DataType::Float32 => {
+                let a = array.as_primitive::<Float32Type>();
+                Box::new(move |i| f64::from(a.value(i)))
+            }
+            DataType::Float64 => {
+                let a = array.as_primitive::<Float64Type>();
+                Box::new(move |i| a.value(i))
+            }
+            _ => return Ok(None),
+        };
+        let finite = make_encoder(field, array, &PLAIN_JSON)?;
+        Ok(Some(NullableEncoder::new(Box::new(FloatEncoder { value, finite }), array.nulls().cloned())))
     }
 }
 

@@ -276,6 +276,9 @@ async fn every_format_is_read_by_datasets() {
     for want in ["configs:", "path: data/train-*", ALL, "`combined` (7)", "rows: 7", env!("CARGO_PKG_VERSION"), "`binary` (2)"] {
         assert!(card.contains(want), "card lacks {want:?}:\n{card}");
     }
+    // the lake by its name: the card leaves the machine, its folders do not
+    assert!(card.contains("- lake: `lake`\n"), "{card}");
+    assert!(!card.contains(&*dir.path().to_string_lossy()), "the card names a local path:\n{card}");
 }
 
 #[test]

@@ -149,3 +149,76 @@ async fn train_steps_files_of_schema_version_1_read_with_null_new_columns() {
     let text = nextstate::sql::render(&out, nextstate::sql::OutputFormat::Csv).unwrap();
     assert!(text.contains("1,true,true,true"), "{text}");
 }
+
+/// Every way a query could write or reach outside the lake is refused before it runs, through the path
+/// every SQL entry point takes ([`nextstate::sql::query`], [`nextstate::sql::read_only_frame`]): no
+/// file appears, the lake's files are unchanged, and the error names what was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_queries_run_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = fixture_lake(&dir.path().join("lake")).await;
+    let files_before = lake.files("interactions").unwrap().len() + lake.files("dead_letters").unwrap().len();
+    let copied = dir.path().join("copied.csv");
+    let copy = format!("COPY (SELECT interaction_id FROM interactions) TO '{}'", copied.display());
+    let refused = [
+        (copy.clone(), "COPY"),
+        (format!("EXPLAIN ANALYZE {copy}"), "COPY"),
+        ("INSERT INTO dead_letters SELECT * FROM dead_letters LIMIT 1".to_string(), "Insert"),
+        ("CREATE EXTERNAL TABLE pw (line VARCHAR) STORED AS CSV LOCATION '/etc/passwd'".to_string(), "CreateExternalTable"),
+        ("CREATE TABLE t AS SELECT 1".to_string(), "CreateMemoryTable"),
+        ("CREATE VIEW v AS SELECT 1".to_string(), "CreateView"),
+        ("DROP TABLE interactions".to_string(), "DropTable"),
+        ("SET datafusion.execution.batch_size = 1".to_string(), "SetVariable"),
+    ];
+    for (q, what) in &refused {
+        let e = nextstate::sql::query(&lake, q).await.expect_err(q);
+        assert!(matches!(e, nextstate::Error::InvalidInput(_)), "{q}: {e:?}");
+        assert_eq!(e.domain(), nextstate::error::Domain::User, "{q}");
+        let text = e.to_string();
+        assert!(text.contains("only read-only queries") && text.contains(what), "{q}: {text}");
+    }
+    assert!(!copied.exists(), "COPY wrote {}", copied.display());
+    let files_after = lake.files("interactions").unwrap().len() + lake.files("dead_letters").unwrap().len();
+    assert_eq!(files_after, files_before, "a refused statement changed the lake");
+    // the table is still the lake's, and queries (with subqueries, CTEs, EXPLAIN, SHOW) still run
+    let n = nextstate::sql::scalar_i64(&lake, "WITH t AS (SELECT * FROM interactions) SELECT count(*) FROM t WHERE interaction_id IN (SELECT interaction_id FROM interactions)").await.unwrap();
+    assert!(n > 0);
+    nextstate::sql::query(&lake, "EXPLAIN SELECT count(*) FROM interactions").await.unwrap();
+    nextstate::sql::query(&lake, "SHOW TABLES").await.unwrap();
+    // the other entry points: train/loss/ablate read samples through query_samples; export plans its own
+    let e = nextstate::stages::train::query_samples(&lake, &copy).await.unwrap_err();
+    assert!(matches!(e, nextstate::Error::InvalidInput(_)), "{e:?}");
+    let out = dir.path().join("export");
+    let e = nextstate::export::export(&lake, &copy, nextstate::export::ExportFormat::Hf, &out, &Default::default()).await.unwrap_err();
+    assert!(matches!(e, nextstate::Error::InvalidInput(_)), "{e:?}");
+    assert!(!copied.exists() && !out.exists(), "export ran the COPY or wrote its folder");
+}
+
+/// The three output formats on the results a user meets: a nested column in CSV is its JSON text, a
+/// result without rows still prints its columns, and JSON keeps NaN and the infinities apart from null.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_formats_write_nested_values_empty_results_and_non_finite_floats() {
+    use nextstate::sql::{render, OutputFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open(dir.path()).unwrap();
+    let q = "SELECT 1 AS n, [1, 2] AS xs, named_struct('a', 'x', 'b', 2.5) AS s, CAST(NULL AS INT[]) AS none";
+    let b = nextstate::sql::query(&lake, q).await.unwrap();
+    assert_eq!(render(&b, OutputFormat::Csv).unwrap(), "n,xs,s,none\n1,\"[1,2]\",\"{\"\"a\"\":\"\"x\"\",\"\"b\"\":2.5}\",\n");
+    let empty = nextstate::sql::query(&lake, "SELECT interaction_id, session_id FROM interactions").await.unwrap();
+    assert_eq!(render(&empty, OutputFormat::Csv).unwrap(), "interaction_id,session_id\n");
+    let table = render(&empty, OutputFormat::Table).unwrap();
+    assert!(table.contains("| interaction_id | session_id |") && table.ends_with("\n0 rows"), "{table}");
+    assert_eq!(render(&empty, OutputFormat::Json).unwrap(), "");
+    let q = "SELECT * FROM (VALUES (1, CAST('NaN' AS DOUBLE)), (2, CAST('inf' AS DOUBLE)), (3, CAST('-inf' AS DOUBLE)), (4, 0.25), (5, NULL)) AS t(i, x)";
+    let b = nextstate::sql::query(&lake, &format!("SELECT i, x, CAST(x AS REAL) AS x32, [x] AS xs FROM ({q}) ORDER BY i")).await.unwrap();
+    assert_eq!(
+        render(&b, OutputFormat::Json).unwrap(),
+        concat!(
+            "{\"i\":1,\"x\":\"NaN\",\"x32\":\"NaN\",\"xs\":[\"NaN\"]}\n",
+            "{\"i\":2,\"x\":\"Infinity\",\"x32\":\"Infinity\",\"xs\":[\"Infinity\"]}\n",
+            "{\"i\":3,\"x\":\"-Infinity\",\"x32\":\"-Infinity\",\"xs\":[\"-Infinity\"]}\n",
+            "{\"i\":4,\"x\":0.25,\"x32\":0.25,\"xs\":[0.25]}\n",
+            "{\"i\":5,\"xs\":[null]}\n",
+        )
+    );
+}

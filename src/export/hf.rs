@@ -48,8 +48,18 @@ fn counts_line(c: &BTreeMap<String, usize>) -> String {
     c.iter().map(|(k, v)| format!("`{k}` ({v})")).collect::<Vec<_>>().join(", ")
 }
 
+/// The lake's name for a card that leaves this machine: the folder's own name (never its absolute path,
+/// which names the machine's directories and user), or its object-storage URL (`s3://bucket/prefix`).
+fn lake_name(lake: &Lake) -> String {
+    if lake.remote().is_some() {
+        return lake.root().to_string_lossy().into_owned();
+    }
+    let path = std::fs::canonicalize(lake.root()).unwrap_or_else(|_| lake.root().to_path_buf());
+    path.file_name().map_or_else(|| "lake".to_string(), |n| n.to_string_lossy().into_owned())
+}
+
 fn card(lake: &Lake, sql: &str, schema: &SchemaRef, batches: &[RecordBatch], rows: usize) -> Result<String> {
-    let lake_path = std::fs::canonicalize(lake.root()).unwrap_or_else(|_| lake.root().to_path_buf());
+    let lake_name = lake_name(lake);
     let pipelines = value_counts(batches, "pipeline")?;
     let types = value_counts(batches, "sample_type")?;
     let when = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -66,7 +76,7 @@ fn card(lake: &Lake, sql: &str, schema: &SchemaRef, batches: &[RecordBatch], row
     if let Some(t) = types.filter(|t| !t.is_empty()) {
         s.push_str(&format!("- rows by sample type: {}\n", counts_line(&t)));
     }
-    s.push_str(&format!("- lake: `{}`\n", lake_path.display()));
+    s.push_str(&format!("- lake: `{lake_name}`\n"));
     s.push_str(&format!("- rows: {rows} (split `train`, file `{DATA_FILE}`)\n"));
     s.push_str(&format!("- exported: {when}\n"));
     s.push_str(&format!("- nextstate version: {}\n\n", env!("CARGO_PKG_VERSION")));

@@ -102,12 +102,13 @@ pub struct ExportReport {
 /// their reasons.
 ///
 /// # Errors
-/// [`Error::Sql`] when the query fails; [`Error::InvalidInput`] when a format other than `hf` is given
+/// [`Error::Sql`] when the query fails; [`Error::InvalidInput`] for anything but a read-only query
+/// ([`crate::sql::read_only`]), when a format other than `hf` is given
 /// a query that does not return full `samples` rows, or when `opts.require_rows` is set and the query
 /// selects nothing; [`Error::Arrow`]/[`Error::Records`]/[`Error::Parquet`]/[`Error::Io`] on writing.
 pub async fn export(lake: &Lake, sql: &str, format: ExportFormat, out: &Path, opts: &ExportOptions) -> Result<ExportReport> {
     let ctx = crate::sql::session(lake).await?;
-    let df = ctx.sql(sql).await?;
+    let df = crate::sql::read_only_frame(&ctx, sql).await?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let batches = df.collect().await?;
     let selected: usize = batches.iter().map(|b| b.num_rows()).sum();

@@ -182,6 +182,26 @@ impl Lake {
         Ok(Lake { root, remote: None })
     }
 
+    /// Opens the lake at `root` for reading (`sql`, `export`, `compact`): as [`Lake::open`], but a local
+    /// folder that does not exist is an error instead of a new empty lake, so a mistyped `--lake` does not
+    /// print 0 rows. (An object-storage URL is opened as by [`Lake::open`].)
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] (a user error) when the local folder does not exist or is not a folder;
+    /// otherwise as [`Lake::open`].
+    pub fn open_existing(root: impl Into<PathBuf>) -> Result<Lake> {
+        let root = root.into();
+        let remote = root.to_str().is_some_and(remote::is_url);
+        if !remote && !root.is_dir() {
+            let what = if root.exists() { "is not a folder" } else { "does not exist" };
+            return Err(Error::InvalidInput(format!(
+                "no lake at {}: it {what}; run `nextstate ingest` first or pass --lake (or --pipeline) naming the lake",
+                root.display()
+            )));
+        }
+        Lake::open(root)
+    }
+
     /// The lake's root folder (for object storage: its URL).
     pub fn root(&self) -> &Path {
         &self.root

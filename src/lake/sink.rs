@@ -84,6 +84,28 @@ pub struct SinkStats {
     pub released_on_rebalance: u64,
 }
 
+impl SinkStats {
+    /// One line for a person: what was written, what went to the dead-letter table, and what was not
+    /// written again because the lake already holds it (normal whenever rows are read again — a restart,
+    /// a rebalance, the embedded bus re-published from the lake — not a fault), then any buffered
+    /// records released on a rebalance. E.g. `rows_written=10 files=1 dead_letters=0 already_written=4
+    /// (by offset 0, by key 4: each row is written once)`.
+    pub fn line(&self) -> String {
+        let mut s = format!("rows_written={} files={} dead_letters={}", self.rows_written, self.files, self.dead_letters);
+        let again = self.already_in_lake + self.duplicate_keys;
+        if again > 0 {
+            s.push_str(&format!(
+                " already_written={again} (by offset {}, by key {}: rows read again are written once; not a fault)",
+                self.already_in_lake, self.duplicate_keys
+            ));
+        }
+        if self.released_on_rebalance > 0 {
+            s.push_str(&format!(" released_on_rebalance={} (the partition's new owner writes them)", self.released_on_rebalance));
+        }
+        s
+    }
+}
+
 #[derive(Deserialize)]
 struct RowOnly<T> {
     row: T,
@@ -421,6 +443,17 @@ pub fn dead_letter_for(m: &InMsg, topic: &str, table: &str, why: &str) -> DeadLe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_summary_line_reads_rows_read_again_as_normal() {
+        let clean = SinkStats { rows_written: 10, files: 1, ..Default::default() };
+        assert_eq!(clean.line(), "rows_written=10 files=1 dead_letters=0");
+        let again = SinkStats { already_in_lake: 3, duplicate_keys: 4, dead_letters: 1, released_on_rebalance: 2, ..Default::default() };
+        assert_eq!(
+            again.line(),
+            "rows_written=0 files=0 dead_letters=1 already_written=7 (by offset 3, by key 4: rows read again are written once; not a fault) released_on_rebalance=2 (the partition's new owner writes them)"
+        );
+    }
 
     fn buffer(bytes: usize) -> Buffer<()> {
         Buffer { rows: vec![], first: 0, last: 0, day: None, bytes, since: Instant::now() }

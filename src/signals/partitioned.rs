@@ -94,6 +94,12 @@ impl PartitionedPairer {
         self.parts.iter_mut().filter(|(p, _)| **p != NO_PARTITION).flat_map(|(_, part)| part.pairer.safe_commit_offsets()).collect()
     }
 
+    /// Main turns read but not yet paired, over every partition: each waits for its next state or for
+    /// its session to close (a done flag, or `idle_gap_ms` of event time without a row).
+    pub fn waiting_turns(&self) -> usize {
+        self.parts.values().map(|p| p.turns.len()).sum()
+    }
+
     /// How many times a partition's state was rebuilt because its offsets went back.
     pub fn rebuilt(&self) -> u64 {
         self.rebuilt

@@ -65,6 +65,10 @@ impl StageCounts {
     pub fn add(&mut self, outcome: &str, n: u64) {
         *self.outcomes.entry(outcome.to_string()).or_default() += n;
     }
+    /// Sets `outcome` to `n` (a level, such as rows held in state, rather than a running total).
+    pub fn set(&mut self, outcome: &str, n: u64) {
+        self.outcomes.insert(outcome.to_string(), n);
+    }
     /// The count of `outcome`.
     pub fn get(&self, outcome: &str) -> u64 {
         self.outcomes.get(outcome).copied().unwrap_or(0)

@@ -16,6 +16,11 @@ use crate::error::Result;
 use crate::schema::{Interaction, TurnType};
 use crate::signals::{PartitionedPairer, SignalConfig};
 
+/// The outcome counting main turns read but not paired yet when the stage last handled a batch: they
+/// wait for their next state or for their session to close (not lost: a later row or the session's
+/// idle gap emits them; a restart re-reads them from the committed offset).
+pub const WAITING: &str = "waiting (session still open)";
+
 /// The signals stage.
 pub struct SignalsStage {
     pairer: PartitionedPairer,
@@ -49,6 +54,7 @@ impl StageLogic for SignalsStage {
                 out.emit(&s, Some(&carry)).await?;
             }
         }
+        counts.set(WAITING, self.pairer.waiting_turns() as u64);
         let rebuilt = self.pairer.rebuilt() - rebuilt;
         if rebuilt > 0 {
             counts.add("partition state rebuilt (read again from the committed offset)", rebuilt);
