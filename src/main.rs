@@ -1,6 +1,8 @@
 //! The `nextstate` command line.
 use std::path::PathBuf;
 
+use std::io::{IsTerminal, Write};
+
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use nextstate::config::PipelineConfig;
@@ -14,6 +16,30 @@ use nextstate::sql::OutputFormat;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// Writes `text` to stdout; a closed stdout (`nextstate sql ... | head`) ends the process quietly with
+/// exit code 0, as a command-line tool in a pipe does, instead of a panic.
+fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("Error: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `print!` through [`emit`].
+macro_rules! out {
+    ($($arg:tt)*) => { emit(&format!($($arg)*)) };
+}
+
+/// `println!` through [`emit`].
+macro_rules! outln {
+    () => { emit("\n") };
+    ($($arg:tt)*) => { emit(&(format!($($arg)*) + "\n")) };
 }
 
 /// Where the data lives (shared by the commands that touch the bus or the lake).
@@ -84,13 +110,18 @@ enum Command {
     },
     /// Run a SQL query over every table of the lake (DataFusion).
     Sql {
-        /// Lake folder.
-        #[arg(long, env = "NEXTSTATE_LAKE", default_value = "lake")]
-        lake: PathBuf,
-        /// Output format.
+        /// Lake folder or object-storage URL (default: the pipeline's lake, else ./lake). It must exist.
+        #[arg(long, env = "NEXTSTATE_LAKE")]
+        lake: Option<PathBuf>,
+        /// Pipeline file whose lake to query (when --lake is not given).
+        #[arg(long)]
+        pipeline: Option<PathBuf>,
+        /// Output format: table, csv (nested values as JSON text) or json (JSON Lines; NaN and
+        /// infinities as the strings "NaN", "Infinity", "-Infinity").
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         format: OutputFormat,
-        /// The query, e.g. "SELECT kind, count(*) FROM signals GROUP BY kind".
+        /// The query, e.g. "SELECT kind, count(*) FROM signals GROUP BY kind", or `-` to read it from
+        /// standard input. Queries only: COPY, INSERT, CREATE, DROP and SET are refused.
         query: String,
     },
     /// Merge each table's small files into large ones (safe beside running sinks and readers).
@@ -378,19 +409,19 @@ fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConf
     Ok(cfg)
 }
 
-/// Runs the command; a user error (bad flag value, config, input: [`nextstate::error::Domain::User`])
-/// prints its message and causes without a backtrace, whatever `RUST_BACKTRACE` says; any other
-/// error prints as `main` returning it would (with the backtrace when one was captured). Exit code 1
-/// on error.
+/// Runs the command; an error prints its message and causes once each ([`user_message`]: an OS error
+/// inside an I/O error is not repeated); a user error (bad flag value, config, input:
+/// [`nextstate::error::Domain::User`]) never with a backtrace, whatever `RUST_BACKTRACE` says, any other
+/// with the backtrace when one was captured. Exit code 1 on error.
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             let user = e.chain().find_map(|c| c.downcast_ref::<nextstate::Error>()).is_some_and(|ne| ne.domain() == nextstate::error::Domain::User);
-            if user {
-                eprintln!("Error: {}", user_message(&e));
-            } else {
-                eprintln!("Error: {e:?}");
+            eprintln!("Error: {}", user_message(&e));
+            // Not the user's: the backtrace too, when RUST_BACKTRACE captured one.
+            if !user && e.backtrace().status() == std::backtrace::BacktraceStatus::Captured {
+                eprintln!("\nStack backtrace:\n{}", e.backtrace());
             }
             std::process::ExitCode::FAILURE
         }
@@ -425,6 +456,8 @@ fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rdkafka=warn".into()))
         .with_writer(std::io::stderr)
+        // colour codes only for a person at a terminal, never in a log file or a pipe (and never with NO_COLOR)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
         .init();
     let cli = Cli::parse();
     // These manage their own runtime and threads.
@@ -446,23 +479,33 @@ fn run() -> Result<()> {
                             std::fs::create_dir_all(dir)?;
                             std::fs::write(dir.join(format!("{name}.json")), json + "\n")?;
                         }
-                        None => println!("{json}"),
+                        None => outln!("{json}"),
                     }
                 }
             }
-            Command::Sql { lake, format, query } => {
-                let lake = Lake::open(&lake)?;
+            Command::Sql { lake, pipeline, format, query } => {
+                let lake = match (lake, &pipeline) {
+                    (Some(l), _) => l,
+                    (None, Some(p)) => PipelineConfig::load(p)?.lake,
+                    (None, None) => PathBuf::from("lake"),
+                };
+                let lake = Lake::open_existing(&lake)?;
+                let query = if query == "-" {
+                    std::io::read_to_string(std::io::stdin()).context("reading the query from standard input")?
+                } else {
+                    query
+                };
                 for (path, why) in nextstate::sql::stray_files(&lake)? {
                     eprintln!("note: {}: {}", path.display(), why.explain());
                 }
                 let batches = nextstate::sql::query(&lake, &query).await?;
-                print!("{}", nextstate::sql::render(&batches, format)?);
+                out!("{}", nextstate::sql::render(&batches, format)?);
                 if format == OutputFormat::Table {
-                    println!();
+                    outln!();
                 }
             }
             Command::Compact { lake, table, target_mb, retain_secs } => {
-                let lake = Lake::open(&lake)?;
+                let lake = Lake::open_existing(&lake)?;
                 let mut tables = nextstate::schema::all_schemas();
                 if let Some(t) = &table {
                     tables.retain(|(name, _)| name == t);
@@ -474,7 +517,7 @@ fn run() -> Result<()> {
                 }
                 let opts = nextstate::lake::compact::CompactOptions { target_bytes: target_mb << 20, retain: std::time::Duration::from_secs(retain_secs) };
                 for (t, s) in nextstate::lake::compact::compact(&lake, &tables, &opts)? {
-                    println!(
+                    outln!(
                         "compact {t}: files {} -> {} ({} merged into {}, {} rows), MB {:.1} -> {:.1}, covered files deleted={} kept={} (retain {retain_secs} s)",
                         s.files_before,
                         s.files_after,
@@ -490,10 +533,10 @@ fn run() -> Result<()> {
             }
             Command::Export { lake, sql, to, out, require_rows } => {
                 let opts = nextstate::export::ExportOptions { require_rows };
-                let r = nextstate::export::export(&Lake::open(&lake)?, &sql, to, &out, &opts).await?;
-                println!("export {}: selected={}", to.as_str(), r.selected);
+                let r = nextstate::export::export(&Lake::open_existing(&lake)?, &sql, to, &out, &opts).await?;
+                outln!("export {}: selected={}", to.as_str(), r.selected);
                 for f in &r.files {
-                    println!("export {}: {}", to.as_str(), f.summary());
+                    outln!("export {}: {}", to.as_str(), f.summary());
                 }
             }
             Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions, metrics } => {
@@ -506,7 +549,7 @@ fn run() -> Result<()> {
                 let default_turn_type = nextstate::schema::TurnType::parse(&default_turn_type)
                     .with_context(|| format!("--default-turn-type must be main or side, got {default_turn_type}"))?;
                 let stop = Stop::default();
-                stop.on_signals();
+                stop.on_signals_second_exits();
                 metrics.serve(&stop).await?;
                 let r = if follow {
                     let args = nextstate::stages::follow::FollowArgs {
@@ -524,17 +567,14 @@ fn run() -> Result<()> {
                     let args = nextstate::stages::source::IngestArgs { files, format, default_turn_type, sink: !no_sink, progress: true };
                     nextstate::stages::source::ingest(&cfg, &args, stop).await.context("ingest failed")?
                 };
-                let dl: u64 = r.dead_letters.values().sum();
-                let reasons: Vec<String> = r.dead_letters.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!(
-                    "ingest: files={} interactions={} dead_letters={}{}",
-                    r.files.len(),
-                    r.interactions,
-                    dl,
-                    if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(" ")) }
-                );
+                outln!("{}", r.line());
                 for (t, s) in &r.sinks {
-                    println!("sink {t}: rows_written={} duplicate_keys={} files={}", s.rows_written, s.duplicate_keys, s.files);
+                    outln!("sink {t}: {}", s.line());
+                }
+                if r.stopped {
+                    // Not an error with a backtrace: the user asked for it; the status says it is partial.
+                    eprintln!("ingest: stopped by a signal before every input was read (what was read is kept; run it again for the rest)");
+                    std::process::exit(1);
                 }
             }
             Command::Train { pipeline, sql, from_topic: _, resume, run_id, checkpoints, max_steps, until_idle, data, metrics, metrics_jsonl } => {
@@ -548,12 +588,12 @@ fn run() -> Result<()> {
                 };
                 let opts = nextstate::stages::train::TrainOptions { source, resume, run_id, checkpoints_dir: checkpoints, max_steps, metrics_jsonl, metrics_jsonl_extra: vec![] };
                 let r = nextstate::stages::train::train_command(&cfg, &opts, until_idle, stop).await.context("training failed")?;
-                println!(
+                outln!(
                     "train: steps={} samples_trained={} skipped_already_trained={} skipped_duplicates={} skipped_other_pipeline={} dropped={:?} skipped_steps={} skipped_samples={:?} resumed_from={:?} last_loss={:?}",
                     r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_duplicates, r.skipped_other_pipeline, r.dropped, r.skipped_steps, r.skipped_samples, r.resumed_from, r.last_loss
                 );
                 for (v, p) in &r.checkpoints {
-                    println!("checkpoint v{v}: {p}");
+                    outln!("checkpoint v{v}: {p}");
                 }
             }
             Command::Loss { pipeline, sql, method, checkpoint, json, data } => {
@@ -565,9 +605,9 @@ fn run() -> Result<()> {
                 let samples = nextstate::stages::train::query_samples(&lake, &sql).await?;
                 let report = nextstate::stages::train::loss_command(&cfg, checkpoint.as_deref(), &samples)?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&report)?);
+                    outln!("{}", serde_json::to_string_pretty(&report)?);
                 } else {
-                    print!("{}", nextstate::stages::train::render_loss_report(&report));
+                    out!("{}", nextstate::stages::train::render_loss_report(&report));
                 }
             }
             Command::Demo { pipeline, out, gsm8k, interactions, min_versions_served, max_interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, data } => {
@@ -592,20 +632,20 @@ fn run() -> Result<()> {
                 let stop = Stop::default();
                 stop.on_signals();
                 let s = nextstate::demo::run::run_demo(opts, stop).await.context("demo failed")?;
-                println!("\nnextstate demo — {} interactions in {} sessions, {:.0} s, {} failed requests", s.interactions, s.sessions, s.seconds, s.failed_requests);
-                println!("personalization score (held-out problems, all preferences met):");
+                outln!("\nnextstate demo — {} interactions in {} sessions, {:.0} s, {} failed requests", s.interactions, s.sessions, s.seconds, s.failed_requests);
+                outln!("personalization score (held-out problems, all preferences met):");
                 for e in &s.evaluations {
-                    println!("  version {:>2} after {:>3} interactions: {:.3}   (accuracy {:.3})", e.version, e.interactions, e.score.fraction_all_satisfied, e.score.accuracy);
+                    outln!("  version {:>2} after {:>3} interactions: {:.3}   (accuracy {:.3})", e.version, e.interactions, e.score.fraction_all_satisfied, e.score.accuracy);
                 }
-                println!("before {:.3} → after {:.3}", s.before.fraction_all_satisfied, s.after.fraction_all_satisfied);
-                println!("result: {}", s.result_line);
+                outln!("before {:.3} → after {:.3}", s.before.fraction_all_satisfied, s.after.fraction_all_satisfied);
+                outln!("result: {}", s.result_line);
                 for (n, c) in &s.run.stages {
-                    println!("stage {n}: {}", c.line());
+                    outln!("stage {n}: {}", c.line());
                 }
                 if let Some(t) = &s.run.train {
-                    println!("train: steps={} samples_trained={} checkpoints={} reloads by the server={:?}", t.steps, t.samples_trained, t.checkpoints.len(), s.run.reloads);
+                    outln!("train: steps={} samples_trained={} checkpoints={} reloads by the server={:?}", t.steps, t.samples_trained, t.checkpoints.len(), s.run.reloads);
                 }
-                println!("report: {}", s.report.display());
+                outln!("report: {}", s.report.display());
             }
             Command::Replay { sql, to_topic, pipeline, lake_out, only, data } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
@@ -617,13 +657,13 @@ fn run() -> Result<()> {
                 };
                 let opts = nextstate::ablate::ReplayOptions { source_lake: cfg.lake.clone(), sql, table: to_topic, target };
                 let r = nextstate::ablate::replay(&opts, stop).await.context("replay failed")?;
-                println!(
+                outln!(
                     "replay: table={} rows={} published={} written={} vote_cache_files={} teacher_cache_rows={} votes_cached={} teacher_cache_hits={}",
                     r.table, r.rows, r.published, r.written, r.vote_cache_files, r.teacher_cache_rows, r.votes_cached(), r.teacher_cache_hits()
                 );
                 if let Some(run) = &r.run {
                     for (n, c) in &run.stages {
-                        println!("stage {n}: {}", c.line());
+                        outln!("stage {n}: {}", c.line());
                     }
                 }
             }
@@ -634,24 +674,24 @@ fn run() -> Result<()> {
                 stop.on_signals();
                 let opts = nextstate::ablate::AblateOptions { config, out, arms, metrics_jsonl };
                 let s = nextstate::ablate::run_ablation(&opts, stop).await.context("ablation failed")?;
-                println!("\nnextstate ablate — {:.0} s; personalization score per version (interactions trained on):", s.seconds);
+                outln!("\nnextstate ablate — {:.0} s; personalization score per version (interactions trained on):", s.seconds);
                 for arm in &s.reported {
                     let line: Vec<String> = s.checkpoints.iter().filter(|c| &c.arm == arm).map(|c| format!("v{}@{}: {:.3}", c.version, c.interactions_seen, c.score)).collect();
-                    println!("  {arm:<24} {}", line.join("  "));
+                    outln!("  {arm:<24} {}", line.join("  "));
                 }
                 if !s.missing.is_empty() {
-                    println!("not finished: {}", s.missing.join(", "));
+                    outln!("not finished: {}", s.missing.join(", "));
                 }
-                println!("final score per arm (mean over seeds, 95% CI):");
+                outln!("final score per arm (mean over seeds, 95% CI):");
                 for g in &s.groups {
                     let ci = g.low.zip(g.high).map(|(l, h)| format!("[{l:.3}-{h:.3}]")).unwrap_or_else(|| "(one seed)".into());
                     let v0 = s.versus_v0.iter().find(|p| p.a == g.group).map(|p| format!("; vs v0 {:+.3}, p = {}", p.mean_diff, nextstate::stats::p_text(p.p_value))).unwrap_or_default();
-                    println!("  {:<24} {:.3} {ci} over {} seed(s){v0}", g.group, g.mean, g.seeds.len());
+                    outln!("  {:<24} {:.3} {ci} over {} seed(s){v0}", g.group, g.mean, g.seeds.len());
                 }
                 if let Some(o) = &s.ordering {
-                    println!("{}", o.replace("**", ""));
+                    outln!("{}", o.replace("**", ""));
                 }
-                println!("report: {}\nresults: {}", s.report.display(), s.results.display());
+                outln!("report: {}\nresults: {}", s.report.display(), s.results.display());
             }
             Command::Run { pipeline, only, until_idle, checkpoints, run_id, resume, data, metrics } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
@@ -670,16 +710,13 @@ fn run() -> Result<()> {
                     eprintln!("note: the lake sinks ran too: without --brokers the topics live only in this process, so every row produced reaches the lake through them");
                 }
                 for (n, c) in &report.stages {
-                    println!("stage {n}: {}", c.line());
+                    outln!("stage {n}: {}", c.line());
                 }
                 for (t, s) in &report.sinks {
-                    println!(
-                        "sink {t}: rows_written={} files={} already_in_lake={} duplicate_keys={} dead_letters={}",
-                        s.rows_written, s.files, s.already_in_lake, s.duplicate_keys, s.dead_letters
-                    );
+                    outln!("sink {t}: {}", s.line());
                 }
                 if let Some(t) = &report.train {
-                    println!(
+                    outln!(
                         "train: steps={} samples_trained={} checkpoints={:?} dropped={:?} skipped_steps={} skipped_samples={:?}",
                         t.steps,
                         t.samples_trained,
@@ -690,7 +727,7 @@ fn run() -> Result<()> {
                     );
                 }
                 if let Some(p) = &report.proxy {
-                    println!("proxy: {p:?}");
+                    outln!("proxy: {p:?}");
                 }
             }
         }

@@ -83,6 +83,43 @@ impl Stop {
             s.request();
         });
     }
+
+    /// [`Stop::on_signals`] for commands whose unfinished work may be dropped (`ingest`: what it has
+    /// not produced yet is read again by the next run): the first Ctrl-C or SIGTERM requests a stop,
+    /// a second one of either ends the process at once with exit status 130.
+    pub fn on_signals_second_exits(&self) {
+        let s = self.clone();
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                // Persistent streams: a second signal that comes while the first is handled still counts.
+                let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else { return };
+                for n in 0.. {
+                    tokio::select! {
+                        _ = int.recv() => {},
+                        _ = term.recv() => {},
+                    }
+                    if n > 0 {
+                        eprintln!("second stop signal: exiting now");
+                        std::process::exit(130);
+                    }
+                    eprintln!("stop requested: finishing in-flight records (a second Ctrl-C or SIGTERM exits at once)");
+                    s.request();
+                }
+            }
+            #[cfg(not(unix))]
+            {
+                for n in 0.. {
+                    let _ = tokio::signal::ctrl_c().await;
+                    if n > 0 {
+                        std::process::exit(130);
+                    }
+                    s.request();
+                }
+            }
+        });
+    }
 }
 
 /// How a task decides it is finished.

@@ -40,7 +40,7 @@ mod toolbench;
 mod trajectory;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -215,6 +215,10 @@ pub struct IngestOptions {
     /// Read at most this many bytes of a JSONL file (`ingest --follow`: up to the end of its last
     /// complete line, so a line being written is not read half); `None` reads everything.
     pub read_limit: Option<u64>,
+    /// Raised to stop reading (Ctrl-C / SIGTERM): readers check it before each record (JSONL line,
+    /// array element) and before handing on each item, and then return [`Error::Cancelled`]. A single
+    /// record being parsed (one line or one whole document) is finished first. `None`: never stopped.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl IngestOptions {
@@ -227,6 +231,18 @@ impl IngestOptions {
             max_document_bytes: 512 << 20,
             session_cache: sessions::DEFAULT_CAPACITY,
             read_limit: None,
+            stop: None,
+        }
+    }
+
+    /// `Err(`[`Error::Cancelled`]`)` once [`IngestOptions::stop`] is raised.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when a stop was requested.
+    pub fn check_stop(&self) -> Result<()> {
+        match &self.stop {
+            Some(s) if s.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Cancelled),
+            _ => Ok(()),
         }
     }
 }
@@ -341,37 +357,130 @@ pub fn is_event_dir(dir: &Path) -> bool {
     std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok()).any(|e| event_file_index(&e.file_name().to_string_lossy()).is_some())).unwrap_or(false)
 }
 
-/// The inputs to ingest for `paths`: a file as given; a directory walked recursively (entries in name
-/// order, hidden entries skipped), keeping the files [`is_log_file_name`] accepts, and an OpenHands V1
-/// events folder ([`is_event_dir`]) as one input. The flag is true for inputs found by walking (their
-/// format is detected one by one, and one that cannot be detected is a dead letter rather than an
-/// error).
-///
-/// # Errors
-/// [`Error::Io`] for a path that does not exist or a directory that cannot be read.
-pub fn expand_paths(paths: &[std::path::PathBuf]) -> Result<Vec<(std::path::PathBuf, bool)>> {
+/// Reason code of an input file whose format `--format auto` cannot recognise.
+pub const UNDETECTED_FORMAT: &str = "undetected_format";
+/// Reason code of an input path that does not exist (never did, or vanished before it was read).
+pub const FILE_NOT_FOUND: &str = "file_not_found";
+/// Reason code of an input file that cannot be opened or read (permissions, an I/O error, corrupt
+/// compressed data). Records read before a read error are kept.
+pub const UNREADABLE_FILE: &str = "unreadable_file";
+/// Reason code of an input path that is neither a regular file nor a directory (FIFO, socket, device):
+/// refused from its metadata without opening it, since opening a FIFO blocks until a writer comes.
+pub const NOT_A_REGULAR_FILE: &str = "not_a_regular_file";
+
+/// One input of `nextstate ingest`, as [`inputs`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A file (or an OpenHands V1 events folder) to read.
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// Found by walking a directory (rather than named on the command line).
+        walked: bool,
+    },
+    /// A path that is not read at all (each becomes one dead letter of stage `ingest` with this code).
+    Skip {
+        /// The path.
+        path: PathBuf,
+        /// [`FILE_NOT_FOUND`], [`UNREADABLE_FILE`] or [`NOT_A_REGULAR_FILE`].
+        code: &'static str,
+        /// What is wrong, for the dead letter and the console.
+        reason: String,
+    },
+}
+
+/// The reason code of an I/O error on an input path: [`FILE_NOT_FOUND`] or [`UNREADABLE_FILE`].
+pub fn io_skip_reason(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        FILE_NOT_FOUND
+    } else {
+        UNREADABLE_FILE
+    }
+}
+
+/// What kind of non-regular file `t` is, in words ("FIFO", "socket", ...).
+fn special_kind(t: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+    }
+    let _ = t;
+    "not a regular file"
+}
+
+/// The inputs to ingest for `paths`, never failing on one bad path: a regular file as given; a
+/// directory walked recursively (entries in name order, hidden entries skipped), keeping the files
+/// [`is_log_file_name`] accepts, and an OpenHands V1 events folder ([`is_event_dir`]) as one input.
+/// A path that does not exist or cannot be read, and one that is neither a regular file nor a
+/// directory (FIFO, socket, device: decided from its metadata, never opened), is an
+/// [`Input::Skip`] with its reason; so is a directory entry the walk cannot read. Symbolic links
+/// named on the command line are followed; inside a walked directory they are not.
+pub fn inputs(paths: &[PathBuf]) -> Vec<Input> {
     let mut out = vec![];
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|e| Error::io("stat", p, e))?;
+        let meta = match std::fs::metadata(p) {
+            Ok(m) => m,
+            Err(e) => {
+                out.push(Input::Skip { path: p.clone(), code: io_skip_reason(&e), reason: format!("{}: {e}", p.display()) });
+                continue;
+            }
+        };
+        if meta.is_file() {
+            out.push(Input::Read { path: p.clone(), walked: false });
+            continue;
+        }
         if !meta.is_dir() {
-            out.push((p.clone(), false));
+            let reason = format!("{}: {}, not a regular file: refused without opening it", p.display(), special_kind(meta.file_type()));
+            out.push(Input::Skip { path: p.clone(), code: NOT_A_REGULAR_FILE, reason });
             continue;
         }
         let mut walk = walkdir::WalkDir::new(p).sort_by_file_name().into_iter().filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
         while let Some(e) = walk.next() {
-            let e = e.map_err(|e| {
-                let path = e.path().map(Path::to_path_buf).unwrap_or_else(|| p.clone());
-                Error::io("walk", &path, e.into_io_error().unwrap_or_else(|| std::io::Error::other("directory loop")))
-            })?;
+            let e = match e {
+                Ok(e) => e,
+                Err(e) => {
+                    let path = e.path().map(Path::to_path_buf).unwrap_or_else(|| p.clone());
+                    let io = e.into_io_error().unwrap_or_else(|| std::io::Error::other("directory loop"));
+                    out.push(Input::Skip { code: io_skip_reason(&io), reason: format!("{}: {io}", path.display()), path });
+                    continue;
+                }
+            };
             if e.file_type().is_dir() && is_event_dir(e.path()) {
-                out.push((e.into_path(), true));
+                out.push(Input::Read { path: e.into_path(), walked: true });
                 walk.skip_current_dir();
             } else if e.file_type().is_file() && is_log_file_name(&e.file_name().to_string_lossy()) {
-                out.push((e.into_path(), true));
+                out.push(Input::Read { path: e.into_path(), walked: true });
             }
         }
     }
-    Ok(out)
+    out
+}
+
+/// [`inputs`] for callers that want every path good: the inputs to read, or the first path that
+/// [`inputs`] skips. The flag is true for inputs found by walking.
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the first path [`inputs`] skips and why.
+pub fn expand_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
+    inputs(paths)
+        .into_iter()
+        .map(|i| match i {
+            Input::Read { path, walked } => Ok((path, walked)),
+            Input::Skip { reason, .. } => Err(Error::InvalidInput(reason)),
+        })
+        .collect()
 }
 
 /// Parses a log timestamp: epoch seconds or milliseconds (numbers above 1e11 are taken as ms),
@@ -418,6 +527,45 @@ mod tests {
         assert_eq!(parse_timestamp(&json!("2025-01-27T23:44:56+01:00")), Some(1_738_017_896_000));
         assert_eq!(parse_timestamp(&json!("yesterday")), None);
         assert_eq!(parse_timestamp(&json!(null)), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn inputs_skip_missing_and_special_paths_without_opening_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = d.join("a.jsonl");
+        std::fs::write(&log, b"{}\n").unwrap();
+        let fifo = d.join("pipe.jsonl");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let walked = d.join("walked");
+        std::fs::create_dir(&walked).unwrap();
+        std::fs::write(walked.join("b.json"), b"[]").unwrap();
+        std::fs::write(walked.join("notes.txt"), b"x").unwrap();
+        let missing = d.join("gone.jsonl");
+        let got = inputs(&[log.clone(), fifo.clone(), missing.clone(), walked.clone(), PathBuf::from("/dev/null")]);
+        let codes: Vec<(PathBuf, &str)> = got
+            .iter()
+            .map(|i| match i {
+                Input::Read { path, walked } => (path.clone(), if *walked { "walked" } else { "read" }),
+                Input::Skip { path, code, .. } => (path.clone(), *code),
+            })
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                (log.clone(), "read"),
+                (fifo.clone(), NOT_A_REGULAR_FILE),
+                (missing.clone(), FILE_NOT_FOUND),
+                (walked.join("b.json"), "walked"),
+                (PathBuf::from("/dev/null"), NOT_A_REGULAR_FILE),
+            ]
+        );
+        let Input::Skip { reason, .. } = &got[1] else { unreachable!() };
+        assert_eq!(reason, &format!("{}: a FIFO (named pipe), not a regular file: refused without opening it", fifo.display()));
+        let Input::Skip { reason, .. } = &got[4] else { unreachable!() };
+        assert!(reason.contains("a character device"), "{reason}");
+        assert!(matches!(expand_paths(&[log.clone(), missing]), Err(Error::InvalidInput(m)) if m.contains("gone.jsonl")));
     }
 
     #[test]

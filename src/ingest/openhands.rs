@@ -181,7 +181,7 @@ fn plain(role: &str, text: String) -> super::normalize::Normalized {
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut b = Builder::default();
     let (bytes, end) = for_each_element(path, progress, &mut |i, v| {
-        sink.record_read();
+        sink.next_record()?;
         b.event(i, &v);
         Ok(())
     })?;

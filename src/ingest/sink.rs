@@ -26,7 +26,7 @@ pub(crate) type LineFn<'f> = dyn FnMut(&mut Sink<'_>, i64, &[u8]) -> Result<()> 
 pub(crate) fn read_lines(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64), record: &mut LineFn<'_>) -> Result<()> {
     let max = sink.opts.max_line_bytes;
     let (bytes, blank) = stream::for_each_line(path, max, sink.opts.read_limit, progress, &mut |n, line, _| {
-        sink.record_read();
+        sink.next_record()?;
         match line {
             stream::Line::TooLong { head, len } => sink.dead(Some(n), "line_too_long", format!("line of {len} bytes is over the {max}-byte limit"), head),
             stream::Line::Text(text) => record(sink, n, text),
@@ -118,6 +118,7 @@ impl<'a> Sink<'a> {
 
     /// Emits a dead letter for the record at `line`.
     pub fn dead(&mut self, line: Option<i64>, code: &str, reason: impl Into<String>, payload: &[u8]) -> Result<()> {
+        self.opts.check_stop()?;
         let dl = DeadLetter::new("ingest", code, reason, payload, self.lineage(line));
         self.summary.dead_letters += 1;
         *self.summary.dead_letters_by_reason.entry(code.to_string()).or_insert(0) += 1;
@@ -126,6 +127,7 @@ impl<'a> Sink<'a> {
 
     /// Emits a dead letter that names its session.
     pub fn dead_in_session(&mut self, line: Option<i64>, session: &str, code: &str, reason: impl Into<String>, payload: &[u8]) -> Result<()> {
+        self.opts.check_stop()?;
         let dl = DeadLetter::new("ingest", code, reason, payload, self.lineage(line)).with_keys(session, None);
         self.summary.dead_letters += 1;
         *self.summary.dead_letters_by_reason.entry(code.to_string()).or_insert(0) += 1;
@@ -141,6 +143,17 @@ impl<'a> Sink<'a> {
 
     pub fn record_read(&mut self) {
         self.summary.records += 1;
+    }
+
+    /// Counts a record about to be read, after checking [`IngestOptions::stop`]: the check every
+    /// streaming reader makes between records.
+    ///
+    /// # Errors
+    /// [`crate::Error::Cancelled`] once a stop was requested.
+    pub fn next_record(&mut self) -> Result<()> {
+        self.opts.check_stop()?;
+        self.record_read();
+        Ok(())
     }
 
     pub fn set_bytes(&mut self, bytes: u64) {
@@ -185,6 +198,7 @@ impl<'a> Sink<'a> {
     /// Emits a built interaction; a second row of the same session and turn index in this file
     /// becomes a `duplicate_turn` dead letter instead (the first one wins).
     pub fn emit(&mut self, row: Interaction) -> Result<()> {
+        self.opts.check_stop()?;
         let fresh = match self.turns.get_mut(&row.session_id) {
             Some(t) => t.insert(row.turn_index),
             None => {

@@ -47,17 +47,39 @@ impl Compression {
     }
 }
 
-/// Opens a log file for reading its (decompressed) content.
+/// Opens a log file for reading its (decompressed) content. Only a regular file is read: the file is
+/// opened without blocking (a FIFO would otherwise wait in `open()` for a writer) and refused when it
+/// turns out to be anything else (FIFO, socket, device, directory).
 ///
 /// # Errors
-/// [`Error::Io`] when the file cannot be opened (or the zstd frame header cannot be read).
+/// [`Error::Io`] when the file cannot be opened, is not a regular file (`InvalidInput`), or the zstd
+/// frame header cannot be read.
 pub fn open(path: &Path) -> Result<Box<dyn Read>> {
-    let f = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let f = open_regular(path)?;
     Ok(match Compression::of(path) {
         Compression::None => Box::new(f),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f))),
         Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(f).map_err(|e| Error::io("open zstd stream", path, e))?),
     })
+}
+
+/// Opens `path` read-only if it is a regular file. On Unix with `O_NONBLOCK`, which never blocks
+/// `open()` (a FIFO without a writer would) and changes nothing for reads of a regular file.
+fn open_regular(path: &Path) -> Result<File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = o.open(path).map_err(|e| Error::io("open", path, e))?;
+    let meta = f.metadata().map_err(|e| Error::io("stat", path, e))?;
+    if !meta.is_file() {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file (a FIFO, socket, device or directory)");
+        return Err(Error::io("open", path, e));
+    }
+    Ok(f)
 }
 
 /// One JSONL line handed to the callback.
@@ -301,6 +323,20 @@ mod tests {
         let h = tmp(b" [ ] ");
         let (_, end) = for_each_element(h.path(), &mut |_| {}, &mut |_, _| Ok(())).unwrap();
         assert!(matches!(end, ArrayEnd::Complete));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn fifos_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe.jsonl");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let t = std::time::Instant::now();
+        let e = open(&fifo).err().expect("a FIFO is refused");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "open took {:?}", t.elapsed());
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = open(dir.path()).err().expect("a directory is refused");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     #[test]

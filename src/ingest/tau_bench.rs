@@ -21,7 +21,7 @@ use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let (bytes, end) = for_each_element(path, progress, &mut |i, v| {
-        sink.record_read();
+        sink.next_record()?;
         session(sink, i, &v)
     })?;
     sink.set_bytes(bytes);

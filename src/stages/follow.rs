@@ -1,7 +1,7 @@
 //! `nextstate ingest --follow PATH...`: tail live agent session files (Claude Code, OpenClaw, Codex
 //! sessions, proxy logs, ...) and emit each new turn once, across restarts.
 //!
-//! Every `poll` the paths are walked again ([`ingest::expand_paths`]: new files are picked up). A file
+//! Every `poll` the paths are walked again ([`ingest::inputs`]: new files are picked up). A file
 //! that grew is read again with its adapter (session adapters need the whole session for each turn's
 //! context); JSONL formats are read up to the end of the last complete line, so a line being written
 //! is never read half (single-document formats — OTel and LangSmith exports, the benchmark
@@ -39,14 +39,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::source::{send_owned, settle, IngestReport};
+use super::source::{send_owned, settle, source_of, IngestReport};
 use crate::bus::Bus;
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::ingest::{self, Compression, Format, IngestItem, IngestOptions, DEFAULT_HEAD_BYTES};
 use crate::lake::Lake;
 use crate::runtime::{Stop, TaskCtl};
-use crate::schema::TurnType;
+use crate::schema::{Lineage, TurnType};
 
 /// Options of `nextstate ingest --follow`.
 #[derive(Debug, Clone)]
@@ -194,14 +194,19 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
         loop {
             let now = crate::schema::now_ms();
             let mut all_idle = true;
-            let inputs = match ingest::expand_paths(&args.paths) {
-                Ok(i) => i,
-                Err(e) => {
-                    eprintln!("follow: {e} (trying again)");
-                    vec![]
+            let mut inputs = vec![];
+            for i in ingest::inputs(&args.paths) {
+                match i {
+                    ingest::Input::Read { path, .. } => inputs.push(path),
+                    // Missing, unreadable or not a regular file (never opened): looked at again next poll.
+                    ingest::Input::Skip { path, code, reason } => {
+                        if undetected.insert(path.display().to_string()) {
+                            eprintln!("{reason} ({code}; trying again)");
+                        }
+                    }
                 }
-            };
-            for (file, _) in inputs {
+            }
+            for file in inputs {
                 let key = file.display().to_string();
                 let is_dir = file.is_dir();
                 // A folder of event files grows by files: its length is their number.
@@ -266,6 +271,11 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
                             }
                             continue;
                         }
+                        // Gone or unreadable since it was listed: looked at again next poll.
+                        Err(e @ Error::Io { .. }) => {
+                            eprintln!("{}: {e} (trying again)", file.display());
+                            continue;
+                        }
                         Err(e) => return Err(e),
                     },
                 };
@@ -297,11 +307,11 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
                     match item {
                         IngestItem::Interaction(i) => {
                             report.interactions += 1;
-                            settle(send_owned(&producer, i.as_ref())?.await?, &mut report);
+                            settle(send_owned(&producer, i.as_ref(), source_of(&i))?.await?, &mut report);
                         }
                         IngestItem::DeadLetter(d) => {
                             *report.dead_letters.entry(d.reason_code.clone()).or_default() += 1;
-                            settle(send_owned(&producer, d.as_ref())?.await?, &mut report);
+                            settle(send_owned(&producer, d.as_ref(), Lineage::default())?.await?, &mut report);
                         }
                     }
                 }

@@ -8,6 +8,7 @@
 mod common;
 
 mod corpus;
+mod files;
 mod fuzz;
 mod proxy;
 

@@ -89,6 +89,38 @@ fn callback_errors_stop_the_read() {
     assert!(matches!(r, Err(nextstate::Error::Cancelled)));
 }
 
+/// A raised stop flag ends a read between records with `Cancelled`: nothing after the record being
+/// read when it was raised is handed on.
+#[test]
+fn a_raised_stop_flag_ends_the_read_between_records() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut bytes = vec![];
+    for t in 0..100 {
+        let line = serde_json::json!({
+            "headers": {"X-Session-Id": "s"},
+            "request": {"messages": [{"role": "user", "content": format!("q{t}")}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": format!("a{t}")}}]},
+        });
+        bytes.extend_from_slice(format!("{line}\n").as_bytes());
+    }
+    let f = tmp(&bytes, ".jsonl");
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let o = IngestOptions { stop: Some(stop.clone()), ..IngestOptions::new(INGEST_MS) };
+    let mut got = 0;
+    let r = read_file(f.path(), Format::OpenAiChat, &o, &mut |_| {}, &mut |_| {
+        got += 1;
+        if got == 10 {
+            stop.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    });
+    assert!(matches!(r, Err(nextstate::Error::Cancelled)), "{r:?}");
+    assert_eq!(got, 10);
+    // Not raised: all 100 turns.
+    let (n, d) = run(&bytes, Format::OpenAiChat, &IngestOptions::new(INGEST_MS));
+    assert_eq!((n, d.len()), (100, 0));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
