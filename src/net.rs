@@ -139,7 +139,9 @@ pub fn http_client(timeout: Option<Duration>) -> Result<reqwest::Client> {
 
 /// An error with all its sources, `outer: inner: innermost` (reqwest's own `Display` names only the
 /// outermost, e.g. "error sending request", and hides "invalid peer certificate: UnknownIssuer").
-/// Repeated messages (a source that repeats its wrapper's text) are written once.
+/// Repeated messages (a source that repeats its wrapper's text) are written once. Credentials in any URL
+/// it names (reqwest's "for url (http://user:pass@host/...)") are redacted ([`redact_url`]): the text
+/// goes into errors, logs and answers.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
@@ -151,7 +153,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
         cur = s.source();
     }
-    out
+    redact_url(&out)
 }
 
 /// Whether `e` failed in the TLS layer (certificate verification, handshake, protocol): such a call is
@@ -646,8 +648,11 @@ pub fn redact_url(text: &str) -> String {
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
-        // The authority ends at the path, query or fragment, or where the URL ends in free text.
-        let end = tail.find(|c: char| matches!(c, '/' | '?' | '#' | ')' | '(' | '"' | '\'' | '<' | '>' | ',' | ';' | '[' | ']' | '{' | '}') || c.is_whitespace()).unwrap_or(tail.len());
+        // The authority ends at the path, query or fragment, or where the URL ends in free text (a space,
+        // a quote, an angle bracket: characters userinfo cannot hold unescaped). Not at `,` `;` `(` `)`
+        // `'`: a password may hold them (RFC 3986 sub-delims), and the last `@` before the end still
+        // separates it from the host when the URL stands in brackets, `(http://u:p@h)`.
+        let end = tail.find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '<' | '>' | '{' | '}') || c.is_whitespace()).unwrap_or(tail.len());
         let authority = &tail[..end];
         match authority.rfind('@') {
             Some(at) => {
@@ -708,6 +713,14 @@ mod tests {
         let e = "error sending request for url (http://user:s3cret@127.0.0.1:9/v1/models): refused; see https://a:b@c";
         assert_eq!(redact_url(e), "error sending request for url (http://user:***@127.0.0.1:9/v1/models): refused; see https://a:***@c");
         assert_eq!(redact_url("no url here"), "no url here");
+        // passwords with sub-delimiters, an IPv6 host, a URL in brackets
+        assert_eq!(redact_url("http://u:a,b@h/v1"), "http://u:***@h/v1");
+        assert_eq!(redact_url("http://u:p(1);x'y@h"), "http://u:***@h");
+        assert_eq!(redact_url("http://[::1]:8000/v1"), "http://[::1]:8000/v1");
+        assert_eq!(redact_url("failed (http://u:p@h)"), "failed (http://u:***@h)");
+        // error chains (judge, teacher and reload clients' errors) come out redacted
+        let e = std::io::Error::other("error sending request for url (http://u:s3cret@h/v1)");
+        assert_eq!(error_chain(&e), "error sending request for url (http://u:***@h/v1)");
     }
 
     #[test]

@@ -505,7 +505,7 @@ impl Reloader {
                 } else {
                     "no_answer"
                 };
-                Err((reason, Error::Http(format!("{} reload of {url}: POST {endpoint} failed: {}", self.kind.as_str(), crate::net::error_chain(&e)))))
+                Err((reason, Error::Http(crate::net::redact_url(&format!("{} reload of {url}: POST {endpoint} failed: {}", self.kind.as_str(), crate::net::error_chain(&e))))))
             }
             Ok(resp) => {
                 let status = resp.status();
@@ -515,7 +515,7 @@ impl Reloader {
                 }
                 let reason = if status.is_server_error() { "http_5xx" } else { "http_4xx" };
                 let text: String = text.chars().take(2000).collect();
-                Err((reason, Error::Http(format!("{} reload of {url}: POST {endpoint} answered {status}: {text}", self.kind.as_str()))))
+                Err((reason, Error::Http(crate::net::redact_url(&format!("{} reload of {url}: POST {endpoint} answered {status}: {text}", self.kind.as_str())))))
             }
         }
     }
@@ -526,7 +526,7 @@ impl Reloader {
 fn sglang_success(url: &str, endpoint: &str, body: &Value) -> std::result::Result<(), (&'static str, Error)> {
     if body.get("success").and_then(Value::as_bool) == Some(false) {
         let msg = body.get("message").or_else(|| body.get("error_message")).and_then(Value::as_str).unwrap_or("");
-        return Err(("refused", Error::Http(format!("reload of {url}: POST {endpoint} answered success=false: {msg}"))));
+        return Err(("refused", Error::Http(crate::net::redact_url(&format!("reload of {url}: POST {endpoint} answered success=false: {msg}")))));
     }
     Ok(())
 }
@@ -534,6 +534,15 @@ fn sglang_success(url: &str, endpoint: &str, body: &Value) -> std::result::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reload_errors_do_not_carry_url_credentials() {
+        let body = serde_json::json!({"success": false, "message": "busy"});
+        let (reason, e) = sglang_success("http://admin:s3cret@h:30000", "/update_weights_from_disk", &body).unwrap_err();
+        assert_eq!(reason, "refused");
+        assert_eq!(e.to_string().contains("s3cret"), false, "{e}");
+        assert!(e.to_string().contains("admin:***@h:30000"), "{e}");
+    }
 
     #[test]
     fn kinds_parse_with_the_sglang_alias_and_reject_unknown_ones_listing_the_known() {
