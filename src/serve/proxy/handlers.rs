@@ -137,12 +137,18 @@ fn upstream_failure(base: &str, e: &reqwest::Error) -> (&'static str, String) {
     (code, redact_url(&message))
 }
 
+/// The 502 for a failed upstream call, logged with `context` before the message
+/// ([`upstream_failure`]).
+fn upstream_error(s: &Shared, api: Api, e: &reqwest::Error, context: &str) -> Response {
+    let (code, message) = upstream_failure(&s.base, e);
+    tracing::warn!(upstream = %redact_url(&s.base), code, "proxy: {context}{message}");
+    api_error(api, StatusCode::BAD_GATEWAY, &message, "upstream_error", Some(code))
+}
+
 /// The 502 for an upstream that could not be reached (counted as outcome `upstream_unreachable`).
 fn unreachable_error(s: &Shared, api: Api, e: &reqwest::Error) -> Response {
     s.metrics.turn("upstream_unreachable");
-    let (code, message) = upstream_failure(&s.base, e);
-    tracing::warn!(upstream = %redact_url(&s.base), code, "proxy: {message}");
-    api_error(api, StatusCode::BAD_GATEWAY, &message, "upstream_error", Some(code))
+    upstream_error(s, api, e, "")
 }
 
 /// `POST /v1/chat/completions`: forwarded and captured.
@@ -241,11 +247,7 @@ pub(super) async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> 
     // Anthropic clients list models with their own headers.
     let api = client_api("/v1/models", &headers);
     let rb = with_auth(&s.opts, api, &headers, rb);
-    let failed = |e: reqwest::Error| {
-        let (code, message) = upstream_failure(&s.base, &e);
-        tracing::warn!(upstream = %redact_url(&s.base), code, "proxy: /v1/models: {message}");
-        api_error(api, StatusCode::BAD_GATEWAY, &message, "upstream_error", Some(code))
-    };
+    let failed = |e: reqwest::Error| upstream_error(&s, api, &e, "/v1/models: ");
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => return failed(e),
