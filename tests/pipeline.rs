@@ -221,7 +221,45 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     assert_eq!(judge.get("votes"), 12);
     assert_eq!(judge.get("votes_cached"), 12, "every judge vote from the cache (the endpoint is unreachable): {judge:?}");
     assert_eq!(report.stages["hint"].get("votes_cached"), 8);
-    assert_eq!(sorted_samples(&lake2, "t-combined"), combined, "bit-identical samples (but processing time)");
+    assert_same_samples(&sorted_samples(&lake2, "t-combined"), &combined);
+}
+
+/// A replay gives the same samples: every field equal but the log-probs, which agree to 1e-4 per token.
+/// Log-probs are not bit-identical across runs: the teacher stage scores whatever records have arrived
+/// together as one padded batch, and a batch's shape changes the float summation order (the same
+/// tolerance as `tests/model.rs`'s batch-vs-single check). A fault found in CI: the exact comparison
+/// failed once when the two runs batched the three turns differently.
+fn assert_same_samples(got: &[Sample], want: &[Sample]) {
+    /// Every log-prob of a sample, in one order (rollout, teacher, top-K, each candidate's two arrays).
+    fn floats(s: &Sample) -> Vec<f32> {
+        let mut v = s.rollout_logprobs.clone();
+        v.extend(s.teacher_logprobs.iter().flatten());
+        v.extend(s.topk_logprobs.iter().flatten().flatten());
+        for c in s.candidates.iter().flatten() {
+            v.extend(c.topk_logprobs.iter().flatten().chain(c.logprobs_at_student_topk.iter().flatten()));
+        }
+        v
+    }
+    /// The sample with its log-probs emptied (their shapes are checked by `floats`' lengths and the ids).
+    fn strip(s: &Sample) -> Sample {
+        let mut s = s.clone();
+        s.rollout_logprobs.clear();
+        s.teacher_logprobs = s.teacher_logprobs.map(|_| vec![]);
+        s.topk_logprobs = s.topk_logprobs.map(|_| vec![]);
+        for c in s.candidates.iter_mut().flatten() {
+            c.topk_logprobs.clear();
+            c.logprobs_at_student_topk.clear();
+        }
+        s
+    }
+    assert_eq!(got.len(), want.len(), "sample count");
+    for (g, w) in got.iter().zip(want) {
+        let (a, b) = (floats(g), floats(w));
+        assert_eq!(a.len(), b.len(), "{}: number of log-probs", w.sample_id);
+        let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-4, "{}: log-probs differ by {d}", w.sample_id);
+        assert_eq!(strip(g), strip(w), "the same sample but its log-probs (and processing time)");
+    }
 }
 
 /// Distinct hints per vote for the multi-candidate test: the k-th vote on a case gets variant k
@@ -366,7 +404,7 @@ async fn multi_candidate_hints_score_every_candidate_at_the_students_top_k() {
     let report = run(&cfg2).await;
     assert_eq!(report.stages["teacher"].get("teacher_cache_hit"), 3, "{:?}", report.stages["teacher"]);
     assert_eq!(report.stages["teacher"].get("teacher_logprobs"), 5, "{:?}", report.stages["teacher"]);
-    assert_eq!(sorted_samples(&lake2, "t-multi"), samples);
+    assert_same_samples(&sorted_samples(&lake2, "t-multi"), &samples);
 }
 
 fn copy_dir(from: &Path, to: &Path) {

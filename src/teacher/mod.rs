@@ -90,7 +90,10 @@ pub struct TeacherConfig {
     pub top_k: usize,
     /// Longest prompt + response accepted, in tokens; longer turns are dead-lettered (`too_long`).
     pub max_tokens: usize,
-    /// Turns scored per forward pass (local); requests in flight at once (remote).
+    /// Turns scored per forward pass (local); requests in flight at once (remote). Locally, a pass holds
+    /// the turns that have arrived together, padded to one length: the padded shape changes the float
+    /// summation order, so the same turn's log-probs may differ in the last bits (below 1e-4 per token)
+    /// between runs that batched it differently; 1 gives the same bits every run (the ablations use it).
     pub batch: usize,
     /// Hint candidates per turn, C (1 = the hint stage's chosen hint only, the default). With C > 1
     /// (multi-candidate hints, METHOD.md §3b) every accepted hint vote of a turn, deduplicated and
