@@ -338,3 +338,70 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     }
     assert_eq!(std::fs::read_to_string(one.join(".gitignore")).unwrap().lines().last(), Some("work/"));
 }
+
+/// Replicates that replicate (issue 37): `ablations/tiny.toml` with two seeds and two arms. Each
+/// replicate collects its own sessions (ids `r<seed>-…`; the same held-out problem, last), trains its
+/// sessions in an order shuffled by its seed, and both arms of a replicate train on that replicate's
+/// interactions in that order; the replicates' first steps differ (with the data shared and only LoRA A
+/// seeded, step-1 losses were identical across seeds); the gap set holds both replicates' held-out
+/// samples.
+#[test]
+fn tiny_replicates_differ_in_data_order_and_initialisation() {
+    let Some(model) = model_dir() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config(dir.path(), &model);
+    let text = std::fs::read_to_string(&config).unwrap().replace("seed = 42\n", "seed = 42\nseeds = [1, 2]\n");
+    std::fs::write(&config, text).unwrap();
+    let out = dir.path().join("out");
+    ablate(&config, &out, Some("binary,combined"));
+    let r = out.join("results");
+    let arms: HashMap<String, ArmRow> = read_table::<ArmRow>(&r, "arms").unwrap().into_iter().map(|a| (a.arm.clone(), a)).collect();
+    assert_eq!(arms.keys().cloned().collect::<BTreeSet<_>>(), BTreeSet::from(["binary.seed=1", "binary.seed=2", "combined.seed=1", "combined.seed=2"].map(String::from)));
+    let lake = Lake::open(out.join("work/lake")).unwrap();
+    let inter = lake.read_table::<Interaction>().unwrap();
+    let session: HashMap<&str, &str> = inter.iter().map(|i| (i.interaction_id.as_str(), i.session_id.as_str())).collect();
+    // Own data: 6 sessions per replicate, the held-out problem the same in both.
+    for seed in [1, 2] {
+        let prefix = format!("r{seed}-");
+        let mine: BTreeSet<&str> = inter.iter().filter(|i| i.session_id.starts_with(&prefix)).map(|i| i.session_id.as_str()).collect();
+        assert_eq!(mine.len(), 6, "{mine:?}");
+    }
+    assert_eq!(inter.iter().filter(|i| !i.session_id.starts_with("r1-") && !i.session_id.starts_with("r2-")).count(), 0);
+    let problem = |s: &str| s.rsplit('-').next().unwrap().to_string();
+    let held = |seed: u64| {
+        let mut first: BTreeMap<&str, i64> = BTreeMap::new();
+        for i in inter.iter().filter(|i| i.session_id.starts_with(&format!("r{seed}-"))) {
+            let e = first.entry(i.session_id.as_str()).or_insert(i.event_time);
+            *e = (*e).min(i.event_time);
+        }
+        first.into_iter().max_by_key(|(s, t)| (*t, s.to_string())).unwrap().0.to_string()
+    };
+    assert_eq!(problem(&held(1)), problem(&held(2)), "the same held-out problem");
+    let training_problems = |seed: u64| -> BTreeSet<String> {
+        inter.iter().filter(|i| i.session_id.starts_with(&format!("r{seed}-")) && i.session_id != held(seed)).map(|i| problem(&i.session_id)).collect()
+    };
+    assert_ne!(training_problems(1), training_problems(2), "each replicate draws its own training problems");
+    for (name, a) in &arms {
+        let seed = a.seed as u64;
+        assert!(a.interaction_ids.iter().all(|i| session[i.as_str()].starts_with(&format!("r{seed}-")) && session[i.as_str()] != held(seed)), "{name} trains on its replicate's training sessions only");
+    }
+    // Both arms of a replicate follow one order: binary's turns (score ±1 only) are a subsequence of
+    // combined's (every judged or hinted turn), and the order is not the logged one.
+    for seed in [1, 2] {
+        let (b, c) = (&arms[&format!("binary.seed={seed}")], &arms[&format!("combined.seed={seed}")]);
+        let pos: HashMap<&str, usize> = c.interaction_ids.iter().enumerate().map(|(k, i)| (i.as_str(), k)).collect();
+        let p: Vec<usize> = b.interaction_ids.iter().filter_map(|i| pos.get(i.as_str()).copied()).collect();
+        assert!(p.windows(2).all(|w| w[0] <= w[1]), "seed {seed}: binary's order is combined's: {p:?}");
+    }
+    // The first optimizer step differs between the replicates (other samples, other LoRA A).
+    let steps = read_table::<StepRow>(&r, "steps").unwrap();
+    let first = |arm: &str| steps.iter().find(|s| s.arm == arm && s.step == 1).map(|s| s.loss).unwrap();
+    assert_ne!(first("combined.seed=1"), first("combined.seed=2"));
+    // The gap set: the hinted held-out samples of both replicates, the same set for every arm.
+    let gaps = read_table::<GapRow>(&r, "teacher_gaps").unwrap();
+    let sample_session: HashMap<String, String> = lake.read_table::<nextstate::schema::Sample>().unwrap().into_iter().map(|s| (s.sample_id, s.session_id)).collect();
+    let gap_sessions: BTreeSet<&String> = gaps.iter().map(|g| &sample_session[&g.sample_id]).collect();
+    assert!(gap_sessions.iter().all(|s| **s == held(1) || **s == held(2)), "{gap_sessions:?}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("its own collected sessions") && md.contains("- **Split** (replicate 1: ") && md.contains("- **Split** (replicate 2: "), "{md}");
+}

@@ -44,6 +44,56 @@ pub fn turn_seed(seed: u64, problem_id: usize, turn: u32) -> u64 {
     u64::from_str_radix(&h[..16], 16).unwrap_or(seed)
 }
 
+/// One collection of an ablation: its problems in session order, the seed of its sampling and of its
+/// student's wording, and where its rows go.
+#[derive(Debug, Clone)]
+pub struct CollectPlan {
+    /// Problems, one session each, in order (the first `sessions` are used).
+    pub problems: Vec<Problem>,
+    /// Sampling seed ([`turn_seed`]) and the student's seed.
+    pub seed: u64,
+    /// Session-id prefix and first event time.
+    pub target: CollectTarget,
+}
+
+/// A replicate's collection seed: the first 16 hex digits of sha256(student seed, replicate seed).
+pub fn replicate_seed(student_seed: u64, replicate: u64) -> u64 {
+    let h = content_hash(&[b"replicate", &student_seed.to_le_bytes(), &replicate.to_le_bytes()]);
+    u64::from_str_radix(&h[..16], 16).unwrap_or(replicate)
+}
+
+/// The collections of an ablation with `seeds` replicates on the training problems `train`.
+///
+/// One seed: one collection of the first `sessions` problems with the student's seed (the data of a
+/// single run). Several: one per replicate `s`, each of `sessions` sessions — `sessions − heldout`
+/// training problems drawn from `train[heldout..]` in an order shuffled by [`replicate_seed`], then the
+/// `heldout` problems `train[..heldout]`, the same in every replicate and last (so they are its
+/// held-out sessions) — sampled and worded with that seed, session ids prefixed `r<s>-`
+/// ([`super::plan::replicate_prefix`]), event times from [`EPOCH_MS`] + k × 10⁹ ms for the k-th
+/// replicate (so the replicates' streams never interleave).
+pub fn collect_plans(train: &[Problem], sessions: usize, heldout: usize, student_seed: u64, seeds: &[u64]) -> Vec<CollectPlan> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    if seeds.len() <= 1 {
+        return vec![CollectPlan { problems: train.to_vec(), seed: student_seed, target: CollectTarget::default() }];
+    }
+    let held = heldout.min(train.len());
+    let (reserved, pool) = train.split_at(held);
+    seeds
+        .iter()
+        .enumerate()
+        .map(|(k, &s)| {
+            let seed = replicate_seed(student_seed, s);
+            let mut drawn = pool.to_vec();
+            drawn.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+            drawn.truncate(sessions.saturating_sub(held));
+            drawn.extend_from_slice(reserved);
+            let target = CollectTarget { session_prefix: super::plan::replicate_prefix(s), epoch_ms: EPOCH_MS + k as i64 * 1_000_000_000 };
+            CollectPlan { problems: drawn, seed, target }
+        })
+        .collect()
+}
+
 struct Open {
     index: usize,
     problem: Problem,
@@ -51,12 +101,29 @@ struct Open {
     messages: Vec<Message>,
 }
 
+/// Where a collection's rows go: session ids start with `session_prefix` (`""`, or a replicate's
+/// `r<seed>-`), and event times with `epoch_ms` (ms; [`EPOCH_MS`] for the first collection).
+#[derive(Debug, Clone)]
+pub struct CollectTarget {
+    /// Prefix of every session id.
+    pub session_prefix: String,
+    /// Event time of the first interaction, ms since the Unix epoch.
+    pub epoch_ms: i64,
+}
+
+impl Default for CollectTarget {
+    fn default() -> Self {
+        CollectTarget { session_prefix: String::new(), epoch_ms: EPOCH_MS }
+    }
+}
+
 /// Runs `cfg.sessions` homework sessions on `problems` (in order; fewer when there are fewer problems)
-/// and returns their interactions in generation order (see the module docs). `seed` seeds sampling.
+/// and returns their interactions in generation order (see the module docs). `seed` seeds sampling;
+/// `target` names the sessions and places the event times.
 ///
 /// # Errors
 /// Model errors (chat template, generation).
-pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg: &CollectSettings, seed: u64) -> Result<(Vec<Interaction>, CollectReport)> {
+pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg: &CollectSettings, seed: u64, target: &CollectTarget) -> Result<(Vec<Interaction>, CollectReport)> {
     let started = std::time::Instant::now();
     let model_name = lm.dir().file_name().map(|n| n.to_string_lossy().into_owned());
     let mut rows: Vec<Interaction> = vec![];
@@ -68,7 +135,7 @@ pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg:
             .enumerate()
             .map(|(i, p)| {
                 let index = gi * cfg.batch.max(1) + i;
-                Open { index, problem: p.clone(), session_id: format!("student-{index}-{}", p.id), messages: vec![Message::text("user", student.first_message(p))] }
+                Open { index, problem: p.clone(), session_id: format!("{}student-{index}-{}", target.session_prefix, p.id), messages: vec![Message::text("user", student.first_message(p))] }
             })
             .collect();
         report.sessions += open.len() as u64;
@@ -133,7 +200,7 @@ pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg:
                     source_offset: None,
                     source_file: None,
                     source_line: None,
-                    event_time: EPOCH_MS + rows.len() as i64 * 1000,
+                    event_time: target.epoch_ms + rows.len() as i64 * 1000,
                     ingest_time: crate::schema::now_ms(),
                 });
                 if !done {
@@ -152,6 +219,34 @@ pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn problems(n: usize) -> Vec<Problem> {
+        (0..n).map(|id| Problem { id, question: format!("q{id}"), answer: id.to_string() }).collect()
+    }
+
+    #[test]
+    fn replicates_collect_their_own_draws_with_the_same_heldout_problems_last() {
+        let train = problems(20);
+        let one = collect_plans(&train, 6, 2, 7, &[42]);
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].problems.len(), one[0].seed, one[0].target.session_prefix.as_str(), one[0].target.epoch_ms), (20, 7, "", EPOCH_MS));
+        let plans = collect_plans(&train, 6, 2, 7, &[1, 2, 3]);
+        let ids = |p: &CollectPlan| p.problems.iter().map(|p| p.id).collect::<Vec<_>>();
+        for (k, p) in plans.iter().enumerate() {
+            let v = ids(p);
+            assert_eq!(v.len(), 6);
+            assert_eq!(&v[4..], &[0, 1], "the held-out problems, last, in every replicate");
+            assert!(v[..4].iter().all(|&i| i >= 2), "training problems from the pool only: {v:?}");
+            assert_eq!(p.target.epoch_ms, EPOCH_MS + k as i64 * 1_000_000_000);
+            assert_eq!(p.seed, replicate_seed(7, [1, 2, 3][k]));
+        }
+        assert_eq!(plans.iter().map(|p| p.target.session_prefix.as_str()).collect::<Vec<_>>(), vec!["r1-", "r2-", "r3-"]);
+        assert!(ids(&plans[0])[..4] != ids(&plans[1])[..4] && ids(&plans[1])[..4] != ids(&plans[2])[..4], "different draws");
+        assert_eq!(ids(&collect_plans(&train, 6, 2, 7, &[1, 2, 3])[1]), ids(&plans[1]), "deterministic");
+        assert_ne!(replicate_seed(7, 1), replicate_seed(8, 1));
+        // fewer problems than sessions: every pool problem once, then the held-out ones
+        assert_eq!(ids(&collect_plans(&problems(4), 10, 1, 7, &[1, 2])[0]).len(), 4);
+    }
 
     #[test]
     fn turn_seeds_are_stable_and_distinct() {

@@ -6,9 +6,12 @@
 //! 3. the `[shared]` settings (initial weights, seed, batch size, learning rate, LoRA),
 //! 4. the arm's own `method` and `set` (dotted pipeline keys → values),
 //! 5. with `[shared] seeds = [s1, s2, …]` (more than one), each arm becomes one *replicate* per seed,
-//!    named `<arm>.seed=<s>`, that differs from its siblings in `trainer.seed` only (the LoRA
-//!    initialisation and the random-sign control's signs); replicates share the data pipeline, so they
-//!    train on the same samples in the same order.
+//!    named `<arm>.seed=<s>`, whose configuration differs from its siblings' in `trainer.seed` only (the
+//!    LoRA initialisation and the random-sign control's signs). Replicates share the data pipeline's
+//!    configuration, but not its data: replicate `s` trains on its own interaction stream
+//!    ([`super::run::Replicates`]: with `[data.collect]` its own collected sessions; always its
+//!    sessions in an order shuffled by `s`), while every arm of one replicate trains on the same
+//!    interactions in the same order.
 //!
 //! The resolved configurations are compared key by key ([`config_diff`]) so the report and the tests can
 //! show that two arms differ exactly where the file says.
@@ -68,8 +71,9 @@ pub struct SharedSettings {
     pub model: Option<PathBuf>,
     /// Trainer seed (`trainer.seed`; also seeds the LoRA initialisation) (42).
     pub seed: u64,
-    /// Replicate seeds: with two or more, every arm runs once per seed (module docs, layer 5) and the
-    /// report gives each arm's mean and 95 % interval over them; empty (the default) = `[seed]`.
+    /// Replicate seeds: with two or more, every arm runs once per seed (module docs, layer 5) — each
+    /// replicate with its own data (with `[data.collect]`), sample order and LoRA initialisation — and
+    /// the report gives each arm's mean and 95 % interval over them; empty (the default) = `[seed]`.
     pub seeds: Vec<u64>,
     /// Samples per optimizer step (`trainer.batch_size`) (8).
     pub batch_size: usize,

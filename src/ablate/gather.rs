@@ -8,7 +8,7 @@ use super::collect::CollectReport;
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{sample_advantages, VersionEval};
 use super::layout::{read_marker, AgreementMarker, BaseEval, EvalMarker, Layout, ReplayMarker, StagesMarker, TrainMarker};
-use super::plan::{data_pipelines, evaluated_versions, judge_groups, Stream};
+use super::plan::{data_pipelines, evaluated_versions, judge_groups, Replicates};
 use super::results::*;
 use crate::error::Result;
 use crate::lake::Lake;
@@ -70,7 +70,7 @@ pub(crate) struct Gathered {
     pub replayed: u64,
 }
 
-pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, lay: &Layout, problems: usize) -> Result<Gathered> {
+pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, lay: &Layout, problems: usize) -> Result<Gathered> {
     let state = lay.state();
     let lake = Lake::open(lay.lake())?;
     let mut g = Gathered {
@@ -125,7 +125,7 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &
             g.missing.push(arm.name.clone());
             continue;
         };
-        let vs = evaluated_versions(cfg, lay, &arm.name, &stream.rank)?;
+        let vs = evaluated_versions(cfg, lay, &arm.name, &replicates.of(arm.seed).rank)?;
         let mut evals = vec![];
         let mut eval_times = vec![];
         for (version, ..) in &vs {

@@ -16,10 +16,15 @@
 //!    Judge votes and teacher log-probs are cached by content, so data pipelines that share a judge or
 //!    the same hints pay for them once.
 //! 2. **Train every arm** from the same initial weights with the same seed (which also fixes the LoRA
-//!    initialisation; `[shared] seeds` repeats every arm once per seed), batch size and step budget, on its samples in one fixed order — the order of the
+//!    initialisation), batch size and step budget, on its samples in one fixed order — the order of the
 //!    interactions (event time, session, turn) — read with SQL (`stages::train`, `TrainSource::Sql`).
 //!    The last `heldout_sessions` sessions are held out. Each arm records its config hash, seed and the
-//!    ordered sample ids it trained on.
+//!    ordered sample ids it trained on. With `[shared] seeds` every arm runs once per seed, and the
+//!    replicates differ in what a replicate should ([`run::Replicates`]): with `[data.collect]` each
+//!    collects its own sessions ([`collect::collect_plans`]: its own draw of training problems, sampling
+//!    and student seeds, the same held-out problems), its training sessions come in an order shuffled by
+//!    the seed, and the seed sets the LoRA initialisation; the arms of one replicate share its data and
+//!    order, so arms are compared on the same interactions.
 //! 3. **Evaluate every checkpoint** ([`eval`]): personalization score on held-out GSM8K problems
 //!    (greedy), held-out loss components, teacher/student log-prob gap, and judge-vs-outcome agreement on
 //!    labelled logs (tau-bench rewards); the hint-conditioned teacher itself is scored on the same

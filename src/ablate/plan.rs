@@ -51,13 +51,100 @@ pub fn stream(rows: &[Interaction], heldout: usize) -> Stream {
     Stream { order, rank, heldout: held, sessions: first.len(), main_turns: main.len() }
 }
 
-/// The query an arm's trainer reads: its data pipeline's samples outside the held-out sessions, in
-/// interaction order, at most `limit`.
-pub fn train_sql(pipeline: &str, heldout: &[String], limit: usize) -> String {
-    let not_in = if heldout.is_empty() { String::new() } else { format!(" AND s.session_id NOT IN ({})", heldout.iter().map(|s| lit(s)).collect::<Vec<_>>().join(", ")) };
+/// The session-id prefix of replicate `seed`'s own interactions (`r<seed>-`), when each replicate
+/// collects its own ([`Replicates::own_data`]).
+pub fn replicate_prefix(seed: u64) -> String {
+    format!("r{seed}-")
+}
+
+/// The interaction streams of an ablation's replicates, one per seed of `[shared] seeds`.
+///
+/// With one seed the single stream is the data in its logged order ([`stream`]). With two or more,
+/// replicate `s` differs from its siblings in what matters to a replicate: its **data** — with
+/// `[data.collect]` each replicate collects its own sessions (session ids `r<s>-…`, its own draw of
+/// training problems, student and sampling seeds), and its stream holds only those; from a lake every
+/// replicate reads the same interactions —, its **order** — its training sessions in a seeded
+/// permutation ([`permute_sessions`]; the turns of a session stay in order) — and its **initialisation**
+/// (`trainer.seed` = `s`, set by the arm resolution).
+#[derive(Debug, Clone)]
+pub struct Replicates {
+    /// Each seed's stream, in `[shared] seeds` order.
+    pub streams: Vec<(u64, Stream)>,
+    /// Whether each replicate collected its own interactions.
+    pub own_data: bool,
+}
+
+impl Replicates {
+    /// Builds the streams of `seeds` (see the type docs) from the lake's `rows`, holding out each
+    /// stream's last `heldout` sessions.
+    pub fn new(rows: &[Interaction], heldout: usize, seeds: &[u64], own_data: bool) -> Replicates {
+        if seeds.len() <= 1 {
+            let seed = seeds.first().copied().unwrap_or(0);
+            return Replicates { streams: vec![(seed, stream(rows, heldout))], own_data: false };
+        }
+        let streams = seeds
+            .iter()
+            .map(|&seed| {
+                let st = if own_data {
+                    let prefix = replicate_prefix(seed);
+                    let mine: Vec<Interaction> = rows.iter().filter(|i| i.session_id.starts_with(&prefix)).cloned().collect();
+                    stream(&mine, heldout)
+                } else {
+                    stream(rows, heldout)
+                };
+                (seed, permute_sessions(st, rows, seed))
+            })
+            .collect();
+        Replicates { streams, own_data }
+    }
+
+    /// The stream of replicate `seed` (the first stream when `seed` is not a replicate's).
+    pub fn of(&self, seed: u64) -> &Stream {
+        self.streams.iter().find(|(s, _)| *s == seed).map(|(_, st)| st).unwrap_or(&self.streams[0].1)
+    }
+
+    /// Every replicate's held-out sessions, each once, in replicate order: the sessions whose samples
+    /// measure the teacher/student gap of every arm.
+    pub fn heldout_all(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        self.streams.iter().flat_map(|(_, st)| st.heldout.iter()).filter(|s| seen.insert(s.as_str())).cloned().collect()
+    }
+}
+
+/// `st` with its training sessions in a permutation seeded by `seed` (the turns of each session in
+/// their order); `rank` follows. `rows` gives each interaction's session.
+pub fn permute_sessions(mut st: Stream, rows: &[Interaction], seed: u64) -> Stream {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let session: HashMap<&str, &str> = rows.iter().map(|i| (i.interaction_id.as_str(), i.session_id.as_str())).collect();
+    let mut sessions: Vec<&str> = vec![];
+    let mut turns: HashMap<&str, Vec<String>> = HashMap::new();
+    for id in &st.order {
+        let s = session.get(id.as_str()).copied().unwrap_or("");
+        let e = turns.entry(s).or_default();
+        if e.is_empty() {
+            sessions.push(s);
+        }
+        e.push(id.clone());
+    }
+    sessions.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    let order: Vec<String> = sessions.iter().flat_map(|s| turns.remove(s).unwrap_or_default()).collect();
+    st.rank = order.iter().enumerate().map(|(k, id)| (id.clone(), k as i64 + 1)).collect();
+    st.order = order;
+    st
+}
+
+/// The query an arm's trainer reads: its data pipeline's samples of the training interactions `order`
+/// (a replicate's stream, held-out sessions excluded), in that order (then sample id), at most `limit`.
+pub fn train_sql(pipeline: &str, order: &[String], limit: usize) -> String {
+    if order.is_empty() {
+        return format!("SELECT s.* FROM samples s WHERE false LIMIT {limit}");
+    }
+    let ids = order.iter().map(|s| lit(s)).collect::<Vec<_>>().join(", ");
+    let rank = order.iter().enumerate().map(|(k, s)| format!("WHEN {} THEN {}", lit(s), k + 1)).collect::<Vec<_>>().join(" ");
     format!(
-        "SELECT s.* FROM samples s JOIN interactions i ON s.interaction_id = i.interaction_id \
-         WHERE s.pipeline = {}{not_in} ORDER BY i.event_time, i.session_id, i.turn_index, s.sample_id LIMIT {limit}",
+        "SELECT s.* FROM samples s WHERE s.pipeline = {} AND s.interaction_id IN ({ids}) \
+         ORDER BY CASE s.interaction_id {rank} END, s.sample_id LIMIT {limit}",
         lit(pipeline)
     )
 }
@@ -165,12 +252,61 @@ mod tests {
     }
 
     #[test]
+    fn replicates_differ_in_data_and_session_order_and_keep_turn_order() {
+        // Two replicates that collected their own sessions (r1-…, r2-…), 8 training sessions of 2
+        // turns each plus one held-out session per replicate (started last).
+        let mut rows = vec![];
+        for (k, seed) in [1u64, 2].into_iter().enumerate() {
+            for s in 0..9 {
+                for turn in 0..2 {
+                    let mut i = interaction(&format!("r{seed}-s{s}"), turn);
+                    i.event_time = (k as i64 * 1000) + s * 10 + i64::from(turn);
+                    rows.push(i);
+                }
+            }
+        }
+        let r = Replicates::new(&rows, 1, &[1, 2], true);
+        assert_eq!(r.heldout_all(), vec!["r1-s8", "r2-s8"]);
+        let (one, two) = (r.of(1), r.of(2));
+        assert_eq!((one.heldout.clone(), one.sessions, one.order.len()), (vec!["r1-s8".to_string()], 9, 16));
+        assert!(one.order.iter().all(|id| id.starts_with("r1-")) && two.order.iter().all(|id| id.starts_with("r2-")), "own data only");
+        for st in [one, two] {
+            // every training turn once; each session's turns adjacent and in order; rank follows order
+            let mut sorted = st.order.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 16);
+            for pair in st.order.chunks(2) {
+                let (a, b) = (pair[0].rsplit_once('-').unwrap(), pair[1].rsplit_once('-').unwrap());
+                assert_eq!((a.0, a.1, b.1), (b.0, "0", "1"), "{:?}", st.order);
+            }
+            assert!(st.order.iter().enumerate().all(|(k, id)| st.rank[id] == k as i64 + 1));
+        }
+        // the session order is a permutation seeded by the replicate: not the logged order, and the
+        // same seed gives the same order
+        let sessions = |st: &Stream| st.order.iter().step_by(2).map(|id| id.split('-').nth(1).unwrap().to_string()).collect::<Vec<_>>();
+        let logged: Vec<String> = (0..8).map(|s| format!("s{s}")).collect();
+        assert_ne!(sessions(one), logged);
+        assert_ne!(sessions(one), sessions(two));
+        assert_eq!(sessions(Replicates::new(&rows, 1, &[1, 2], true).of(1)), sessions(one));
+        // From a lake (no own data): every replicate reads all sessions, in its own order.
+        let shared = Replicates::new(&rows, 1, &[1, 2], false);
+        assert_eq!(shared.of(1).order.len(), 34);
+        assert_eq!(shared.heldout_all(), vec!["r2-s8"]);
+        assert_ne!(shared.of(1).order, shared.of(2).order);
+        // One seed: the logged order, as `stream`.
+        let single = Replicates::new(&rows, 1, &[5], true);
+        assert_eq!((single.of(5).order.clone(), single.own_data), (stream(&rows, 1).order, false));
+    }
+
+    #[test]
     fn queries_quote_and_exclude() {
-        let q = train_sql("p'x", &["s1".into(), "o'k".into()], 16);
+        let q = train_sql("p'x", &["i1".into(), "o'k".into()], 16);
         assert!(q.contains("s.pipeline = 'p''x'"), "{q}");
-        assert!(q.contains("NOT IN ('s1', 'o''k')"), "{q}");
+        assert!(q.contains("s.interaction_id IN ('i1', 'o''k')"), "{q}");
+        assert!(q.contains("ORDER BY CASE s.interaction_id WHEN 'i1' THEN 1 WHEN 'o''k' THEN 2 END, s.sample_id"), "{q}");
         assert!(q.ends_with("LIMIT 16"));
-        assert!(!train_sql("p", &[], 4).contains("NOT IN"));
+        assert!(train_sql("p", &[], 4).contains("WHERE false"));
         assert_eq!(heldout_sql("p", &[]), None);
         assert!(heldout_sql("p", &["s".into()]).unwrap().contains("s.session_id IN ('s')"));
     }

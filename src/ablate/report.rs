@@ -17,7 +17,7 @@ use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
 use super::results::{write_table, CheckpointRow, TABLES};
 use super::gather::{gather, write_results, Gathered};
 use super::layout::Layout;
-use super::plan::Stream;
+use super::plan::Replicates;
 use crate::demo::{interval_chart, line_chart, IntervalItem, Score};
 use crate::stats::p_text;
 use crate::error::{Error, Result};
@@ -66,14 +66,14 @@ pub struct AblationSummary {
 pub(crate) async fn write_all(
     cfg: &AblationConfig,
     arms: &[ResolvedArm],
-    stream: &Stream,
+    replicates: &Replicates,
     lay: &Layout,
     base: &Score,
     teachers: &[TeacherEval],
     baselines: &[BaselineEval],
     problems: usize,
 ) -> Result<AblationSummary> {
-    let g = gather(cfg, arms, stream, lay, problems).await?;
+    let g = gather(cfg, arms, replicates, lay, problems).await?;
     write_results(&g, &lay.results())?;
     let (groups, mut pairs) = summarize(&g.arms, &g.checkpoints, &g.responses)?;
     let mut versus_v0 = versus_initial(&g.arms, &g.checkpoints, &g.responses)?;
@@ -95,8 +95,8 @@ pub(crate) async fn write_all(
         plots.files.insert(0, ("score_by_arm.png".into(), "final personalization score per arm: mean over seeds with its 95 % interval and each seed's score".into()));
     }
     let order = ordering(&g.arms, &pairs);
-    let across = Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, versus_baselines: &versus_base, baselines, ordering: order.as_deref() };
-    let md = render(cfg, arms, stream, &g, base, teachers, &plots, &across, &lay.out);
+    let across = Across { groups: &groups, pairs: &pairs, versus_v0: &versus_v0, versus_baselines: &versus_base, baselines, ordering: order.as_deref(), replicate_differs: replicate_differs(replicates) };
+    let md = render(cfg, arms, replicates, &g, base, teachers, &plots, &across, &lay.out);
     let report = lay.out.join("report.md");
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary {
@@ -200,6 +200,8 @@ struct Across<'a> {
     baselines: &'a [BaselineEval],
     /// [`ordering`]'s sentence.
     ordering: Option<&'a str>,
+    /// What differs between an arm's replicates, one sentence.
+    replicate_differs: &'static str,
 }
 
 /// The "Arms over seeds" section: per group, per pair, and the paper's ordering.
@@ -287,12 +289,22 @@ fn gap_change(arm: &str, x: f64, y: f64) -> String {
     format!("{arm} |{x:+.4}| → |{y:+.4}| ({verdict})")
 }
 
+/// What differs between the replicates of an arm ([`Replicates`]).
+fn replicate_differs(r: &Replicates) -> &'static str {
+    match (r.streams.len() > 1, r.own_data) {
+        (false, _) => "One seed: one replicate.",
+        (true, true) => "A replicate differs from its siblings in its data (its own collected sessions), its sample order (sessions shuffled by the seed) and its LoRA initialisation (and the control's signs); LoRA B starts at 0, so every replicate starts from the same v0.",
+        (true, false) => "A replicate differs from its siblings in its sample order (sessions shuffled by the seed) and its LoRA initialisation (and the control's signs); the interactions are the same (read from a lake); LoRA B starts at 0, so every replicate starts from the same v0.",
+    }
+}
+
 fn render_groups(s: &mut String, a: &Across<'_>) {
     let (groups, pairs) = (a.groups, a.pairs);
     let _ = writeln!(s, "## Arms over seeds\n");
     let _ = writeln!(
         s,
-        "Each arm's final checkpoint, one replicate per seed (the seed changes the LoRA initialisation, and the control's signs; data, samples and their order are the same). Mean over seeds with its 95 % Student-t interval; the pooled Wilson interval counts all replicates' held-out responses together (problem noise only).\n"
+        "Each arm's final checkpoint, one replicate per seed. {} Mean over seeds with its 95 % Student-t interval (n = the seeds); the pooled Wilson interval counts all replicates' held-out responses together (problem noise only).\n",
+        a.replicate_differs
     );
     let _ = writeln!(s, "| arm | method | seeds | final score per seed | mean | 95 % CI (seeds) | pooled 95 % CI (responses) | accuracy |");
     let _ = writeln!(s, "|---|---|---|---|---:|---|---|---:|");
@@ -344,7 +356,7 @@ fn render_groups(s: &mut String, a: &Across<'_>) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathered, base: &Score, teachers: &[TeacherEval], plots: &Plots, across: &Across<'_>, out: &Path) -> String {
+fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g: &Gathered, base: &Score, teachers: &[TeacherEval], plots: &Plots, across: &Across<'_>, out: &Path) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Ablation `{}`\n", cfg.name);
     if !cfg.description.trim().is_empty() {
@@ -364,21 +376,34 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], stream: &Stream, g: &Gathe
     if let Some(c) = &g.collect {
         let _ = writeln!(
             s,
-            "- **Data**: {} interactions in {} homework sessions, collected once by the simulated student (`src/demo/student.rs`) with the frozen initial policy ({} of them met every preference; {} response tokens), then replayed into the ablation lake ({} rows). Every arm replays these same interactions.",
-            c.interactions, c.sessions, c.satisfied, c.tokens, g.replayed
+            "- **Data**: {} interactions in {} homework sessions, collected by the simulated student (`src/demo/student.rs`) with the frozen initial policy ({} of them met every preference; {} response tokens), then replayed into the ablation lake ({} rows). {}",
+            c.interactions,
+            c.sessions,
+            c.satisfied,
+            c.tokens,
+            g.replayed,
+            if replicates.own_data {
+                "Each replicate collected its own sessions (its own draw of training problems, sampling and student seeds; the same held-out problems); every arm of a replicate replays that replicate's interactions."
+            } else {
+                "Every arm replays these same interactions."
+            }
         );
     } else {
         let _ = writeln!(s, "- **Data**: {} interactions replayed from `{}` with `{}`. Every arm replays these same interactions.", g.replayed, cfg.data.lake.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), cell(&cfg.data.sql));
     }
-    let _ = writeln!(
-        s,
-        "- **Split**: {} sessions, {} main turns; the last {} sessions ({}) are held out of training: their samples measure the held-out loss and the teacher/student gap. The training stream has {} interactions, ordered by event time.",
-        stream.sessions,
-        stream.main_turns,
-        stream.heldout.len(),
-        stream.heldout.join(", "),
-        stream.order.len()
-    );
+    for (seed, stream) in &replicates.streams {
+        let whose = if replicates.streams.len() > 1 { format!("replicate {seed}: ") } else { String::new() };
+        let order = if replicates.streams.len() > 1 { "its sessions in an order shuffled by the seed (each session's turns in order)" } else { "ordered by event time" };
+        let _ = writeln!(
+            s,
+            "- **Split** ({whose}{} sessions, {} main turns): the last {} sessions ({}) are held out of training: their samples measure the held-out loss and the teacher/student gap. The training stream has {} interactions, {order}.",
+            stream.sessions,
+            stream.main_turns,
+            stream.heldout.len(),
+            stream.heldout.join(", "),
+            stream.order.len()
+        );
+    }
     if let Some(p) = first {
         let _ = writeln!(
             s,

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::collect::{collect, CollectReport};
+use super::collect::{collect, collect_plans, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, VersionEval};
 use crate::demo::heldout::{greedy_answers, load_policy};
@@ -41,7 +41,7 @@ use crate::stages::train::{query_samples, train_command, TrainOptions, TrainSour
 use crate::{config_err, input_err};
 
 pub use super::layout::Layout;
-pub use super::plan::{heldout_sql, stream, train_sql, Stream};
+pub use super::plan::{heldout_sql, stream, train_sql, Replicates, Stream};
 pub use super::report::AblationSummary;
 
 /// What `nextstate ablate` runs.
@@ -108,13 +108,15 @@ impl Drop for DataLock {
 /// Everything the arms share, prepared once.
 struct Prepared {
     arms: Vec<ResolvedArm>,
-    stream: Stream,
+    /// Each replicate's interaction stream ([`Replicates`]).
+    replicates: Replicates,
     eval_problems: Vec<Problem>,
     student: Student,
-    /// Hinted held-out samples (the gap set), from the first data pipeline that builds hints.
+    /// Hinted held-out samples of every replicate (the gap set), from the first data pipeline that
+    /// builds hints.
     gap_samples: Vec<Sample>,
-    /// The accepted hints of the training interactions, oldest first, from the first data pipeline
-    /// that builds hints (the `memory` baseline's material).
+    /// The accepted hints of the first replicate's training interactions, in its order, from the first
+    /// data pipeline that builds hints (the `memory` baseline's material).
     memory_hints: Vec<String>,
     eval_fingerprint: String,
 }
@@ -126,9 +128,17 @@ fn eval_fingerprint(cfg: &AblationConfig) -> Result<String> {
     Ok(content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
 }
 
+/// Whether each replicate collects its own interactions: `[data.collect]` with two or more seeds.
+fn own_data(cfg: &AblationConfig) -> bool {
+    cfg.data.collect.is_some() && cfg.shared.replicate_seeds().len() > 1
+}
+
 fn data_fingerprint(cfg: &AblationConfig, arms: &[ResolvedArm]) -> Result<String> {
     let model = arms.first().map(|a| a.pipeline.policy.model.clone());
-    let v = serde_json::json!({"data": cfg.data, "student": cfg.student, "model": model, "eval_problems": cfg.eval.problems});
+    let mut v = serde_json::json!({"data": cfg.data, "student": cfg.student, "model": model, "eval_problems": cfg.eval.problems});
+    if own_data(cfg) {
+        v["replicate_seeds"] = serde_json::json!(cfg.shared.replicate_seeds());
+    }
     Ok(content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
 }
 
@@ -159,12 +169,23 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
                 remove_dir(&lay.source())?;
                 let problems = load_gsm8k(&cfg.student.gsm8k)?;
                 let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?;
-                let student = Student::new(cfg.student.seed, cfg.student.preferences(), cfg.student.max_turns)?;
-                eprintln!("[ablate] collecting {} student sessions with the frozen initial policy", c.sessions);
-                let (pcfg, c, seed) = (base.clone(), c.clone(), cfg.student.seed);
+                let plans = collect_plans(&split.train, c.sessions, cfg.data.heldout_sessions, cfg.student.seed, &cfg.shared.replicate_seeds());
+                eprintln!("[ablate] collecting {} student sessions with the frozen initial policy ({} collection(s))", c.sessions * plans.len(), plans.len());
+                let (pcfg, c, prefs, max_turns) = (base.clone(), c.clone(), cfg.student.preferences(), cfg.student.max_turns);
                 let (rows, report) = blocking(move || {
                     let lm = load_policy(&pcfg, None)?;
-                    collect(&lm, &split.train, &student, &c, seed)
+                    let (mut rows, mut total) = (vec![], CollectReport::default());
+                    for plan in &plans {
+                        let student = Student::new(plan.seed, prefs.clone(), max_turns)?;
+                        let (r, rep) = collect(&lm, &plan.problems, &student, &c, plan.seed, &plan.target)?;
+                        rows.extend(r);
+                        total.sessions += rep.sessions;
+                        total.interactions += rep.interactions;
+                        total.satisfied += rep.satisfied;
+                        total.tokens += rep.tokens;
+                        total.seconds += rep.seconds;
+                    }
+                    Ok((rows, total))
                 })
                 .await?;
                 Lake::open(lay.source())?.write_rows(&rows, "collect", 1)?;
@@ -275,28 +296,29 @@ async fn agreement_phase(ag: &super::config::AgreementSettings, arms: &[Resolved
 
 async fn prepared(cfg: &AblationConfig, arms: Vec<ResolvedArm>, lay: &Layout) -> Result<Prepared> {
     let lake = Lake::open(lay.lake())?;
-    let stream = stream(&lake.read_table::<Interaction>()?, cfg.data.heldout_sessions);
+    let replicates = Replicates::new(&lake.read_table::<Interaction>()?, cfg.data.heldout_sessions, &cfg.shared.replicate_seeds(), own_data(cfg));
     let problems = load_gsm8k(&cfg.student.gsm8k)?;
     let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?;
     let student = Student::new(cfg.student.seed, cfg.student.preferences(), cfg.student.max_turns)?;
-    let gap_samples = match arms.iter().find(|a| a.pipeline.method.uses_hints()).and_then(|a| heldout_sql(&a.data_pipeline, &stream.heldout)) {
+    let gap_samples = match arms.iter().find(|a| a.pipeline.method.uses_hints()).and_then(|a| heldout_sql(&a.data_pipeline, &replicates.heldout_all())) {
         Some(q) => query_samples(&lake, &q).await?.into_iter().filter(|s| s.hint_id.is_some() && s.teacher_logprobs.is_some()).collect(),
         None => vec![],
     };
     let memory_hints = match arms.iter().find(|a| a.pipeline.method.uses_hints()) {
         Some(a) => {
+            let first = &replicates.streams[0].1;
             let mut rows: Vec<(i64, String)> = lake
                 .read_table::<crate::schema::HintRecord>()?
                 .into_iter()
-                .filter(|h| h.pipeline == a.data_pipeline && !stream.heldout.contains(&h.session_id))
-                .filter_map(|h| Some((stream.rank.get(&h.interaction_id).copied().unwrap_or(i64::MAX), h.chosen_hint?)))
+                .filter(|h| h.pipeline == a.data_pipeline)
+                .filter_map(|h| Some((*first.rank.get(&h.interaction_id)?, h.chosen_hint?)))
                 .collect();
             rows.sort();
             rows.into_iter().map(|(_, h)| h).collect()
         }
         None => vec![],
     };
-    Ok(Prepared { arms, stream, eval_problems: split.eval, student, gap_samples, memory_hints, eval_fingerprint: eval_fingerprint(cfg)? })
+    Ok(Prepared { arms, replicates, eval_problems: split.eval, student, gap_samples, memory_hints, eval_fingerprint: eval_fingerprint(cfg)? })
 }
 
 async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop) -> Result<BaseEval> {
@@ -414,7 +436,7 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
     }
     check_stop(stop)?;
     let t = Instant::now();
-    let sql = train_sql(&arm.data_pipeline, &p.stream.heldout, cfg.shared.steps * cfg.shared.batch_size);
+    let sql = train_sql(&arm.data_pipeline, &p.replicates.of(arm.seed).order, cfg.shared.steps * cfg.shared.batch_size);
     let lake = Lake::open(lay.lake())?;
     let samples = query_samples(&lake, &sql).await?;
     if samples.is_empty() {
@@ -451,14 +473,15 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
 
 async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &BaseEval, lay: &Layout, stop: &Stop) -> Result<Vec<VersionEval>> {
     let lake = Lake::open(lay.lake())?;
-    let heldout: Vec<Sample> = match heldout_sql(&arm.data_pipeline, &p.stream.heldout) {
+    let stream = p.replicates.of(arm.seed);
+    let heldout: Vec<Sample> = match heldout_sql(&arm.data_pipeline, &stream.heldout) {
         Some(q) => query_samples(&lake, &q).await?,
         None => vec![],
     };
     let dir = lay.arm(&arm.name).join("eval");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
     let mut out = vec![];
-    for (version, step, seen, samples_seen, ck) in evaluated_versions(cfg, lay, &arm.name, &p.stream.rank)? {
+    for (version, step, seen, samples_seen, ck) in evaluated_versions(cfg, lay, &arm.name, &stream.rank)? {
         let path = dir.join(format!("v{version}.json"));
         if let Some(m) = read_marker::<EvalMarker>(&path)? {
             if m.fingerprint == p.eval_fingerprint {
@@ -534,6 +557,6 @@ pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSu
         train_arm(cfg, arm, &p, &lay, &stop, opts.metrics_jsonl.as_deref()).await?;
         eval_arm(cfg, arm, &p, &base, &lay, &stop).await?;
     }
-    let summary = super::report::write_all(cfg, &p.arms, &p.stream, &lay, &base.score, &base.teachers, &base.baselines, p.eval_problems.len()).await?;
+    let summary = super::report::write_all(cfg, &p.arms, &p.replicates, &lay, &base.score, &base.teachers, &base.baselines, p.eval_problems.len()).await?;
     Ok(AblationSummary { seconds: started.elapsed().as_secs_f64(), ..summary })
 }
