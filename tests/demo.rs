@@ -66,4 +66,5 @@ async fn short_demo_against_the_real_broker() {
     let md = std::fs::read_to_string(&s.report).unwrap();
     assert!(md.contains("Paired test on the same 2 problems (exact McNemar"), "{md}");
     assert!(md.contains("## What the trainer was given"), "{md}");
+    assert!(md.contains("## Where the advantage came from, per step") && md.contains("| step | samples | mean r | reward part | teacher part | teacher share |"), "{md}");
 }

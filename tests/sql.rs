@@ -95,9 +95,9 @@ async fn errors_name_the_table_or_column() {
     assert_eq!(nextstate::sql::scalar_i64(&lake, "SELECT count(*) FROM samples").await.unwrap(), 0);
 }
 
-/// A `train_steps` file written before schema version 2 (without the reward, learning-rate, length,
-/// tokens/s, staleness and advantage-sign columns) still reads, through the lake and through SQL: the
-/// new columns are null.
+/// `train_steps` files written before schema version 2 (without the reward, learning-rate, length,
+/// tokens/s, staleness and advantage-sign columns) and before version 3 (without the advantage's reward
+/// and teacher parts) still read, through the lake and through SQL: the newer columns are null.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn train_steps_files_of_schema_version_1_read_with_null_new_columns() {
     use nextstate::schema::{field_refs, Table, TrainStep};
@@ -105,49 +105,41 @@ async fn train_steps_files_of_schema_version_1_read_with_null_new_columns() {
     let lake = Lake::open(dir.path()).unwrap();
     let row = TrainStep {
         schema_version: 1,
-        step_id: "r/1".into(),
-        run_id: "r".into(),
-        step: 1,
-        version: 1,
-        method: "binary".into(),
         loss: 0.5,
         pg_loss: 0.5,
-        clip_fraction: 0.0,
-        ppo_kl: 0.0,
-        kl: 0.0,
         entropy: 1.0,
-        topk_kl: 0.0,
         rollout_logprob_abs_diff: 0.01,
         grad_norm: 1.0,
-        advantage_by_type: "{}".into(),
         samples: 2,
         tokens: 8,
         seconds: 0.5,
         created_time: 1_700_000_000_000,
-        reward_mean: None,
-        reward_std: None,
-        learning_rate: None,
-        response_length_mean: None,
-        response_length_max: None,
-        tokens_per_second: None,
-        staleness_mean: None,
-        staleness_max: None,
-        positive_advantage_fraction: None,
-        negative_advantage_fraction: None,
-        advantage_sign_by_type: None,
+        ..TrainStep::new("r", 1, "binary")
+    };
+    // Rewrites the row's file with the first `columns` columns of `row` (an older schema version's).
+    let rewrite = |row: &TrainStep, path: &std::path::Path, columns: usize, last: &str| {
+        let batch = serde_arrow::to_record_batch(&field_refs::<TrainStep>(), &vec![row.clone()]).unwrap();
+        let old = batch.project(&(0..columns).collect::<Vec<_>>()).unwrap();
+        assert_eq!(old.schema().field(columns - 1).name(), last);
+        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), old.schema(), None).unwrap();
+        w.write(&old).unwrap();
+        w.close().unwrap();
     };
     // Write it as the lake would, then rewrite the file with the 20 columns of schema version 1.
     let path = lake.write_rows(&[row.clone()], "w", 1).unwrap().remove(0);
-    let batch = serde_arrow::to_record_batch(&field_refs::<TrainStep>(), &vec![row.clone()]).unwrap();
-    let old = batch.project(&(0..20).collect::<Vec<_>>()).unwrap();
-    assert_eq!(old.schema().field(19).name(), "created_time");
-    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), old.schema(), None).unwrap();
-    w.write(&old).unwrap();
-    w.close().unwrap();
-    assert_eq!(lake.read_table::<TrainStep>().unwrap(), vec![row]);
+    rewrite(&row, &path, 20, "created_time");
+    assert_eq!(lake.read_table::<TrainStep>().unwrap(), vec![row.clone()]);
     let out = nextstate::sql::query(&lake, &format!("SELECT step, reward_mean IS NULL AS r, staleness_max IS NULL AS s, advantage_sign_by_type IS NULL AS a FROM {}", TrainStep::NAME)).await.unwrap();
     let text = nextstate::sql::render(&out, nextstate::sql::OutputFormat::Csv).unwrap();
     assert!(text.contains("1,true,true,true"), "{text}");
+
+    // A version-2 file (31 columns, with the figures but without the advantage's parts).
+    let v2 = TrainStep { schema_version: 2, reward_mean: Some(0.25), positive_advantage_fraction: Some(0.5), ..row };
+    rewrite(&v2, &path, 31, "advantage_sign_by_type");
+    assert_eq!(lake.read_table::<TrainStep>().unwrap(), vec![v2]);
+    let out = nextstate::sql::query(&lake, &format!("SELECT reward_mean, advantage_reward_abs_mean IS NULL AS r, teacher_term_negative_fraction IS NULL AS t FROM {}", TrainStep::NAME)).await.unwrap();
+    let text = nextstate::sql::render(&out, nextstate::sql::OutputFormat::Csv).unwrap();
+    assert!(text.contains("0.25,true,true"), "{text}");
 }
 
 /// Every way a query could write or reach outside the lake is refused before it runs, through the path

@@ -460,6 +460,9 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     // current policy is the one that sampled, so every trained token has A > 0; at step 2 the policy has
     // moved, so the signs are whatever the move made them. Every sample has r = 0.
     assert_eq!((lines[0].positive_advantage_fraction, lines[0].negative_advantage_fraction), (Some(1.0), Some(0.0)), "{:?}", lines[0]);
+    // The advantage is the teacher's alone (OPD: no reward part), +0.05 on every token at step 1.
+    assert_eq!((lines[0].advantage_reward_abs_mean, lines[0].teacher_term_positive_fraction, lines[0].teacher_term_negative_fraction), (Some(0.0), Some(1.0), Some(0.0)), "{:?}", lines[0]);
+    assert!(lines[0].advantage_teacher_abs_mean.is_some_and(|t| (t - 0.05).abs() < 1e-3), "{:?}", lines[0]);
     for r in &lines {
         assert_eq!((r.reward_mean, r.reward_std, r.learning_rate), (Some(0.0), Some(0.0), Some(1e-4)), "{r:?}");
         assert!(r.positive_advantage_fraction.unwrap() + r.negative_advantage_fraction.unwrap() <= 1.0 + 1e-12, "{r:?}");

@@ -10,7 +10,7 @@
 
 use crate::demo::{Preferences, Problem, Student};
 use crate::error::Result;
-use crate::model::{LanguageModel, SamplingParams};
+use crate::model::LanguageModel;
 use crate::schema::Message;
 
 /// Most tokens of remembered hints in the `memory` baseline's system prompt.
@@ -53,16 +53,9 @@ pub fn memory_system(hints: &[String], cap_tokens: usize, tokens: impl Fn(&str) 
 /// # Errors
 /// Model errors.
 pub fn answers_with_system(lm: &LanguageModel, problems: &[Problem], student: &Student, system: &str, max_tokens: usize, batch: usize) -> Result<Vec<(Problem, String)>> {
-    let mut out = vec![];
-    for chunk in problems.chunks(batch.max(1)) {
-        let prompts = chunk
-            .iter()
-            .map(|p| lm.chat_prompt_ids(&[Message::text("system", system), Message::text("user", student.first_message(p))], None, true))
-            .collect::<Result<Vec<_>>>()?;
-        let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
-        out.extend(chunk.iter().zip(gens).map(|(p, g)| (p.clone(), g.text)));
-    }
-    Ok(out)
+    let chats: Vec<Vec<Message>> = problems.iter().map(|p| vec![Message::text("system", system), Message::text("user", student.first_message(p))]).collect();
+    let gens = crate::demo::heldout::greedy_chat(lm, &chats, max_tokens, batch)?;
+    Ok(problems.iter().zip(gens).map(|(p, (_, g))| (p.clone(), g.text)).collect())
 }
 
 #[cfg(test)]

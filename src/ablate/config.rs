@@ -666,7 +666,7 @@ values = [0.5, 2.0]
         assert_eq!(config_diff(&by("combined.seed=2").pipeline, &by("control.seed=2").pipeline), vec!["trainer.advantage_sign"]);
         assert_eq!(by("control.seed=2").data_pipeline, by("combined.seed=1").data_pipeline);
         assert_eq!((by("opd.seed=3").pipeline.trainer.lr, by("opd.seed=3").pipeline.trainer.w_opd), (5e-4, 4.0));
-        assert_eq!(cfg.eval.versions, EvalVersions::Last);
+        assert_eq!((cfg.eval.versions, cfg.shared.checkpoint_every, cfg.data.heldout_sessions), (EvalVersions::All, 2, 6), "every checkpoint, 18 held-out sessions");
         let multi = &by("multi.seed=1").pipeline;
         assert_eq!((multi.teacher.candidates, multi.teacher.top_k, multi.hint.m), (3, 4, 3));
         assert_eq!((multi.trainer.opd_loss, multi.trainer.recompute_old_logprobs), (crate::trainer::OpdLoss::Overlap, true));

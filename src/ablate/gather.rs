@@ -188,6 +188,10 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
                     advantage_by_type: serde_json::to_string(&s.metrics.advantage_by_type)?,
                     samples: s.metrics.samples,
                     tokens: s.metrics.tokens,
+                    reward_part: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.reward_abs / p.tokens as f64),
+                    teacher_part: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.teacher_abs / p.tokens as f64),
+                    teacher_positive: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.teacher_positive as f64 / p.tokens as f64),
+                    teacher_negative: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.teacher_negative as f64 / p.tokens as f64),
                 });
             }
         }

@@ -573,12 +573,16 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
         s.push('\n');
         let steps: Vec<_> = g.steps.iter().filter(|x| x.arm == a.arm).collect();
         if !steps.is_empty() {
-            let _ = writeln!(s, "| step | loss | pg loss | clip fraction | old − new | top-K KL | grad norm | samples | tokens | mean advantage by type |");
-            let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-            for x in steps {
+            let _ = writeln!(s, "| step | loss | pg loss | clip fraction | old − new | top-K KL | grad norm | samples | tokens | reward part | teacher part | teacher + / − tokens | mean advantage by type |");
+            let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+            for x in &steps {
+                let signs = match (x.teacher_positive, x.teacher_negative) {
+                    (Some(p), Some(n)) => format!("{:.0} % / {:.0} %", 100.0 * p, 100.0 * n),
+                    _ => "–".into(),
+                };
                 let _ = writeln!(
                     s,
-                    "| {} | {:.4} | {:.4} | {:.3} | {:.2e} | {:.4} | {:.3} | {} | {} | {} |",
+                    "| {} | {:.4} | {:.4} | {:.3} | {:.2e} | {:.4} | {:.3} | {} | {} | {} | {} | {} | {} |",
                     x.step,
                     x.loss,
                     x.pg_loss,
@@ -588,9 +592,16 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
                     x.grad_norm,
                     x.samples,
                     x.tokens,
+                    f3(x.reward_part),
+                    f3(x.teacher_part),
+                    signs,
                     cell(&x.advantage_by_type)
                 );
             }
+            let _ = writeln!(
+                s,
+                "\nReward part and teacher part: the mean over the step's trained tokens of |w_rl·r| and |w_opd·(teacher − student)| in the advantage, measured with the current policy (a top-K or overlap loss carries the teacher outside the advantage: its part here is 0); teacher + / −: the tokens the teacher part raises / lowers."
+            );
             s.push('\n');
         }
         if let Some(f) = plots.advantages.get(&a.arm) {

@@ -230,6 +230,19 @@ pub struct StepRow {
     pub samples: i64,
     /// Masked tokens.
     pub tokens: i64,
+    /// Mean over the masked tokens of |the reward part of the advantage| (`trainer::AdvantageParts`;
+    /// None in results written before it existed, and for checkpoints whose manifest lacks it).
+    #[serde(default)]
+    pub reward_part: Option<f64>,
+    /// Mean over the masked tokens of |the teacher part of the advantage| (nats × w_opd).
+    #[serde(default)]
+    pub teacher_part: Option<f64>,
+    /// Fraction of the masked tokens whose teacher part is > 0 (raised by the step).
+    #[serde(default)]
+    pub teacher_positive: Option<f64>,
+    /// Fraction of the masked tokens whose teacher part is < 0 (lowered by the step).
+    #[serde(default)]
+    pub teacher_negative: Option<f64>,
 }
 
 /// One training sample's mean advantage as the arm's loss sees it (`advantages`).

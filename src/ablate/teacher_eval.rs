@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::demo::{Preference, Preferences, Problem, Student};
 use crate::error::Result;
 use crate::hint::{first_sentences, instruction_from, teacher_messages, MAX_RULE_HINT_CHARS};
-use crate::model::{LanguageModel, SamplingParams};
+use crate::model::LanguageModel;
 use crate::schema::Message;
 
 /// How the teacher's hint for a held-out problem is made (module docs).
@@ -106,19 +106,11 @@ pub fn teacher_answers(
         })
         .collect();
     let todo: Vec<usize> = (0..v0.len()).filter(|&i| hints[i].is_some()).collect();
+    let chats: Vec<Vec<Message>> =
+        todo.iter().map(|&i| teacher_messages(&[Message::text("user", student.first_message(&v0[i].0))], hints[i].as_deref().unwrap_or_default())).collect();
     let mut out: Vec<(Problem, String)> = v0.to_vec();
-    for chunk in todo.chunks(batch.max(1)) {
-        let prompts = chunk
-            .iter()
-            .map(|&i| {
-                let ask = [Message::text("user", student.first_message(&v0[i].0))];
-                lm.chat_prompt_ids(&teacher_messages(&ask, hints[i].as_deref().unwrap_or_default()), None, true)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
-        for (&i, g) in chunk.iter().zip(gens) {
-            out[i].1 = g.text;
-        }
+    for (&i, (_, g)) in todo.iter().zip(crate::demo::heldout::greedy_chat(lm, &chats, max_tokens, batch)?) {
+        out[i].1 = g.text;
     }
     Ok((out, hints))
 }

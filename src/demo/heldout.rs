@@ -6,7 +6,7 @@ use std::path::Path;
 use super::{Problem, Student};
 use crate::config::PipelineConfig;
 use crate::error::Result;
-use crate::model::{LanguageModel, LoadOptions, SamplingParams, Trainable};
+use crate::model::{Generation, LanguageModel, LoadOptions, SamplingParams, Trainable};
 use crate::schema::Message;
 
 /// Loads the initial weights (`checkpoint` None) or a checkpoint folder on top of them, frozen, with
@@ -49,14 +49,24 @@ pub struct HeldoutAnswer {
 /// # Errors
 /// Model errors.
 pub fn greedy_generations(lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize) -> Result<Vec<HeldoutAnswer>> {
+    let chats: Vec<Vec<Message>> = problems.iter().map(|p| vec![Message::text("user", student.first_message(p))]).collect();
+    let gens = greedy_chat(lm, &chats, max_tokens, batch)?;
+    Ok(problems.iter().zip(gens).map(|(p, (prompt_ids, g))| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }).collect())
+}
+
+/// Greedy generations for the chat conversations `chats` (each rendered with the chat template and the
+/// assistant turn opened), `batch` conversations per generation call, at most `max_tokens` tokens each,
+/// in order, each with its prompt's token ids: the one generation loop of every greedy evaluation (the
+/// held-out answers, the ablation's teacher and its baselines).
+///
+/// # Errors
+/// Model errors (chat template, generation).
+pub fn greedy_chat(lm: &LanguageModel, chats: &[Vec<Message>], max_tokens: usize, batch: usize) -> Result<Vec<(Vec<u32>, Generation)>> {
     let mut out = vec![];
-    for chunk in problems.chunks(batch.max(1)) {
-        let prompts = chunk
-            .iter()
-            .map(|p| lm.chat_prompt_ids(&[Message::text("user", student.first_message(p))], None, true))
-            .collect::<Result<Vec<_>>>()?;
+    for chunk in chats.chunks(batch.max(1)) {
+        let prompts = chunk.iter().map(|m| lm.chat_prompt_ids(m, None, true)).collect::<Result<Vec<_>>>()?;
         let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
-        out.extend(chunk.iter().zip(prompts).zip(gens).map(|((p, prompt_ids), g)| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }));
+        out.extend(prompts.into_iter().zip(gens));
     }
     Ok(out)
 }

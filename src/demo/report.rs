@@ -473,8 +473,65 @@ pub struct DemoReport {
     /// What the trainer was given (rewards and the two advantage terms); `None` when not measured.
     #[serde(default)]
     pub advantages: Option<AdvantageSummary>,
+    /// Per optimizer step, where the advantage came from (the trainer's `train_steps` rows); empty
+    /// when not measured.
+    #[serde(default)]
+    pub steps: Vec<StepAttribution>,
     /// Free-form lines added to the report's notes.
     pub notes: Vec<String>,
+}
+
+/// One optimizer step's advantage split into its reward and teacher parts, as the trainer measured it
+/// with the current policy (`train_steps` columns of schema version 3; `trainer::AdvantageParts`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepAttribution {
+    /// Step number (1-based).
+    pub step: i64,
+    /// Samples trained.
+    pub samples: i64,
+    /// Mean reward r of the step's samples.
+    pub reward_mean: f64,
+    /// Mean over masked tokens of |w_rl·r|.
+    pub reward_abs_mean: f64,
+    /// Mean over masked tokens of |w_opd·(teacher_t − student_t)| (nats).
+    pub teacher_abs_mean: f64,
+    /// Fractions of the masked tokens whose teacher part is > 0 / < 0.
+    pub teacher_positive: f64,
+    /// See `teacher_positive`.
+    pub teacher_negative: f64,
+}
+
+impl StepAttribution {
+    /// The attribution of each `train_steps` row that has the columns (schema version 3), by step.
+    pub fn of(rows: &[crate::schema::TrainStep]) -> Vec<StepAttribution> {
+        let mut out: Vec<StepAttribution> = rows
+            .iter()
+            .filter_map(|r| {
+                Some(StepAttribution {
+                    step: r.step,
+                    samples: r.samples,
+                    reward_mean: r.reward_mean.unwrap_or(0.0),
+                    reward_abs_mean: r.advantage_reward_abs_mean?,
+                    teacher_abs_mean: r.advantage_teacher_abs_mean?,
+                    teacher_positive: r.teacher_term_positive_fraction?,
+                    teacher_negative: r.teacher_term_negative_fraction?,
+                })
+            })
+            .collect();
+        out.sort_by_key(|s| s.step);
+        out
+    }
+
+    /// The teacher part's share of the advantage's magnitude, `teacher / (reward + teacher)` (0 when
+    /// both are 0).
+    pub fn teacher_share(&self) -> f64 {
+        let all = self.reward_abs_mean + self.teacher_abs_mean;
+        if all > 0.0 {
+            self.teacher_abs_mean / all
+        } else {
+            0.0
+        }
+    }
 }
 
 /// The trained samples' rewards and the size of the two terms of the combined advantage (METHOD.md §6:
@@ -692,6 +749,34 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
             a.mean_opd,
             a.w_opd
         );
+    }
+    if !r.steps.is_empty() {
+        let _ = writeln!(s, "## Where the advantage came from, per step\n");
+        let _ = writeln!(
+            s,
+            "Measured by the trainer with the current policy at each step (`train_steps`): the mean over the step's trained tokens of \
+             |reward part| = |w_rl·r| and |teacher part| = |w_opd·(teacher − student)| of the advantage, the teacher part's share of \
+             their sum, and the fractions of tokens the teacher part raises (> 0) and lowers (< 0).\n"
+        );
+        let _ = writeln!(s, "| step | samples | mean r | reward part | teacher part | teacher share | teacher + / − tokens |");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---|");
+        for a in &r.steps {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:+.2} | {:.3} | {:.3} | {:.0} % | {:.0} % / {:.0} % |",
+                a.step,
+                a.samples,
+                a.reward_mean,
+                a.reward_abs_mean,
+                a.teacher_abs_mean,
+                100.0 * a.teacher_share(),
+                100.0 * a.teacher_positive,
+                100.0 * a.teacher_negative
+            );
+        }
+        let (rw, th): (f64, f64) = r.steps.iter().fold((0.0, 0.0), |acc, a| (acc.0 + a.reward_abs_mean, acc.1 + a.teacher_abs_mean));
+        let share = if rw + th > 0.0 { th / (rw + th) } else { 0.0 };
+        let _ = writeln!(s, "\nOver the {} steps (each weighted equally), the teacher part is {:.0} % of the advantage's magnitude, the reward part {:.0} %.\n", r.steps.len(), 100.0 * share, 100.0 * (1.0 - share));
     }
     let _ = writeln!(s, "## Pipeline counts\n");
     if r.pipeline_counts.is_empty() {

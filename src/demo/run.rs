@@ -392,6 +392,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let before = checkpoints.first().map(|c| c.score.clone()).unwrap_or_else(|| Score::from_verdicts(&[], &prefs));
     let samples: Vec<crate::schema::Sample> = crate::lake::Lake::open(lake.root())?.read_table()?;
     let advantages = super::report::AdvantageSummary::of(&samples, opts.pipeline.trainer.w_rl, opts.pipeline.trainer.w_opd);
+    let steps = super::report::StepAttribution::of(&crate::lake::Lake::open(lake.root())?.read_table::<crate::schema::TrainStep>()?);
     crate::lake::Lake::open(lake.root())?.write_rows(&rows, &format!("demo-{run_id}"), 1)?;
     let mut counts: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for (stage, c) in &run.stages {
@@ -419,6 +420,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         checkpoints: checkpoints.clone(),
         pipeline_counts: counts,
         advantages: Some(advantages),
+        steps,
         notes: vec![
             format!(
                 "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems.",

@@ -90,16 +90,80 @@ pub struct TrainStep {
     /// `{"<type>": {"positive": f, "negative": f}}`. Null in rows of schema version 1.
     #[serde(default)]
     pub advantage_sign_by_type: Option<String>,
+    /// Mean over the step's masked tokens of |the reward part of `A_t`|: `|r|` (binary), `|w_rl·r|`
+    /// (combined), 0 (OPD) (METHOD.md §6; `trainer::accumulate::AdvantageParts`). Beside
+    /// `advantage_teacher_abs_mean` it says which signal moved the policy. Null before schema version 3.
+    #[serde(default)]
+    pub advantage_reward_abs_mean: Option<f64>,
+    /// Mean over the step's masked tokens of |the teacher part of `A_t`|: `|teacher_t − student_t|`
+    /// (OPD), `|w_opd·(teacher_t − student_t)|` (combined), 0 (binary, score-only rows, and the top-K /
+    /// overlap losses, whose teacher term is not in `A_t`) (nats). Null before schema version 3.
+    #[serde(default)]
+    pub advantage_teacher_abs_mean: Option<f64>,
+    /// Fraction of the step's masked tokens whose teacher part is > 0 (the teacher rates the sampled
+    /// token above the current policy: the step raises it). Null before schema version 3.
+    #[serde(default)]
+    pub teacher_term_positive_fraction: Option<f64>,
+    /// Fraction of the step's masked tokens whose teacher part is < 0 (the step lowers it). Null before
+    /// schema version 3.
+    #[serde(default)]
+    pub teacher_term_negative_fraction: Option<f64>,
+}
+
+impl TrainStep {
+    /// A row of the current schema version for step `step` of run `run_id` (key `<run id>/<step>`,
+    /// version = `step`) with every measure 0, empty JSON objects, `created_time` 0 and every nullable
+    /// column null: the base a test or a tool fills in (`TrainStep { loss: 0.5, ..TrainStep::new(..) }`).
+    pub fn new(run_id: &str, step: i64, method: &str) -> TrainStep {
+        TrainStep {
+            schema_version: Self::SCHEMA_VERSION,
+            step_id: format!("{run_id}/{step}"),
+            run_id: run_id.to_string(),
+            step,
+            version: step,
+            method: method.to_string(),
+            loss: 0.0,
+            pg_loss: 0.0,
+            clip_fraction: 0.0,
+            ppo_kl: 0.0,
+            kl: 0.0,
+            entropy: 0.0,
+            topk_kl: 0.0,
+            rollout_logprob_abs_diff: 0.0,
+            grad_norm: 0.0,
+            advantage_by_type: "{}".into(),
+            samples: 0,
+            tokens: 0,
+            seconds: 0.0,
+            created_time: 0,
+            reward_mean: None,
+            reward_std: None,
+            learning_rate: None,
+            response_length_mean: None,
+            response_length_max: None,
+            tokens_per_second: None,
+            staleness_mean: None,
+            staleness_max: None,
+            positive_advantage_fraction: None,
+            negative_advantage_fraction: None,
+            advantage_sign_by_type: None,
+            advantage_reward_abs_mean: None,
+            advantage_teacher_abs_mean: None,
+            teacher_term_positive_fraction: None,
+            teacher_term_negative_fraction: None,
+        }
+    }
 }
 
 impl Table for TrainStep {
     const NAME: &'static str = "train_steps";
-    const SCHEMA_VERSION: i32 = 2;
+    const SCHEMA_VERSION: i32 = 3;
     const KEY: &'static str = "step_id";
     const DOC: &'static str = "Per optimizer step: loss components (METHOD.md §6), clip fraction, \
         PPO KL, KL to the reference, entropy, advantages by sample type, tokens and seconds; since \
         version 2 also reward mean/std, learning rate, response lengths, tokens/s, staleness and the \
-        positive/negative advantage token fractions (nullable: null in version-1 files).";
+        positive/negative advantage token fractions (nullable: null in version-1 files); since version 3 \
+        the advantage's reward and teacher parts and the teacher part's sign fractions (null before).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),
@@ -133,6 +197,10 @@ impl Table for TrainStep {
             f64f("positive_advantage_fraction", true, "Fraction of masked tokens with advantage > 0."),
             f64f("negative_advantage_fraction", true, "Fraction of masked tokens with advantage < 0."),
             utf8("advantage_sign_by_type", true, "Positive/negative advantage token fractions by sample type (JSON)."),
+            f64f("advantage_reward_abs_mean", true, "Mean |reward part of the advantage| over masked tokens (null before schema version 3)."),
+            f64f("advantage_teacher_abs_mean", true, "Mean |teacher part of the advantage| over masked tokens (nats; null before version 3)."),
+            f64f("teacher_term_positive_fraction", true, "Fraction of masked tokens whose teacher part is > 0 (null before version 3)."),
+            f64f("teacher_term_negative_fraction", true, "Fraction of masked tokens whose teacher part is < 0 (null before version 3)."),
         ]
     }
     fn key(&self) -> &str {

@@ -267,6 +267,64 @@ pub struct Accumulated {
     pub dropped: Vec<Dropped>,
     /// Masked tokens by sample type (kebab-case): `(advantage > 0, advantage < 0, all)` (tokens).
     pub advantage_signs: BTreeMap<String, (i64, i64, i64)>,
+    /// The advantages split into their reward and teacher parts, over the step's masked tokens.
+    pub parts: AdvantageParts,
+}
+
+/// The advantages `A_t` of a step split into the part from the reward and the part from the teacher
+/// (METHOD.md §6: `A_t = w_rl·r + w_opd·(teacher_t − student_t)` for combined, `r` for binary,
+/// `teacher_t − student_t` for OPD), summed over the masked tokens: which signal moved the policy.
+///
+/// The reward part of a token is `c·r·s` with `c` = 1 (binary), `w_rl` (combined) or 0 (OPD) and `s`
+/// the row's advantage sign (±1, the random-sign control); the teacher part is `A_t` minus it (0 on
+/// binary and combined-score-only rows, and with `opd_loss = topk`/`overlap`, whose teacher term is a
+/// separate loss, not part of `A_t`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdvantageParts {
+    /// Σ |reward part| over the masked tokens (units of the reward).
+    pub reward_abs: f64,
+    /// Σ |teacher part| over the masked tokens (nats, times `w_opd` for combined).
+    pub teacher_abs: f64,
+    /// Masked tokens whose teacher part is > 0 (the teacher rates the token above the policy).
+    pub teacher_positive: i64,
+    /// Masked tokens whose teacher part is < 0.
+    pub teacher_negative: i64,
+    /// Masked tokens.
+    pub tokens: i64,
+}
+
+impl AdvantageParts {
+    fn add(&mut self, o: &AdvantageParts) {
+        self.reward_abs += o.reward_abs;
+        self.teacher_abs += o.teacher_abs;
+        self.teacher_positive += o.teacher_positive;
+        self.teacher_negative += o.teacher_negative;
+        self.tokens += o.tokens;
+    }
+}
+
+/// [`AdvantageParts`] of a micro-batch's advantages `adv` `[B, T]` (0 off the mask, signs applied), with
+/// `reward_coef` the reward's weight in `A_t` (1 binary, `w_rl` combined, 0 OPD).
+///
+/// # Errors
+/// [`crate::Error::Torch`] on a tensor failure.
+pub fn advantage_parts(adv: &Tensor, batch: &PackedBatch, reward_coef: f64) -> Result<AdvantageParts> {
+    let _guard = tch::no_grad_guard();
+    let kind = Kind::Double;
+    let mask = batch.loss_mask.f_gt(0.0)?.f_to_kind(kind)?;
+    let adv = adv.f_to_kind(kind)?.f_mul(&mask)?;
+    let per_row = batch.reward.f_to_kind(kind)?.f_mul_scalar(reward_coef)?.f_mul(&batch.advantage_sign.f_to_kind(kind)?)?;
+    let reward = per_row.f_unsqueeze(1)?.f_mul(&mask)?;
+    let teacher = adv.f_sub(&reward)?;
+    let sum = |x: &Tensor| -> Result<f64> { Ok(x.f_abs()?.f_sum(kind)?.f_double_value(&[])?) };
+    let count = |x: &Tensor| -> Result<i64> { Ok(x.f_sum(Kind::Int64)?.f_int64_value(&[])?) };
+    Ok(AdvantageParts {
+        reward_abs: sum(&reward)?,
+        teacher_abs: sum(&teacher)?,
+        teacher_positive: count(&teacher.f_gt(0.0)?)?,
+        teacher_negative: count(&teacher.f_lt(0.0)?)?,
+        tokens: count(&mask.f_gt(0.0)?)?,
+    })
 }
 
 /// Adds `batch`'s masked-token counts by sign of the advantage `adv` `[B, T]` to `into`, by sample type.
@@ -323,6 +381,12 @@ pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&d
     let num_samples: usize = packed_parts.iter().map(|b| b.batch_size()).sum();
     let mut parts: Vec<(LossMetrics, f64, BTreeMap<String, i64>)> = vec![];
     let mut advantage_signs = BTreeMap::new();
+    let mut parts_sum = AdvantageParts::default();
+    let reward_coef = match method {
+        Method::Binary => 1.0,
+        Method::Combined => lcfg.w_rl,
+        Method::Opd => 0.0,
+    };
     for batch in &packed_parts {
         let mut type_counts: BTreeMap<String, i64> = BTreeMap::new();
         for t in &batch.sample_types {
@@ -330,11 +394,12 @@ pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&d
         }
         let ev = evaluate(policy, reference, cfg, &lcfg, batch, num_samples as f64, true)?;
         count_advantage_signs(&ev.out.advantages, batch, &mut advantage_signs)?;
+        parts_sum.add(&advantage_parts(&ev.out.advantages, batch, reward_coef)?);
         parts.push((ev.out.metrics, ev.rollout_abs_diff, type_counts));
     }
     if parts.is_empty() {
-        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped, advantage_signs });
+        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped, advantage_signs, parts: parts_sum });
     }
     let (m, rollout_abs_diff) = merge_metrics(&parts);
-    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped, advantage_signs })
+    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped, advantage_signs, parts: parts_sum })
 }

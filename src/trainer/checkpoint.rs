@@ -117,6 +117,10 @@ pub struct StepRecord {
     pub dropped: i64,
     /// Wall time (seconds).
     pub seconds: f64,
+    /// The step's advantages split into their reward and teacher parts (None in manifests written
+    /// before it existed).
+    #[serde(default)]
+    pub advantage_parts: Option<super::AdvantageParts>,
 }
 
 /// Optimizer state recorded in the manifest (the moments are in [`OPTIMIZER_FILE`]).

@@ -309,6 +309,7 @@ impl<P: Policy> Trainer<P> {
         };
         let rollout_abs_diff = acc.rollout_abs_diff;
         let advantage_signs = acc.advantage_signs;
+        let parts = acc.parts;
         if !m.loss.is_finite() {
             self.opt.zero_grad()?;
             return Err(StepFailure::Skip(
@@ -333,9 +334,10 @@ impl<P: Policy> Trainer<P> {
             rollout_logprob_abs_diff: rollout_abs_diff,
             dropped: dropped.len() as i64,
             seconds,
+            advantage_parts: Some(parts),
         });
         let run_id = self.writer.run_id().to_string();
-        let f = step_figures(samples, &dropped, self.version, self.opt.config().lr, m.tokens, seconds, &advantage_signs);
+        let f = step_figures(samples, &dropped, self.version, self.opt.config().lr, m.tokens, seconds, &advantage_signs, &parts);
         let row = TrainStep {
             schema_version: TrainStep::SCHEMA_VERSION,
             step_id: format!("{run_id}/{step}"),
@@ -368,6 +370,10 @@ impl<P: Policy> Trainer<P> {
             positive_advantage_fraction: Some(f.positive_advantage_fraction),
             negative_advantage_fraction: Some(f.negative_advantage_fraction),
             advantage_sign_by_type: Some(f.advantage_sign_by_type),
+            advantage_reward_abs_mean: Some(f.advantage_reward_abs_mean),
+            advantage_teacher_abs_mean: Some(f.advantage_teacher_abs_mean),
+            teacher_term_positive_fraction: Some(f.teacher_term_positive_fraction),
+            teacher_term_negative_fraction: Some(f.teacher_term_negative_fraction),
         };
         Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint: None, skipped: None })
     }

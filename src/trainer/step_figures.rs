@@ -1,11 +1,13 @@
 //! The figures of one optimizer step a practitioner reads first — reward mean and std, learning rate,
-//! response lengths, tokens/s, staleness, positive/negative advantage token fractions — computed from
-//! the step's trained samples (pure; the `train_steps` columns of schema version 2).
+//! response lengths, tokens/s, staleness, positive/negative advantage token fractions, and how much of
+//! the advantage came from the reward and how much from the teacher — computed from the step's trained
+//! samples and advantages (pure; the `train_steps` columns of schema versions 2 and 3).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::accumulate::AdvantageParts;
 use super::batch::Dropped;
 use crate::schema::Sample;
 
@@ -29,6 +31,14 @@ pub(super) struct StepFigures {
     pub negative_advantage_fraction: f64,
     /// JSON `{"<type>": {"positive": f, "negative": f}}`.
     pub advantage_sign_by_type: String,
+    /// Mean over the masked tokens of |reward part of `A_t`| ([`AdvantageParts`]).
+    pub advantage_reward_abs_mean: f64,
+    /// Mean over the masked tokens of |teacher part of `A_t`|.
+    pub advantage_teacher_abs_mean: f64,
+    /// Fraction of the masked tokens whose teacher part is > 0.
+    pub teacher_term_positive_fraction: f64,
+    /// Fraction of the masked tokens whose teacher part is < 0.
+    pub teacher_term_negative_fraction: f64,
 }
 
 #[derive(Serialize)]
@@ -48,8 +58,19 @@ fn fraction(part: i64, all: i64) -> f64 {
 /// The step's figures over the samples not in `dropped` (the trained ones): `version` is the trainer's
 /// checkpoint version (staleness = `version − policy_version`, at least 0), `lr` the learning rate of
 /// the step, `tokens` / `seconds` the step's masked tokens and wall time, `signs` the masked tokens by
-/// sample type as `(advantage > 0, advantage < 0, all)`.
-pub(super) fn step_figures(samples: &[Sample], dropped: &[Dropped], version: i64, lr: f64, tokens: i64, seconds: f64, signs: &BTreeMap<String, (i64, i64, i64)>) -> StepFigures {
+/// sample type as `(advantage > 0, advantage < 0, all)`, `parts` the advantages' reward and teacher
+/// parts.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn step_figures(
+    samples: &[Sample],
+    dropped: &[Dropped],
+    version: i64,
+    lr: f64,
+    tokens: i64,
+    seconds: f64,
+    signs: &BTreeMap<String, (i64, i64, i64)>,
+    parts: &AdvantageParts,
+) -> StepFigures {
     let kept: Vec<&Sample> = samples.iter().enumerate().filter(|(i, _)| !dropped.iter().any(|d| d.index == *i)).map(|(_, s)| s).collect();
     let n = kept.len().max(1) as f64;
     let reward_mean = kept.iter().map(|s| s.reward as f64).sum::<f64>() / n;
@@ -71,6 +92,10 @@ pub(super) fn step_figures(samples: &[Sample], dropped: &[Dropped], version: i64
         positive_advantage_fraction: fraction(pos, all),
         negative_advantage_fraction: fraction(neg, all),
         advantage_sign_by_type: serde_json::to_string(&by_type).unwrap_or_else(|_| "{}".into()),
+        advantage_reward_abs_mean: if parts.tokens > 0 { parts.reward_abs / parts.tokens as f64 } else { 0.0 },
+        advantage_teacher_abs_mean: if parts.tokens > 0 { parts.teacher_abs / parts.tokens as f64 } else { 0.0 },
+        teacher_term_positive_fraction: fraction(parts.teacher_positive, parts.tokens),
+        teacher_term_negative_fraction: fraction(parts.teacher_negative, parts.tokens),
     }
 }
 
@@ -94,7 +119,10 @@ mod tests {
         d.policy_version = Some(-50);
         let dropped = vec![Dropped { index: 3, sample_id: "d".into(), reason: DropReason::EmptyPrompt, detail: String::new() }];
         let signs = BTreeMap::from([("binary".to_string(), (2, 4, 6)), ("opd".to_string(), (1, 1, 3))]);
-        let f = step_figures(&[a, b, c, d], &dropped, 4, 1e-5, 9, 0.5, &signs);
+        let parts = AdvantageParts { reward_abs: 6.0, teacher_abs: 1.5, teacher_positive: 1, teacher_negative: 2, tokens: 9 };
+        let f = step_figures(&[a, b, c, d], &dropped, 4, 1e-5, 9, 0.5, &signs, &parts);
+        assert_eq!((f.advantage_reward_abs_mean, f.advantage_teacher_abs_mean), (6.0 / 9.0, 1.5 / 9.0));
+        assert_eq!((f.teacher_term_positive_fraction, f.teacher_term_negative_fraction), (1.0 / 9.0, 2.0 / 9.0));
         // rewards 1, −1, 0: mean 0, population variance 2/3
         assert_eq!(f.reward_mean, 0.0);
         assert!((f.reward_std - (2.0f64 / 3.0).sqrt()).abs() < 1e-12);
@@ -113,7 +141,8 @@ mod tests {
         assert!((by_type["opd"]["negative"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-12);
 
         let e = Sample { policy_version: None, ..sample("e", SampleType::Opd, &[1], &[5], &[-1.0], 0.0) };
-        let none = step_figures(&[e], &[], 2, 1e-5, 1, 0.0, &BTreeMap::new());
+        let none = step_figures(&[e], &[], 2, 1e-5, 1, 0.0, &BTreeMap::new(), &AdvantageParts::default());
+        assert_eq!((none.advantage_reward_abs_mean, none.teacher_term_positive_fraction), (0.0, 0.0));
         assert_eq!((none.staleness_mean, none.staleness_max, none.tokens_per_second), (None, None, 0.0));
     }
 }

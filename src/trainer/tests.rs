@@ -859,3 +859,37 @@ fn the_current_policy_as_teacher_scores_the_teacher_prompt_with_the_weights_bein
     assert!(TrainerConfig { opd_loss: OpdLoss::Topk, ..cur.clone() }.validate().unwrap_err().to_string().contains("trainer.teacher = \"current\""));
     assert!(!serde_json::to_string(&TrainerConfig::default()).unwrap().contains("teacher"), "the default is not serialised");
 }
+
+/// The advantages split into their reward and teacher parts (`train_steps.advantage_reward_abs_mean`
+/// and `advantage_teacher_abs_mean`), by hand: combined with w_rl = 0.5, w_opd = 1, the current policy
+/// at −1 on every token.
+#[test]
+fn advantage_parts_split_the_reward_and_the_teacher_term() {
+    // a: hint and score +1, teacher −0.75 and −0.5 → teacher − student = +0.25, +0.5; reward part 0.5.
+    // b: score-only −1 (no hint: teacher term exactly 0); reward part −0.5.
+    let mut a = sample("a", SampleType::CombinedBoth, &[1], &[5, 6], &[-1.0, -1.0], 1.0);
+    a.teacher_logprobs = Some(vec![-0.75, -0.5]);
+    let mut b = sample("b", SampleType::CombinedScoreOnly, &[1], &[5], &[-1.0], -1.0);
+    b.teacher_logprobs = Some(vec![-1.0]);
+    let c = TrainerConfig { w_rl: 0.5, w_opd: 1.0, ..TrainerConfig::default() };
+    let opts = PackOptions { method: Method::Combined, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: c.clone() };
+    let mut batch = pack_samples(&[a, b], &opts).unwrap().batch.unwrap();
+    let student = batch.old_logprobs.shallow_clone();
+    let adv = loss::advantages(&c.loss_config(Method::Combined), &batch.reward, &student, batch.teacher_logprobs.as_ref(), &batch.sample_types, &batch.loss_mask).unwrap();
+    // reward: |0.5| × 2 tokens + |−0.5| × 1 = 1.5; teacher: 0.25 + 0.5 = 0.75, both tokens positive
+    let p = advantage_parts(&adv, &batch, 0.5).unwrap();
+    assert_eq!(p, AdvantageParts { reward_abs: 1.5, teacher_abs: 0.75, teacher_positive: 2, teacher_negative: 0, tokens: 3 });
+    // The random-sign control flips a's whole advantage: the magnitudes stay, the teacher part's sign
+    // flips with it (the reward part is taken with the row's sign).
+    batch.advantage_sign = Tensor::from_slice(&[-1.0f32, 1.0]);
+    let flipped = &adv * batch.advantage_sign.unsqueeze(1);
+    let q = advantage_parts(&flipped, &batch, 0.5).unwrap();
+    assert_eq!(q, AdvantageParts { teacher_positive: 0, teacher_negative: 2, ..p });
+    // Binary: the whole advantage is the reward's.
+    let bin = TrainerConfig::default();
+    let x = sample("x", SampleType::Binary, &[1], &[5, 6, 7], &[-1.0; 3], -1.0);
+    let opts = PackOptions { method: Method::Binary, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: bin.clone() };
+    let bb = pack_samples(&[x], &opts).unwrap().batch.unwrap();
+    let adv = loss::advantages(&bin.loss_config(Method::Binary), &bb.reward, &bb.old_logprobs, None, &bb.sample_types, &bb.loss_mask).unwrap();
+    assert_eq!(advantage_parts(&adv, &bb, 1.0).unwrap(), AdvantageParts { reward_abs: 3.0, teacher_abs: 0.0, teacher_positive: 0, teacher_negative: 0, tokens: 3 });
+}

@@ -31,6 +31,7 @@ fn report() -> DemoReport {
             ("signals".to_string(), BTreeMap::from([("paired".to_string(), 144u64)])),
         ]),
         advantages: None,
+        steps: vec![],
         notes: vec!["policy: SmolLM2-135M-Instruct".into()],
     }
 }
@@ -186,4 +187,29 @@ fn advantage_summary_by_hand() {
     let md = render_markdown(&r, "p.png", true);
     assert!(md.contains("4 samples (6 trained tokens): reward +1 on 2, −1 on 1, 0 on 1; 2 with an accepted hint (4 tokens)."), "{md}");
     assert!(md.contains("mean |w_rl·r| = 0.333 (w_rl = 0.5); on the hinted tokens mean |w_opd·(teacher − student)| = 1.250, signed mean -0.250 (w_opd = 2)."), "{md}");
+}
+
+#[test]
+fn per_step_attribution_by_hand() {
+    use crate::schema::TrainStep;
+    let row = |step: i64, parts: Option<(f64, f64, f64, f64)>| TrainStep {
+        samples: 8,
+        reward_mean: Some(-0.25),
+        advantage_reward_abs_mean: parts.map(|p| p.0),
+        advantage_teacher_abs_mean: parts.map(|p| p.1),
+        teacher_term_positive_fraction: parts.map(|p| p.2),
+        teacher_term_negative_fraction: parts.map(|p| p.3),
+        ..TrainStep::new("r", step, "combined")
+    };
+    // steps out of order; a version-2 row (no parts) is left out
+    let steps = StepAttribution::of(&[row(2, Some((0.5, 0.5, 0.25, 0.5))), row(1, Some((0.75, 0.25, 0.1, 0.6))), row(3, None)]);
+    assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!((steps[0].teacher_share(), steps[1].teacher_share()), (0.25, 0.5));
+    let mut r = report();
+    r.steps = steps;
+    let md = render_markdown(&r, "p.png", true);
+    assert!(md.contains("| 1 | 8 | -0.25 | 0.750 | 0.250 | 25 % | 10 % / 60 % |"), "{md}");
+    assert!(md.contains("| 2 | 8 | -0.25 | 0.500 | 0.500 | 50 % | 25 % / 50 % |"), "{md}");
+    // (0.25 + 0.5) / (1.25 + 0.75) = 37.5 % → "38 %"
+    assert!(md.contains("Over the 2 steps (each weighted equally), the teacher part is 38 % of the advantage's magnitude, the reward part 62 %."), "{md}");
 }
