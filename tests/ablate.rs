@@ -405,3 +405,24 @@ fn tiny_replicates_differ_in_data_order_and_initialisation() {
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("its own collected sessions") && md.contains("- **Split** (replicate 1: ") && md.contains("- **Split** (replicate 2: "), "{md}");
 }
+
+/// A fault found running the student ablation: SIGTERM during the collection phase did nothing until
+/// all collections had finished (minutes). The collection checks the stop flag before each turn's
+/// generation and gives nothing back when stopped; a requested stop ends it before any generation.
+#[test]
+fn a_collection_stops_when_asked_and_returns_nothing() {
+    let Some(model) = model_dir() else { return };
+    use nextstate::ablate::collect::{collect, CollectTarget};
+    use nextstate::ablate::config::CollectSettings;
+    let lm = nextstate::model::LanguageModel::load(&model, &nextstate::model::LoadOptions::default()).unwrap();
+    let problems = nextstate::demo::load_gsm8k(&common::root().join("data/gsm8k_test.json")).unwrap();
+    let student = nextstate::demo::Student::new(7, nextstate::demo::Preferences::default(), 1).unwrap();
+    let cfg = CollectSettings { sessions: 2, batch: 2, max_tokens: 8, temperature: 0.6 };
+    let stop = Stop::default();
+    stop.request();
+    let e = collect(&lm, &problems[..2], &student, &cfg, 7, &CollectTarget::default(), &stop).unwrap_err();
+    assert!(matches!(e, nextstate::Error::Cancelled), "{e:?}");
+    // Not stopped: the two sessions are collected.
+    let (rows, report) = collect(&lm, &problems[..2], &student, &cfg, 7, &CollectTarget::default(), &Stop::default()).unwrap();
+    assert_eq!((rows.len(), report.sessions), (2, 2));
+}

@@ -119,11 +119,13 @@ impl Default for CollectTarget {
 
 /// Runs `cfg.sessions` homework sessions on `problems` (in order; fewer when there are fewer problems)
 /// and returns their interactions in generation order (see the module docs). `seed` seeds sampling;
-/// `target` names the sessions and places the event times.
+/// `target` names the sessions and places the event times. `stop` is checked before each turn's
+/// generation.
 ///
 /// # Errors
-/// Model errors (chat template, generation).
-pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg: &CollectSettings, seed: u64, target: &CollectTarget) -> Result<(Vec<Interaction>, CollectReport)> {
+/// Model errors (chat template, generation); [`crate::Error::Cancelled`] when `stop` was requested
+/// (nothing is returned: a collection is kept whole or not at all).
+pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg: &CollectSettings, seed: u64, target: &CollectTarget, stop: &crate::runtime::Stop) -> Result<(Vec<Interaction>, CollectReport)> {
     let started = std::time::Instant::now();
     let model_name = lm.dir().file_name().map(|n| n.to_string_lossy().into_owned());
     let mut rows: Vec<Interaction> = vec![];
@@ -142,6 +144,9 @@ pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg:
         for turn in 1..=student.max_turns() {
             if open.is_empty() {
                 break;
+            }
+            if stop.requested() {
+                return Err(crate::Error::Cancelled);
             }
             let mut requests = vec![];
             let mut prompts_text = vec![];

@@ -4,7 +4,7 @@
 //!
 //! | phase | output | done when |
 //! |---|---|---|
-//! | collect (with `[data.collect]`) | `work/source/` lake | `work/state/collect.json` |
+//! | collect (with `[data.collect]`; one collection per replicate with its own data) | `work/source/` lake | `work/state/collect-<k>.json` per collection, then `work/state/collect.json` |
 //! | replay `[data] sql` into the ablation lake | `work/lake/` | `work/state/replay.json` |
 //! | stages per data pipeline | its signals, judgments, hints, teacher rows, samples | `work/state/data-<pipeline>.json` |
 //! | judge agreement (with `[eval.judge_agreement]`) | `work/tau/` lake | `work/state/agreement-<pipeline>.json` |
@@ -166,29 +166,42 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
             let marker = state.join("collect.json");
             if read_marker::<CollectReport>(&marker)?.is_none() {
                 check_stop(stop)?;
-                remove_dir(&lay.source())?;
                 let problems = load_gsm8k(&cfg.student.gsm8k)?;
                 let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?;
                 let plans = collect_plans(&split.train, c.sessions, cfg.data.heldout_sessions, cfg.student.seed, &cfg.shared.replicate_seeds());
+                if !(0..plans.len()).any(|k| state.join(format!("collect-{k}.json")).exists()) {
+                    remove_dir(&lay.source())?; // rows of a run killed before any collection's marker
+                }
                 eprintln!("[ablate] collecting {} student sessions with the frozen initial policy ({} collection(s))", c.sessions * plans.len(), plans.len());
-                let (pcfg, c, prefs, max_turns) = (base.clone(), c.clone(), cfg.student.preferences(), cfg.student.max_turns);
-                let (rows, report) = blocking(move || {
-                    let lm = load_policy(&pcfg, None)?;
-                    let (mut rows, mut total) = (vec![], CollectReport::default());
-                    for plan in &plans {
-                        let student = Student::new(plan.seed, prefs.clone(), max_turns)?;
-                        let (r, rep) = collect(&lm, &plan.problems, &student, &c, plan.seed, &plan.target)?;
-                        rows.extend(r);
-                        total.sessions += rep.sessions;
-                        total.interactions += rep.interactions;
-                        total.satisfied += rep.satisfied;
-                        total.tokens += rep.tokens;
-                        total.seconds += rep.seconds;
-                    }
-                    Ok((rows, total))
-                })
-                .await?;
-                Lake::open(lay.source())?.write_rows(&rows, "collect", 1)?;
+                // One marker per collection, so a killed multi-replicate collection resumes at the
+                // collection it was in (each collection's rows are one deterministic file set: a
+                // re-write after a kill between the write and its marker leaves the files as they are).
+                let mut report = CollectReport::default();
+                for (k, plan) in plans.into_iter().enumerate() {
+                    let part = state.join(format!("collect-{k}.json"));
+                    let done = match read_marker::<CollectReport>(&part)? {
+                        Some(r) => r,
+                        None => {
+                            check_stop(stop)?;
+                            let (pcfg, c, prefs, max_turns, stop2) = (base.clone(), c.clone(), cfg.student.preferences(), cfg.student.max_turns, stop.clone());
+                            let (rows, r) = blocking(move || {
+                                let lm = load_policy(&pcfg, None)?;
+                                let student = Student::new(plan.seed, prefs, max_turns)?;
+                                collect(&lm, &plan.problems, &student, &c, plan.seed, &plan.target, &stop2)
+                            })
+                            .await?;
+                            Lake::open(lay.source())?.write_rows(&rows, "collect", k as u64 + 1)?;
+                            eprintln!("[ablate]   collection {}: {} interactions in {} sessions in {:.0} s", k + 1, r.interactions, r.sessions, r.seconds);
+                            write_marker(&part, &r)?;
+                            r
+                        }
+                    };
+                    report.sessions += done.sessions;
+                    report.interactions += done.interactions;
+                    report.satisfied += done.satisfied;
+                    report.tokens += done.tokens;
+                    report.seconds += done.seconds;
+                }
                 eprintln!(
                     "[ablate] collected {} interactions in {} sessions ({} satisfied, {} tokens) in {:.0} s",
                     report.interactions, report.sessions, report.satisfied, report.tokens, report.seconds
