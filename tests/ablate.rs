@@ -240,7 +240,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     assert_eq!(diff("opd", "opd-topk"), vec!["teacher.top_k", "trainer.opd_loss"]);
     assert_eq!(diff("combined", "control"), vec!["trainer.advantage_sign"]);
     let arms = read_table::<ArmRow>(&r1, "arms").unwrap();
-    assert_eq!(arms.len(), 5);
+    assert_eq!(arms.len(), 6);
     assert!(arms.iter().all(|a| a.group == a.arm), "one seed: every arm is its own group");
     let row: HashMap<&str, &ArmRow> = arms.iter().map(|a| (a.arm.as_str(), a)).collect();
     for a in &arms {
@@ -270,6 +270,21 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     assert_eq!(row["opd"].interaction_ids, row["opd-topk"].interaction_ids, "same hints, same turns");
     assert!(row["binary"].sample_types.iter().all(|t| t == "binary"));
     assert!(row["opd"].sample_types.iter().all(|t| t == "opd"));
+    // Context distillation: one binary sample with reward +1 per hinted turn of opd's pipeline (the
+    // same hint), the teacher's own answer after the original prompt.
+    assert!(!row["cd"].sample_ids.is_empty() && row["cd"].sample_types.iter().all(|t| t == "binary"), "{:?}", row["cd"]);
+    let lake_samples = Lake::open(one.join("work/lake")).unwrap().read_table::<nextstate::schema::Sample>().unwrap();
+    let of_pipeline = |p: &str| lake_samples.iter().filter(|s| s.pipeline == p).collect::<Vec<_>>();
+    let (cd, opd) = (of_pipeline(&row["cd"].data_pipeline), of_pipeline(&row["opd"].data_pipeline));
+    assert!(!cd.is_empty() && cd.len() <= opd.len());
+    let mut differs = 0;
+    for c in &cd {
+        let o = opd.iter().find(|o| o.interaction_id == c.interaction_id).expect("a cd sample comes from a hinted opd sample");
+        assert_eq!((c.reward, &c.prompt_token_ids, &c.hint_id, c.teacher_logprobs.is_none()), (1.0, &o.prompt_token_ids, &o.hint_id, true));
+        assert_eq!((c.response_token_ids.len(), c.rollout_logprobs.len(), c.loss_mask.len()), (c.response_token_ids.len(), c.response_token_ids.len(), c.response_token_ids.len()));
+        differs += usize::from(c.response_token_ids != o.response_token_ids);
+    }
+    assert!(differs > 0, "the teacher's answers are not the student's");
     // Every arm's samples follow the one interaction order (event time), none from the held-out session.
     let lake = Lake::open(one.join("work/lake")).unwrap();
     let mut inter = lake.read_table::<Interaction>().unwrap();
@@ -293,7 +308,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     }
     // v0 and the last version of every arm were evaluated (`[eval] versions = "last"`); v0 is shared.
     let v0: Vec<f64> = ck.iter().filter(|c| c.version == 0).map(|c| c.score).collect();
-    assert_eq!(v0.len(), 5);
+    assert_eq!(v0.len(), 6);
     assert!(v0.windows(2).all(|w| w[0] == w[1]));
     let mut versions: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for c in &ck {
@@ -323,15 +338,15 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     // The baselines without training: `prompted` always, compared with every arm group.
     assert!(md.contains("### Against the baselines without training") && md.contains("- `prompted`: personalization score"), "{md}");
     let vb = read_table::<nextstate::ablate::compare::PairRow>(&r1, "arm_vs_baselines").unwrap();
-    assert_eq!(vb.iter().filter(|p| p.b == "prompted").count(), 5, "{vb:?}");
+    assert_eq!(vb.iter().filter(|p| p.b == "prompted").count(), 6, "{vb:?}");
     let groups = read_table::<nextstate::ablate::compare::GroupRow>(&r1, "arm_summary").unwrap();
-    assert_eq!(groups.iter().map(|g| g.group.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
+    assert_eq!(groups.iter().map(|g| g.group.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control", "cd"]);
     for g in &groups {
         assert_eq!((g.seeds.clone(), g.low, g.responses), (vec![42], None, 2), "{g:?}");
         assert_eq!(g.mean, ck.iter().filter(|c| c.arm == g.group).max_by_key(|c| c.version).unwrap().score);
     }
     let pairs = read_table::<nextstate::ablate::compare::PairRow>(&r1, "arm_comparisons").unwrap();
-    assert_eq!(pairs.len(), 10, "every pair of the 5 arms");
+    assert_eq!(pairs.len(), 15, "every pair of the 6 arms");
     assert!(pairs.iter().all(|p| p.problems == 2 && (0.0..=1.0).contains(&p.p_value)));
     for f in ["score_vs_interactions.png", "score_by_arm.png", "train_loss.png", "advantages_binary.png"] {
         assert!(one.join(f).is_file(), "{f} missing");
@@ -391,7 +406,18 @@ fn tiny_replicates_differ_in_data_order_and_initialisation() {
         let (b, c) = (&arms[&format!("binary.seed={seed}")], &arms[&format!("combined.seed={seed}")]);
         let pos: HashMap<&str, usize> = c.interaction_ids.iter().enumerate().map(|(k, i)| (i.as_str(), k)).collect();
         let p: Vec<usize> = b.interaction_ids.iter().filter_map(|i| pos.get(i.as_str()).copied()).collect();
+        assert_eq!(p.len(), b.interaction_ids.len(), "seed {seed}: every turn binary trains on, combined trains on too");
         assert!(p.windows(2).all(|w| w[0] <= w[1]), "seed {seed}: binary's order is combined's: {p:?}");
+        // The replicate's stream: its training turns in its seeded session order (not the logged one);
+        // combined trains on its first samples in that order.
+        let streams = nextstate::ablate::run::Replicates::new(&inter, 1, &[1, 2], true);
+        let order = &streams.of(seed).order;
+        let time: HashMap<&str, i64> = inter.iter().map(|i| (i.interaction_id.as_str(), i.event_time)).collect();
+        let times: Vec<i64> = order.iter().map(|i| time[i.as_str()]).collect();
+        assert!(times.windows(2).any(|w| w[0] > w[1]), "seed {seed}: the order is the seed's, not the logged one: {times:?}");
+        let at: HashMap<&str, usize> = order.iter().enumerate().map(|(k, i)| (i.as_str(), k)).collect();
+        let q: Vec<usize> = c.interaction_ids.iter().map(|i| at[i.as_str()]).collect();
+        assert!(q.windows(2).all(|w| w[0] <= w[1]), "seed {seed}: combined trains in its replicate's order: {q:?}");
     }
     // The first optimizer step differs between the replicates (other samples, other LoRA A).
     let steps = read_table::<StepRow>(&r, "steps").unwrap();
@@ -402,6 +428,23 @@ fn tiny_replicates_differ_in_data_order_and_initialisation() {
     let sample_session: HashMap<String, String> = lake.read_table::<nextstate::schema::Sample>().unwrap().into_iter().map(|s| (s.sample_id, s.session_id)).collect();
     let gap_sessions: BTreeSet<&String> = gaps.iter().map(|g| &sample_session[&g.sample_id]).collect();
     assert!(gap_sessions.iter().all(|s| **s == held(1) || **s == held(2)), "{gap_sessions:?}");
+    // exactly the held-out samples with an accepted hint of both replicates (combined's hints are the
+    // gap source opd's: the same hint stage)
+    let want: BTreeSet<String> = lake
+        .read_table::<nextstate::schema::Sample>()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.pipeline == arms["combined.seed=1"].data_pipeline && s.sample_type.has_hint() && s.teacher_logprobs.is_some() && (s.session_id == held(1) || s.session_id == held(2)))
+        .map(|s| s.sample_id)
+        .collect();
+    for arm in arms.keys() {
+        let versions: BTreeSet<i64> = gaps.iter().filter(|g| &g.arm == arm).map(|g| g.version).collect();
+        for v in versions {
+            let got: BTreeSet<String> = gaps.iter().filter(|g| &g.arm == arm && g.version == v).map(|g| g.sample_id.clone()).collect();
+            assert_eq!(got, want, "{arm} v{v}");
+        }
+    }
+    assert!(gaps.is_empty() == want.is_empty(), "gap rows exist when the held-out sessions have hinted samples");
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("its own collected sessions") && md.contains("- **Split** (replicate 1: ") && md.contains("- **Split** (replicate 2: "), "{md}");
 }

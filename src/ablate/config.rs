@@ -257,6 +257,29 @@ pub struct ArmSpec {
     /// Pipeline keys this arm changes, dotted (`"trainer.w_opd" = 0.5`, `"hint.strategy" = "shortest"`).
     #[serde(default)]
     pub set: toml::Table,
+    /// What the arm trains on: its data pipeline's samples (`pipeline`, the default), or the
+    /// hint-conditioned teacher's own generations (`teacher-generations`: context distillation,
+    /// [`ArmSamples`]).
+    #[serde(default)]
+    pub samples: ArmSamples,
+}
+
+/// What an arm trains on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ArmSamples {
+    /// The samples its data pipeline's stages build from the interactions.
+    #[default]
+    Pipeline,
+    /// Context distillation, the reference point beside sampled-token OPD (issue 37): for every turn
+    /// with an accepted hint, the initial weights answer greedily in the teacher context (the turn's
+    /// request with the hint, as the teacher stage builds it), and the arm trains on that answer after
+    /// the **original** prompt with reward +1 — `method = "binary"` is required, so `A_t = +1` and the
+    /// PPO step raises the log-prob of every token of the teacher's own answer (supervised fine-tuning
+    /// on the teacher's outputs, what `export --to trl` would give an SFT trainer if the lake held them).
+    /// The hints come from the arm's configuration with `method = "opd"` (shared with an `opd` arm of the
+    /// same stage settings).
+    TeacherGenerations,
 }
 
 /// A sweep: one arm per value of `key`, each `arm` with `key = value`, named `<arm>.<last key part>=<value>`.
@@ -293,6 +316,12 @@ pub struct ResolvedArm {
     pub config_hash: String,
     /// `trainer.hash(method)`: the hash stored in the arm's checkpoint manifests.
     pub trainer_hash: String,
+    /// What the arm trains on ([`ArmSamples`]).
+    pub samples: ArmSamples,
+    /// `teacher-generations`: the hinting data pipeline (the arm's configuration with `method = "opd"`,
+    /// named as an `opd` arm with the same stage settings would be) whose hinted samples give the
+    /// teacher contexts; `None` otherwise.
+    pub hints_from: Option<PipelineConfig>,
 }
 
 fn valid_name(n: &str) -> bool {
@@ -537,7 +566,20 @@ impl AblationConfig {
             t.insert("lake".into(), toml::Value::String(lake.display().to_string()));
             let mut p: PipelineConfig = toml::Value::Table(t).try_into().map_err(|e| config_err!("arm {name}: {e}"))?;
             p.validate().map_err(|e| config_err!("arm {name}: {e}"))?;
-            let data_hash = content_hash(&[serde_json::to_string(&data_key(&p))?.as_bytes()]);
+            let (data_hash, hints_from) = match spec.samples {
+                ArmSamples::Pipeline => (content_hash(&[serde_json::to_string(&data_key(&p))?.as_bytes()]), None),
+                ArmSamples::TeacherGenerations => {
+                    if p.method != Method::Binary {
+                        return Err(config_err!("arm {name}: samples = \"teacher-generations\" trains with method = \"binary\" (A = +1 on the teacher's answer), not {}", p.method.as_str()));
+                    }
+                    let mut h = p.clone();
+                    h.method = Method::Opd;
+                    h.validate().map_err(|e| config_err!("arm {name}: its hint pipeline: {e}"))?;
+                    let hint_hash = content_hash(&[serde_json::to_string(&data_key(&h))?.as_bytes()]);
+                    h.name = data_names.entry(hint_hash.clone()).or_insert_with(|| format!("{}-hints-{}", spec.name, &hint_hash[..8])).clone();
+                    (content_hash(&[hint_hash.as_bytes(), b"teacher-generations"]), Some(h))
+                }
+            };
             let data_pipeline = data_names.entry(data_hash.clone()).or_insert_with(|| format!("{}-{}", spec.name, &data_hash[..8])).clone();
             p.name = data_pipeline.clone();
             let trainer_hash = p.trainer.hash(p.method)?;
@@ -545,9 +587,13 @@ impl AblationConfig {
             // so the same ablation run into two folders has the same hashes.
             let mut hashed = p.clone();
             hashed.lake = Default::default();
-            let config_hash = content_hash(&[serde_json::to_string(&hashed)?.as_bytes(), &(self.shared.steps as u64).to_le_bytes()]);
+            let mut config_hash = content_hash(&[serde_json::to_string(&hashed)?.as_bytes(), &(self.shared.steps as u64).to_le_bytes()]);
+            if spec.samples != ArmSamples::Pipeline {
+                // (kept out of the default's hash so existing arms keep theirs)
+                config_hash = content_hash(&[config_hash.as_bytes(), serde_json::to_string(&spec.samples)?.as_bytes()]);
+            }
             let overrides = sets.into_iter().map(|(k, v)| (k, v.to_string())).collect();
-            arms.push(ResolvedArm { name, group, seed, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash });
+            arms.push(ResolvedArm { name, group, seed, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash, samples: spec.samples, hints_from });
         }
         Ok(arms)
     }
@@ -615,6 +661,31 @@ values = [0.5, 2.0]
     }
 
     #[test]
+    fn a_context_distillation_arm_trains_binary_on_its_opd_pipelines_hints() {
+        let file = format!("{FILE}\n[[arms]]\nname = \"opd\"\nmethod = \"opd\"\n[[arms]]\nname = \"cd\"\nmethod = \"binary\"\nsamples = \"teacher-generations\"\n");
+        let arms = AblationConfig::parse(&file).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        let by = |n: &str| arms.iter().find(|a| a.name == n).unwrap();
+        let (cd, opd, binary) = (by("cd"), by("opd"), by("binary"));
+        assert_eq!((cd.samples, cd.pipeline.method), (ArmSamples::TeacherGenerations, Method::Binary));
+        let h = cd.hints_from.as_ref().expect("a hint pipeline");
+        // its hints are the opd arm's (same stage settings), its samples its own
+        assert_eq!((h.method, h.name.as_str()), (Method::Opd, opd.data_pipeline.as_str()));
+        assert!(cd.data_pipeline.starts_with("cd-") && cd.data_pipeline != opd.data_pipeline && cd.data_pipeline != binary.data_pipeline);
+        // the trainer is binary's, the arm is not binary's
+        assert_eq!(config_diff(&cd.pipeline, &binary.pipeline), Vec::<String>::new());
+        assert_ne!(cd.config_hash, binary.config_hash);
+        assert_eq!((binary.samples, binary.hints_from.is_none(), opd.hints_from.is_none()), (ArmSamples::Pipeline, true, true));
+        // alone (no opd arm), the hint pipeline is named after the arm
+        let alone = format!("{FILE}\n[[arms]]\nname = \"cd\"\nmethod = \"binary\"\nsamples = \"teacher-generations\"\n");
+        let arms = AblationConfig::parse(&alone).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        assert!(arms.iter().find(|a| a.name == "cd").unwrap().hints_from.as_ref().unwrap().name.starts_with("cd-hints-"));
+        // any other method is refused
+        let bad = format!("{FILE}\n[[arms]]\nname = \"cd\"\nmethod = \"opd\"\nsamples = \"teacher-generations\"\n");
+        let e = AblationConfig::parse(&bad).unwrap().resolve(Path::new("/tmp/lake")).unwrap_err().to_string();
+        assert!(e.contains("arm cd: samples = \"teacher-generations\" trains with method = \"binary\""), "{e}");
+    }
+
+    #[test]
     fn seeds_make_replicates_that_differ_in_the_trainer_seed_only() {
         let multi = FILE.replace("seed = 3\n", "seed = 3\nseeds = [7, 8, 9]\n");
         let cfg = AblationConfig::parse(&multi).unwrap();
@@ -626,7 +697,7 @@ values = [0.5, 2.0]
         assert_eq!((a.group.as_str(), a.seed, b.seed), ("combined.w_opd=0.5", 7, 9));
         assert_eq!((a.pipeline.trainer.seed, b.pipeline.trainer.seed), (7, 9));
         assert_eq!(config_diff(&a.pipeline, &b.pipeline), vec!["trainer.seed"]);
-        assert_eq!(a.data_pipeline, b.data_pipeline, "replicates train on the same samples");
+        assert_eq!(a.data_pipeline, b.data_pipeline, "replicates share the data pipeline's configuration (each reads its own stream)");
         assert_eq!(a.data_pipeline, by("combined.seed=8").data_pipeline);
         assert_ne!(a.config_hash, b.config_hash);
         assert_eq!(a.overrides["trainer.seed"], "7");
@@ -655,13 +726,18 @@ values = [0.5, 2.0]
         assert_eq!(e.versions, EvalVersions::Last);
     }
 
+    fn by_name<'a>(arms: &'a [ResolvedArm], n: &str) -> &'a ResolvedArm {
+        arms.iter().find(|a| a.name == n).unwrap()
+    }
+
     #[test]
     fn shipped_ablation_files_resolve() {
         let tiny = AblationConfig::load(Path::new("ablations/tiny.toml")).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
-        assert_eq!(tiny.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control"]);
+        assert_eq!(tiny.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), vec!["binary", "opd", "combined", "opd-topk", "control", "cd"]);
         let cfg = AblationConfig::load(Path::new("ablations/student.toml")).unwrap();
         let arms = cfg.resolve(Path::new("/tmp/lake")).unwrap();
-        assert_eq!(arms.len(), 18, "6 arms × 3 seeds");
+        assert_eq!(arms.len(), 21, "7 arms × 3 seeds");
+        assert_eq!((by_name(&arms, "cd.seed=1").samples, by_name(&arms, "cd.seed=1").hints_from.as_ref().map(|h| h.name.clone())), (ArmSamples::TeacherGenerations, Some(by_name(&arms, "opd.seed=1").data_pipeline.clone())));
         let by = |n: &str| arms.iter().find(|a| a.name == n).unwrap();
         assert_eq!(config_diff(&by("combined.seed=2").pipeline, &by("control.seed=2").pipeline), vec!["trainer.advantage_sign"]);
         assert_eq!(by("control.seed=2").data_pipeline, by("combined.seed=1").data_pipeline);

@@ -19,7 +19,8 @@ fn lit(s: &str) -> String {
 /// The interactions of the ablation lake in replay order, and the held-out sessions.
 #[derive(Debug, Clone)]
 pub struct Stream {
-    /// Training main turns in order (event time, session, turn index, id).
+    /// Training main turns in training order: event time, session, turn index, id ([`stream`]), or the
+    /// replicate's seeded session order ([`permute_sessions`]).
     pub order: Vec<String>,
     /// 1-based position of each training main turn.
     pub rank: HashMap<String, i64>,
@@ -134,19 +135,26 @@ pub fn permute_sessions(mut st: Stream, rows: &[Interaction], seed: u64) -> Stre
     st
 }
 
-/// The query an arm's trainer reads: its data pipeline's samples of the training interactions `order`
-/// (a replicate's stream, held-out sessions excluded), in that order (then sample id), at most `limit`.
-pub fn train_sql(pipeline: &str, order: &[String], limit: usize) -> String {
-    if order.is_empty() {
-        return format!("SELECT s.* FROM samples s WHERE false LIMIT {limit}");
+/// The samples an arm trains on, in training order: of `samples` (sample id, interaction id) those whose
+/// interaction is in the replicate's training stream (`rank`: 1-based positions), ordered by that
+/// position then sample id, each id once, at most `limit`.
+pub fn first_samples(samples: &[(String, String)], rank: &HashMap<String, i64>, limit: usize) -> Vec<String> {
+    let mut kept: Vec<(i64, &str)> = samples.iter().filter_map(|(s, i)| Some((*rank.get(i)?, s.as_str()))).collect();
+    kept.sort();
+    kept.dedup();
+    kept.into_iter().take(limit).map(|(_, s)| s.to_string()).collect()
+}
+
+/// The query an arm's trainer reads: data pipeline `pipeline`'s samples `ids` (the arm's training
+/// samples in order, [`first_samples`]), in that order. The query names at most `steps × batch` ids, so
+/// its size does not grow with the lake.
+pub fn train_sql(pipeline: &str, ids: &[String]) -> String {
+    if ids.is_empty() {
+        return "SELECT s.* FROM samples s WHERE false".to_string();
     }
-    let ids = order.iter().map(|s| lit(s)).collect::<Vec<_>>().join(", ");
-    let rank = order.iter().enumerate().map(|(k, s)| format!("WHEN {} THEN {}", lit(s), k + 1)).collect::<Vec<_>>().join(" ");
-    format!(
-        "SELECT s.* FROM samples s WHERE s.pipeline = {} AND s.interaction_id IN ({ids}) \
-         ORDER BY CASE s.interaction_id {rank} END, s.sample_id LIMIT {limit}",
-        lit(pipeline)
-    )
+    let list = ids.iter().map(|s| lit(s)).collect::<Vec<_>>().join(", ");
+    let rank = ids.iter().enumerate().map(|(k, s)| format!("WHEN {} THEN {}", lit(s), k + 1)).collect::<Vec<_>>().join(" ");
+    format!("SELECT s.* FROM samples s WHERE s.pipeline = {} AND s.sample_id IN ({list}) ORDER BY CASE s.sample_id {rank} END LIMIT {}", lit(pipeline), ids.len())
 }
 
 /// The held-out samples of a data pipeline, in interaction order.
@@ -301,12 +309,15 @@ mod tests {
 
     #[test]
     fn queries_quote_and_exclude() {
-        let q = train_sql("p'x", &["i1".into(), "o'k".into()], 16);
-        assert!(q.contains("s.pipeline = 'p''x'"), "{q}");
-        assert!(q.contains("s.interaction_id IN ('i1', 'o''k')"), "{q}");
-        assert!(q.contains("ORDER BY CASE s.interaction_id WHEN 'i1' THEN 1 WHEN 'o''k' THEN 2 END, s.sample_id"), "{q}");
-        assert!(q.ends_with("LIMIT 16"));
-        assert!(train_sql("p", &[], 4).contains("WHERE false"));
+        let q = train_sql("p'x", &["s1".into(), "o'k".into()]);
+        assert_eq!(q, "SELECT s.* FROM samples s WHERE s.pipeline = 'p''x' AND s.sample_id IN ('s1', 'o''k') ORDER BY CASE s.sample_id WHEN 's1' THEN 1 WHEN 'o''k' THEN 2 END LIMIT 2");
+        assert!(train_sql("p", &[]).contains("WHERE false"));
+        // the first samples in the stream's order: interaction rank, then sample id; not in the
+        // stream (held out, another replicate's) left out; each once; at most `limit`
+        let rank: HashMap<String, i64> = [("i2", 1), ("i1", 2)].map(|(k, v)| (k.to_string(), v)).into_iter().collect();
+        let rows: Vec<(String, String)> = [("b", "i1"), ("a", "i1"), ("c", "i2"), ("h", "held"), ("c", "i2")].map(|(s, i)| (s.to_string(), i.to_string())).to_vec();
+        assert_eq!(first_samples(&rows, &rank, 10), vec!["c", "a", "b"]);
+        assert_eq!(first_samples(&rows, &rank, 2), vec!["c", "a"]);
         assert_eq!(heldout_sql("p", &[]), None);
         assert!(heldout_sql("p", &["s".into()]).unwrap().contains("s.session_id IN ('s')"));
     }

@@ -600,7 +600,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
             }
             let _ = writeln!(
                 s,
-                "\nReward part and teacher part: the mean over the step's trained tokens of |w_rl·r| and |w_opd·(teacher − student)| in the advantage, measured with the current policy (a top-K or overlap loss carries the teacher outside the advantage: its part here is 0); teacher + / −: the tokens the teacher part raises / lowers."
+                "\nReward part and teacher part: the mean over the step's trained tokens of the advantage's two parts, |r| (binary) or |w_rl·r| (combined) and |teacher − student| (OPD) or |w_opd·(teacher − student)| (combined), measured with the current policy (a top-K or overlap loss carries the teacher outside the advantage: its part here is 0); teacher + / −: the tokens the teacher part raises / lowers."
             );
             s.push('\n');
         }

@@ -136,8 +136,13 @@ fn own_data(cfg: &AblationConfig) -> bool {
 fn data_fingerprint(cfg: &AblationConfig, arms: &[ResolvedArm]) -> Result<String> {
     let model = arms.first().map(|a| a.pipeline.policy.model.clone());
     let mut v = serde_json::json!({"data": cfg.data, "student": cfg.student, "model": model, "eval_problems": cfg.eval.problems});
-    if own_data(cfg) {
+    // Replicates read their own data (with collection) and their own order (always): the seeds shape
+    // the data, so a folder made before (or with other seeds) is refused, not mixed.
+    if cfg.shared.replicate_seeds().len() > 1 {
         v["replicate_seeds"] = serde_json::json!(cfg.shared.replicate_seeds());
+        if !own_data(cfg) {
+            v["replicate_scheme"] = serde_json::json!("sessions shuffled");
+        }
     }
     Ok(content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
 }
@@ -151,7 +156,7 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
     match read_marker::<String>(&fp_path)? {
         Some(old) if old != fp => {
             return Err(config_err!(
-                "{}: the [data]/[student] settings or the model changed since this folder's data was made; use a new --out (or delete {})",
+                "{}: the [data]/[student] settings, the replicate seeds or the model changed since this folder's data was made (or it was made by an older version whose replicates shared one data set and order); use a new --out (or delete {})",
                 lay.out.display(),
                 lay.work.display()
             ))
@@ -235,29 +240,106 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
             &ReplayMarker { rows: r.rows, vote_cache_files: r.vote_cache_files, teacher_cache_rows: r.teacher_cache_rows, seconds: t.elapsed().as_secs_f64() },
         )?;
     }
-    // 3. the stages of each data pipeline the selected arms need
+    // 3. the stages of each data pipeline the selected arms need (a context-distillation arm: its hint
+    //    pipeline's stages, then the teacher's generations)
     for arm in needed_data_pipelines(arms, sel) {
-        let marker = state.join(format!("data-{}.json", arm.data_pipeline));
-        if read_marker::<StagesMarker>(&marker)?.is_some() {
-            continue;
+        match &arm.hints_from {
+            None => data_stages(&arm.pipeline, lay, stop).await?,
+            Some(h) => {
+                data_stages(h, lay, stop).await?;
+                teacher_generations(cfg, arm, h, lay, stop).await?;
+            }
         }
-        check_stop(stop)?;
-        let t = Instant::now();
-        let stages: Vec<String> = chain(arm.pipeline.method).into_iter().map(String::from).collect();
-        eprintln!("[ablate] data pipeline {} ({}): stages {}", arm.data_pipeline, arm.pipeline.method.as_str(), stages.join(", "));
-        let r = run_stages(&arm.pipeline, &stages, stop.clone()).await?;
-        check_stop(stop)?;
-        let counts: BTreeMap<String, BTreeMap<String, u64>> = r.stages.iter().map(|(k, v)| (k.clone(), v.outcomes.clone())).collect();
-        for (s, c) in &counts {
-            eprintln!("[ablate]   {s}: {}", c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
-        }
-        write_marker(&marker, &StagesMarker { pipeline: arm.data_pipeline.clone(), counts, seconds: t.elapsed().as_secs_f64() })?;
     }
     // 4. judge agreement on labelled logs
     if let Some(ag) = &cfg.eval.judge_agreement {
         agreement_phase(ag, arms, lay, stop).await?;
     }
     Ok(())
+}
+
+/// Runs the stages of data pipeline `p` (named `p.name`) over the ablation lake, once
+/// (`work/state/data-<pipeline>.json`).
+async fn data_stages(p: &crate::config::PipelineConfig, lay: &Layout, stop: &Stop) -> Result<()> {
+    let marker = lay.state().join(format!("data-{}.json", p.name));
+    if read_marker::<StagesMarker>(&marker)?.is_some() {
+        return Ok(());
+    }
+    check_stop(stop)?;
+    let t = Instant::now();
+    let stages: Vec<String> = chain(p.method).into_iter().map(String::from).collect();
+    eprintln!("[ablate] data pipeline {} ({}): stages {}", p.name, p.method.as_str(), stages.join(", "));
+    let r = run_stages(p, &stages, stop.clone()).await?;
+    check_stop(stop)?;
+    let counts: BTreeMap<String, BTreeMap<String, u64>> = r.stages.iter().map(|(k, v)| (k.clone(), v.outcomes.clone())).collect();
+    for (s, c) in &counts {
+        eprintln!("[ablate]   {s}: {}", c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+    }
+    write_marker(&marker, &StagesMarker { pipeline: p.name.clone(), counts, seconds: t.elapsed().as_secs_f64() })
+}
+
+/// The samples of a context-distillation arm ([`super::config::ArmSamples::TeacherGenerations`]), once
+/// (`work/state/data-<its data pipeline>.json`): for every hinted sample of the hint pipeline `hints`
+/// (one with the teacher's prompt), the initial weights' greedy answer to the teacher prompt (at most
+/// `[data.collect] max_tokens` tokens, else `[eval] max_tokens`), as a `binary` sample with reward +1
+/// after the original prompt, its rollout log-probs the initial weights' on that prompt, under the
+/// arm's data pipeline name; answers without a token are counted, not kept.
+async fn teacher_generations(cfg: &AblationConfig, arm: &ResolvedArm, hints: &crate::config::PipelineConfig, lay: &Layout, stop: &Stop) -> Result<()> {
+    let marker = lay.state().join(format!("data-{}.json", arm.data_pipeline));
+    if read_marker::<StagesMarker>(&marker)?.is_some() {
+        return Ok(());
+    }
+    check_stop(stop)?;
+    let t = Instant::now();
+    let lake = Lake::open(lay.lake())?;
+    let mut hinted: Vec<Sample> = lake.read_table::<Sample>()?.into_iter().filter(|s| s.pipeline == hints.name && s.teacher_prompt_token_ids.is_some()).collect();
+    hinted.sort_by(|a, b| (a.event_time, &a.sample_id).cmp(&(b.event_time, &b.sample_id)));
+    let max_tokens = cfg.data.collect.as_ref().map(|c| c.max_tokens).unwrap_or(cfg.eval.max_tokens);
+    let (pcfg, name, batch, n) = (arm.pipeline.clone(), arm.data_pipeline.clone(), cfg.eval.batch, hinted.len());
+    eprintln!("[ablate] data pipeline {name} (teacher generations): {n} hinted turns of {}", hints.name);
+    let (rows, empty, tokens) = blocking(move || {
+        let lm = load_policy(&pcfg, None)?;
+        let to_u32 = |v: &[i32]| v.iter().map(|&x| x as u32).collect::<Vec<u32>>();
+        let prompts: Vec<Vec<u32>> = hinted.iter().map(|s| to_u32(s.teacher_prompt_token_ids.as_deref().unwrap_or_default())).collect();
+        let gens = crate::demo::heldout::greedy_ids(&lm, &prompts, max_tokens, batch)?;
+        let kept: Vec<(&Sample, Vec<u32>)> = hinted.iter().zip(gens).filter(|(_, g)| !g.token_ids.is_empty()).map(|(s, g)| (s, g.token_ids)).collect();
+        let empty = (n - kept.len()) as u64;
+        let items: Vec<(Vec<u32>, Vec<u32>)> = kept.iter().map(|(s, r)| (to_u32(&s.prompt_token_ids), r.clone())).collect();
+        let scored = lm.score(&items, 0)?;
+        let mut tokens = 0u64;
+        let rows: Vec<Sample> = kept
+            .into_iter()
+            .zip(scored)
+            .map(|((s, response), sc)| {
+                tokens += response.len() as u64;
+                Sample {
+                    sample_id: content_hash(&[s.sample_id.as_bytes(), name.as_bytes()]),
+                    pipeline: name.clone(),
+                    rollout_logprobs_recomputed: true,
+                    interaction_id: s.interaction_id.clone(),
+                    session_id: s.session_id.clone(),
+                    turn_index: s.turn_index,
+                    hint_id: s.hint_id.clone(),
+                    source_topic: s.source_topic.clone(),
+                    source_partition: s.source_partition,
+                    source_offset: s.source_offset,
+                    event_time: s.event_time,
+                    processed_time: s.processed_time,
+                    ..Sample::new(crate::schema::SampleType::Binary, s.prompt_token_ids.clone(), response.iter().map(|&x| x as i32).collect(), sc.logprobs, 1.0)
+                }
+            })
+            .collect();
+        Ok((rows, empty, tokens))
+    })
+    .await?;
+    check_stop(stop)?;
+    lake.write_rows(&rows, &format!("teacher-generations-{}", arm.data_pipeline), 1)?;
+    let counts = BTreeMap::from([(
+        "teacher-generations".to_string(),
+        BTreeMap::from([("hinted_turns".to_string(), n as u64), ("samples".to_string(), rows.len() as u64), ("empty_generation".to_string(), empty), ("tokens".to_string(), tokens)]),
+    )]);
+    eprintln!("[ablate]   teacher-generations: {} samples ({} tokens; {empty} empty answers left out) in {:.0} s", rows.len(), tokens, t.elapsed().as_secs_f64());
+    write_marker(&marker, &StagesMarker { pipeline: arm.data_pipeline.clone(), counts, seconds: t.elapsed().as_secs_f64() })
 }
 
 async fn agreement_phase(ag: &super::config::AgreementSettings, arms: &[ResolvedArm], lay: &Layout, stop: &Stop) -> Result<()> {
@@ -429,6 +511,22 @@ async fn baseline_evals(cfg: &AblationConfig, p: &Prepared, stop: &Stop) -> Resu
     Ok(out)
 }
 
+/// The ids of data pipeline `pipeline`'s first `limit` samples in the stream's order `rank`
+/// ([`super::plan::first_samples`]), reading only the key columns of the lake's samples.
+fn training_samples(lake: &Lake, pipeline: &str, rank: &std::collections::HashMap<String, i64>, limit: usize) -> Result<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Key {
+        sample_id: String,
+        pipeline: String,
+        interaction_id: String,
+    }
+    let mut keys = vec![];
+    for f in lake.files(<Sample as crate::schema::Table>::NAME)? {
+        keys.extend(lake.file_columns::<Key>(&f.path, &["sample_id", "pipeline", "interaction_id"])?.into_iter().filter(|k| k.pipeline == pipeline).map(|k| (k.sample_id, k.interaction_id)));
+    }
+    Ok(super::plan::first_samples(&keys, rank, limit))
+}
+
 async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &Layout, stop: &Stop, metrics_jsonl: Option<&std::path::Path>) -> Result<TrainMarker> {
     let dir = lay.arm(&arm.name);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
@@ -449,8 +547,8 @@ async fn train_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, lay: &
     }
     check_stop(stop)?;
     let t = Instant::now();
-    let sql = train_sql(&arm.data_pipeline, &p.replicates.of(arm.seed).order, cfg.shared.steps * cfg.shared.batch_size);
     let lake = Lake::open(lay.lake())?;
+    let sql = train_sql(&arm.data_pipeline, &training_samples(&lake, &arm.data_pipeline, &p.replicates.of(arm.seed).rank, cfg.shared.steps * cfg.shared.batch_size)?);
     let samples = query_samples(&lake, &sql).await?;
     if samples.is_empty() {
         // Reported with its initial weights only (e.g. OPD on data where no hint was accepted).

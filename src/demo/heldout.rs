@@ -62,11 +62,20 @@ pub fn greedy_generations(lm: &LanguageModel, problems: &[Problem], student: &St
 /// # Errors
 /// Model errors (chat template, generation).
 pub fn greedy_chat(lm: &LanguageModel, chats: &[Vec<Message>], max_tokens: usize, batch: usize) -> Result<Vec<(Vec<u32>, Generation)>> {
+    let prompts = chats.iter().map(|m| lm.chat_prompt_ids(m, None, true)).collect::<Result<Vec<_>>>()?;
+    let gens = greedy_ids(lm, &prompts, max_tokens, batch)?;
+    Ok(prompts.into_iter().zip(gens).collect())
+}
+
+/// Greedy generations for token-id `prompts`, `batch` per generation call, at most `max_tokens` tokens
+/// each, in order.
+///
+/// # Errors
+/// Model errors.
+pub fn greedy_ids(lm: &LanguageModel, prompts: &[Vec<u32>], max_tokens: usize, batch: usize) -> Result<Vec<Generation>> {
     let mut out = vec![];
-    for chunk in chats.chunks(batch.max(1)) {
-        let prompts = chunk.iter().map(|m| lm.chat_prompt_ids(m, None, true)).collect::<Result<Vec<_>>>()?;
-        let gens = lm.generate(&prompts, &SamplingParams::greedy(max_tokens))?;
-        out.extend(prompts.into_iter().zip(gens));
+    for chunk in prompts.chunks(batch.max(1)) {
+        out.extend(lm.generate(chunk, &SamplingParams::greedy(max_tokens))?);
     }
     Ok(out)
 }

@@ -491,9 +491,10 @@ pub struct StepAttribution {
     pub samples: i64,
     /// Mean reward r of the step's samples.
     pub reward_mean: f64,
-    /// Mean over masked tokens of |w_rl·r|.
+    /// Mean over masked tokens of the reward part: |w_rl·r| (combined), |r| (binary), 0 (OPD).
     pub reward_abs_mean: f64,
-    /// Mean over masked tokens of |w_opd·(teacher_t − student_t)| (nats).
+    /// Mean over masked tokens of the teacher part: |w_opd·(teacher_t − student_t)| (combined),
+    /// |teacher_t − student_t| (OPD), 0 (binary) (nats).
     pub teacher_abs_mean: f64,
     /// Fractions of the masked tokens whose teacher part is > 0 / < 0.
     pub teacher_positive: f64,
@@ -755,8 +756,9 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
         let _ = writeln!(
             s,
             "Measured by the trainer with the current policy at each step (`train_steps`): the mean over the step's trained tokens of \
-             |reward part| = |w_rl·r| and |teacher part| = |w_opd·(teacher − student)| of the advantage, the teacher part's share of \
-             their sum, and the fractions of tokens the teacher part raises (> 0) and lowers (< 0).\n"
+             the advantage's reward part (|w_rl·r| for combined, |r| for binary) and teacher part (|w_opd·(teacher − student)| for \
+             combined, |teacher − student| for OPD), the teacher part's share of their sum, and the fractions of tokens the teacher \
+             part raises (> 0) and lowers (< 0).\n"
         );
         let _ = writeln!(s, "| step | samples | mean r | reward part | teacher part | teacher share | teacher + / − tokens |");
         let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---|");

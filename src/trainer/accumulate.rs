@@ -310,12 +310,18 @@ impl AdvantageParts {
 /// [`crate::Error::Torch`] on a tensor failure.
 pub fn advantage_parts(adv: &Tensor, batch: &PackedBatch, reward_coef: f64) -> Result<AdvantageParts> {
     let _guard = tch::no_grad_guard();
-    let kind = Kind::Double;
-    let mask = batch.loss_mask.f_gt(0.0)?.f_to_kind(kind)?;
-    let adv = adv.f_to_kind(kind)?.f_mul(&mask)?;
+    // The reward part in the advantages' own dtype and order of operations (`r·c`, then the sign, as
+    // `loss::advantages` and `compute_loss` do), so a row without a teacher term leaves exactly 0 here
+    // whatever `w_rl` (0.3 is not exact in f32); sums in f64.
+    let kind = adv.kind();
+    let keep = batch.loss_mask.f_gt(0.0)?;
+    let mask = keep.f_to_kind(kind)?;
+    let adv = adv.f_mul(&mask)?;
     let per_row = batch.reward.f_to_kind(kind)?.f_mul_scalar(reward_coef)?.f_mul(&batch.advantage_sign.f_to_kind(kind)?)?;
     let reward = per_row.f_unsqueeze(1)?.f_mul(&mask)?;
     let teacher = adv.f_sub(&reward)?;
+    let (reward, teacher) = (reward.f_to_kind(Kind::Double)?, teacher.f_to_kind(Kind::Double)?);
+    let kind = Kind::Double;
     let sum = |x: &Tensor| -> Result<f64> { Ok(x.f_abs()?.f_sum(kind)?.f_double_value(&[])?) };
     let count = |x: &Tensor| -> Result<i64> { Ok(x.f_sum(Kind::Int64)?.f_int64_value(&[])?) };
     Ok(AdvantageParts {
@@ -323,7 +329,7 @@ pub fn advantage_parts(adv: &Tensor, batch: &PackedBatch, reward_coef: f64) -> R
         teacher_abs: sum(&teacher)?,
         teacher_positive: count(&teacher.f_gt(0.0)?)?,
         teacher_negative: count(&teacher.f_lt(0.0)?)?,
-        tokens: count(&mask.f_gt(0.0)?)?,
+        tokens: count(&keep)?,
     })
 }
 

@@ -885,6 +885,16 @@ fn advantage_parts_split_the_reward_and_the_teacher_term() {
     let flipped = &adv * batch.advantage_sign.unsqueeze(1);
     let q = advantage_parts(&flipped, &batch, 0.5).unwrap();
     assert_eq!(q, AdvantageParts { teacher_positive: 0, teacher_negative: 2, ..p });
+    // A w_rl that is not exact in f32 (0.3): a score-only row still has a teacher part of exactly 0.
+    let c3 = TrainerConfig { w_rl: 0.3, w_opd: 1.0, ..TrainerConfig::default() };
+    let mut so = sample("so", SampleType::CombinedScoreOnly, &[1], &[5, 6], &[-1.0, -1.0], -1.0);
+    so.teacher_logprobs = Some(vec![-1.0, -1.0]);
+    let opts3 = PackOptions { method: Method::Combined, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: c3.clone() };
+    let b3 = pack_samples(&[so], &opts3).unwrap().batch.unwrap();
+    let adv3 = loss::advantages(&c3.loss_config(Method::Combined), &b3.reward, &b3.old_logprobs, b3.teacher_logprobs.as_ref(), &b3.sample_types, &b3.loss_mask).unwrap();
+    let p3 = advantage_parts(&adv3, &b3, 0.3).unwrap();
+    assert_eq!((p3.teacher_abs, p3.teacher_positive, p3.teacher_negative, p3.tokens), (0.0, 0, 0, 2), "{p3:?}");
+    assert!((p3.reward_abs - 0.6).abs() < 1e-6, "{p3:?}");
     // Binary: the whole advantage is the reward's.
     let bin = TrainerConfig::default();
     let x = sample("x", SampleType::Binary, &[1], &[5, 6, 7], &[-1.0; 3], -1.0);
