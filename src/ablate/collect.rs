@@ -38,6 +38,17 @@ pub struct CollectReport {
     pub seconds: f64,
 }
 
+impl std::ops::AddAssign<&CollectReport> for CollectReport {
+    /// Sums every count and the seconds (several collections as one).
+    fn add_assign(&mut self, o: &CollectReport) {
+        self.sessions += o.sessions;
+        self.interactions += o.interactions;
+        self.satisfied += o.satisfied;
+        self.tokens += o.tokens;
+        self.seconds += o.seconds;
+    }
+}
+
 /// The sampling seed of one turn: the first 16 hex digits of sha256(seed, problem id, turn).
 pub fn turn_seed(seed: u64, problem_id: usize, turn: u32) -> u64 {
     let h = content_hash(&[&seed.to_le_bytes(), &(problem_id as u64).to_le_bytes(), &turn.to_le_bytes()]);

@@ -174,6 +174,7 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
         // steps from the manifests
         for (_, m) in crate::trainer::scan(&lay.checkpoints(&arm.name).join(&arm.name))?.complete {
             for s in m.metrics {
+                let means = s.advantage_parts.and_then(|p| p.means());
                 g.steps.push(StepRow {
                     arm: arm.name.clone(),
                     step: s.step,
@@ -188,10 +189,10 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
                     advantage_by_type: serde_json::to_string(&s.metrics.advantage_by_type)?,
                     samples: s.metrics.samples,
                     tokens: s.metrics.tokens,
-                    reward_part: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.reward_abs / p.tokens as f64),
-                    teacher_part: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.teacher_abs / p.tokens as f64),
-                    teacher_positive: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.teacher_positive as f64 / p.tokens as f64),
-                    teacher_negative: s.advantage_parts.filter(|p| p.tokens > 0).map(|p| p.teacher_negative as f64 / p.tokens as f64),
+                    reward_part: means.map(|m| m.reward),
+                    teacher_part: means.map(|m| m.teacher),
+                    teacher_positive: means.map(|m| m.teacher_positive),
+                    teacher_negative: means.map(|m| m.teacher_negative),
                 });
             }
         }

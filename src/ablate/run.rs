@@ -201,11 +201,7 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
                             r
                         }
                     };
-                    report.sessions += done.sessions;
-                    report.interactions += done.interactions;
-                    report.satisfied += done.satisfied;
-                    report.tokens += done.tokens;
-                    report.seconds += done.seconds;
+                    report += &done;
                 }
                 eprintln!(
                     "[ablate] collected {} interactions in {} sessions ({} satisfied, {} tokens) in {:.0} s",

@@ -293,7 +293,32 @@ pub struct AdvantageParts {
     pub tokens: i64,
 }
 
+/// [`AdvantageParts`] per masked token: the means of the two parts and the teacher part's sign
+/// fractions (the `train_steps` columns of schema version 3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdvantagePartMeans {
+    /// Mean |reward part|.
+    pub reward: f64,
+    /// Mean |teacher part|.
+    pub teacher: f64,
+    /// Fraction of tokens whose teacher part is > 0.
+    pub teacher_positive: f64,
+    /// Fraction of tokens whose teacher part is < 0.
+    pub teacher_negative: f64,
+}
+
 impl AdvantageParts {
+    /// The per-token means; `None` without a masked token.
+    pub fn means(&self) -> Option<AdvantagePartMeans> {
+        let n = self.tokens as f64;
+        (self.tokens > 0).then(|| AdvantagePartMeans {
+            reward: self.reward_abs / n,
+            teacher: self.teacher_abs / n,
+            teacher_positive: self.teacher_positive as f64 / n,
+            teacher_negative: self.teacher_negative as f64 / n,
+        })
+    }
+
     fn add(&mut self, o: &AdvantageParts) {
         self.reward_abs += o.reward_abs;
         self.teacher_abs += o.teacher_abs;

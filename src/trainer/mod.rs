@@ -48,7 +48,7 @@ mod step_figures;
 #[cfg(test)]
 mod test_util;
 
-pub use accumulate::{accumulate_gradients, advantage_parts, micro_batches, Accumulated, AdvantageParts};
+pub use accumulate::{accumulate_gradients, advantage_parts, micro_batches, Accumulated, AdvantagePartMeans, AdvantageParts};
 pub use batch::{pack_samples, DropReason, Dropped, PackOptions, Packed, PackedBatch};
 pub use checkpoint::{ancestry, consumed_sample_ids, latest_complete, scan, CheckpointScan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
 pub use config::{AdvantageSign, CandidateSelection, LoraSettings, OverlapSettings, OverlapSubset, Staleness, TeacherSource, TrainerConfig};

@@ -80,6 +80,7 @@ pub(super) fn step_figures(
     let (pos, neg, all) = signs.values().fold((0, 0, 0), |a, s| (a.0 + s.0, a.1 + s.1, a.2 + s.2));
     let by_type: BTreeMap<&str, SignFractions> =
         signs.iter().map(|(k, s)| (k.as_str(), SignFractions { positive: fraction(s.0, s.2), negative: fraction(s.1, s.2) })).collect();
+    let means = parts.means();
     StepFigures {
         reward_mean,
         reward_std,
@@ -92,10 +93,10 @@ pub(super) fn step_figures(
         positive_advantage_fraction: fraction(pos, all),
         negative_advantage_fraction: fraction(neg, all),
         advantage_sign_by_type: serde_json::to_string(&by_type).unwrap_or_else(|_| "{}".into()),
-        advantage_reward_abs_mean: if parts.tokens > 0 { parts.reward_abs / parts.tokens as f64 } else { 0.0 },
-        advantage_teacher_abs_mean: if parts.tokens > 0 { parts.teacher_abs / parts.tokens as f64 } else { 0.0 },
-        teacher_term_positive_fraction: fraction(parts.teacher_positive, parts.tokens),
-        teacher_term_negative_fraction: fraction(parts.teacher_negative, parts.tokens),
+        advantage_reward_abs_mean: means.map_or(0.0, |m| m.reward),
+        advantage_teacher_abs_mean: means.map_or(0.0, |m| m.teacher),
+        teacher_term_positive_fraction: means.map_or(0.0, |m| m.teacher_positive),
+        teacher_term_negative_fraction: means.map_or(0.0, |m| m.teacher_negative),
     }
 }
 
