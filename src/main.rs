@@ -639,6 +639,8 @@ fn run() -> Result<()> {
                 }
                 outln!("before {:.3} → after {:.3}", s.before.fraction_all_satisfied, s.after.fraction_all_satisfied);
                 outln!("result: {}", s.result_line);
+                let q: Vec<String> = s.sessions_summary.first_answer_rate_by_quarter.iter().map(|q| format!("{q:.2}")).collect();
+                outln!("sessions: {}; first answers meeting every preference, per quarter: {}", s.sessions_summary.until_stable_text(), q.join(" → "));
                 for (n, c) in &s.run.stages {
                     outln!("stage {n}: {}", c.line());
                 }

@@ -66,5 +66,14 @@ async fn short_demo_against_the_real_broker() {
     let md = std::fs::read_to_string(&s.report).unwrap();
     assert!(md.contains("Paired test on the same 2 problems (exact McNemar"), "{md}");
     assert!(md.contains("## What the trainer was given"), "{md}");
+    // Every session is recorded once, numbered in the order it ended, with the version of its first
+    // answer; the report states the online metric.
+    assert_eq!(s.sessions_log.len() as u64, s.sessions, "{:?}", s.sessions_log);
+    let mut ended: Vec<usize> = s.sessions_log.iter().map(|o| o.ended).collect();
+    ended.sort_unstable();
+    assert_eq!(ended, (1..=s.sessions_log.len()).collect::<Vec<_>>());
+    assert!(s.sessions_log.iter().all(|o| o.first_version >= 0 && (1..=2).contains(&o.turns) && (!o.first_answer_satisfied || o.turns == 1)), "{:?}", s.sessions_log);
+    assert_eq!(s.sessions_summary.sessions, s.sessions_log.len());
+    assert!(md.contains("## The student's sessions") && md.contains("consecutive sessions"), "{md}");
     assert!(md.contains("## Where the advantage came from, per step") && md.contains("| step | samples | mean r | reward part | teacher part | teacher share |"), "{md}");
 }

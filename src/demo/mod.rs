@@ -18,6 +18,7 @@ pub mod heldout;
 pub mod report;
 pub mod run;
 pub mod score;
+pub mod sessions;
 pub mod student;
 
 use std::path::Path;

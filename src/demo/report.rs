@@ -477,6 +477,9 @@ pub struct DemoReport {
     /// when not measured.
     #[serde(default)]
     pub steps: Vec<StepAttribution>,
+    /// The student's sessions during the run (the online metric); `None` when not recorded.
+    #[serde(default)]
+    pub sessions: Option<crate::demo::sessions::SessionsSummary>,
     /// Free-form lines added to the report's notes.
     pub notes: Vec<String>,
 }
@@ -779,6 +782,18 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
         let (rw, th): (f64, f64) = r.steps.iter().fold((0.0, 0.0), |acc, a| (acc.0 + a.reward_abs_mean, acc.1 + a.teacher_abs_mean));
         let share = if rw + th > 0.0 { th / (rw + th) } else { 0.0 };
         let _ = writeln!(s, "\nOver the {} steps (each weighted equally), the teacher part is {:.0} % of the advantage's magnitude, the reward part {:.0} %.\n", r.steps.len(), 100.0 * share, 100.0 * (1.0 - share));
+    }
+    if let Some(ss) = &r.sessions {
+        let _ = writeln!(s, "## The student's sessions\n");
+        let _ = writeln!(
+            s,
+            "A session meets the preferences when the agent's first answer in it meets every one (the student thanks it \
+             without a correction); sessions in the order they ended (`src/demo/sessions.rs`). The paper's online metric \
+             (v2 Table 3, lower is better): **{}**.\n",
+            ss.until_stable_text()
+        );
+        let quarters: Vec<String> = ss.first_answer_rate_by_quarter.iter().map(|q| format!("{q:.2}")).collect();
+        let _ = writeln!(s, "First answers that met every preference, per quarter of the sessions: {}; {:.2} answers per session.\n", quarters.join(" → "), ss.mean_turns);
     }
     let _ = writeln!(s, "## Pipeline counts\n");
     if r.pipeline_counts.is_empty() {

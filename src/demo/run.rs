@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use super::sessions::{SessionOutcome, SessionsSummary};
 use super::{eval_rows, load_gsm8k, split_problems, write_report, CheckpointEval, DemoReport, Preferences, Problem, Score, Student};
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
@@ -74,6 +75,10 @@ pub struct DemoSummary {
     /// Policy versions that answered the students' requests (more than one: the server swapped weights
     /// while the students were working).
     pub versions_seen: Vec<i64>,
+    /// The student's sessions, in the order they ended.
+    pub sessions_log: Vec<SessionOutcome>,
+    /// Their summary: sessions until the preferences were met in 3 consecutive sessions, and more.
+    pub sessions_summary: SessionsSummary,
     /// The one-line result: scores before and after with 95 % intervals and the exact McNemar test
     /// ([`DemoReport::result_line`]).
     pub result_line: String,
@@ -95,6 +100,8 @@ struct Shared {
     failed: AtomicU64,
     versions: std::sync::Mutex<std::collections::BTreeSet<i64>>,
     next_session: AtomicUsize,
+    /// Sessions that ended, in the order they ended.
+    outcomes: std::sync::Mutex<Vec<SessionOutcome>>,
     opts: DemoOptions,
 }
 
@@ -138,6 +145,7 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
         let session = format!("student-{}-{}", sh.next_session.fetch_add(1, Ordering::SeqCst), problem.id);
         sh.sessions.fetch_add(1, Ordering::SeqCst);
         let mut messages = vec![json!({"role": "user", "content": sh.student.first_message(&problem)})];
+        let (mut first_answer_satisfied, mut first_version) = (false, -1);
         for turn in 1..=sh.opts.max_turns {
             let body = json!({
                 "model": "policy",
@@ -160,10 +168,17 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
                 v.insert(version);
             }
             let reply = sh.student.reply_at(&text, &problem, turn);
+            if turn == 1 {
+                (first_answer_satisfied, first_version) = (reply.satisfied, version);
+            }
             messages.push(json!({"role": "assistant", "content": text}));
             messages.push(json!({"role": "user", "content": reply.text}));
             let last = reply.session_done || turn == sh.opts.max_turns || sh.budget_used();
             if last {
+                if let Ok(mut o) = sh.outcomes.lock() {
+                    let ended = o.len() + 1;
+                    o.push(SessionOutcome { session: session.clone(), problem_id: problem.id, ended, turns: turn, first_answer_satisfied, satisfied_at_end: reply.satisfied, first_version });
+                }
                 // The student's last reply is the next state of the last answer: it reaches the pipeline
                 // in a closing side turn (not trained; one token) that also marks the session done.
                 let body = json!({"model": "policy", "messages": messages, "max_tokens": 1, "temperature": 0.0});
@@ -320,6 +335,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         failed: AtomicU64::new(0),
         versions: std::sync::Mutex::new(Default::default()),
         next_session: AtomicUsize::new(0),
+        outcomes: std::sync::Mutex::new(vec![]),
         opts: opts.clone(),
     });
     eprintln!(
@@ -412,6 +428,8 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     e.insert("sessions".into(), sh.sessions.load(Ordering::SeqCst));
     e.insert("failed_requests".into(), sh.failed.load(Ordering::SeqCst));
     let after = checkpoints.last().map(|c| c.score.clone()).unwrap_or_else(|| before.clone());
+    let sessions_log = sh.outcomes.lock().map(|o| o.clone()).unwrap_or_default();
+    let sessions_summary = SessionsSummary::of(&sessions_log);
     let report = DemoReport {
         title: "nextstate demo: a simulated student teaches the agent".into(),
         run_id: run_id.clone(),
@@ -421,6 +439,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         pipeline_counts: counts,
         advantages: Some(advantages),
         steps,
+        sessions: Some(sessions_summary.clone()),
         notes: vec![
             format!(
                 "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems.",
@@ -460,6 +479,8 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         sessions: sh.sessions.load(Ordering::SeqCst),
         failed_requests: sh.failed.load(Ordering::SeqCst),
         versions_seen: sh.versions.lock().map(|v| v.iter().copied().collect()).unwrap_or_default(),
+        sessions_log,
+        sessions_summary,
         result_line,
         report: files.markdown,
         run,

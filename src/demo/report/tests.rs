@@ -32,6 +32,7 @@ fn report() -> DemoReport {
         ]),
         advantages: None,
         steps: vec![],
+        sessions: None,
         notes: vec!["policy: SmolLM2-135M-Instruct".into()],
     }
 }
@@ -212,4 +213,23 @@ fn per_step_attribution_by_hand() {
     assert!(md.contains("| 2 | 8 | -0.25 | 0.500 | 0.500 | 50 % | 25 % / 50 % |"), "{md}");
     // (0.25 + 0.5) / (1.25 + 0.75) = 37.5 % → "38 %"
     assert!(md.contains("Over the 2 steps (each weighted equally), the teacher part is 38 % of the advantage's magnitude, the reward part 62 %."), "{md}");
+}
+
+#[test]
+fn the_sessions_section_states_the_online_metric() {
+    use crate::demo::sessions::{SessionOutcome, SessionsSummary};
+    let mut r = report();
+    assert!(!render_markdown(&r, "p.png", true).contains("## The student's sessions"));
+    let met = [false, true, true, true, false];
+    let log: Vec<SessionOutcome> = met
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| SessionOutcome { session: format!("s{i}"), problem_id: i, ended: i + 1, turns: if m { 1 } else { 2 }, first_answer_satisfied: m, satisfied_at_end: true, first_version: 0 })
+        .collect();
+    r.sessions = Some(SessionsSummary::of(&log));
+    let md = render_markdown(&r, "p.png", true);
+    assert!(md.contains("## The student's sessions"), "{md}");
+    assert!(md.contains("**preferences met in 3 consecutive sessions after 4 of 5 sessions**"), "{md}");
+    // Five sessions in four parts: 1, 1, 1, 2.
+    assert!(md.contains("per quarter of the sessions: 0.00 → 1.00 → 1.00 → 0.50; 1.40 answers per session."), "{md}");
 }
