@@ -627,7 +627,9 @@ fn run() -> Result<()> {
                     max_tokens,
                     temperature,
                     seed,
+                    split_seed: None,
                     preferences: prefs,
+                    eval_last_only: false,
                 };
                 let stop = Stop::default();
                 stop.on_signals();

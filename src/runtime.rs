@@ -50,6 +50,23 @@ impl Stop {
     pub fn request(&self) {
         self.1.send_replace(true);
     }
+    /// A stop of its own that is also requested when this one is, while requesting it leaves this one
+    /// alone: for a part that ends itself with a stop request (a demo run) inside a longer job (an
+    /// online ablation). Spawns a task on the current Tokio runtime (it ends when either is requested).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn child(&self) -> Stop {
+        let child = Stop::default();
+        let (mut parent, mut own, c) = (self.clone(), child.clone(), child.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = parent.wait() => c.request(),
+                _ = own.wait() => {}
+            }
+        });
+        child
+    }
     /// Whether a stop was requested.
     pub fn requested(&self) -> bool {
         *self.0.borrow()
@@ -583,6 +600,21 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_child_stop_follows_its_parent_but_not_the_other_way() {
+        let parent = Stop::default();
+        let child = parent.child();
+        child.request();
+        tokio::task::yield_now().await;
+        assert!(child.requested() && !parent.requested(), "the child's own request stays its own");
+        let other = parent.child();
+        assert!(!other.requested());
+        parent.request();
+        let mut w = other.clone();
+        tokio::time::timeout(Duration::from_secs(5), w.wait()).await.expect("the parent's request reaches the child");
+        assert!(other.requested());
+    }
 
     /// The idle wait is 300 ms, the usual poll 200 ms.
     fn ctl(until_idle: bool) -> TaskCtl {

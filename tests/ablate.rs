@@ -469,3 +469,57 @@ fn a_collection_stops_when_asked_and_returns_nothing() {
     let (rows, report) = collect(&lm, &problems[..2], &student, &cfg, 7, &CollectTarget::default(), &Stop::default()).unwrap();
     assert_eq!((rows.len(), report.sessions), (2, 2));
 }
+
+// ---------------------------------------------------------------- the tiny online ablation (needs the model)
+
+#[test]
+fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one() {
+    let Some(model) = model_dir() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let root = common::root();
+    let mut text = std::fs::read_to_string(root.join("ablations/tiny-online.toml")).unwrap();
+    text = text.replace("model = \"models/smollm2-135m-instruct\"", &format!("model = \"{}\"", model.display()));
+    text = text.replace("base_pipeline = \"pipelines/demo.toml\"", &format!("base_pipeline = \"{}\"", root.join("pipelines/demo.toml").display()));
+    text = text.replace("[student]\n", &format!("[student]\ngsm8k = \"{}\"\n", root.join("data/gsm8k_test.json").display()));
+    let config = dir.path().join("tiny-online.toml");
+    std::fs::write(&config, text).unwrap();
+    let out = dir.path().join("out");
+
+    // One arm's replicates first, then the rest: the finished ones are not run again.
+    ablate(&config, &out, Some("binary"));
+    let marker = out.join("work/online/binary.seed=1/run.json");
+    let before = std::fs::read_to_string(&marker).unwrap();
+    let modified = std::fs::metadata(&marker).unwrap().modified().unwrap();
+    ablate(&config, &out, None);
+    assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), modified, "a finished replicate is not run again");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), before);
+
+    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results/online.json")).unwrap()).unwrap();
+    let runs = results["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs.iter().map(|r| r["arm"].as_str().unwrap()).collect();
+    assert_eq!(names, ["binary.seed=1", "binary.seed=2", "combined.seed=1", "combined.seed=2"]);
+    let mut v0 = vec![];
+    for r in runs {
+        let sessions = r["sessions"].as_array().unwrap();
+        assert!(!sessions.is_empty(), "{r}");
+        assert_eq!(r["summary"]["sessions"].as_u64().unwrap() as usize, sessions.len());
+        assert_eq!(r["failed_requests"], 0, "{r}");
+        assert!(r["interactions"].as_u64().unwrap() >= 4);
+        // `[eval] versions = "last"`: v0, then the last checkpoint the server loaded; two answers each.
+        let versions: Vec<i64> = r["checkpoints"].as_array().unwrap().iter().map(|c| c["version"].as_i64().unwrap()).collect();
+        assert!(versions.len() == 2 && versions[0] == 0 && versions[1] >= 1, "{versions:?}");
+        assert_eq!(r["responses"].as_array().unwrap().len(), 2 * versions.len());
+        let v0_answers: Vec<(i64, String)> = r["responses"].as_array().unwrap().iter().filter(|x| x["version"] == 0).map(|x| (x["problem_id"].as_i64().unwrap(), x["response_text"].as_str().unwrap().to_string())).collect();
+        v0.push(v0_answers);
+    }
+    // Every replicate is evaluated on the same held-out problems, and v0 answers them the same way.
+    assert!(v0.windows(2).all(|w| w[0] == w[1]), "{v0:?}");
+    // Replicates differ in their student seed: their first sessions are on different problems.
+    let problems = |i: usize| runs[i]["sessions"].as_array().unwrap().iter().map(|s| s["problem_id"].as_u64().unwrap()).collect::<std::collections::BTreeSet<_>>();
+    assert_ne!(problems(0), problems(1), "the two replicates' training problems come in different orders");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("# Online ablation `tiny-online`"), "{md}");
+    assert!(md.contains("| binary | binary | 2 |") && md.contains("| combined | combined | 2 |"), "{md}");
+    assert!(md.contains("**Sessions until stable**") && md.contains("## Between arms") && md.contains("| binary | combined | 2 |"), "{md}");
+    assert!(md.contains("peak RSS ") && !md.contains("peak RSS not measured"), "{md}");
+}

@@ -384,27 +384,7 @@ mod tests {
     }
 
     fn ck(arm: &str, version: i64, score: f64) -> CheckpointRow {
-        CheckpointRow {
-            arm: arm.into(),
-            version,
-            step: version,
-            interactions_seen: 0,
-            samples_seen: 0,
-            score,
-            accuracy: 0.5,
-            eval_problems: 4,
-            heldout_samples: 0,
-            heldout_loss: None,
-            heldout_pg_loss: None,
-            heldout_advantage: None,
-            heldout_ppo_kl: None,
-            heldout_entropy: None,
-            heldout_topk_kl: None,
-            gap_samples: 0,
-            teacher_gap: None,
-            teacher_abs_gap: None,
-            student_logprob: None,
-        }
+        CheckpointRow::score_only(arm, version, version, 0, score, 0.5, 4)
     }
 
     fn resp(arm: &str, version: i64, outcomes: &[bool]) -> Vec<ResponseRow> {

@@ -56,6 +56,10 @@ pub struct AblationConfig {
     /// Evaluation.
     #[serde(default)]
     pub eval: EvalSettings,
+    /// The online protocol (the paper's): present = `nextstate ablate` runs every arm as the demo's live
+    /// loop ([`super::online`]) instead of replaying `[data]`.
+    #[serde(default)]
+    pub online: Option<OnlineSettings>,
     /// The arms.
     pub arms: Vec<ArmSpec>,
     /// Sweeps: each value of `key` becomes one more arm derived from `arm`.
@@ -174,6 +178,33 @@ pub struct CollectSettings {
 impl Default for CollectSettings {
     fn default() -> Self {
         CollectSettings { sessions: 16, batch: 8, max_tokens: 128, temperature: 0.6 }
+    }
+}
+
+/// `[online]`: every arm replicate runs the demo's loop (`nextstate demo`, [`crate::demo::run`]): the
+/// policy serves the simulated student while the pipeline judges, hints, trains and the server loads
+/// each checkpoint, from the same initial weights and the same student seeds for every arm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OnlineSettings {
+    /// Student turns answered per arm replicate before the students stop (48).
+    pub interactions: usize,
+    /// The students keep working past `interactions` until this many policy versions answered them (2:
+    /// at least one checkpoint reached them).
+    pub min_versions_served: usize,
+    /// Hard limit on student turns per arm replicate (96).
+    pub max_interactions: usize,
+    /// Students working at once (2).
+    pub students: usize,
+    /// Response length limit of the students' sessions, tokens (128).
+    pub max_tokens: usize,
+    /// Sampling temperature of the students' sessions (0.6).
+    pub temperature: f32,
+}
+
+impl Default for OnlineSettings {
+    fn default() -> Self {
+        OnlineSettings { interactions: 48, min_versions_served: 2, max_interactions: 96, students: 2, max_tokens: 128, temperature: 0.6 }
     }
 }
 
@@ -451,8 +482,19 @@ impl AblationConfig {
                 return Err(config_err!("[data.collect] sessions, batch and max_tokens must be at least 1"));
             }
         }
-        if self.data.lake.is_none() && self.data.collect.is_none() {
-            return Err(config_err!("[data] needs a lake to query or a [data.collect] section"));
+        match &self.online {
+            Some(o) => {
+                if o.interactions == 0 || o.students == 0 || o.max_tokens == 0 {
+                    return Err(config_err!("[online] interactions, students and max_tokens must be at least 1"));
+                }
+                if self.data.lake.is_some() || self.data.collect.is_some() {
+                    return Err(config_err!("[online] and [data] exclude each other: the online mode collects its interactions live"));
+                }
+            }
+            None if self.data.lake.is_none() && self.data.collect.is_none() => {
+                return Err(config_err!("[data] needs a lake to query or a [data.collect] section (or an [online] section)"));
+            }
+            None => {}
         }
         for s in &self.sweeps {
             if !self.arms.iter().any(|a| a.name == s.arm) {
@@ -747,6 +789,25 @@ values = [0.5, 2.0]
         assert_eq!((multi.teacher.candidates, multi.teacher.top_k, multi.hint.m), (3, 4, 3));
         assert_eq!((multi.trainer.opd_loss, multi.trainer.recompute_old_logprobs), (crate::trainer::OpdLoss::Overlap, true));
         assert_ne!(by("multi.seed=1").data_pipeline, by("combined.seed=1").data_pipeline, "its own hints and teacher rows");
+        for (file, n) in [("ablations/online.toml", 15), ("ablations/tiny-online.toml", 4)] {
+            let cfg = AblationConfig::load(Path::new(file)).unwrap();
+            let on = cfg.online.clone().unwrap();
+            assert!(on.interactions >= 4 && on.max_interactions >= on.interactions, "{file}");
+            assert_eq!(cfg.resolve(Path::new("/tmp/lake")).unwrap().len(), n, "{file}");
+        }
+    }
+
+    #[test]
+    fn the_online_section_is_checked() {
+        let online = FILE.replace("[data]\nheldout_sessions = 1\n[data.collect]\nsessions = 2\n", "[online]\ninteractions = 8\n");
+        let cfg = AblationConfig::parse(&online).unwrap();
+        assert_eq!(cfg.online, Some(OnlineSettings { interactions: 8, ..Default::default() }));
+        let both = format!("{FILE}\n[online]\ninteractions = 8\n");
+        assert!(AblationConfig::parse(&both).unwrap_err().to_string().contains("[online] and [data] exclude each other"));
+        let zero = online.replace("interactions = 8", "interactions = 0");
+        assert!(AblationConfig::parse(&zero).unwrap_err().to_string().contains("[online] interactions, students and max_tokens must be at least 1"));
+        let neither = FILE.replace("[data]\nheldout_sessions = 1\n[data.collect]\nsessions = 2\n", "");
+        assert!(AblationConfig::parse(&neither).unwrap_err().to_string().contains("or an [online] section"));
     }
 
     #[test]

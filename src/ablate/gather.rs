@@ -144,33 +144,7 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
         g.timings.push(TimingRow { phase: "train".into(), name: arm.name.clone(), seconds: t.seconds });
         g.timings.extend(eval_times);
         let p = &arm.pipeline;
-        g.arms.push(ArmRow {
-            arm: arm.name.clone(),
-            group: arm.group.clone(),
-            method: p.method.as_str().into(),
-            overrides: serde_json::to_string(&arm.overrides)?,
-            data_pipeline: arm.data_pipeline.clone(),
-            data_hash: arm.data_hash.clone(),
-            config_hash: arm.config_hash.clone(),
-            trainer_hash: arm.trainer_hash.clone(),
-            seed: p.trainer.seed as i64,
-            initial_weights: p.policy.model.display().to_string(),
-            batch_size: p.trainer.batch_size as i64,
-            lr: p.trainer.lr,
-            lora: p.trainer.lora.enabled,
-            w_rl: p.trainer.w_rl,
-            w_opd: p.trainer.w_opd,
-            opd_loss: p.trainer.opd_loss.as_str().into(),
-            top_k: p.teacher.top_k as i64,
-            hint_strategy: p.hint.strategy.as_str().into(),
-            judge_m: i64::from(p.judge.m),
-            hint_m: i64::from(p.hint.m),
-            steps: t.steps,
-            train_sql: t.train_sql.clone(),
-            sample_ids: t.sample_ids.clone(),
-            interaction_ids: t.interaction_ids.clone(),
-            sample_types: t.sample_types.clone(),
-        });
+        g.arms.push(ArmRow::of(arm, t.steps, t.train_sql.clone(), t.sample_ids.clone(), t.interaction_ids.clone(), t.sample_types.clone())?);
         // steps from the manifests
         for (_, m) in crate::trainer::scan(&lay.checkpoints(&arm.name).join(&arm.name))?.complete {
             for s in m.metrics {

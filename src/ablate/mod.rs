@@ -35,6 +35,10 @@
 //!    with several replicate seeds per arm (`[shared] seeds`), each arm's mean and 95 % interval over
 //!    seeds and paired tests between arms on the same problems ([`compare`]).
 //!
+//! With an `[online]` section the ablation runs the paper's online protocol instead ([`online`]): each
+//! arm replicate serves the simulated student live while it trains, and the report adds sessions until
+//! the preferences are met in 3 consecutive sessions.
+//!
 //! Every phase leaves its result on disk; a killed ablation resumes (see [`run`]). Runs are
 //! deterministic: seeded sampling, synthetic event times, fixed batch compositions, one scoring pass per
 //! teacher row — the same configuration gives the same numbers (`tests/ablate.rs`).
@@ -46,6 +50,7 @@ pub mod config;
 pub mod eval;
 mod gather;
 mod layout;
+pub mod online;
 mod plan;
 pub mod replay;
 pub mod report;

@@ -91,6 +91,45 @@ pub struct ArmRow {
     pub sample_types: Vec<String>,
 }
 
+impl ArmRow {
+    /// The row of `arm` (its resolved configuration) after `steps` optimizer steps on the samples
+    /// `train_sql` read (`sample_ids`, `interaction_ids`, `sample_types` in training order; empty
+    /// where not recorded, as in the online mode).
+    ///
+    /// # Errors
+    /// JSON errors of the overrides (not expected).
+    pub fn of(arm: &super::ResolvedArm, steps: i64, train_sql: String, sample_ids: Vec<String>, interaction_ids: Vec<String>, sample_types: Vec<String>) -> Result<ArmRow> {
+        let p = &arm.pipeline;
+        Ok(ArmRow {
+            arm: arm.name.clone(),
+            group: arm.group.clone(),
+            method: p.method.as_str().into(),
+            overrides: serde_json::to_string(&arm.overrides)?,
+            data_pipeline: arm.data_pipeline.clone(),
+            data_hash: arm.data_hash.clone(),
+            config_hash: arm.config_hash.clone(),
+            trainer_hash: arm.trainer_hash.clone(),
+            seed: p.trainer.seed as i64,
+            initial_weights: p.policy.model.display().to_string(),
+            batch_size: p.trainer.batch_size as i64,
+            lr: p.trainer.lr,
+            lora: p.trainer.lora.enabled,
+            w_rl: p.trainer.w_rl,
+            w_opd: p.trainer.w_opd,
+            opd_loss: p.trainer.opd_loss.as_str().into(),
+            top_k: p.teacher.top_k as i64,
+            hint_strategy: p.hint.strategy.as_str().into(),
+            judge_m: i64::from(p.judge.m),
+            hint_m: i64::from(p.hint.m),
+            steps,
+            train_sql,
+            sample_ids,
+            interaction_ids,
+            sample_types,
+        })
+    }
+}
+
 /// One evaluated policy version of one arm (`checkpoint_metrics`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRow {
@@ -133,6 +172,34 @@ pub struct CheckpointRow {
     pub teacher_abs_gap: Option<f64>,
     /// Mean student response-token log-prob on them, nats.
     pub student_logprob: Option<f64>,
+}
+
+impl CheckpointRow {
+    /// A row with only the score columns filled (held-out loss, gap and log-prob columns `None`, their
+    /// sample counts and `samples_seen` 0): an evaluation without held-out samples, as in the online mode.
+    pub fn score_only(arm: &str, version: i64, step: i64, interactions_seen: i64, score: f64, accuracy: f64, eval_problems: i64) -> CheckpointRow {
+        CheckpointRow {
+            arm: arm.into(),
+            version,
+            step,
+            interactions_seen,
+            samples_seen: 0,
+            score,
+            accuracy,
+            eval_problems,
+            heldout_samples: 0,
+            heldout_loss: None,
+            heldout_pg_loss: None,
+            heldout_advantage: None,
+            heldout_ppo_kl: None,
+            heldout_entropy: None,
+            heldout_topk_kl: None,
+            gap_samples: 0,
+            teacher_gap: None,
+            teacher_abs_gap: None,
+            student_logprob: None,
+        }
+    }
 }
 
 /// A preference's satisfaction rate at one version (`preference_rates`).

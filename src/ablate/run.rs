@@ -631,12 +631,16 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
     Ok(out)
 }
 
-/// Runs (or resumes) an ablation and writes its report (see the module docs).
+/// Runs (or resumes) an ablation and writes its report (see the module docs); with an `[online]` section,
+/// the online protocol ([`super::online::run_online`]).
 ///
 /// # Errors
 /// Configuration errors (an arm or the data changed since this folder was made), data, model, pipeline
 /// and I/O errors; [`Error::Cancelled`] on a stop request (everything finished so far is kept).
 pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSummary> {
+    if opts.config.online.is_some() {
+        return super::online::run_online(opts, stop).await;
+    }
     let started = Instant::now();
     let cfg = &opts.config;
     let lay = Layout::new(&opts.out);

@@ -51,10 +51,17 @@ pub struct DemoOptions {
     pub max_tokens: usize,
     /// Sampling temperature of the student's sessions (evaluation is greedy).
     pub temperature: f32,
-    /// Seed (problem split, student phrasing, sampling).
+    /// Seed (student phrasing, sampling; and the problem split unless `split_seed` is set).
     pub seed: u64,
+    /// Seed of the held-out/training problem split; `None` = `seed`. The online ablation sets it, so
+    /// every replicate is evaluated on the same held-out problems; when it differs from `seed`, the
+    /// training problems come in an order shuffled by `seed`.
+    pub split_seed: Option<u64>,
     /// The student's hidden preferences.
     pub preferences: Preferences,
+    /// Evaluate only v0 and the last version the server loaded (the online ablation's `[eval] versions =
+    /// "last"`), not also the first and middle ones ([`versions_to_evaluate`]).
+    pub eval_last_only: bool,
 }
 
 /// What a demo run measured.
@@ -252,6 +259,7 @@ struct EvalPlan {
     max_tokens: usize,
     run_id: String,
     prefs: Preferences,
+    last_only: bool,
 }
 
 impl EvalPlan {
@@ -263,7 +271,11 @@ impl EvalPlan {
         let now = crate::schema::now_ms();
         let (mut checkpoints, mut rows) = (vec![], vec![]);
         let mut v0: Option<(Vec<super::heldout::HeldoutAnswer>, f64, usize)> = None;
-        for version in versions_to_evaluate(&loaded_versions) {
+        let mut versions = versions_to_evaluate(&loaded_versions);
+        if self.last_only && versions.len() > 2 {
+            versions = vec![versions[0], versions[versions.len() - 1]];
+        }
+        for version in versions {
             let t = Instant::now();
             let (answers, (lp, n)) = evaluate_version(&self.cfg, &self.run_dir, version, &self.problems, &self.student, self.max_tokens, v0.as_ref().map(|a| a.0.as_slice()))?;
             let drift = match &v0 {
@@ -310,7 +322,13 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     }
     opts.pipeline.lake = lake_dir;
     let problems = load_gsm8k(&opts.gsm8k)?;
-    let split = split_problems(&problems, opts.eval_problems, opts.seed)?;
+    let mut split = split_problems(&problems, opts.eval_problems, opts.split_seed.unwrap_or(opts.seed))?;
+    if opts.split_seed.is_some_and(|s| s != opts.seed) {
+        // A replicate of a shared split: its own order of the training problems.
+        use rand::seq::SliceRandom;
+        use rand::SeedableRng;
+        split.train.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+    }
     let student = Student::new(opts.seed, opts.preferences.clone(), opts.max_turns)?;
     let run_id = format!("{}-{}", opts.pipeline.name, chrono::Utc::now().format("%Y%m%dT%H%M%S"));
     let run_opts = RunOptions { only: None, until_idle: true, checkpoints_dir: Some(ck_dir.clone()), run_id: Some("demo".into()), resume: false };
@@ -402,6 +420,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             max_tokens: opts.max_tokens,
             run_id: run_id.clone(),
             prefs: prefs.clone(),
+            last_only: opts.eval_last_only,
         };
         tokio::task::spawn_blocking(move || eval.run()).await.map_err(|e| Error::Internal(format!("evaluation task: {e}")))??
     };

@@ -1,0 +1,384 @@
+//! The online protocol (the paper's; an ablation file with an `[online]` section): every arm replicate
+//! runs the demo's live loop ([`crate::demo::run::run_demo`]) — the policy serves the simulated student
+//! while the pipeline pairs each answer with the student's reply, judges it, extracts hints, computes
+//! teacher log-probs, trains and publishes checkpoints, and the server loads each one while the student
+//! keeps working — from the same initial weights, with the arm's method and settings.
+//!
+//! # Replicates
+//!
+//! Replicate seed s (`[shared] seeds`) sets the policy's sampling seed and the student's phrasing, the
+//! order of the training problems (a permutation by s of the split's training problems) and the LoRA
+//! initialisation (`trainer.seed`). Every arm of a replicate gets the same seed, so arms are compared
+//! on the same student; the held-out problems are the same for every replicate (split by
+//! `[student] seed`). Unlike the offline mode, the online loop is not bit-reproducible: how many
+//! samples a checkpoint holds depends on how fast the trainer runs beside the server.
+//!
+//! # Measures
+//!
+//! - **Sessions until stable** ([`crate::demo::sessions`]): sessions until the student's preferences
+//!   were met, by the first answer, in 3 consecutive sessions (the paper's v2 Table 3; lower is better),
+//!   per replicate; `None` when not reached within the run.
+//! - **Final held-out score**: the last checkpoint the server loaded, greedy on the held-out problems,
+//!   beside v0 (`[eval] versions = "all"`: also the first and middle checkpoints it loaded, as the demo
+//!   does; `"last"`: v0 and the last only) (evaluated in every run; the same greedy answers each time), with the statistics of the
+//!   offline mode ([`super::compare`]: mean and 95 % t interval over replicates, paired t-tests over
+//!   problems against v0 and between arms, Holm-corrected together).
+//!
+//! # Resume
+//!
+//! Each finished arm replicate leaves `work/online/<arm>/run.json` ([`OnlineRun`]); a re-run skips those
+//! (a changed arm configuration is refused) and restarts an unfinished one from the initial weights.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::compare::{self, PairRow};
+use super::config::{AblationConfig, ArmSamples, OnlineSettings, ResolvedArm};
+use super::layout::{read_marker, write_marker, Layout};
+use super::report::AblationSummary;
+use super::results::{ArmRow, CheckpointRow, ResponseRow};
+use super::run::AblateOptions;
+use crate::demo::run::{run_demo, DemoOptions};
+use crate::demo::sessions::{SessionOutcome, SessionsSummary, STABLE_RUN};
+use crate::error::{Error, Result};
+use crate::runtime::Stop;
+use crate::schema::EvalScore;
+use crate::stats::p_text;
+use crate::config_err;
+
+/// One arm replicate's online run (`work/online/<arm>/run.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OnlineRun {
+    /// Arm name (`<group>.seed=<s>` with several seeds).
+    pub arm: String,
+    /// The arm as the file names it.
+    pub group: String,
+    /// Replicate seed.
+    pub seed: u64,
+    /// Hash of the arm's resolved configuration ([`ResolvedArm::config_hash`]).
+    pub config_hash: String,
+    /// The student's sessions, in the order they ended.
+    pub sessions: Vec<SessionOutcome>,
+    /// Their summary (sessions until stable, first-answer rate per quarter).
+    pub summary: SessionsSummary,
+    /// One row per evaluated version (v0, then the first, middle and last checkpoints the server
+    /// loaded); only the score columns are filled (`heldout_*`, gap: `None`).
+    pub checkpoints: Vec<CheckpointRow>,
+    /// Per evaluated version and held-out problem, the greedy answer and its verdict.
+    pub responses: Vec<ResponseRow>,
+    /// Student turns answered.
+    pub interactions: u64,
+    /// Requests that failed (0 expected, reloads included).
+    pub failed_requests: u64,
+    /// Policy versions that answered the students.
+    pub versions_seen: Vec<i64>,
+    /// Optimizer steps the trainer took.
+    pub train_steps: i64,
+    /// Wall time of the run and its evaluation, seconds.
+    pub seconds: f64,
+}
+
+/// The online settings, or a configuration error naming the file's section.
+fn settings(cfg: &AblationConfig) -> Result<&OnlineSettings> {
+    cfg.online.as_ref().ok_or_else(|| config_err!("ablation {:?} has no [online] section", cfg.name))
+}
+
+/// Runs one arm replicate (module docs) with its demo folder under `dir`.
+async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Stop) -> Result<OnlineRun> {
+    let on = settings(cfg)?;
+    let mut pipeline = arm.pipeline.clone();
+    pipeline.proxy.spool_dir = dir.join("spool");
+    let out = dir.join("demo");
+    let opts = DemoOptions {
+        pipeline,
+        out: out.clone(),
+        gsm8k: cfg.student.gsm8k.clone(),
+        interactions: on.interactions,
+        min_versions_served: on.min_versions_served,
+        max_interactions: on.max_interactions.max(on.interactions),
+        students: on.students,
+        max_turns: cfg.student.max_turns,
+        eval_problems: cfg.eval.problems,
+        max_tokens: on.max_tokens,
+        temperature: on.temperature,
+        seed: arm.seed,
+        split_seed: Some(cfg.student.seed),
+        preferences: cfg.student.preferences(),
+        eval_last_only: cfg.eval.versions == super::config::EvalVersions::Last,
+    };
+    let started = Instant::now();
+    // The demo ends with a stop request of its own: a child stop, so the ablation goes on.
+    let s = run_demo(opts, stop.child()).await?;
+    if stop.requested() {
+        return Err(Error::Cancelled);
+    }
+    let every = arm.pipeline.trainer.checkpoint_every.max(1) as i64;
+    let checkpoints = s
+        .evaluations
+        .iter()
+        .map(|e| CheckpointRow::score_only(&arm.name, e.version, e.version * every, e.interactions as i64, e.score.fraction_all_satisfied, e.score.accuracy, e.score.n as i64))
+        .collect();
+    let rows: Vec<EvalScore> = crate::lake::Lake::open(out.join("lake"))?.read_table()?;
+    let mut responses: Vec<ResponseRow> = rows
+        .into_iter()
+        .map(|r| ResponseRow { arm: arm.name.clone(), version: r.policy_version, problem_id: r.problem_id, satisfied: r.satisfied, correct: r.correct, violations: r.violations, response_text: r.response_text })
+        .collect();
+    responses.sort_by_key(|r| (r.version, r.problem_id));
+    Ok(OnlineRun {
+        arm: arm.name.clone(),
+        group: arm.group.clone(),
+        seed: arm.seed,
+        config_hash: arm.config_hash.clone(),
+        sessions: s.sessions_log,
+        summary: s.sessions_summary,
+        checkpoints,
+        responses,
+        interactions: s.interactions,
+        failed_requests: s.failed_requests,
+        versions_seen: s.versions_seen,
+        train_steps: s.run.train.as_ref().map(|t| t.steps as i64).unwrap_or(0),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The arm's `run.json`.
+fn marker(lay: &Layout, arm: &str) -> PathBuf {
+    lay.work.join("online").join(arm).join("run.json")
+}
+
+/// Runs (or resumes) an online ablation (module docs) and writes `report.md` and `results/online.json`.
+///
+/// # Errors
+/// A configuration error without `[online]`, with an arm that trains on teacher generations (offline
+/// only), for an unknown `--arms` name, or when an arm changed since its run was recorded; the demo's
+/// errors; [`Error::Cancelled`] on a stop request (finished arm replicates are kept).
+pub async fn run_online(opts: &AblateOptions, stop: Stop) -> Result<AblationSummary> {
+    let started = Instant::now();
+    let cfg = &opts.config;
+    settings(cfg)?;
+    let lay = Layout::new(&opts.out);
+    std::fs::create_dir_all(&lay.work).map_err(|e| Error::io("create", &lay.work, e))?;
+    crate::lake::write_atomic(&lay.out.join(".gitignore"), b"# bulky run files (lakes, checkpoints); the report and results/ stay\nwork/\n")?;
+    let arms = cfg.resolve(&lay.lake())?;
+    if let Some(a) = arms.iter().find(|a| a.samples != ArmSamples::Pipeline) {
+        return Err(config_err!("arm {:?} trains on the teacher's generations, an offline arm: the online mode serves and trains each arm's own pipeline", a.group));
+    }
+    if let Some(sel) = &opts.arms {
+        for s in sel {
+            if !arms.iter().any(|a| &a.name == s || &a.group == s) {
+                return Err(config_err!("--arms: no arm named {s:?} (arms: {})", arms.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")));
+            }
+        }
+    }
+    for arm in &arms {
+        if !super::plan::selected(opts.arms.as_deref(), arm) {
+            continue;
+        }
+        let path = marker(&lay, &arm.name);
+        match read_marker::<OnlineRun>(&path)? {
+            Some(r) if r.config_hash == arm.config_hash => {
+                eprintln!("[ablate] online arm {}: recorded ({} sessions, {:.0} s), skipped", arm.name, r.sessions.len(), r.seconds);
+                continue;
+            }
+            Some(_) => return Err(config_err!("online arm {}: its configuration changed since {} was written; use another --out or delete that file", arm.name, path.display())),
+            None => {}
+        }
+        if stop.requested() {
+            return Err(Error::Cancelled);
+        }
+        eprintln!("[ablate] online arm {} (method {}): the demo's loop", arm.name, arm.pipeline.method.as_str());
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| lay.work.clone());
+        let run = run_arm(cfg, arm, &dir, &stop).await?;
+        eprintln!("[ablate] online arm {}: {}; score {} ({:.0} s)", arm.name, run.summary.until_stable_text(), run.checkpoints.iter().map(|c| format!("v{} {:.3}", c.version, c.score)).collect::<Vec<_>>().join(" → "), run.seconds);
+        write_marker(&path, &run)?;
+    }
+    let mut runs = vec![];
+    let mut missing = vec![];
+    for arm in &arms {
+        match read_marker::<OnlineRun>(&marker(&lay, &arm.name))? {
+            Some(r) if r.config_hash == arm.config_hash => runs.push((arm, r)),
+            _ => missing.push(arm.name.clone()),
+        }
+    }
+    let arm_rows: Vec<ArmRow> = runs.iter().map(|(a, r)| ArmRow::of(a, r.train_steps, String::new(), vec![], vec![], vec![])).collect::<Result<_>>()?;
+    let checkpoints: Vec<CheckpointRow> = runs.iter().flat_map(|(_, r)| r.checkpoints.clone()).collect();
+    let responses: Vec<ResponseRow> = runs.iter().flat_map(|(_, r)| r.responses.clone()).collect();
+    let (groups, mut pairs) = compare::summarize(&arm_rows, &checkpoints, &responses)?;
+    let mut versus_v0 = compare::versus_initial(&arm_rows, &checkpoints, &responses)?;
+    compare::adjust_holm(&mut [&mut versus_v0, &mut pairs]);
+    let ordering = compare::ordering(&arm_rows, &pairs);
+    let results = lay.results();
+    std::fs::create_dir_all(&results).map_err(|e| Error::io("create", &results, e))?;
+    let all: Vec<&OnlineRun> = runs.iter().map(|(_, r)| r).collect();
+    write_marker(&results.join("online.json"), &serde_json::json!({ "runs": all, "groups": groups, "pairs": pairs, "versus_v0": versus_v0 }))?;
+    let report = lay.out.join("report.md");
+    let seconds = started.elapsed().as_secs_f64();
+    let md = render(cfg, &runs.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(), &groups, &versus_v0, &pairs, ordering.as_deref(), &missing, seconds, peak_rss_bytes());
+    crate::lake::write_atomic(&report, md.as_bytes())?;
+    Ok(AblationSummary { report, results, reported: runs.iter().map(|(a, _)| a.name.clone()).collect(), checkpoints, missing, groups, versus_v0, ordering, seconds })
+}
+
+/// This process's peak resident set size (`VmHWM` of `/proc/self/status`), bytes; `None` where it
+/// cannot be read (not Linux).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// "12", or ">40" when not reached within 40 sessions.
+fn until_stable_cell(s: &SessionsSummary) -> String {
+    match s.until_stable {
+        Some(k) => k.to_string(),
+        None => format!(">{}", s.sessions),
+    }
+}
+
+/// `report.md` of an online ablation.
+#[allow(clippy::too_many_arguments)]
+fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow], versus_v0: &[PairRow], pairs: &[PairRow], ordering: Option<&str>, missing: &[String], seconds: f64, peak_rss: Option<u64>) -> String {
+    let on = cfg.online.clone().unwrap_or_default();
+    let mut s = String::new();
+    let _ = writeln!(s, "# Online ablation `{}`\n", cfg.name);
+    if !cfg.description.trim().is_empty() {
+        let _ = writeln!(s, "{}\n", cfg.description.trim());
+    }
+    let _ = writeln!(
+        s,
+        "Made by `nextstate ablate` with an `[online]` section (`src/ablate/online.rs`): this invocation took {:.0} s wall (the arm replicates' own runs: {:.0} s in all), peak RSS {}.\n",
+        seconds,
+        runs.iter().map(|r| r.seconds).sum::<f64>(),
+        peak_rss.map(|b| format!("{:.2} GB", b as f64 / 1e9)).unwrap_or_else(|| "not measured".into())
+    );
+    let _ = writeln!(
+        s,
+        "Protocol: each arm replicate runs the demo's loop from the same initial weights: {} students at once, {} student turns (more until {} policy versions answered them, at most {}), sessions of at most {} turns, answers up to {} tokens at temperature {}; then {} answer {} held-out problems greedily (the same problems in every replicate). Replicate seed s sets the sampling and the student's phrasing, the order of the training problems and the LoRA initialisation; all arms of a replicate share s.\n",
+        on.students,
+        on.interactions,
+        on.min_versions_served,
+        on.max_interactions.max(on.interactions),
+        cfg.student.max_turns,
+        on.max_tokens,
+        on.temperature,
+        if cfg.eval.versions == super::config::EvalVersions::Last { "v0 and the last checkpoint the server loaded" } else { "v0 and the first, middle and last checkpoints the server loaded" },
+        cfg.eval.problems
+    );
+    let _ = writeln!(
+        s,
+        "**Sessions until stable** (the paper's v2 Table 3; lower is better): the sessions, in the order they ended, until the agent's first answer met every preference in {STABLE_RUN} consecutive sessions; `>N`: not reached within the run's N sessions.\n"
+    );
+    let v0 = versus_v0.first().map(|p| p.b.clone());
+    let _ = writeln!(s, "## Result per arm\n");
+    let _ = writeln!(s, "| arm | method | replicates | final score, mean [95 % CI over replicates] | final − v0 | Holm p vs v0 | sessions until stable, per replicate | first answers met, by quarter (mean over replicates) | interactions (mean) | failed requests |");
+    let _ = writeln!(s, "|---|---|---:|---|---:|---:|---|---|---:|---:|");
+    for g in groups {
+        let reps: Vec<&OnlineRun> = runs.iter().filter(|r| r.group == g.group).collect();
+        let ci = g.low.zip(g.high).map(|(l, h)| format!(" [{l:.3}–{h:.3}]")).unwrap_or_else(|| " (one replicate)".into());
+        let vs = versus_v0.iter().find(|p| p.a == g.group);
+        let q = mean_quarters(&reps);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.3}{ci} | {} | {} | {} | {} | {:.0} | {} |",
+            g.group,
+            g.method,
+            reps.len(),
+            g.mean,
+            vs.map(|p| format!("{:+.3}", p.mean_diff)).unwrap_or_else(|| "–".into()),
+            vs.map(|p| p_text(p.p_holm)).unwrap_or_else(|| "–".into()),
+            reps.iter().map(|r| until_stable_cell(&r.summary)).collect::<Vec<_>>().join(", "),
+            q.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" → "),
+            reps.iter().map(|r| r.interactions as f64).sum::<f64>() / reps.len().max(1) as f64,
+            reps.iter().map(|r| r.failed_requests).sum::<u64>()
+        );
+    }
+    if let Some(first) = runs.first() {
+        if let Some(c) = first.checkpoints.iter().find(|c| c.version == 0) {
+            let _ = writeln!(s, "\nThe initial weights (v0) score {:.3} on the {} held-out problems{}.\n", c.score, c.eval_problems, v0.map(|_| "; \"final − v0\" and its p come from paired t-tests over those problems, Holm-corrected with every comparison below").unwrap_or(""));
+        }
+    }
+    if !pairs.is_empty() {
+        let _ = writeln!(s, "## Between arms\n");
+        let _ = writeln!(s, "| A | B | replicates | A − B [95 % CI] | p | Holm p |");
+        let _ = writeln!(s, "|---|---|---:|---|---:|---:|");
+        for p in pairs {
+            let ci = p.low.zip(p.high).map(|(l, h)| format!(" [{l:+.3}, {h:+.3}]")).unwrap_or_default();
+            let _ = writeln!(s, "| {} | {} | {} | {:+.3}{ci} | {} | {} |", p.a, p.b, p.seeds.len(), p.mean_diff, p_text(p.p_value), p_text(p.p_holm));
+        }
+        s.push('\n');
+    }
+    if let Some(o) = ordering {
+        let _ = writeln!(s, "{o}\n");
+    }
+    let _ = writeln!(s, "## Every evaluated version\n");
+    let _ = writeln!(s, "| arm | version | student turns answered by then | score | accuracy | optimizer steps in the run |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    for r in runs {
+        for c in &r.checkpoints {
+            let _ = writeln!(s, "| {} | {} | {} | {:.3} | {:.3} | {} |", r.arm, c.version, c.interactions_seen, c.score, c.accuracy, r.train_steps);
+        }
+    }
+    s.push('\n');
+    if !missing.is_empty() {
+        let _ = writeln!(s, "Not run yet: {}.\n", missing.join(", "));
+    }
+    let _ = writeln!(
+        s,
+        "Not in the online mode yet: the `prompted` and `memory` baselines and context distillation (offline only, `docs/ablation-student`); held-out loss and the teacher gap (offline only); v0 is evaluated in every run rather than once.\n"
+    );
+    s
+}
+
+/// Mean over runs of their first-answer rate per quarter (runs with fewer quarters are left out of the
+/// quarters they lack).
+fn mean_quarters(runs: &[&OnlineRun]) -> Vec<f64> {
+    let n = runs.iter().map(|r| r.summary.first_answer_rate_by_quarter.len()).max().unwrap_or(0);
+    (0..n)
+        .map(|q| {
+            let xs: Vec<f64> = runs.iter().filter_map(|r| r.summary.first_answer_rate_by_quarter.get(q).copied()).collect();
+            xs.iter().sum::<f64>() / xs.len().max(1) as f64
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(group: &str, seed: u64, quarters: Vec<f64>, until: Option<usize>, sessions: usize) -> OnlineRun {
+        OnlineRun {
+            arm: format!("{group}.seed={seed}"),
+            group: group.into(),
+            seed,
+            config_hash: "h".into(),
+            sessions: vec![],
+            summary: SessionsSummary { sessions, until_stable: until, first_answer_rate_by_quarter: quarters, mean_turns: 1.0 },
+            checkpoints: vec![],
+            responses: vec![],
+            interactions: 10,
+            failed_requests: 0,
+            versions_seen: vec![0, 1],
+            train_steps: 2,
+            seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn quarters_average_over_replicates_and_unreached_reads_as_more_than_the_run() {
+        let a = run("opd", 1, vec![0.0, 0.5, 1.0, 1.0], Some(9), 12);
+        let b = run("opd", 2, vec![0.5, 0.5, 0.0], None, 3);
+        assert_eq!(mean_quarters(&[&a, &b]), vec![0.25, 0.5, 0.5, 1.0]);
+        assert_eq!(until_stable_cell(&a.summary), "9");
+        assert_eq!(until_stable_cell(&b.summary), ">3");
+    }
+
+    #[test]
+    fn peak_rss_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(peak_rss_bytes().is_some_and(|b| b > 1_000_000));
+        }
+    }
+}
