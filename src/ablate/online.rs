@@ -9,8 +9,8 @@
 //! Replicate seed s (`[shared] seeds`) sets the policy's sampling seed and the student's phrasing, the
 //! order of the training problems (a permutation by s of the split's training problems) and the LoRA
 //! initialisation (`trainer.seed`). Every arm of a replicate gets the same seed, so arms are compared
-//! on the same student; the held-out problems are the same for every replicate (split by
-//! `[student] seed`). Unlike the offline mode, the online loop is not bit-reproducible: how many
+//! on the same student; the held-out prompts are the same for every replicate (the problems split and
+//! the prompts phrased by `[student] seed`), so v0's answers are too. Unlike the offline mode, the online loop is not bit-reproducible: how many
 //! samples a checkpoint holds depends on how fast the trainer runs beside the server.
 //!
 //! # Measures
@@ -256,7 +256,7 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
     );
     let _ = writeln!(
         s,
-        "Protocol: each arm replicate runs the demo's loop from the same initial weights: {} students at once, {} student turns (more until {} policy versions answered them, at most {}), sessions of at most {} turns, answers up to {} tokens at temperature {}; then {} answer {} held-out problems greedily (the same problems in every replicate). Replicate seed s sets the sampling and the student's phrasing, the order of the training problems and the LoRA initialisation; all arms of a replicate share s.\n",
+        "Protocol: each arm replicate runs the demo's loop from the same initial weights: {} students at once, {} student turns (more until {} policy versions answered them, at most {}), sessions of at most {} turns, answers up to {} tokens at temperature {}; then {} answer {} held-out problems greedily (the same prompts in every replicate). Replicate seed s sets the sampling and the student's phrasing, the order of the training problems and the LoRA initialisation; all arms of a replicate share s.\n",
         on.students,
         on.interactions,
         on.min_versions_served,

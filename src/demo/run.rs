@@ -54,8 +54,9 @@ pub struct DemoOptions {
     /// Seed (student phrasing, sampling; and the problem split unless `split_seed` is set).
     pub seed: u64,
     /// Seed of the held-out/training problem split; `None` = `seed`. The online ablation sets it, so
-    /// every replicate is evaluated on the same held-out problems; when it differs from `seed`, the
-    /// training problems come in an order shuffled by `seed`.
+    /// every replicate is evaluated on the same held-out prompts; when it differs from `seed`, the
+    /// held-out prompts are phrased by the student of `split_seed` (not `seed`) and the training
+    /// problems come in an order shuffled by `seed`.
     pub split_seed: Option<u64>,
     /// The student's hidden preferences.
     pub preferences: Preferences,
@@ -330,6 +331,12 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         split.train.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
     }
     let student = Student::new(opts.seed, opts.preferences.clone(), opts.max_turns)?;
+    // The held-out prompts are phrased by the student of the split's seed, so runs that share a split
+    // (the online ablation's replicates) are evaluated on the very same prompts.
+    let eval_student = match opts.split_seed {
+        Some(s) if s != opts.seed => Student::new(s, opts.preferences.clone(), opts.max_turns)?,
+        _ => student.clone(),
+    };
     let run_id = format!("{}-{}", opts.pipeline.name, chrono::Utc::now().format("%Y%m%dT%H%M%S"));
     let run_opts = RunOptions { only: None, until_idle: true, checkpoints_dir: Some(ck_dir.clone()), run_id: Some("demo".into()), resume: false };
     let mut running = start_pipeline(&opts.pipeline, &run_opts, stop.clone()).await?;
@@ -416,7 +423,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             run_dir: ck_dir.join("demo"),
             loaded: loaded.clone(),
             problems: split.eval.clone(),
-            student: sh.student.clone(),
+            student: eval_student,
             max_tokens: opts.max_tokens,
             run_id: run_id.clone(),
             prefs: prefs.clone(),
