@@ -331,12 +331,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         split.train.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
     }
     let student = Student::new(opts.seed, opts.preferences.clone(), opts.max_turns)?;
-    // The held-out prompts are phrased by the student of the split's seed, so runs that share a split
-    // (the online ablation's replicates) are evaluated on the very same prompts.
-    let eval_student = match opts.split_seed {
-        Some(s) if s != opts.seed => Student::new(s, opts.preferences.clone(), opts.max_turns)?,
-        _ => student.clone(),
-    };
+    let eval_student = heldout_student(&opts)?;
     let run_id = format!("{}-{}", opts.pipeline.name, chrono::Utc::now().format("%Y%m%dT%H%M%S"));
     let run_opts = RunOptions { only: None, until_idle: true, checkpoints_dir: Some(ck_dir.clone()), run_id: Some("demo".into()), resume: false };
     let mut running = start_pipeline(&opts.pipeline, &run_opts, stop.clone()).await?;
@@ -512,6 +507,16 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         run,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The student whose first messages are the held-out prompts: the student of `split_seed` when set, so
+/// runs that share a split (the online ablation's replicates) are evaluated on the very same prompts;
+/// else the run's own student (of `seed`).
+///
+/// # Errors
+/// [`Student::new`]'s (preferences that enable nothing).
+pub fn heldout_student(opts: &DemoOptions) -> Result<Student> {
+    Student::new(opts.split_seed.unwrap_or(opts.seed), opts.preferences.clone(), opts.max_turns)
 }
 
 fn last_checkpoint(run_dir: &std::path::Path) -> i64 {

@@ -87,3 +87,37 @@ fn evaluated_versions_are_v0_and_first_middle_last_loaded() {
     // out of order, repeated, and v0 itself are tolerated
     assert_eq!(versions_to_evaluate(&[4, 0, 2, 2, 3]), vec![0, 2, 3, 4]);
 }
+
+/// Found in the first online ablation: the student's seed also phrased the held-out questions, so
+/// replicates sharing a split were evaluated on different prompts and v0 scored 0.312, 0.229 and 0.333.
+#[test]
+fn runs_that_share_a_split_get_the_same_heldout_prompts() {
+    let problems = load_gsm8k(default_gsm8k_path()).unwrap();
+    let opts = |seed: u64, split_seed: Option<u64>| run::DemoOptions {
+        pipeline: crate::config::PipelineConfig::embedded_default(),
+        out: "unused".into(),
+        gsm8k: default_gsm8k_path(),
+        interactions: 1,
+        min_versions_served: 0,
+        max_interactions: 1,
+        students: 1,
+        max_turns: 1,
+        eval_problems: 48,
+        max_tokens: 8,
+        temperature: 0.6,
+        seed,
+        split_seed,
+        preferences: Preferences::default(),
+        eval_last_only: false,
+    };
+    let prompts = |o: &run::DemoOptions| {
+        let split = split_problems(&problems, o.eval_problems, o.split_seed.unwrap_or(o.seed)).unwrap();
+        let st = run::heldout_student(o).unwrap();
+        split.eval.iter().map(|p| st.first_message(p)).collect::<Vec<_>>()
+    };
+    let (a, b) = (prompts(&opts(1, Some(7))), prompts(&opts(2, Some(7))));
+    assert_eq!(a, b, "replicates 1 and 2 of split 7");
+    assert_eq!(a, prompts(&opts(7, None)), "the same as a run of seed 7");
+    // Without a shared split the seed phrases them (and picks the problems).
+    assert_ne!(prompts(&opts(1, None)), prompts(&opts(2, None)));
+}
