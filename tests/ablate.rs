@@ -522,4 +522,5 @@ fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one
     assert!(md.contains("| binary | binary | 2 |") && md.contains("| combined | combined | 2 |"), "{md}");
     assert!(md.contains("**Sessions until stable**") && md.contains("## Between arms") && md.contains("| binary | combined | 2 |"), "{md}");
     assert!(md.contains("peak RSS ") && !md.contains("peak RSS not measured"), "{md}");
+    assert!(md.contains("Sessions until stable without any learning"), "{md}");
 }

@@ -42,7 +42,7 @@ use super::report::AblationSummary;
 use super::results::{ArmRow, CheckpointRow, ResponseRow};
 use super::run::AblateOptions;
 use crate::demo::run::{run_demo, DemoOptions};
-use crate::demo::sessions::{SessionOutcome, SessionsSummary, STABLE_RUN};
+use crate::demo::sessions::{chance_of_stable, SessionOutcome, SessionsSummary, STABLE_RUN};
 use crate::error::{Error, Result};
 use crate::runtime::Stop;
 use crate::schema::EvalScore;
@@ -298,6 +298,15 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
     if let Some(first) = runs.first() {
         if let Some(c) = first.checkpoints.iter().find(|c| c.version == 0) {
             let _ = writeln!(s, "\nThe initial weights (v0) score {:.3} on the {} held-out problems{}.\n", c.score, c.eval_problems, v0.map(|_| "; \"final − v0\" and its p come from paired t-tests over those problems, Holm-corrected with every comparison below").unwrap_or(""));
+            let n = runs.iter().map(|r| r.summary.sessions).max().unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "Sessions until stable without any learning: a policy whose first answers met the preferences at v0's held-out rate ({:.3}) would have {} consecutive met sessions within 10 sessions with probability {:.2} and within {n} with probability {:.2} (`demo::sessions::chance_of_stable`; v0's greedy held-out rate stands in for its sampled first answers), so a small count is weak evidence of learning here.\n",
+                c.score,
+                STABLE_RUN,
+                chance_of_stable(c.score, STABLE_RUN, 10),
+                chance_of_stable(c.score, STABLE_RUN, n)
+            );
         }
     }
     if !pairs.is_empty() {

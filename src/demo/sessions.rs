@@ -53,6 +53,36 @@ pub fn sessions_until_stable(met: &[bool], run: usize) -> Option<usize> {
     None
 }
 
+/// The probability that `n` independent sessions, each meeting the preferences with probability `p`
+/// (0–1), contain `run` consecutive met sessions: how often [`sessions_until_stable`] is reached within
+/// `n` sessions by chance alone, with no learning. Exact, by dynamic programming over the current streak
+/// length. 0 when `run` is 0 or exceeds `n`; `p` is clamped to 0–1.
+///
+/// Example: `p` = 0.5, `run` = 3: 0.125 for `n` = 3, 0.1875 for `n` = 4.
+pub fn chance_of_stable(p: f64, run: usize, n: usize) -> f64 {
+    if run == 0 || run > n {
+        return 0.0;
+    }
+    let p = p.clamp(0.0, 1.0);
+    // streak[k]: probability of a current streak of k < run met sessions and no run of `run` yet.
+    let mut streak = vec![0.0; run];
+    streak[0] = 1.0;
+    let mut reached = 0.0;
+    for _ in 0..n {
+        let mut next = vec![0.0; run];
+        for (k, &q) in streak.iter().enumerate() {
+            next[0] += q * (1.0 - p);
+            if k + 1 == run {
+                reached += q * p;
+            } else {
+                next[k + 1] += q * p;
+            }
+        }
+        streak = next;
+    }
+    reached
+}
+
 /// Summary of an online run's sessions (in the order they ended).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionsSummary {
@@ -115,6 +145,20 @@ mod tests {
         assert_eq!(sessions_until_stable(&[], 3), None);
         assert_eq!(sessions_until_stable(&[true], 1), Some(1));
         assert_eq!(sessions_until_stable(&[true, true, true], 0), None);
+    }
+
+    #[test]
+    fn the_chance_of_a_stable_run_without_learning_by_hand() {
+        assert!((chance_of_stable(0.5, 3, 3) - 0.125).abs() < 1e-12);
+        // 3 met at once (1/8) or the first missed and the next three met (1/2 · 1/8).
+        assert!((chance_of_stable(0.5, 3, 4) - 0.1875).abs() < 1e-12);
+        assert_eq!(chance_of_stable(0.5, 3, 2), 0.0);
+        assert_eq!(chance_of_stable(1.0, 3, 10), 1.0);
+        assert_eq!(chance_of_stable(0.0, 3, 10), 0.0);
+        assert!((chance_of_stable(0.3, 1, 2) - (1.0 - 0.7 * 0.7)).abs() < 1e-12);
+        // Monotone in n, and the long-run certainty.
+        assert!(chance_of_stable(0.4, 3, 48) > chance_of_stable(0.4, 3, 10));
+        assert!(chance_of_stable(0.4, 3, 2000) > 0.999);
     }
 
     #[test]
