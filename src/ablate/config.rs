@@ -490,6 +490,15 @@ impl AblationConfig {
                 if self.data.lake.is_some() || self.data.collect.is_some() {
                     return Err(config_err!("[online] and [data] exclude each other: the online mode collects its interactions live"));
                 }
+                if o.max_interactions < o.interactions {
+                    return Err(config_err!("[online] max_interactions ({}) is below interactions ({})", o.max_interactions, o.interactions));
+                }
+                if !(o.temperature.is_finite() && o.temperature >= 0.0) {
+                    return Err(config_err!("[online] temperature must be a finite number ≥ 0, got {}", o.temperature));
+                }
+                if let Some(a) = self.arms.iter().find(|a| a.samples != ArmSamples::Pipeline) {
+                    return Err(config_err!("arm {:?} trains on the teacher's generations, an offline arm: the online mode serves and trains each arm's own pipeline", a.name));
+                }
             }
             None if self.data.lake.is_none() && self.data.collect.is_none() => {
                 return Err(config_err!("[data] needs a lake to query or a [data.collect] section (or an [online] section)"));
@@ -804,6 +813,12 @@ values = [0.5, 2.0]
         assert_eq!(cfg.online, Some(OnlineSettings { interactions: 8, ..Default::default() }));
         let both = format!("{FILE}\n[online]\ninteractions = 8\n");
         assert!(AblationConfig::parse(&both).unwrap_err().to_string().contains("[online] and [data] exclude each other"));
+        let below = online.replace("interactions = 8", "interactions = 8\nmax_interactions = 4");
+        assert!(AblationConfig::parse(&below).unwrap_err().to_string().contains("max_interactions (4) is below interactions (8)"));
+        let hot = online.replace("interactions = 8", "interactions = 8\ntemperature = -1.0");
+        assert!(AblationConfig::parse(&hot).unwrap_err().to_string().contains("temperature must be a finite number"));
+        let cd = format!("{online}\n[[arms]]\nname = \"cd\"\nmethod = \"binary\"\nsamples = \"teacher-generations\"\n");
+        assert!(AblationConfig::parse(&cd).unwrap_err().to_string().contains("an offline arm"));
         let zero = online.replace("interactions = 8", "interactions = 0");
         assert!(AblationConfig::parse(&zero).unwrap_err().to_string().contains("[online] interactions, students and max_tokens must be at least 1"));
         let neither = FILE.replace("[data]\nheldout_sessions = 1\n[data.collect]\nsessions = 2\n", "");

@@ -7,7 +7,8 @@
 //! # Replicates
 //!
 //! Replicate seed s (`[shared] seeds`) sets the policy's sampling seed and the student's phrasing, the
-//! order of the training problems (a permutation by s of the split's training problems) and the LoRA
+//! order of the training problems (a permutation by s of the split's training problems; the split's own
+//! order when s is the split's seed) and the LoRA
 //! initialisation (`trainer.seed`). Every arm of a replicate gets the same seed, so arms are compared
 //! on the same student; the held-out prompts are the same for every replicate (the problems split and
 //! the prompts phrased by `[student] seed`), so v0's answers are too. Unlike the offline mode, the online loop is not bit-reproducible: how many
@@ -27,7 +28,9 @@
 //! # Resume
 //!
 //! Each finished arm replicate leaves `work/online/<arm>/run.json` ([`OnlineRun`]); a re-run skips those
-//! (a changed arm configuration is refused) and restarts an unfinished one from the initial weights.
+//! (one recorded under another arm configuration or [`protocol_fingerprint`] is refused) and restarts
+//! an unfinished one from the initial weights. A stop during a replicate's evaluation lets it finish
+//! and keeps it.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -60,12 +63,17 @@ pub struct OnlineRun {
     pub seed: u64,
     /// Hash of the arm's resolved configuration ([`ResolvedArm::config_hash`]).
     pub config_hash: String,
+    /// [`protocol_fingerprint`] of the run: the `[online]`, `[student]` and held-out settings and the
+    /// protocol's version (empty in files written before it was recorded: refused on resume).
+    #[serde(default)]
+    pub protocol: String,
     /// The student's sessions, in the order they ended.
     pub sessions: Vec<SessionOutcome>,
     /// Their summary (sessions until stable, first-answer rate per quarter).
     pub summary: SessionsSummary,
     /// One row per evaluated version (v0, then the first, middle and last checkpoints the server
-    /// loaded); only the score columns are filled (`heldout_*`, gap: `None`).
+    /// loaded, or only the last with `[eval] versions = "last"`); only the score columns are filled
+    /// (`heldout_*`, gap: `None`).
     pub checkpoints: Vec<CheckpointRow>,
     /// Per evaluated version and held-out problem, the greedy answer and its verdict.
     pub responses: Vec<ResponseRow>,
@@ -79,6 +87,21 @@ pub struct OnlineRun {
     pub train_steps: i64,
     /// Wall time of the run and its evaluation, seconds.
     pub seconds: f64,
+}
+
+/// Version of the online protocol's code, part of [`protocol_fingerprint`]: 2 = the held-out prompts are
+/// phrased by the student of the split's seed (1 phrased them per replicate).
+const PROTOCOL_VERSION: u32 = 2;
+
+/// Hash of what makes two online runs comparable beyond the arm's own configuration: `[online]`,
+/// `[student]`, the held-out problems (`[eval] problems`) and [`PROTOCOL_VERSION`]. A run recorded under
+/// another fingerprint is refused, not mixed.
+///
+/// # Errors
+/// JSON errors (not expected).
+pub fn protocol_fingerprint(cfg: &AblationConfig) -> Result<String> {
+    let v = serde_json::json!({"protocol": PROTOCOL_VERSION, "online": cfg.online, "student": cfg.student, "eval_problems": cfg.eval.problems});
+    Ok(crate::schema::content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
 }
 
 /// The online settings, or a configuration error naming the file's section.
@@ -112,7 +135,9 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
     let started = Instant::now();
     // The demo ends with a stop request of its own: a child stop, so the ablation goes on.
     let s = run_demo(opts, stop.child()).await?;
-    if stop.requested() {
+    // Stopped before the evaluation: nothing to keep. Stopped during it (it cannot be interrupted): the
+    // replicate is complete and is kept; the caller stops after recording it.
+    if stop.requested() && s.evaluations.is_empty() {
         return Err(Error::Cancelled);
     }
     let every = arm.pipeline.trainer.checkpoint_every.max(1) as i64;
@@ -132,6 +157,7 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         group: arm.group.clone(),
         seed: arm.seed,
         config_hash: arm.config_hash.clone(),
+        protocol: protocol_fingerprint(cfg)?,
         sessions: s.sessions_log,
         summary: s.sessions_summary,
         checkpoints,
@@ -159,6 +185,9 @@ pub async fn run_online(opts: &AblateOptions, stop: Stop) -> Result<AblationSumm
     let started = Instant::now();
     let cfg = &opts.config;
     settings(cfg)?;
+    if opts.metrics_jsonl.is_some() {
+        return Err(config_err!("--metrics-jsonl is for the offline mode; an online replicate's train_steps are in work/online/<arm>/demo/lake"));
+    }
     let lay = Layout::new(&opts.out);
     std::fs::create_dir_all(&lay.work).map_err(|e| Error::io("create", &lay.work, e))?;
     crate::lake::write_atomic(&lay.out.join(".gitignore"), b"# bulky run files (lakes, checkpoints); the report and results/ stay\nwork/\n")?;
@@ -173,17 +202,27 @@ pub async fn run_online(opts: &AblateOptions, stop: Stop) -> Result<AblationSumm
             }
         }
     }
+    let protocol = protocol_fingerprint(cfg)?;
     for arm in &arms {
         if !super::plan::selected(opts.arms.as_deref(), arm) {
             continue;
         }
         let path = marker(&lay, &arm.name);
         match read_marker::<OnlineRun>(&path)? {
-            Some(r) if r.config_hash == arm.config_hash => {
+            Some(r) if r.config_hash == arm.config_hash && r.protocol == protocol => {
                 eprintln!("[ablate] online arm {}: recorded ({} sessions, {:.0} s), skipped", arm.name, r.sessions.len(), r.seconds);
                 continue;
             }
-            Some(_) => return Err(config_err!("online arm {}: its configuration changed since {} was written; use another --out or delete that file", arm.name, path.display())),
+            Some(r) => {
+                return Err(config_err!(
+                    "online arm {}: {} changed since {} was written (protocol {:?} recorded, {:?} now); use another --out or delete that file",
+                    arm.name,
+                    if r.config_hash != arm.config_hash { "its configuration" } else { "the [online], [student] or held-out settings or the protocol's version" },
+                    path.display(),
+                    r.protocol,
+                    protocol
+                ))
+            }
             None => {}
         }
         if stop.requested() {
@@ -191,16 +230,27 @@ pub async fn run_online(opts: &AblateOptions, stop: Stop) -> Result<AblationSumm
         }
         eprintln!("[ablate] online arm {} (method {}): the demo's loop", arm.name, arm.pipeline.method.as_str());
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| lay.work.clone());
+        // An unfinished replicate restarts from nothing (its spooled events included).
+        super::layout::remove_dir(&dir)?;
         let run = run_arm(cfg, arm, &dir, &stop).await?;
         eprintln!("[ablate] online arm {}: {}; score {} ({:.0} s)", arm.name, run.summary.until_stable_text(), run.checkpoints.iter().map(|c| format!("v{} {:.3}", c.version, c.score)).collect::<Vec<_>>().join(" → "), run.seconds);
         write_marker(&path, &run)?;
+        if stop.requested() {
+            return Err(Error::Cancelled);
+        }
     }
     let mut runs = vec![];
     let mut missing = vec![];
     for arm in &arms {
         match read_marker::<OnlineRun>(&marker(&lay, &arm.name))? {
-            Some(r) if r.config_hash == arm.config_hash => runs.push((arm, r)),
-            _ => missing.push(arm.name.clone()),
+            // A replicate whose server never loaded a checkpoint has no final version: it is reported
+            // apart, not scored as if v0 were its trained weights.
+            Some(r) if r.config_hash == arm.config_hash && r.protocol == protocol && !r.checkpoints.iter().any(|c| c.version > 0) => {
+                missing.push(format!("{} (no checkpoint reached the server in {} student turns)", arm.name, r.interactions))
+            }
+            Some(r) if r.config_hash == arm.config_hash && r.protocol == protocol => runs.push((arm, r)),
+            Some(_) => missing.push(format!("{} (recorded under other settings)", arm.name)),
+            None => missing.push(arm.name.clone()),
         }
     }
     let arm_rows: Vec<ArmRow> = runs.iter().map(|(a, r)| ArmRow::of(a, r.train_steps, String::new(), vec![], vec![], vec![])).collect::<Result<_>>()?;
@@ -332,11 +382,11 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
     }
     s.push('\n');
     if !missing.is_empty() {
-        let _ = writeln!(s, "Not run yet: {}.\n", missing.join(", "));
+        let _ = writeln!(s, "Not in the statistics: {}.\n", missing.join(", "));
     }
     let _ = writeln!(
         s,
-        "Not in the online mode yet: the `prompted` and `memory` baselines and context distillation (offline only, `docs/ablation-student`); held-out loss and the teacher gap (offline only); v0 is evaluated in every run rather than once.\n"
+        "Not in the online mode yet: the `prompted` and `memory` baselines and context distillation (offline only, `docs/ablation-student`); held-out loss and the teacher gap (offline only); v0 is evaluated in every run rather than once. Unused here: `[data]`, `[eval] max_tokens`, `batch` and `judge_agreement` (the held-out answers use `[online] max_tokens`).\n"
     );
     s
 }
@@ -363,6 +413,7 @@ mod tests {
             group: group.into(),
             seed,
             config_hash: "h".into(),
+            protocol: "p".into(),
             sessions: vec![],
             summary: SessionsSummary { sessions, until_stable: until, first_answer_rate_by_quarter: quarters, mean_turns: 1.0 },
             checkpoints: vec![],
@@ -382,6 +433,23 @@ mod tests {
         assert_eq!(mean_quarters(&[&a, &b]), vec![0.25, 0.5, 0.5, 1.0]);
         assert_eq!(until_stable_cell(&a.summary), "9");
         assert_eq!(until_stable_cell(&b.summary), ">3");
+    }
+
+    #[test]
+    fn the_protocol_fingerprint_sees_the_settings_that_make_runs_comparable() {
+        let cfg = AblationConfig::load(Path::new("ablations/tiny-online.toml")).unwrap();
+        let fp = protocol_fingerprint(&cfg).unwrap();
+        let changed = |f: &dyn Fn(&mut AblationConfig)| {
+            let mut c = cfg.clone();
+            f(&mut c);
+            protocol_fingerprint(&c).unwrap()
+        };
+        assert_ne!(changed(&|c| c.online.as_mut().unwrap().interactions += 1), fp);
+        assert_ne!(changed(&|c| c.student.seed += 1), fp);
+        assert_ne!(changed(&|c| c.eval.problems += 1), fp);
+        // Which versions are evaluated and which arms exist do not change one run's numbers.
+        assert_eq!(changed(&|c| c.eval.versions = super::super::config::EvalVersions::All), fp);
+        assert_eq!(changed(&|c| c.arms.truncate(1)), fp);
     }
 
     #[test]

@@ -168,6 +168,11 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
                 Err(e) => {
                     sh.failed.fetch_add(1, Ordering::SeqCst);
                     tracing::error!(session, error = %e, "student request failed");
+                    // The session ends here; it counts as not meeting the preferences.
+                    if let Ok(mut o) = sh.outcomes.lock() {
+                        let ended = o.len() + 1;
+                        o.push(SessionOutcome { session: session.clone(), problem_id: problem.id, ended, turns: turn - 1, first_answer_satisfied, satisfied_at_end: false, first_version, failed: true });
+                    }
                     break;
                 }
             };
@@ -185,7 +190,7 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
             if last {
                 if let Ok(mut o) = sh.outcomes.lock() {
                     let ended = o.len() + 1;
-                    o.push(SessionOutcome { session: session.clone(), problem_id: problem.id, ended, turns: turn, first_answer_satisfied, satisfied_at_end: reply.satisfied, first_version });
+                    o.push(SessionOutcome { session: session.clone(), problem_id: problem.id, ended, turns: turn, first_answer_satisfied, satisfied_at_end: reply.satisfied, first_version, failed: false });
                 }
                 // The student's last reply is the next state of the last answer: it reaches the pipeline
                 // in a closing side turn (not trained; one token) that also marks the session done.

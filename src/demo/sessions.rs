@@ -30,8 +30,12 @@ pub struct SessionOutcome {
     pub first_answer_satisfied: bool,
     /// The student was satisfied when the session ended (at any turn).
     pub satisfied_at_end: bool,
-    /// Policy version that gave the first answer (0: the initial weights; -1: not reported).
+    /// Policy version that gave the first answer (0: the initial weights; -1: not reported or none).
     pub first_version: i64,
+    /// A request of the session failed and ended it (`turns` answers were given before); a failed
+    /// session counts as not meeting the preferences unless its first answer did.
+    #[serde(default)]
+    pub failed: bool,
 }
 
 /// Sessions until the preferences are met in `run` consecutive sessions: the 1-based index (in
@@ -91,8 +95,8 @@ pub struct SessionsSummary {
     /// [`sessions_until_stable`] with [`STABLE_RUN`] over the sessions' first answers; `None`: not reached.
     pub until_stable: Option<usize>,
     /// Fraction (0–1) of sessions whose first answer met every preference, per quarter of the sessions
-    /// in the order they ended (fewer entries with fewer than 4 sessions; the last quarter takes the
-    /// remainder).
+    /// in the order they ended: part q holds sessions ⌊q·n/4⌋ to ⌊(q+1)·n/4⌋ − 1 (fewer parts, one
+    /// session each, with fewer than 4 sessions).
     pub first_answer_rate_by_quarter: Vec<f64>,
     /// Mean agent answers per session.
     pub mean_turns: f64,
@@ -134,7 +138,7 @@ mod tests {
     use super::*;
 
     fn outcome(ended: usize, first: bool, turns: u32) -> SessionOutcome {
-        SessionOutcome { session: format!("s{ended}"), problem_id: ended, ended, turns, first_answer_satisfied: first, satisfied_at_end: true, first_version: 0 }
+        SessionOutcome { session: format!("s{ended}"), problem_id: ended, ended, turns, first_answer_satisfied: first, satisfied_at_end: true, first_version: 0, failed: false }
     }
 
     #[test]

@@ -224,7 +224,7 @@ fn the_sessions_section_states_the_online_metric() {
     let log: Vec<SessionOutcome> = met
         .iter()
         .enumerate()
-        .map(|(i, &m)| SessionOutcome { session: format!("s{i}"), problem_id: i, ended: i + 1, turns: if m { 1 } else { 2 }, first_answer_satisfied: m, satisfied_at_end: true, first_version: 0 })
+        .map(|(i, &m)| SessionOutcome { session: format!("s{i}"), problem_id: i, ended: i + 1, turns: if m { 1 } else { 2 }, first_answer_satisfied: m, satisfied_at_end: true, first_version: 0, failed: false })
         .collect();
     r.sessions = Some(SessionsSummary::of(&log));
     let md = render_markdown(&r, "p.png", true);
