@@ -43,7 +43,6 @@ use super::config::{AblationConfig, ArmSamples, OnlineSettings, ResolvedArm};
 use super::layout::{read_marker, write_marker, Layout};
 use super::report::AblationSummary;
 use super::results::{ArmRow, CheckpointRow, ResponseRow};
-use super::run::AblateOptions;
 use crate::demo::run::{run_demo, DemoOptions};
 use crate::demo::sessions::{chance_of_stable, SessionOutcome, SessionsSummary, STABLE_RUN};
 use crate::error::{Error, Result};
@@ -181,21 +180,23 @@ fn marker(lay: &Layout, arm: &str) -> PathBuf {
 /// A configuration error without `[online]`, with an arm that trains on teacher generations (offline
 /// only), for an unknown `--arms` name, or when an arm changed since its run was recorded; the demo's
 /// errors; [`Error::Cancelled`] on a stop request (finished arm replicates are kept).
-pub async fn run_online(opts: &AblateOptions, stop: Stop) -> Result<AblationSummary> {
+///
+/// The arguments are the fields of `AblateOptions` (`config`, `out`, `arms`, and
+/// `metrics_jsonl`, which must be `None` here); `run_ablation` passes them.
+pub async fn run_online(cfg: &AblationConfig, out: &Path, arms_selected: Option<&[String]>, metrics_jsonl: Option<&Path>, stop: Stop) -> Result<AblationSummary> {
     let started = Instant::now();
-    let cfg = &opts.config;
     settings(cfg)?;
-    if opts.metrics_jsonl.is_some() {
+    if metrics_jsonl.is_some() {
         return Err(config_err!("--metrics-jsonl is for the offline mode; an online replicate's train_steps are in work/online/<arm>/demo/lake"));
     }
-    let lay = Layout::new(&opts.out);
+    let lay = Layout::new(out);
     std::fs::create_dir_all(&lay.work).map_err(|e| Error::io("create", &lay.work, e))?;
     crate::lake::write_atomic(&lay.out.join(".gitignore"), b"# bulky run files (lakes, checkpoints); the report and results/ stay\nwork/\n")?;
     let arms = cfg.resolve(&lay.lake())?;
     if let Some(a) = arms.iter().find(|a| a.samples != ArmSamples::Pipeline) {
         return Err(config_err!("arm {:?} trains on the teacher's generations, an offline arm: the online mode serves and trains each arm's own pipeline", a.group));
     }
-    if let Some(sel) = &opts.arms {
+    if let Some(sel) = arms_selected {
         for s in sel {
             if !arms.iter().any(|a| &a.name == s || &a.group == s) {
                 return Err(config_err!("--arms: no arm named {s:?} (arms: {})", arms.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")));
@@ -204,7 +205,7 @@ pub async fn run_online(opts: &AblateOptions, stop: Stop) -> Result<AblationSumm
     }
     let protocol = protocol_fingerprint(cfg)?;
     for arm in &arms {
-        if !super::plan::selected(opts.arms.as_deref(), arm) {
+        if !super::plan::selected(arms_selected, arm) {
             continue;
         }
         let path = marker(&lay, &arm.name);

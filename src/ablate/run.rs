@@ -639,7 +639,7 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
 /// and I/O errors; [`Error::Cancelled`] on a stop request (everything finished so far is kept).
 pub async fn run_ablation(opts: &AblateOptions, stop: Stop) -> Result<AblationSummary> {
     if opts.config.online.is_some() {
-        return super::online::run_online(opts, stop).await;
+        return super::online::run_online(&opts.config, &opts.out, opts.arms.as_deref(), opts.metrics_jsonl.as_deref(), stop).await;
     }
     let started = Instant::now();
     let cfg = &opts.config;
