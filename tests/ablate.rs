@@ -152,12 +152,17 @@ async fn replay_keeps_lineage_and_reuses_cached_votes() {
 
 /// `ablations/tiny.toml` with absolute paths (the test binary's working directory may differ).
 fn tiny_config(dir: &Path, model: &Path) -> PathBuf {
+    ablation_file(dir, model, "tiny.toml")
+}
+
+/// `ablations/<file>` with absolute paths, written to `dir/<file>`.
+fn ablation_file(dir: &Path, model: &Path, file: &str) -> PathBuf {
     let root = common::root();
-    let mut text = std::fs::read_to_string(root.join("ablations/tiny.toml")).unwrap();
+    let mut text = std::fs::read_to_string(root.join("ablations").join(file)).unwrap();
     text = text.replace("model = \"models/smollm2-135m-instruct\"", &format!("model = \"{}\"", model.display()));
     text = text.replace("base_pipeline = \"pipelines/demo.toml\"", &format!("base_pipeline = \"{}\"", root.join("pipelines/demo.toml").display()));
     text = text.replace("[student]\n", &format!("[student]\ngsm8k = \"{}\"\n", root.join("data/gsm8k_test.json").display()));
-    let path = dir.join("tiny.toml");
+    let path = dir.join(file);
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -476,13 +481,7 @@ fn a_collection_stops_when_asked_and_returns_nothing() {
 fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one() {
     let Some(model) = model_dir() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let root = common::root();
-    let mut text = std::fs::read_to_string(root.join("ablations/tiny-online.toml")).unwrap();
-    text = text.replace("model = \"models/smollm2-135m-instruct\"", &format!("model = \"{}\"", model.display()));
-    text = text.replace("base_pipeline = \"pipelines/demo.toml\"", &format!("base_pipeline = \"{}\"", root.join("pipelines/demo.toml").display()));
-    text = text.replace("[student]\n", &format!("[student]\ngsm8k = \"{}\"\n", root.join("data/gsm8k_test.json").display()));
-    let config = dir.path().join("tiny-online.toml");
-    std::fs::write(&config, text).unwrap();
+    let config = ablation_file(dir.path(), &model, "tiny-online.toml");
     let out = dir.path().join("out");
 
     // One arm's replicates first, then the rest: the finished ones are not run again.

@@ -39,7 +39,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::compare::{self, PairRow};
-use super::config::{AblationConfig, ArmSamples, OnlineSettings, ResolvedArm};
+use super::config::{AblationConfig, OnlineSettings, ResolvedArm};
 use super::layout::{read_marker, write_marker, Layout};
 use super::report::AblationSummary;
 use super::results::{ArmRow, CheckpointRow, ResponseRow};
@@ -193,9 +193,6 @@ pub async fn run_online(cfg: &AblationConfig, out: &Path, arms_selected: Option<
     std::fs::create_dir_all(&lay.work).map_err(|e| Error::io("create", &lay.work, e))?;
     crate::lake::write_atomic(&lay.out.join(".gitignore"), b"# bulky run files (lakes, checkpoints); the report and results/ stay\nwork/\n")?;
     let arms = cfg.resolve(&lay.lake())?;
-    if let Some(a) = arms.iter().find(|a| a.samples != ArmSamples::Pipeline) {
-        return Err(config_err!("arm {:?} trains on the teacher's generations, an offline arm: the online mode serves and trains each arm's own pipeline", a.group));
-    }
     if let Some(sel) = arms_selected {
         for s in sel {
             if !arms.iter().any(|a| &a.name == s || &a.group == s) {
