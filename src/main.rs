@@ -630,6 +630,8 @@ fn run() -> Result<()> {
                     split_seed: None,
                     preferences: prefs,
                     eval_last_only: false,
+                    context: nextstate::demo::run::AgentContext::None,
+                    train: true,
                 };
                 let stop = Stop::default();
                 stop.on_signals();

@@ -496,9 +496,50 @@ fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one
     let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results/online.json")).unwrap()).unwrap();
     let runs = results["runs"].as_array().unwrap();
     let names: Vec<&str> = runs.iter().map(|r| r["arm"].as_str().unwrap()).collect();
-    assert_eq!(names, ["binary.seed=1", "binary.seed=2", "combined.seed=1", "combined.seed=2"]);
+    assert_eq!(names, ["binary.seed=1", "binary.seed=2", "combined.seed=1", "combined.seed=2", "prompted.seed=1", "prompted.seed=2", "memory.seed=1", "memory.seed=2"]);
     let mut v0 = vec![];
-    for r in runs {
+    let (trained, baselines) = runs.split_at(4);
+    for r in baselines {
+        // A baseline never trains, serves every session with v0 and runs `max_interactions` turns.
+        assert_eq!(r["train_steps"], 0, "{r}");
+        assert_eq!(r["versions_seen"], serde_json::json!([0]), "{r}");
+        assert!(r["interactions"].as_u64().unwrap() >= 24, "{r}");
+        let lake = nextstate::lake::Lake::open(out.join("work/online").join(r["arm"].as_str().unwrap()).join("demo/lake")).unwrap();
+        let mut turns: Vec<nextstate::schema::Interaction> = lake.read_table().unwrap();
+        turns.sort_by_key(|t| t.event_time);
+        let systems: Vec<Option<String>> = turns
+            .iter()
+            .filter(|t| t.turn_type == nextstate::schema::TurnType::Main)
+            .map(|t| {
+                let m: Vec<serde_json::Value> = serde_json::from_str(&t.request_messages).unwrap();
+                (m[0]["role"] == "system").then(|| m[0]["content"].as_str().unwrap().to_string())
+            })
+            .collect();
+        assert!(!systems.is_empty());
+        let versions: Vec<i64> = r["checkpoints"].as_array().unwrap().iter().map(|c| c["version"].as_i64().unwrap()).collect();
+        if r["baseline"] == "prompted" {
+            // Every session starts with the preferences; the end evaluation uses them too.
+            let prompt = "The user has these preferences for every answer: ";
+            assert!(systems.iter().all(|s| s.as_deref().is_some_and(|s| s.starts_with(prompt))), "{systems:?}");
+            assert!(r["system_prompt"].as_str().unwrap().starts_with(prompt), "{r}");
+            assert_eq!(versions, [0, 1], "v0, then v0 with the system prompt at the end of the run");
+        } else {
+            assert_eq!(r["baseline"], "memory");
+            // The memory starts empty: the first sessions have no system prompt, and any they have is a
+            // list of accepted hints.
+            assert_eq!(systems[0], None, "{systems:?}");
+            assert!(systems.iter().flatten().all(|s| s.starts_with("Notes from earlier conversations with this user:\n- ")), "{systems:?}");
+            if r["accepted_hints"].as_u64().unwrap() > 0 {
+                assert!(r["system_prompt"].as_str().unwrap().starts_with("Notes from earlier conversations with this user:\n- "), "{r}");
+                assert_eq!(versions, [0, 1]);
+            } else {
+                assert_eq!(versions, [0]);
+            }
+        }
+        assert_eq!(r["responses"].as_array().unwrap().len(), 2 * versions.len());
+        v0.push(r["responses"].as_array().unwrap().iter().filter(|x| x["version"] == 0).map(|x| (x["problem_id"].as_i64().unwrap(), x["response_text"].as_str().unwrap().to_string())).collect());
+    }
+    for r in trained {
         let sessions = r["sessions"].as_array().unwrap();
         assert!(!sessions.is_empty(), "{r}");
         assert_eq!(r["summary"]["sessions"].as_u64().unwrap() as usize, sessions.len());
@@ -522,4 +563,5 @@ fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one
     assert!(md.contains("**Sessions until stable**") && md.contains("## Between arms") && md.contains("| binary | combined | 2 |"), "{md}");
     assert!(md.contains("peak RSS ") && !md.contains("peak RSS not measured"), "{md}");
     assert!(md.contains("Sessions until stable without any learning"), "{md}");
+    assert!(md.contains("| prompted | prompted | 2 |") && md.contains("## Does training beat the baselines without training?") && md.contains("| end: v0 with its system prompt |"), "{md}");
 }

@@ -42,6 +42,8 @@ async fn short_demo_against_the_real_broker() {
         split_seed: None,
         preferences: nextstate::demo::Preferences { correct_answer: false, ..Default::default() },
         eval_last_only: false,
+        context: nextstate::demo::run::AgentContext::None,
+        train: true,
     };
     let s = nextstate::demo::run::run_demo(opts, nextstate::runtime::Stop::default()).await.unwrap();
     eprintln!("versions seen by the students: {:?}; reloads: {:?}; evaluations: {:?}", s.versions_seen, s.run.reloads, s.evaluations.iter().map(|e| e.version).collect::<Vec<_>>());

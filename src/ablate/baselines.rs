@@ -8,13 +8,14 @@
 //!
 //! Both answer greedily (as every evaluated version) and are scored by the student's checker.
 
+use serde::{Deserialize, Serialize};
+
 use crate::demo::{Preferences, Problem, Student};
 use crate::error::Result;
 use crate::model::LanguageModel;
 use crate::schema::Message;
 
-/// Most tokens of remembered hints in the `memory` baseline's system prompt.
-pub const MEMORY_TOKENS: usize = 256;
+pub use crate::demo::memory::{memory_system, MEMORY_TOKENS};
 
 /// The `prompted` baseline's system prompt: "The user has these preferences for every answer: " and the
 /// oracle hint.
@@ -22,29 +23,28 @@ pub fn prompted_system(prefs: &Preferences) -> String {
     format!("The user has these preferences for every answer: {}", super::teacher_eval::oracle_hint(prefs))
 }
 
-/// The `memory` baseline's system prompt from `hints` (accepted hints in the order they were given,
-/// oldest first): the newest first, each once (exact text after trimming, case-insensitive), as long as
-/// the list stays within `cap_tokens` tokens counted by `tokens`; `None` without any hint that fits.
-/// The kept hints are listed oldest first under "Notes from earlier conversations with this user:".
-pub fn memory_system(hints: &[String], cap_tokens: usize, tokens: impl Fn(&str) -> usize) -> Option<String> {
-    let mut kept: Vec<&str> = vec![];
-    let mut used = 0;
-    for h in hints.iter().rev().map(|h| h.trim()).filter(|h| !h.is_empty()) {
-        if kept.iter().any(|k| k.eq_ignore_ascii_case(h)) {
-            continue;
+/// A baseline as an arm of the online mode (`baseline = "prompted"` or `"memory"` in an `[[arms]]`
+/// entry; [`super::online`]): the initial weights serve the student with the baseline's system prompt
+/// and no weight changes; at the end they answer the held-out problems with it. Offline, both
+/// baselines are evaluated beside every run without being arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Baseline {
+    /// The student's preferences in the system prompt ([`prompted_system`]).
+    Prompted,
+    /// The hints accepted so far in the system prompt ([`memory_system`], at most [`MEMORY_TOKENS`]
+    /// tokens); the pipeline judges and extracts hints as for a trained arm, but nothing trains.
+    Memory,
+}
+
+impl Baseline {
+    /// `prompted` or `memory`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Baseline::Prompted => "prompted",
+            Baseline::Memory => "memory",
         }
-        let n = tokens(&format!("- {h}\n"));
-        if used + n > cap_tokens {
-            break;
-        }
-        used += n;
-        kept.push(h);
     }
-    if kept.is_empty() {
-        return None;
-    }
-    kept.reverse();
-    Some(format!("Notes from earlier conversations with this user:\n{}", kept.iter().map(|h| format!("- {h}")).collect::<Vec<_>>().join("\n")))
 }
 
 /// Greedy answers to the student's first message about each problem with `system` as the system prompt,
@@ -61,24 +61,6 @@ pub fn answers_with_system(lm: &LanguageModel, problems: &[Problem], student: &S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn words(s: &str) -> usize {
-        s.split_whitespace().count()
-    }
-
-    #[test]
-    fn memory_keeps_the_newest_distinct_hints_within_the_cap() {
-        let hints: Vec<String> = ["Keep it short.", "Do not use bold text.", "keep it short.", "Put the final number at the end."].map(String::from).to_vec();
-        // Newest first: "- Put ..." (8 words), "- keep it short." (4), "- Do not use bold text." (6) = 18.
-        assert_eq!(
-            memory_system(&hints, 18, words).as_deref(),
-            Some("Notes from earlier conversations with this user:\n- Do not use bold text.\n- keep it short.\n- Put the final number at the end.")
-        );
-        // A cap of 12 keeps the two newest; the older "Keep it short." is a duplicate either way.
-        assert_eq!(memory_system(&hints, 12, words).as_deref(), Some("Notes from earlier conversations with this user:\n- keep it short.\n- Put the final number at the end."));
-        assert_eq!(memory_system(&hints, 7, words), None);
-        assert_eq!(memory_system(&[], 100, words), None);
-    }
 
     #[test]
     fn prompted_names_the_preferences() {

@@ -33,7 +33,7 @@ use crate::stats::{mean_t_95, p_text, paired_t, wilson_95};
 pub const ALPHA: f64 = 0.05;
 
 /// One arm group over its replicate seeds (`arm_summary`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GroupRow {
     /// Group (the arm as the ablation file names it).
     pub group: String,

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::baselines::Baseline;
 use crate::config::PipelineConfig;
 use crate::method::Method;
 use crate::schema::content_hash;
@@ -293,6 +294,10 @@ pub struct ArmSpec {
     /// [`ArmSamples`]).
     #[serde(default)]
     pub samples: ArmSamples,
+    /// A baseline without training instead of a trained arm (online mode only; [`Baseline`]): the
+    /// initial weights serve with the baseline's system prompt and nothing trains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
 }
 
 /// What an arm trains on.
@@ -353,6 +358,8 @@ pub struct ResolvedArm {
     /// named as an `opd` arm with the same stage settings would be) whose hinted samples give the
     /// teacher contexts; `None` otherwise.
     pub hints_from: Option<PipelineConfig>,
+    /// The baseline the arm is, if it is one ([`ArmSpec::baseline`]).
+    pub baseline: Option<Baseline>,
 }
 
 fn valid_name(n: &str) -> bool {
@@ -500,6 +507,12 @@ impl AblationConfig {
                     return Err(config_err!("arm {:?} trains on the teacher's generations, an offline arm: the online mode serves and trains each arm's own pipeline", a.name));
                 }
             }
+            None if self.arms.iter().any(|a| a.baseline.is_some()) => {
+                let a = self.arms.iter().find(|a| a.baseline.is_some()).map(|a| a.name.clone()).unwrap_or_default();
+                return Err(config_err!(
+                    "arm {a:?} sets `baseline`, an arm of the online mode (an [online] section): offline, the `prompted` and `memory` baselines are evaluated beside every run without an arm"
+                ));
+            }
             None if self.data.lake.is_none() && self.data.collect.is_none() => {
                 return Err(config_err!("[data] needs a lake to query or a [data.collect] section (or an [online] section)"));
             }
@@ -643,8 +656,17 @@ impl AblationConfig {
                 // (kept out of the default's hash so existing arms keep theirs)
                 config_hash = content_hash(&[config_hash.as_bytes(), serde_json::to_string(&spec.samples)?.as_bytes()]);
             }
+            if let Some(b) = spec.baseline {
+                if b == Baseline::Memory && !p.method.uses_hints() {
+                    return Err(config_err!("arm {name}: the memory baseline remembers accepted hints: its method must extract them (opd or combined), not {}", p.method.as_str()));
+                }
+                if spec.samples != ArmSamples::Pipeline {
+                    return Err(config_err!("arm {name}: a baseline does not train, so `samples` does not apply"));
+                }
+                config_hash = content_hash(&[config_hash.as_bytes(), b"baseline", b.as_str().as_bytes()]);
+            }
             let overrides = sets.into_iter().map(|(k, v)| (k, v.to_string())).collect();
-            arms.push(ResolvedArm { name, group, seed, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash, samples: spec.samples, hints_from });
+            arms.push(ResolvedArm { name, group, seed, overrides, pipeline: p, data_hash, data_pipeline, config_hash, trainer_hash, samples: spec.samples, hints_from, baseline: spec.baseline });
         }
         Ok(arms)
     }
@@ -798,7 +820,7 @@ values = [0.5, 2.0]
         assert_eq!((multi.teacher.candidates, multi.teacher.top_k, multi.hint.m), (3, 4, 3));
         assert_eq!((multi.trainer.opd_loss, multi.trainer.recompute_old_logprobs), (crate::trainer::OpdLoss::Overlap, true));
         assert_ne!(by("multi.seed=1").data_pipeline, by("combined.seed=1").data_pipeline, "its own hints and teacher rows");
-        for (file, n) in [("ablations/online.toml", 15), ("ablations/tiny-online.toml", 4)] {
+        for (file, n) in [("ablations/online.toml", 21), ("ablations/tiny-online.toml", 8)] {
             let cfg = AblationConfig::load(Path::new(file)).unwrap();
             let on = cfg.online.clone().unwrap();
             assert!(on.interactions >= 4 && on.max_interactions >= on.interactions, "{file}");
@@ -823,6 +845,19 @@ values = [0.5, 2.0]
         assert!(AblationConfig::parse(&zero).unwrap_err().to_string().contains("[online] interactions, students and max_tokens must be at least 1"));
         let neither = FILE.replace("[data]\nheldout_sessions = 1\n[data.collect]\nsessions = 2\n", "");
         assert!(AblationConfig::parse(&neither).unwrap_err().to_string().contains("or an [online] section"));
+        // Baselines: online arms only; memory needs a method that extracts hints; their own hash.
+        let offline_baseline = format!("{FILE}\n[[arms]]\nname = \"prompted\"\nbaseline = \"prompted\"\n");
+        assert!(AblationConfig::parse(&offline_baseline).unwrap_err().to_string().contains("an arm of the online mode"));
+        let binary_memory = format!("{online}\n[[arms]]\nname = \"memory\"\nmethod = \"binary\"\nbaseline = \"memory\"\n");
+        let e = AblationConfig::parse(&binary_memory).unwrap().resolve(Path::new("l")).unwrap_err().to_string();
+        assert!(e.contains("arm memory: the memory baseline remembers accepted hints"), "{e}");
+        let with = format!("{online}\n[[arms]]\nname = \"memory\"\nmethod = \"combined\"\nbaseline = \"memory\"\n");
+        let arms = AblationConfig::parse(&with).unwrap().resolve(Path::new("l")).unwrap();
+        let plain = AblationConfig::parse(&online).unwrap().resolve(Path::new("l")).unwrap();
+        let (memory, combined) = (arms.iter().find(|a| a.name == "memory").unwrap(), arms.iter().find(|a| a.name == "combined").unwrap());
+        assert_eq!(memory.baseline, Some(Baseline::Memory));
+        assert_ne!(memory.config_hash, combined.config_hash, "same pipeline, but a baseline");
+        assert_eq!(combined.config_hash, plain.iter().find(|a| a.name == "combined").unwrap().config_hash, "a trained arm keeps its hash");
     }
 
     #[test]

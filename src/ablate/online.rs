@@ -25,6 +25,16 @@
 //!   offline mode ([`super::compare`]: mean and 95 % t interval over replicates, paired t-tests over
 //!   problems against v0 and between arms, Holm-corrected together).
 //!
+//! # Baselines
+//!
+//! An arm with `baseline = "prompted"` or `"memory"` ([`Baseline`]) runs the same loop without the
+//! teacher and trainer: the initial weights serve every session with the baseline's system prompt (the
+//! student's preferences; or the hints the pipeline accepted so far, [`crate::demo::run::AgentContext`]).
+//! So that its count of sessions is never cut shorter than a trained arm's, it runs
+//! `[online] max_interactions` student turns (the most a trained arm may run). Its final evaluation
+//! is the initial weights answering the held-out problems with the system prompt at the end of the run,
+//! recorded as version [`BASELINE_END`] of the arm (no weights changed).
+//!
 //! # Resume
 //!
 //! Each finished arm replicate leaves `work/online/<arm>/run.json` ([`OnlineRun`]); a re-run skips those
@@ -38,12 +48,13 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::baselines::{answers_with_system, memory_system, prompted_system, Baseline, MEMORY_TOKENS};
 use super::compare::{self, PairRow};
 use super::config::{AblationConfig, OnlineSettings, ResolvedArm};
 use super::layout::{read_marker, write_marker, Layout};
 use super::report::AblationSummary;
 use super::results::{ArmRow, CheckpointRow, ResponseRow};
-use crate::demo::run::{run_demo, DemoOptions};
+use crate::demo::run::{accepted_hints, run_demo, AgentContext, DemoOptions};
 use crate::demo::sessions::{chance_of_stable, SessionOutcome, SessionsSummary, STABLE_RUN};
 use crate::error::{Error, Result};
 use crate::runtime::Stop;
@@ -86,7 +97,20 @@ pub struct OnlineRun {
     pub train_steps: i64,
     /// Wall time of the run and its evaluation, seconds.
     pub seconds: f64,
+    /// The baseline the arm is ([`Baseline`]; module docs), `None` for a trained arm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
+    /// A baseline's system prompt at the end of the run, the one its final evaluation used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// Accepted hints in the run (the memory's source; counted for every arm that extracts hints).
+    #[serde(default)]
+    pub accepted_hints: u64,
 }
+
+/// The version a baseline arm's final evaluation is recorded under (module docs): the end of its run,
+/// the initial weights with the baseline's system prompt.
+pub const BASELINE_END: i64 = 1;
 
 /// Version of the online protocol's code, part of [`protocol_fingerprint`]: 2 = the held-out prompts are
 /// phrased by the student of the split's seed (1 phrased them per replicate).
@@ -114,12 +138,19 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
     let mut pipeline = arm.pipeline.clone();
     pipeline.proxy.spool_dir = dir.join("spool");
     let out = dir.join("demo");
+    let prefs = cfg.student.preferences();
+    let context = match arm.baseline {
+        None => AgentContext::None,
+        Some(Baseline::Prompted) => AgentContext::System(prompted_system(&prefs)),
+        Some(Baseline::Memory) => AgentContext::Memory { cap_tokens: MEMORY_TOKENS },
+    };
     let opts = DemoOptions {
         pipeline,
         out: out.clone(),
         gsm8k: cfg.student.gsm8k.clone(),
-        interactions: on.interactions,
-        min_versions_served: on.min_versions_served,
+        // A baseline runs as many turns as a trained arm may (module docs).
+        interactions: if arm.baseline.is_some() { on.max_interactions.max(on.interactions) } else { on.interactions },
+        min_versions_served: if arm.baseline.is_some() { 0 } else { on.min_versions_served },
         max_interactions: on.max_interactions.max(on.interactions),
         students: on.students,
         max_turns: cfg.student.max_turns,
@@ -128,8 +159,10 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         temperature: on.temperature,
         seed: arm.seed,
         split_seed: Some(cfg.student.seed),
-        preferences: cfg.student.preferences(),
+        preferences: prefs.clone(),
         eval_last_only: cfg.eval.versions == super::config::EvalVersions::Last,
+        context,
+        train: arm.baseline.is_none(),
     };
     let started = Instant::now();
     // The demo ends with a stop request of its own: a child stop, so the ablation goes on.
@@ -140,16 +173,27 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         return Err(Error::Cancelled);
     }
     let every = arm.pipeline.trainer.checkpoint_every.max(1) as i64;
-    let checkpoints = s
+    let mut checkpoints: Vec<CheckpointRow> = s
         .evaluations
         .iter()
         .map(|e| CheckpointRow::score_only(&arm.name, e.version, e.version * every, e.interactions as i64, e.score.fraction_all_satisfied, e.score.accuracy, e.score.n as i64))
         .collect();
-    let rows: Vec<EvalScore> = crate::lake::Lake::open(out.join("lake"))?.read_table()?;
+    let lake = crate::lake::Lake::open(out.join("lake"))?;
+    let hints = accepted_hints(&lake)?;
+    let rows: Vec<EvalScore> = lake.read_table()?;
     let mut responses: Vec<ResponseRow> = rows
         .into_iter()
         .map(|r| ResponseRow { arm: arm.name.clone(), version: r.policy_version, problem_id: r.problem_id, satisfied: r.satisfied, correct: r.correct, violations: r.violations, response_text: r.response_text })
         .collect();
+    let mut system_prompt = None;
+    if let Some(b) = arm.baseline {
+        let end = baseline_end(cfg, arm, b, &hints).await?;
+        if let Some((system, score, rows)) = end {
+            checkpoints.push(CheckpointRow::score_only(&arm.name, BASELINE_END, 0, s.interactions as i64, score.fraction_all_satisfied, score.accuracy, score.n as i64));
+            responses.extend(rows);
+            system_prompt = Some(system);
+        }
+    }
     responses.sort_by_key(|r| (r.version, r.problem_id));
     Ok(OnlineRun {
         arm: arm.name.clone(),
@@ -164,9 +208,41 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         interactions: s.interactions,
         failed_requests: s.failed_requests,
         versions_seen: s.versions_seen,
-        train_steps: s.run.train.as_ref().map(|t| t.steps as i64).unwrap_or(0),
+        train_steps: s.run.train.as_ref().map(|t| t.steps).unwrap_or(0),
         seconds: started.elapsed().as_secs_f64(),
+        baseline: arm.baseline,
+        system_prompt,
+        accepted_hints: hints.len() as u64,
     })
+}
+
+/// A baseline's final evaluation (module docs): the initial weights answer the held-out problems
+/// greedily with the baseline's system prompt at the end of the run (`hints`: the run's accepted hints,
+/// oldest first). `None` for a memory that accepted no hint (it never had a system prompt).
+///
+/// # Errors
+/// Data and model errors.
+async fn baseline_end(cfg: &AblationConfig, arm: &ResolvedArm, b: Baseline, hints: &[String]) -> Result<Option<(String, crate::demo::Score, Vec<ResponseRow>)>> {
+    let on = settings(cfg)?;
+    let (pcfg, name, hints, prefs) = (arm.pipeline.clone(), arm.name.clone(), hints.to_vec(), cfg.student.preferences());
+    let (gsm8k, problems_n, split_seed, max_turns, max_tokens, batch) = (cfg.student.gsm8k.clone(), cfg.eval.problems, cfg.student.seed, cfg.student.max_turns, on.max_tokens, cfg.eval.batch);
+    tokio::task::spawn_blocking(move || -> Result<Option<(String, crate::demo::Score, Vec<ResponseRow>)>> {
+        // The held-out problems and prompts of the demo's evaluation (`DemoOptions.split_seed`).
+        let split = crate::demo::split_problems(&crate::demo::load_gsm8k(&gsm8k)?, problems_n, split_seed)?;
+        let student = crate::demo::Student::new(split_seed, prefs.clone(), max_turns)?;
+        let lm = crate::demo::heldout::load_policy(&pcfg, None)?;
+        let system = match b {
+            Baseline::Prompted => Some(prompted_system(&prefs)),
+            Baseline::Memory => memory_system(&hints, MEMORY_TOKENS, |t| lm.encode(t).map(|ids| ids.len()).unwrap_or(usize::MAX)),
+        };
+        let Some(system) = system else { return Ok(None) };
+        let answers = answers_with_system(&lm, &split.eval, &student, &system, max_tokens, batch)?;
+        let (score, rows) = super::eval::score_answers(&name, BASELINE_END, &answers, &prefs);
+        eprintln!("[ablate] online baseline {name}: the initial weights with its system prompt score {:.3} on the held-out problems", score.fraction_all_satisfied);
+        Ok(Some((system, score, rows)))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("baseline evaluation task: {e}")))?
 }
 
 /// The arm's `run.json`.
@@ -226,7 +302,10 @@ pub async fn run_online(cfg: &AblationConfig, out: &Path, arms_selected: Option<
         if stop.requested() {
             return Err(Error::Cancelled);
         }
-        eprintln!("[ablate] online arm {} (method {}): the demo's loop", arm.name, arm.pipeline.method.as_str());
+        match arm.baseline {
+            Some(b) => eprintln!("[ablate] online arm {} (baseline {}, no training): the demo's loop", arm.name, b.as_str()),
+            None => eprintln!("[ablate] online arm {} (method {}): the demo's loop", arm.name, arm.pipeline.method.as_str()),
+        }
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| lay.work.clone());
         // An unfinished replicate restarts from nothing (its spooled events included).
         super::layout::remove_dir(&dir)?;
@@ -243,15 +322,27 @@ pub async fn run_online(cfg: &AblationConfig, out: &Path, arms_selected: Option<
         match read_marker::<OnlineRun>(&marker(&lay, &arm.name))? {
             // A replicate whose server never loaded a checkpoint has no final version: it is reported
             // apart, not scored as if v0 were its trained weights.
-            Some(r) if r.config_hash == arm.config_hash && r.protocol == protocol && !r.checkpoints.iter().any(|c| c.version > 0) => {
-                missing.push(format!("{} (no checkpoint reached the server in {} student turns)", arm.name, r.interactions))
-            }
+            Some(r) if r.config_hash == arm.config_hash && r.protocol == protocol && !r.checkpoints.iter().any(|c| c.version > 0) => missing.push(match r.baseline {
+                Some(_) => format!("{} (no accepted hint in {} student turns, so no memory to evaluate)", arm.name, r.interactions),
+                None => format!("{} (no checkpoint reached the server in {} student turns)", arm.name, r.interactions),
+            }),
             Some(r) if r.config_hash == arm.config_hash && r.protocol == protocol => runs.push((arm, r)),
             Some(_) => missing.push(format!("{} (recorded under other settings)", arm.name)),
             None => missing.push(arm.name.clone()),
         }
     }
-    let arm_rows: Vec<ArmRow> = runs.iter().map(|(a, r)| ArmRow::of(a, r.train_steps, String::new(), vec![], vec![], vec![])).collect::<Result<_>>()?;
+    let arm_rows: Vec<ArmRow> = runs
+        .iter()
+        .map(|(a, r)| {
+            let mut row = ArmRow::of(a, r.train_steps, String::new(), vec![], vec![], vec![])?;
+            // A baseline is not its pipeline's method (and never one of the plain arms the ordering
+            // sentence compares).
+            if let Some(b) = a.baseline {
+                row.method = b.as_str().into();
+            }
+            Ok(row)
+        })
+        .collect::<Result<_>>()?;
     let checkpoints: Vec<CheckpointRow> = runs.iter().flat_map(|(_, r)| r.checkpoints.clone()).collect();
     let responses: Vec<ResponseRow> = runs.iter().flat_map(|(_, r)| r.responses.clone()).collect();
     let (groups, mut pairs) = compare::summarize(&arm_rows, &checkpoints, &responses)?;
@@ -375,18 +466,66 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
     for r in runs {
         for c in &r.checkpoints {
-            let _ = writeln!(s, "| {} | {} | {} | {:.3} | {:.3} | {} |", r.arm, c.version, c.interactions_seen, c.score, c.accuracy, r.train_steps);
+            let version = match r.baseline {
+                Some(_) if c.version == BASELINE_END => "end: v0 with its system prompt".to_string(),
+                _ => c.version.to_string(),
+            };
+            let _ = writeln!(s, "| {} | {version} | {} | {:.3} | {:.3} | {} |", r.arm, c.interactions_seen, c.score, c.accuracy, r.train_steps);
         }
     }
     s.push('\n');
+    baselines_section(&mut s, runs, groups, pairs);
     if !missing.is_empty() {
         let _ = writeln!(s, "Not in the statistics: {}.\n", missing.join(", "));
     }
     let _ = writeln!(
         s,
-        "Not in the online mode yet: the `prompted` and `memory` baselines and context distillation (offline only, `docs/ablation-student`); held-out loss and the teacher gap (offline only); v0 is evaluated in every run rather than once. Unused here: `[data]`, `[eval] max_tokens`, `batch` and `judge_agreement` (the held-out answers use `[online] max_tokens`).\n"
+        "Not in the online mode yet: context distillation (offline only, `docs/ablation-student`); held-out loss and the teacher gap (offline only); v0 is evaluated in every run rather than once. Unused here: `[data]`, `[eval] max_tokens` and `judge_agreement` (the held-out answers use `[online] max_tokens`; `[eval] batch` is the baselines' generation batch).\n"
     );
     s
+}
+
+/// The baselines' part of the report: whether each trained arm beats each baseline (the paired
+/// comparisons above, Holm-corrected), and each baseline replicate's system prompt at the end.
+fn baselines_section(s: &mut String, runs: &[OnlineRun], groups: &[compare::GroupRow], pairs: &[PairRow]) {
+    let is_baseline = |g: &str| runs.iter().any(|r| r.group == g && r.baseline.is_some());
+    let bases: Vec<&compare::GroupRow> = groups.iter().filter(|g| is_baseline(&g.group)).collect();
+    if bases.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "## Does training beat the baselines without training?\n");
+    for b in &bases {
+        let mut beat = vec![];
+        let mut not = vec![];
+        for g in groups.iter().filter(|g| !is_baseline(&g.group)) {
+            let found = pairs.iter().find_map(|p| {
+                if p.a == g.group && p.b == b.group {
+                    Some((p.mean_diff, p.p_holm))
+                } else if p.b == g.group && p.a == b.group {
+                    Some((-p.mean_diff, p.p_holm))
+                } else {
+                    None
+                }
+            });
+            match found {
+                Some((d, p)) if d > 0.0 && p < compare::ALPHA => beat.push(format!("{} ({d:+.3}, Holm p {})", g.group, p_text(p))),
+                Some((d, p)) => not.push(format!("{} ({d:+.3}, Holm p {})", g.group, p_text(p))),
+                None => not.push(format!("{} (no paired replicates)", g.group)),
+            }
+        }
+        let verdict = match (beat.is_empty(), not.is_empty()) {
+            (true, true) => "no trained arm in this report".to_string(),
+            (false, true) => format!("every trained arm beats it: {}", beat.join(", ")),
+            (true, false) => format!("no trained arm beats it at Holm p < 0.05: {}", not.join(", ")),
+            (false, false) => format!("beaten by {}; not beaten by {}", beat.join(", "), not.join(", ")),
+        };
+        let _ = writeln!(s, "- **{}** ({:.3}): {verdict}.", b.group, b.mean);
+    }
+    let _ = writeln!(s, "\nThe baselines' system prompts at the end of each replicate (the memory's accepted hints, newest kept within {MEMORY_TOKENS} tokens):\n");
+    for r in runs.iter().filter(|r| r.baseline.is_some()) {
+        let text = r.system_prompt.as_deref().unwrap_or("(none: no hint was accepted)");
+        let _ = writeln!(s, "- `{}` ({} accepted hints in the run):\n\n  > {}\n", r.arm, r.accepted_hints, text.replace('\n', "\n  > "));
+    }
 }
 
 /// Mean over runs of their first-answer rate per quarter (runs with fewer quarters are left out of the
@@ -421,6 +560,9 @@ mod tests {
             versions_seen: vec![0, 1],
             train_steps: 2,
             seconds: 1.0,
+            baseline: None,
+            system_prompt: None,
+            accepted_hints: 0,
         }
     }
 
@@ -448,6 +590,36 @@ mod tests {
         // Which versions are evaluated and which arms exist do not change one run's numbers.
         assert_eq!(changed(&|c| c.eval.versions = super::super::config::EvalVersions::All), fp);
         assert_eq!(changed(&|c| c.arms.truncate(1)), fp);
+    }
+
+    fn group(name: &str, mean: f64) -> compare::GroupRow {
+        compare::GroupRow { group: name.into(), method: name.into(), seeds: vec![1, 2], mean, ..Default::default() }
+    }
+
+    fn pair(a: &str, b: &str, d: f64, p_holm: f64) -> PairRow {
+        PairRow { a: a.into(), b: b.into(), seeds: vec![1, 2], problems: 4, mean_diff: d, low: None, high: None, p_value: p_holm, p_holm, a_only: 0, b_only: 0 }
+    }
+
+    #[test]
+    fn the_report_says_which_trained_arm_beats_which_baseline() {
+        let mut memory = run("memory", 1, vec![], None, 4);
+        (memory.baseline, memory.system_prompt, memory.accepted_hints) = (Some(Baseline::Memory), Some("Notes from earlier conversations with this user:\n- Keep it short.".into()), 3);
+        let mut prompted = run("prompted", 1, vec![], None, 4);
+        prompted.baseline = Some(Baseline::Prompted);
+        let runs = vec![run("binary", 1, vec![], None, 4), run("opd", 1, vec![], None, 4), prompted, memory];
+        let groups = vec![group("binary", 0.7), group("opd", 0.5), group("prompted", 0.6), group("memory", 0.25)];
+        // Pairs in file order (A before B); against a baseline listed first, the sign flips.
+        let pairs = vec![pair("binary", "opd", 0.2, 0.3), pair("binary", "prompted", 0.1, 0.5), pair("binary", "memory", 0.45, 0.001), pair("opd", "prompted", -0.1, 0.6), pair("opd", "memory", 0.25, 0.04), pair("prompted", "memory", 0.35, 0.01)];
+        let mut s = String::new();
+        baselines_section(&mut s, &runs, &groups, &pairs);
+        assert!(s.contains("- **prompted** (0.600): no trained arm beats it at Holm p < 0.05: binary (+0.100, Holm p 0.500), opd (-0.100, Holm p 0.600).\n"), "{s}");
+        assert!(s.contains("- **memory** (0.250): every trained arm beats it: binary (+0.450, Holm p 0.001), opd (+0.250, Holm p 0.040).\n"), "{s}");
+        assert!(s.contains("- `memory.seed=1` (3 accepted hints in the run):\n\n  > Notes from earlier conversations with this user:\n  > - Keep it short.\n"), "{s}");
+        assert!(s.contains("- `prompted.seed=1` (0 accepted hints in the run):\n\n  > (none: no hint was accepted)\n"), "{s}");
+        // Without a baseline arm, nothing.
+        let mut none = String::new();
+        baselines_section(&mut none, &runs[..2], &groups[..2], &pairs[..1]);
+        assert_eq!(none, "");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! - [`report`]: `report.md` and PNG plots, plus generic [`report::line_chart`] / [`report::histogram`].
 
 pub mod heldout;
+pub mod memory;
 pub mod report;
 pub mod run;
 pub mod score;

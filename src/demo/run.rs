@@ -63,6 +63,79 @@ pub struct DemoOptions {
     /// Evaluate only v0 and the last version the server loaded (the online ablation's `[eval] versions =
     /// "last"`), not also the first and middle ones ([`versions_to_evaluate`]).
     pub eval_last_only: bool,
+    /// The system prompt the agent puts before every student session ([`AgentContext::None`] in the
+    /// demo; the online ablation's baselines without training set it).
+    pub context: AgentContext,
+    /// Run the teacher and trainer (the demo); `false` runs only serving, signals, judge, hint and the
+    /// lake sinks, so the weights never change (the online ablation's baselines).
+    pub train: bool,
+}
+
+/// What the agent writes as the system prompt of each student session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AgentContext {
+    /// No system prompt (the demo).
+    #[default]
+    None,
+    /// This text in every session (the `prompted` baseline).
+    System(String),
+    /// The hints the pipeline accepted so far, read from the lake's `hints` table when a session starts
+    /// (at most every [`MEMORY_REFRESH`]) and written by [`super::memory::memory_system`] with at most
+    /// `cap_tokens` policy tokens, newest first; no system prompt before the first accepted hint (the
+    /// `memory` baseline). A hint reaches the lake a few seconds after its session ended (the sinks roll
+    /// files every `roll_ms`), so sessions running at once do not see each other's hints.
+    Memory {
+        /// Token cap of the remembered hints.
+        cap_tokens: usize,
+    },
+}
+
+/// How often a session start re-reads the lake's accepted hints for [`AgentContext::Memory`].
+pub const MEMORY_REFRESH: Duration = Duration::from_secs(2);
+
+/// The tasks of a run without training (serving, signals, judge, hint, sinks).
+const SERVE_ONLY: &[&str] = &["serve", "proxy", "signals", "judge", "hint", "sinks"];
+
+/// The accepted hints of `lake`'s `hints` table, oldest first (by processing time, then turn id).
+///
+/// # Errors
+/// Lake errors.
+pub fn accepted_hints(lake: &crate::lake::Lake) -> Result<Vec<String>> {
+    let mut rows: Vec<(i64, String, String)> =
+        lake.read_table::<crate::schema::HintRecord>()?.into_iter().filter_map(|h| Some((h.processed_time, h.interaction_id, h.chosen_hint?))).collect();
+    rows.sort();
+    Ok(rows.into_iter().map(|(_, _, h)| h).collect())
+}
+
+/// The agent's memory ([`AgentContext::Memory`]): the system prompt of the last refresh.
+struct Memory {
+    cap_tokens: usize,
+    tokenizer: Arc<crate::model::TextTokenizer>,
+    lake: PathBuf,
+    /// When last read, and the prompt then.
+    last: Mutex<Option<(Instant, Option<String>)>>,
+}
+
+impl Memory {
+    /// The system prompt now: the cached one when read within [`MEMORY_REFRESH`], else re-read.
+    async fn system(&self) -> Result<Option<String>> {
+        let mut last = self.last.lock().await;
+        if let Some((t, s)) = last.as_ref() {
+            if t.elapsed() < MEMORY_REFRESH {
+                return Ok(s.clone());
+            }
+        }
+        let (lake, tok, cap) = (self.lake.clone(), self.tokenizer.clone(), self.cap_tokens);
+        let s = tokio::task::spawn_blocking(move || -> Result<Option<String>> {
+            let lake = crate::lake::Lake::open(&lake)?;
+            let hints = accepted_hints(&lake)?;
+            Ok(super::memory::memory_system(&hints, cap, |t| tok.encode(t).map(|ids| ids.len()).unwrap_or(usize::MAX)))
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("memory task: {e}")))??;
+        *last = Some((Instant::now(), s.clone()));
+        Ok(s)
+    }
 }
 
 /// What a demo run measured.
@@ -110,6 +183,8 @@ struct Shared {
     next_session: AtomicUsize,
     /// Sessions that ended, in the order they ended.
     outcomes: std::sync::Mutex<Vec<SessionOutcome>>,
+    /// The agent's memory, for [`AgentContext::Memory`].
+    memory: Option<Memory>,
     opts: DemoOptions,
 }
 
@@ -152,7 +227,19 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
         let Some(problem) = sh.problems.lock().await.next() else { return Ok(()) };
         let session = format!("student-{}-{}", sh.next_session.fetch_add(1, Ordering::SeqCst), problem.id);
         sh.sessions.fetch_add(1, Ordering::SeqCst);
-        let mut messages = vec![json!({"role": "user", "content": sh.student.first_message(&problem)})];
+        let system = match &sh.opts.context {
+            AgentContext::None => None,
+            AgentContext::System(s) => Some(s.clone()),
+            AgentContext::Memory { .. } => match &sh.memory {
+                Some(m) => m.system().await?,
+                None => None,
+            },
+        };
+        let mut messages = vec![];
+        if let Some(s) = system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": sh.student.first_message(&problem)}));
         let (mut first_answer_satisfied, mut first_version) = (false, -1);
         for turn in 1..=sh.opts.max_turns {
             let body = json!({
@@ -338,7 +425,8 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let student = Student::new(opts.seed, opts.preferences.clone(), opts.max_turns)?;
     let eval_student = heldout_student(&opts)?;
     let run_id = format!("{}-{}", opts.pipeline.name, chrono::Utc::now().format("%Y%m%dT%H%M%S"));
-    let run_opts = RunOptions { only: None, until_idle: true, checkpoints_dir: Some(ck_dir.clone()), run_id: Some("demo".into()), resume: false };
+    let only = (!opts.train).then(|| SERVE_ONLY.iter().map(|s| s.to_string()).collect());
+    let run_opts = RunOptions { only, until_idle: true, checkpoints_dir: Some(ck_dir.clone()), run_id: Some("demo".into()), resume: false };
     let mut running = start_pipeline(&opts.pipeline, &run_opts, stop.clone()).await?;
     running.keep_serving_when_idle();
     let proxy = running.proxy_url.clone().ok_or_else(|| Error::Internal("demo pipeline has no proxy".into()))?;
@@ -361,6 +449,15 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         versions: std::sync::Mutex::new(Default::default()),
         next_session: AtomicUsize::new(0),
         outcomes: std::sync::Mutex::new(vec![]),
+        memory: match &opts.context {
+            AgentContext::Memory { cap_tokens } => Some(Memory {
+                cap_tokens: *cap_tokens,
+                tokenizer: Arc::new(crate::model::TextTokenizer::from_dir(&opts.pipeline.policy.model)?),
+                lake: lake.root().to_path_buf(),
+                last: Mutex::new(None),
+            }),
+            _ => None,
+        },
         opts: opts.clone(),
     });
     eprintln!(

@@ -109,6 +109,8 @@ fn runs_that_share_a_split_get_the_same_heldout_prompts() {
         split_seed,
         preferences: Preferences::default(),
         eval_last_only: false,
+        context: run::AgentContext::None,
+        train: true,
     };
     let prompts = |o: &run::DemoOptions| {
         let split = split_problems(&problems, o.eval_problems, o.split_seed.unwrap_or(o.seed)).unwrap();
