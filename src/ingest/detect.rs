@@ -3,7 +3,11 @@
 //! The head (default 1 MiB) is parsed with serde_json as far as it goes; a probe records the key
 //! paths it meets (to depth 3; of arrays only the first element), e.g. `[].traj`, `history`,
 //! `info.exit_status`, `output.history`. A head cut mid-document is fine: the keys seen before the
-//! cut are kept. JSONL files are recognised by their first record. Rules, first match wins:
+//! cut are kept. JSONL files are recognised by their first record; when the head's first value matches
+//! no rule (stray bytes before the first record, a corrupt first line), the next lines that start a JSON
+//! object or array are tried in turn, at most [`DETECT_RECORDS`] of them, and the first that matches
+//! decides (the readers dead-letter the bad lines and read the rest). A leading UTF-8 byte-order mark is
+//! skipped. Rules, first match wins:
 //!
 //! | structure | format |
 //! |---|---|
@@ -40,6 +44,12 @@ use crate::{Error, Result};
 
 /// Bytes read by [`super::read_path`] for detection.
 pub const DEFAULT_HEAD_BYTES: usize = 1 << 20;
+
+/// Lines that start a JSON value tried after the first value when it matches no rule (module docs).
+pub const DETECT_RECORDS: usize = 16;
+
+/// The UTF-8 byte-order mark some editors and Windows tools write at the start of a text file.
+pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The detected format and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,11 +162,37 @@ pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
     })
 }
 
-/// [`detect`] on bytes already read.
+/// [`detect`] on bytes already read: the rules on the first JSON value, else on each of the next
+/// [`DETECT_RECORDS`] lines that start one (module docs).
 ///
 /// # Errors
-/// [`Error::InvalidInput`] when no rule matches.
+/// [`Error::InvalidInput`] when no rule matches (the error of the first value, with how many later
+/// lines were tried).
 pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
+    let head = head.strip_prefix(UTF8_BOM).unwrap_or(head);
+    let first = detect_value(head);
+    let Err(Error::InvalidInput(m)) = first else { return first };
+    let mut tried = 0;
+    let mut start = 0;
+    for (i, line) in head.split_inclusive(|b| *b == b'\n').enumerate() {
+        let at = start;
+        start += line.len();
+        if i == 0 || tried == DETECT_RECORDS {
+            continue;
+        }
+        if !matches!(line.trim_ascii_start().first(), Some(b'{' | b'[')) {
+            continue;
+        }
+        tried += 1;
+        if let Ok(d) = detect_value(&head[at..]) {
+            return Ok(Detection { format: d.format, reason: format!("{}, from line {} (the lines before it are not records of a known format)", d.reason, i + 1) });
+        }
+    }
+    Err(Error::InvalidInput(if tried > 0 { format!("{m} (also tried the next {tried} lines that start a JSON value)") } else { m }))
+}
+
+/// The rules on the first JSON value of `head`.
+fn detect_value(head: &[u8]) -> Result<Detection> {
     let (is_array, paths) = probe(head);
     let has = |p: &str| paths.iter().any(|x| x == p);
     let found = |f: Format, why: String| Ok(Detection { format: f, reason: why });

@@ -174,7 +174,7 @@ fn event_files(dir: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -
         let b = std::fs::read(&p).map_err(|e| crate::Error::io("read", &p, e))?;
         bytes += b.len() as u64;
         progress(bytes);
-        match serde_json::from_slice::<Value>(&b) {
+        match serde_json::from_slice::<Value>(b.strip_prefix(super::UTF8_BOM).unwrap_or(&b)) {
             Ok(Value::Object(o)) => out.push((i as i64, o)),
             Ok(_) | Err(_) => sink.dead(Some(i as i64), "malformed_json", format!("{}: not one JSON event object", p.display()), &b[..b.len().min(1 << 16)])?,
         }

@@ -54,13 +54,22 @@ impl Compression {
 /// # Errors
 /// [`Error::Io`] when the file cannot be opened, is not a regular file (`InvalidInput`), or the zstd
 /// frame header cannot be read.
+///
+/// A leading UTF-8 byte-order mark ([`super::detect::UTF8_BOM`]) is skipped, so the first line of a
+/// file saved "with BOM" parses like the others (looked for in the first read, which holds at least
+/// 3 bytes for any file or decompressed stream of that size).
 pub fn open(path: &Path) -> Result<Box<dyn Read>> {
     let f = open_regular(path)?;
-    Ok(match Compression::of(path) {
+    let r: Box<dyn Read> = match Compression::of(path) {
         Compression::None => Box::new(f),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f))),
         Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(f).map_err(|e| Error::io("open zstd stream", path, e))?),
-    })
+    };
+    let mut b = BufReader::with_capacity(1 << 16, r);
+    if b.fill_buf().map_err(|e| Error::io("read", path, e))?.starts_with(super::detect::UTF8_BOM) {
+        b.consume(super::detect::UTF8_BOM.len());
+    }
+    Ok(Box::new(b))
 }
 
 /// Opens `path` read-only if it is a regular file. On Unix with `O_NONBLOCK`, which never blocks

@@ -36,3 +36,66 @@ fn auto_reports_its_choice() {
     assert_eq!(s.detection.as_deref(), Some("openhands (array of events with keys source, action/observation)"));
     assert_eq!(s.line(), "openhands: 4 records, 26389 bytes → 2 interactions in 1 sessions, 0 dead letters");
 }
+
+/// Reads `bytes` (written to a temporary `.jsonl`) with `--format auto`: the detection line, the
+/// interactions and the dead letters (reason, line).
+fn auto(bytes: &[u8]) -> (String, Vec<nextstate::schema::Interaction>, Vec<(String, Option<i64>)>) {
+    use std::io::Write as _;
+    let mut f = tempfile::Builder::new().suffix(".jsonl").tempfile().unwrap();
+    f.write_all(bytes).unwrap();
+    let (mut rows, mut dead) = (vec![], vec![]);
+    let s = read_path(f.path(), FormatChoice::Auto, &IngestOptions::new(INGEST_MS), &mut |_| {}, &mut |item| {
+        match item {
+            nextstate::ingest::IngestItem::Interaction(i) => rows.push(*i),
+            nextstate::ingest::IngestItem::DeadLetter(d) => dead.push((d.reason_code, d.source_line)),
+        }
+        Ok(())
+    })
+    .unwrap();
+    (s.detection.unwrap_or_default(), rows, dead)
+}
+
+#[test]
+fn a_bad_start_a_cut_end_or_a_byte_order_mark_loses_only_the_bad_lines() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agent-logs-2026/openclaw__session-v3__f967d602.jsonl");
+    let clean = std::fs::read(&path).unwrap();
+    let (d, rows, dead) = auto(&clean);
+    assert!(d.starts_with("openclaw-session (session header"), "{d}");
+    assert_eq!((rows.len(), dead.len()), (8, 0), "the clean file: 8 turns");
+    let text = |r: &[nextstate::schema::Interaction]| r.iter().map(|i| i.response_text.clone()).collect::<Vec<_>>();
+
+    // Stray bytes before the first record (a terminal escape, a NUL, text): line 1 is a dead letter,
+    // detection reads the next records, every turn is kept (the header gives only the working folder).
+    let mut stray = b"\x00\x1b[0mgarbage ".to_vec();
+    stray.extend_from_slice(&clean);
+    let (d, rows_stray, dead) = auto(&stray);
+    assert!(d.starts_with("openclaw-session (") && d.ends_with(", from line 2 (the lines before it are not records of a known format))"), "{d}");
+    assert_eq!(dead, [("malformed_json".to_string(), Some(1))]);
+    assert_eq!(text(&rows_stray), text(&rows));
+
+    // A whole garbage line first, then a blank line.
+    let mut junk = b"<html>not json</html>\n\n".to_vec();
+    junk.extend_from_slice(&clean);
+    let (d, rows_junk, dead) = auto(&junk);
+    assert!(d.ends_with("from line 3 (the lines before it are not records of a known format))"), "{d}");
+    assert_eq!(dead, [("malformed_json".to_string(), Some(1))]);
+    assert_eq!(text(&rows_junk), text(&rows));
+
+    // A byte-order mark: nothing lost, nothing dead.
+    let mut bom = nextstate::ingest::UTF8_BOM.to_vec();
+    bom.extend_from_slice(&clean);
+    let (d, rows_bom, dead) = auto(&bom);
+    assert!(d.starts_with("openclaw-session (session header"), "{d}");
+    assert_eq!((text(&rows_bom), dead.len()), (text(&rows), 0));
+
+    // The last line cut mid-record (a writer killed mid-write): that line is a dead letter.
+    let lines = clean.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count();
+    let cut = &clean[..clean.len() - 40];
+    let (_, rows_cut, dead) = auto(cut);
+    assert_eq!(dead, [("malformed_json".to_string(), Some(lines as i64))]);
+    assert!(rows_cut.len() <= rows.len() && !rows_cut.is_empty());
+
+    // Nothing recognisable at all: the error names the first value's keys and the lines tried.
+    let e = nextstate::ingest::detect_bytes(b"garbage\n{\"a\": 1}\n{\"b\": 2}\n").unwrap_err().to_string();
+    assert!(e.contains("cannot detect the log format") && e.contains("(also tried the next 2 lines that start a JSON value)"), "{e}");
+}
