@@ -564,4 +564,7 @@ fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one
     assert!(md.contains("peak RSS ") && !md.contains("peak RSS not measured"), "{md}");
     assert!(md.contains("Sessions until stable without any learning"), "{md}");
     assert!(md.contains("| prompted | prompted | 2 |") && md.contains("## Does training beat the baselines without training?") && md.contains("| end: v0 with its system prompt |"), "{md}");
+    // The teacher's own score per hint strategy opens the report; each preference's rate per arm follows.
+    assert!(md.contains("## The teacher, the bound") && md.contains("| teacher, oracle hints | 2 of 2 |") && md.contains("## Which preferences moved"), "{md}");
+    assert!(out.join("work/online/teacher.json").is_file());
 }

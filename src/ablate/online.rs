@@ -35,6 +35,14 @@
 //! is the initial weights answering the held-out problems with the system prompt at the end of the run,
 //! recorded as version [`BASELINE_END`] of the arm (no weights changed).
 //!
+//! # The teacher and the preferences
+//!
+//! The report opens with the hint-conditioned teacher's own score per hint strategy
+//! ([`super::teacher_eval`], from v0's held-out answers, the same held-out prompts; computed once and
+//! kept in `work/online/teacher.json`) beside v0, and the share of the teacher − v0 difference each arm
+//! transferred; then each preference's rate at v0 and at each arm's final version (mean over
+//! replicates), so a user sees which preferences an arm changed.
+//!
 //! # Resume
 //!
 //! Each finished arm replicate leaves `work/online/<arm>/run.json` ([`OnlineRun`]); a re-run skips those
@@ -42,6 +50,7 @@
 //! an unfinished one from the initial weights. A stop during a replicate's evaluation lets it finish
 //! and keeps it.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -349,15 +358,122 @@ pub async fn run_online(cfg: &AblationConfig, out: &Path, arms_selected: Option<
     let mut versus_v0 = compare::versus_initial(&arm_rows, &checkpoints, &responses)?;
     compare::adjust_holm(&mut [&mut versus_v0, &mut pairs]);
     let ordering = compare::ordering(&arm_rows, &pairs);
+    let held = Held::of(cfg)?;
+    let teacher = match runs.first() {
+        Some((a, r)) => Some(teacher(cfg, &lay, a, r, &held, &protocol, &stop).await?),
+        None => None,
+    };
     let results = lay.results();
     std::fs::create_dir_all(&results).map_err(|e| Error::io("create", &results, e))?;
     let all: Vec<&OnlineRun> = runs.iter().map(|(_, r)| r).collect();
     write_marker(&results.join("online.json"), &serde_json::json!({ "runs": all, "groups": groups, "pairs": pairs, "versus_v0": versus_v0 }))?;
     let report = lay.out.join("report.md");
     let seconds = started.elapsed().as_secs_f64();
-    let md = render(cfg, &runs.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(), &groups, &versus_v0, &pairs, ordering.as_deref(), &missing, seconds, peak_rss_bytes());
+    let run_list: Vec<OnlineRun> = runs.iter().map(|(_, r)| r.clone()).collect();
+    let prefs_table = preference_rates(&run_list, &held);
+    let md = render(cfg, &run_list, &groups, &versus_v0, &pairs, ordering.as_deref(), &missing, seconds, peak_rss_bytes(), teacher.as_ref(), &prefs_table);
     crate::lake::write_atomic(&report, md.as_bytes())?;
     Ok(AblationSummary { report, results, reported: runs.iter().map(|(a, _)| a.name.clone()).collect(), checkpoints, missing, groups, versus_v0, ordering, seconds })
+}
+
+/// The held-out problems and the student who phrases them (the demo's evaluation with
+/// `split_seed = [student] seed`).
+struct Held {
+    problems: Vec<crate::demo::Problem>,
+    student: crate::demo::Student,
+}
+
+impl Held {
+    fn of(cfg: &AblationConfig) -> Result<Held> {
+        let split = crate::demo::split_problems(&crate::demo::load_gsm8k(&cfg.student.gsm8k)?, cfg.eval.problems, cfg.student.seed)?;
+        Ok(Held { problems: split.eval, student: crate::demo::Student::new(cfg.student.seed, cfg.student.preferences(), cfg.student.max_turns)? })
+    }
+
+    /// `(problem, answer)` of `rows` (one version of one replicate), in problem order; rows of unknown
+    /// problems are left out.
+    fn answers(&self, rows: &[&ResponseRow]) -> Vec<(crate::demo::Problem, String)> {
+        self.problems.iter().filter_map(|p| rows.iter().find(|r| r.problem_id == p.id as i64).map(|r| (p.clone(), r.response_text.clone()))).collect()
+    }
+}
+
+/// `work/online/teacher.json`: the teacher's evaluation, once per protocol and model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TeacherMarker {
+    key: String,
+    v0: crate::demo::Score,
+    teachers: Vec<super::layout::TeacherEval>,
+}
+
+/// v0's score and the hint-conditioned teacher's per hint strategy (module docs), from `first`'s v0
+/// answers; read from `work/online/teacher.json` when computed for this protocol and model.
+async fn teacher(cfg: &AblationConfig, lay: &Layout, arm: &ResolvedArm, first: &OnlineRun, held: &Held, protocol: &str, stop: &Stop) -> Result<TeacherMarker> {
+    let path = lay.work.join("online").join("teacher.json");
+    let on = settings(cfg)?;
+    let key = crate::schema::content_hash(&[protocol.as_bytes(), arm.pipeline.policy.model.display().to_string().as_bytes(), &(on.max_tokens as u64).to_le_bytes()]);
+    if let Some(m) = read_marker::<TeacherMarker>(&path)? {
+        if m.key == key {
+            return Ok(m);
+        }
+    }
+    let v0 = held.answers(&first.responses.iter().filter(|r| r.version == 0).collect::<Vec<_>>());
+    let prefs = cfg.student.preferences();
+    let v0_score = crate::demo::personalization_score(&v0, &prefs);
+    let mut teachers = vec![];
+    for strategy in super::teacher_eval::HintStrategy::ALL {
+        if stop.requested() {
+            return Err(Error::Cancelled);
+        }
+        let t = Instant::now();
+        let (pcfg, student, answers, prefs) = (arm.pipeline.clone(), held.student.clone(), v0.clone(), prefs.clone());
+        let (max_tokens, batch) = (on.max_tokens, cfg.eval.batch);
+        let (score, hints, texts) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let lm = crate::demo::heldout::load_policy(&pcfg, None)?;
+            let (texts, hints) = super::teacher_eval::teacher_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
+            Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts))
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("teacher evaluation task: {e}")))??;
+        let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
+        let e = super::layout::TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64() };
+        eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
+        teachers.push(e);
+    }
+    let m = TeacherMarker { key, v0: v0_score, teachers };
+    write_marker(&path, &m)?;
+    Ok(m)
+}
+
+/// Per preference, its rate at v0 and at each arm group's final version (mean over replicates):
+/// `(row label, preference → rate)`, v0 first, then groups in run order.
+fn preference_rates(runs: &[OnlineRun], held: &Held) -> Vec<(String, BTreeMap<String, f64>)> {
+    let prefs = held.student.preferences();
+    let score = |r: &OnlineRun, v: i64| crate::demo::personalization_score(&held.answers(&r.responses.iter().filter(|x| x.version == v).collect::<Vec<_>>()), prefs);
+    let mut out: Vec<(String, BTreeMap<String, f64>)> = vec![];
+    if let Some(r) = runs.first() {
+        out.push(("v0".into(), score(r, 0).per_preference_rate));
+    }
+    let mut groups: Vec<&str> = vec![];
+    for r in runs {
+        if !groups.contains(&r.group.as_str()) {
+            groups.push(&r.group);
+        }
+    }
+    for g in groups {
+        let finals: Vec<BTreeMap<String, f64>> = runs
+            .iter()
+            .filter(|r| r.group == g)
+            .filter_map(|r| r.checkpoints.iter().map(|c| c.version).filter(|v| *v > 0).max().map(|v| score(r, v).per_preference_rate))
+            .collect();
+        if finals.is_empty() {
+            continue;
+        }
+        let mut mean = BTreeMap::new();
+        for k in finals[0].keys() {
+            mean.insert(k.clone(), finals.iter().map(|f| f.get(k).copied().unwrap_or(0.0)).sum::<f64>() / finals.len() as f64);
+        }
+        out.push((g.to_string(), mean));
+    }
+    out
 }
 
 /// This process's peak resident set size (`VmHWM` of `/proc/self/status`), bytes; `None` where it
@@ -379,7 +495,19 @@ fn until_stable_cell(s: &SessionsSummary) -> String {
 
 /// `report.md` of an online ablation.
 #[allow(clippy::too_many_arguments)]
-fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow], versus_v0: &[PairRow], pairs: &[PairRow], ordering: Option<&str>, missing: &[String], seconds: f64, peak_rss: Option<u64>) -> String {
+fn render(
+    cfg: &AblationConfig,
+    runs: &[OnlineRun],
+    groups: &[compare::GroupRow],
+    versus_v0: &[PairRow],
+    pairs: &[PairRow],
+    ordering: Option<&str>,
+    missing: &[String],
+    seconds: f64,
+    peak_rss: Option<u64>,
+    teacher: Option<&TeacherMarker>,
+    pref_rates: &[(String, BTreeMap<String, f64>)],
+) -> String {
     let on = cfg.online.clone().unwrap_or_default();
     let mut s = String::new();
     let _ = writeln!(s, "# Online ablation `{}`\n", cfg.name);
@@ -410,6 +538,9 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
         s,
         "**Sessions until stable** (the paper's v2 Table 3; lower is better): the sessions, in the order they ended, until the agent's first answer met every preference in {STABLE_RUN} consecutive sessions; `>N`: not reached within the run's N sessions.\n"
     );
+    if let Some(t) = teacher {
+        super::report::render_teacher(&mut s, &t.v0, &t.teachers, groups);
+    }
     let v0 = versus_v0.first().map(|p| p.b.clone());
     let _ = writeln!(s, "## Result per arm\n");
     let _ = writeln!(s, "| arm | method | replicates | final score, mean [95 % CI over replicates] | final − v0 | Holm p vs v0 | sessions until stable, per replicate | first answers met, by quarter (mean over replicates) | interactions (mean) | failed requests |");
@@ -461,6 +592,7 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
     if let Some(o) = ordering {
         let _ = writeln!(s, "{o}\n");
     }
+    render_preference_rates(&mut s, pref_rates);
     let _ = writeln!(s, "## Every evaluated version\n");
     let _ = writeln!(s, "| arm | version | student turns answered by then | score | accuracy | optimizer steps in the run |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
@@ -480,7 +612,7 @@ fn render(cfg: &AblationConfig, runs: &[OnlineRun], groups: &[compare::GroupRow]
     }
     let _ = writeln!(
         s,
-        "Not in the online mode yet: context distillation (offline only, `docs/ablation-student`); held-out loss and the teacher gap (offline only); v0 is evaluated in every run rather than once. Unused here: `[data]`, `[eval] max_tokens` and `judge_agreement` (the held-out answers use `[online] max_tokens`; `[eval] batch` is the baselines' generation batch).\n"
+        "Not in the online mode yet: context distillation (offline only, `docs/ablation-student`); held-out loss, the teacher gap and the advantage signs per arm (offline only; each replicate's samples are in its `work/online/<arm>/demo/lake`); v0 is evaluated in every run rather than once. Unused here: `[data]`, `[eval] max_tokens` and `judge_agreement` (the held-out answers use `[online] max_tokens`; `[eval] batch` is the baselines' generation batch).\n"
     );
     s
 }
@@ -526,6 +658,32 @@ fn baselines_section(s: &mut String, runs: &[OnlineRun], groups: &[compare::Grou
         let text = r.system_prompt.as_deref().unwrap_or("(none: no hint was accepted)");
         let _ = writeln!(s, "- `{}` ({} accepted hints in the run):\n\n  > {}\n", r.arm, r.accepted_hints, text.replace('\n', "\n  > "));
     }
+}
+
+/// "Which preferences moved": each preference's rate at v0 and at each arm's final version.
+fn render_preference_rates(s: &mut String, rows: &[(String, BTreeMap<String, f64>)]) {
+    let Some((_, first)) = rows.first() else { return };
+    let names: Vec<&String> = first.keys().collect();
+    let _ = writeln!(s, "## Which preferences moved\n");
+    let _ = writeln!(s, "Each preference's rate on the held-out problems at v0 and at each arm's final version (mean over its replicates; a baseline's final version is v0 with its system prompt):\n");
+    let _ = writeln!(s, "| version | {} |", names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" | "));
+    let _ = writeln!(s, "|---|{}", "---:|".repeat(names.len()));
+    for (label, rates) in rows {
+        let base = |n: &String| first.get(n).copied().unwrap_or(0.0);
+        let cells: Vec<String> = names
+            .iter()
+            .map(|n| {
+                let r = rates.get(*n).copied().unwrap_or(0.0);
+                if label == "v0" {
+                    format!("{r:.3}")
+                } else {
+                    format!("{r:.3} ({:+.3})", r - base(n))
+                }
+            })
+            .collect();
+        let _ = writeln!(s, "| {label} | {} |", cells.join(" | "));
+    }
+    s.push('\n');
 }
 
 /// Mean over runs of their first-answer rate per quarter (runs with fewer quarters are left out of the
@@ -619,6 +777,17 @@ mod tests {
         // Without a baseline arm, nothing.
         let mut none = String::new();
         baselines_section(&mut none, &runs[..2], &groups[..2], &pairs[..1]);
+        assert_eq!(none, "");
+    }
+
+    #[test]
+    fn preference_rates_read_against_v0() {
+        let rates = |a: f64, b: f64| BTreeMap::from([("concise".to_string(), a), ("no_markdown".to_string(), b)]);
+        let mut s = String::new();
+        render_preference_rates(&mut s, &[("v0".into(), rates(0.5, 1.0)), ("binary".into(), rates(0.75, 0.875))]);
+        assert!(s.contains("| version | concise | no_markdown |\n|---|---:|---:|\n| v0 | 0.500 | 1.000 |\n| binary | 0.750 (+0.250) | 0.875 (-0.125) |\n"), "{s}");
+        let mut none = String::new();
+        render_preference_rates(&mut none, &[]);
         assert_eq!(none, "");
     }
 

@@ -223,7 +223,7 @@ fn pair_table(s: &mut String, pairs: &[PairRow], b: &str) {
 /// "The teacher, the bound": the hint-conditioned teacher's score per hint strategy beside v0, each
 /// preference's rate, and per arm group how much of the teacher − v0 difference (instruction hints, the
 /// rule backend's default) its final mean score transferred. Nothing when no teacher was evaluated.
-fn render_teacher(s: &mut String, base: &Score, teachers: &[TeacherEval], groups: &[GroupRow]) {
+pub(super) fn render_teacher(s: &mut String, base: &Score, teachers: &[TeacherEval], groups: &[GroupRow]) {
     if teachers.is_empty() {
         return;
     }
