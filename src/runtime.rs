@@ -571,32 +571,6 @@ impl InputLoop {
     }
 }
 
-/// Runs `f` with retries on retryable errors: `attempts` tries, exponential backoff from `base`.
-///
-/// # Errors
-/// The last error, or the first non-retryable one.
-pub async fn with_retries<T, F, Fut>(attempts: u32, base: Duration, mut f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let mut delay = base;
-    let mut last = Error::Internal("no attempt made".into());
-    for i in 0..attempts.max(1) {
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.retryable() && i + 1 < attempts => {
-                tracing::debug!(attempt = i + 1, error = %e, "retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-                last = e;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -459,7 +459,11 @@ impl Worker {
         let mut inflight: FuturesUnordered<SendFut> = FuturesUnordered::new();
         // Spooled events from a previous run go first.
         let mut degraded = !self.spool.is_empty() || !self.ensure_topics().await;
-        let mut backoff = self.cfg.retry_min;
+        // Delays between spool replays while Kafka is down: retry_min, doubling up to retry_max (backon).
+        let (min, max) = (self.cfg.retry_min, self.cfg.retry_max);
+        let schedule = move || backon::BackoffBuilder::build(backon::ExponentialBuilder::default().with_min_delay(min).with_max_delay(max).with_factor(2.0).without_max_times());
+        let mut delays = schedule();
+        let mut backoff = delays.next().unwrap_or(max);
         let retry = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(retry);
         let mut stopping = false;
@@ -488,7 +492,8 @@ impl Worker {
                     match self.replay_segment().await {
                         Ok(true) => {
                             degraded = false;
-                            backoff = self.cfg.retry_min;
+                            delays = schedule();
+                            backoff = delays.next().unwrap_or(max);
                             self.metrics.kafka_up.set(1);
                             tracing::info!("proxy: Kafka is back; spool empty");
                         }
@@ -496,7 +501,7 @@ impl Worker {
                         Err(e) => {
                             tracing::debug!(error = %e, backoff_ms = backoff.as_millis() as u64, "proxy: spool replay failed; retrying later");
                             retry.as_mut().reset(tokio::time::Instant::now() + backoff);
-                            backoff = (backoff * 2).min(self.cfg.retry_max);
+                            backoff = delays.next().unwrap_or(max);
                         }
                     }
                 },
