@@ -10,7 +10,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use nextstate::bus::{Bus, Envelope};
 use nextstate::runtime::InputLoop;
@@ -30,6 +30,8 @@ struct FakeApis {
     streams: Mutex<Vec<Vec<u8>>>,
     /// Responses created (for ids).
     created: Mutex<u32>,
+    /// Every response created, by id (for `GET /v1/responses/{id}` and its cancel and input items).
+    stored: Mutex<std::collections::HashMap<String, (Value, Value)>>,
 }
 
 fn leaked(headers: &HeaderMap, body: &Value) -> Vec<&'static str> {
@@ -119,6 +121,7 @@ async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body
     };
     let done = json!({"id": id, "object": "response", "created_at": 1_764_000_000 + n, "status": "completed", "model": "fake-responses",
         "output": output, "previous_response_id": body["previous_response_id"], "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}});
+    f.stored.lock().unwrap().insert(id.clone(), (done.clone(), last.clone()));
     if body["stream"] != json!(true) {
         return json_response(&done);
     }
@@ -248,9 +251,49 @@ async fn fake_messages(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body:
     stream_response(f, sse_chunks(&events, false)).await
 }
 
+/// The Responses API's stored responses: `GET /v1/responses/{id}` (the response), `POST
+/// /v1/responses/{id}/cancel` (it, `status: cancelled`), `GET /v1/responses/{id}/input_items` (its last
+/// input item as a list); 404 for an unknown id.
+async fn fake_stored(State(f): State<Arc<FakeApis>>, uri: axum::http::Uri, headers: HeaderMap) -> Response {
+    let path = uri.path().to_string();
+    f.requests.lock().unwrap().push((path.clone(), headers, Value::Null));
+    let rest = path.trim_start_matches("/v1/responses/");
+    let (id, what) = rest.split_once('/').unwrap_or((rest, ""));
+    let Some((resp, last)) = f.stored.lock().unwrap().get(id).cloned() else {
+        return (StatusCode::NOT_FOUND, [("content-type", "application/json")], r#"{"error":{"message":"no such response","type":"invalid_request_error"}}"#).into_response();
+    };
+    match what {
+        "cancel" => {
+            let mut r = resp;
+            r["status"] = json!("cancelled");
+            json_response(&r)
+        }
+        "input_items" => {
+            let text = last["content"].as_str().unwrap_or_default();
+            let item = json!({"type": "message", "id": "msg_in", "role": "user", "status": "completed", "content": [{"type": "input_text", "text": text}]});
+            json_response(&json!({"object": "list", "data": [item], "first_id": "msg_in", "last_id": "msg_in", "has_more": false}))
+        }
+        _ => json_response(&resp),
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: 10 tokens per message.
+async fn fake_count_tokens(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    f.requests.lock().unwrap().push(("/v1/messages/count_tokens".into(), headers, body.clone()));
+    json_response(&json!({"input_tokens": 10 * body["messages"].as_array().map_or(0, Vec::len)}))
+}
+
 async fn start_fake_apis() -> (String, Arc<FakeApis>) {
     let f = Arc::new(FakeApis::default());
-    let app = Router::new().route("/v1/responses", post(fake_responses)).route("/v1/messages", post(fake_messages)).with_state(f.clone());
+    let app = Router::new()
+        .route("/v1/responses", post(fake_responses))
+        .route("/v1/messages", post(fake_messages))
+        .route("/v1/messages/count_tokens", post(fake_count_tokens))
+        .route("/v1/responses/{id}", get(fake_stored))
+        .route("/v1/responses/{id}/cancel", post(fake_stored))
+        .route("/v1/responses/{id}/input_items", get(fake_stored))
+        .with_state(f.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
@@ -539,7 +582,7 @@ async fn python_openai_and_anthropic_clients_through_the_proxy() {
     let (up, fake) = start_fake_apis().await;
     let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |o| o.api_key = Some("py-key".into())).await;
     let stdout = run_python(py, "proxy_apis_client.py", p.url.clone(), "py-key").await;
-    assert!(stdout.contains("4 passed, 0 failed"));
+    assert!(stdout.contains("6 passed, 0 failed"), "{stdout}");
     let rows = consume(&mut input, 6, Duration::from_secs(20), Duration::from_millis(500)).await;
     let summary: Vec<(&str, i32, TurnType, Option<&str>)> = rows.iter().map(|r| (r.session_id.as_str(), r.turn_index, r.turn_type, r.finish_reason.as_deref())).collect();
     assert_eq!(
@@ -559,5 +602,18 @@ async fn python_openai_and_anthropic_clients_through_the_proxy() {
     assert_eq!(paired(&rows[3..])[0], (0, NextStateKind::Tool, "[tool] 18C".to_string()));
     assert_eq!(paired(&rows[..3])[0], (0, NextStateKind::Tool, "[tool] 18C".to_string()));
     assert!(fake.requests.lock().unwrap().iter().all(|(path, h, _)| path != "/v1/messages" || h.contains_key("anthropic-version")));
-    p.shutdown().await;
+    // Passed through, not captured: count_tokens and the stored response's retrieve, input items and
+    // cancel reached the upstream with the client's headers; no turn came of them (6 above, no more).
+    let reqs = fake.requests.lock().unwrap().clone();
+    let paths: Vec<&str> = reqs.iter().map(|(p, _, _)| p.as_str()).filter(|p| *p == "/v1/messages/count_tokens" || p.starts_with("/v1/responses/")).collect();
+    assert_eq!(paths, ["/v1/responses/resp_2", "/v1/responses/resp_2/input_items", "/v1/responses/resp_2/cancel", "/v1/messages/count_tokens"]);
+    let header = |h: &HeaderMap, k: &str| h.get(k).and_then(|v| v.to_str().ok()).map(str::to_string);
+    for (path, h, _) in reqs.iter().filter(|(p, _, _)| p.starts_with("/v1/responses")) {
+        assert_eq!((header(h, "openai-organization"), header(h, "openai-project")), (Some("org-py".into()), Some("proj-py".into())), "{path}");
+    }
+    let count = reqs.iter().find(|(p, _, _)| p == "/v1/messages/count_tokens").unwrap();
+    assert!(header(&count.1, "anthropic-version").is_some(), "the client's anthropic-version passed on");
+    assert!(consume(&mut input, 1, Duration::from_secs(2), Duration::from_millis(500)).await.is_empty(), "nothing recorded for a pass-through");
+    let st = p.shutdown().await;
+    assert_eq!(st.turns_captured, 6);
 }

@@ -8,7 +8,8 @@ events this script causes:
 
 Turns: session py-responses 0 (tool call), 1 (answer from the tool output, chained by
 previous_response_id), 2 (streamed, chained); session py-claude 0 (tool use), 1 (streamed answer from
-the tool result), 2 (a side turn). Needs `pip install openai anthropic` (scripts/setup.sh puts both in
+the tool result), 2 (a side turn); then, passed through and not captured, the stored response's
+retrieve, input items and cancel, and a Messages count_tokens. Needs `pip install openai anthropic` (scripts/setup.sh puts both in
 .cache/venv-openai). Prints "N passed, M failed" at the end; exits non-zero on a failure.
 """
 
@@ -79,17 +80,33 @@ def test_messages_stream_then_side_turn(ac, st):
     check(m2.content[0].text == "echo: bye", f"side turn {m2.content!r}")
 
 
+def test_responses_retrieve_input_items_cancel(oa, st):
+    # Passed through by the proxy, not captured.
+    r = oa.responses.retrieve(st.last_response)
+    check(r.id == st.last_response and r.output_text == "It is 18C.", f"retrieved {r!r}")
+    items = oa.responses.input_items.list(st.last_response)
+    check(len(items.data) == 1 and items.data[0].type == "message", f"input items {items.data!r}")
+    c = oa.responses.cancel(st.last_response)
+    check(c.status == "cancelled", f"cancel status {c.status!r}")
+
+
+def test_messages_count_tokens(ac, st):
+    n = ac.messages.count_tokens(model="claude-x", messages=[st.user0])
+    check(n.input_tokens == 10, f"input_tokens {n.input_tokens!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True, help="the proxy, without /v1")
     ap.add_argument("--api-key", default="none")
     a = ap.parse_args()
-    oa = OpenAI(base_url=a.base_url + "/v1", api_key=a.api_key, max_retries=0, timeout=30)
+    oa = OpenAI(base_url=a.base_url + "/v1", api_key=a.api_key, max_retries=0, timeout=30, organization="org-py", project="proj-py")
     ac = anthropic.Anthropic(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=30)
     st = State()
     # Order matters: each test continues the conversation of the one before.
     run_checks(((t, (c, st)) for t, c in [(test_responses_tool_call_and_chain, oa), (test_responses_stream, oa), (test_messages_tool_use, ac),
-                                          (test_messages_stream_then_side_turn, ac)]), describe=repr)
+                                          (test_messages_stream_then_side_turn, ac), (test_responses_retrieve_input_items_cancel, oa),
+                                          (test_messages_count_tokens, ac)]), describe=repr)
 
 
 if __name__ == "__main__":

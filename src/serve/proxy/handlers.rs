@@ -64,6 +64,8 @@ fn route_of(path: &str) -> &'static str {
         "/v1/models" => "models",
         "/health" => "health",
         "/metrics" => "metrics",
+        "/v1/messages/count_tokens" => "count_tokens",
+        p if p.starts_with("/v1/responses/") => "responses_stored",
         _ => "other",
     }
 }
@@ -241,6 +243,49 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     respond(status, out_headers, Body::from(out))
 }
 
+/// The paths passed through without capture ([`pass_through`]), as axum routes.
+pub(super) const PASS_THROUGH: [&str; 4] = ["/v1/messages/count_tokens", "/v1/responses/{id}", "/v1/responses/{id}/cancel", "/v1/responses/{id}/input_items"];
+
+/// A request the proxy forwards but does not capture, passed to the upstream as it came — method, path
+/// and query, body, content type, and the API's authentication and headers ([`with_auth`]) — and its
+/// answer returned as it is: `POST /v1/messages/count_tokens` (Claude Code counts tokens before a
+/// turn), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` and `GET
+/// /v1/responses/{id}/input_items` (the Responses API's stored and background responses). Nothing is
+/// recorded: a stored response fetched later does not become a turn.
+pub(super) async fn pass_through(State(s): State<Arc<Shared>>, method: axum::http::Method, uri: axum::http::Uri, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
+    let api = if uri.path().starts_with(Api::Messages.path()) { Api::Messages } else { Api::Responses };
+    let raw = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let kind = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { "invalid_request_error" } else { "server_error" };
+            return api_error(api, e.status(), &e.body_text(), kind, None);
+        }
+    };
+    let target = format!("{}{}", s.base, uri.path_and_query().map(|p| p.as_str()).unwrap_or(uri.path()));
+    let Ok(m) = reqwest::Method::from_bytes(method.as_str().as_bytes()) else {
+        return api_error(api, StatusCode::METHOD_NOT_ALLOWED, "method not allowed", "invalid_request_error", None);
+    };
+    let mut rb = s.client.request(m, target);
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        rb = rb.header(header::CONTENT_TYPE, ct);
+    }
+    if !raw.is_empty() {
+        rb = rb.body(raw);
+    }
+    let rb = with_auth(&s.opts, api, &headers, rb);
+    let failed = |e: reqwest::Error| upstream_error(&s, api, &e, &format!("{}: ", uri.path()));
+    let resp = match rb.send().await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let status = resp.status().as_u16();
+    let h = response_headers(resp.headers());
+    match resp.bytes().await {
+        Ok(b) => respond(status, h, Body::from(b)),
+        Err(e) => failed(e),
+    }
+}
+
 /// `GET /v1/models`: the upstream's list, passed through.
 pub(super) async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let rb = s.client.get(format!("{}/v1/models", s.base));
@@ -319,6 +364,7 @@ mod tests {
     #[test]
     fn routes_for_metrics() {
         assert_eq!(route_of("/v1/chat/completions"), "chat_completions");
+        assert_eq!((route_of("/v1/messages/count_tokens"), route_of("/v1/responses/resp_1/cancel")), ("count_tokens", "responses_stored"));
         assert_eq!(route_of("/nope"), "other");
     }
 }

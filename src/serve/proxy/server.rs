@@ -73,14 +73,21 @@ impl Proxy {
         Ok(Proxy { shared, emitter })
     }
 
-    /// The routes: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages`,
-    /// `GET /v1/models`, `GET /health`, `GET /metrics`; any other path is a JSON 404 and another method
-    /// on a route a JSON 405, in the client's API's error shape.
+    /// The routes: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (captured),
+    /// `POST /v1/messages/count_tokens`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
+    /// `GET /v1/responses/{id}/input_items` (passed through, not captured), `GET /v1/models`,
+    /// `GET /health`, `GET /metrics`; any other path is a JSON 404 and another method on a route a
+    /// JSON 405, in the client's API's error shape.
     pub fn router(&self) -> Router {
+        let [count_tokens, stored, cancel, input_items] = super::handlers::PASS_THROUGH;
         Router::new()
             .route(Api::ChatCompletions.path(), post(chat_completions))
             .route(Api::Responses.path(), post(responses))
             .route(Api::Messages.path(), post(messages))
+            .route(count_tokens, post(super::handlers::pass_through))
+            .route(stored, get(super::handlers::pass_through))
+            .route(cancel, post(super::handlers::pass_through))
+            .route(input_items, get(super::handlers::pass_through))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))

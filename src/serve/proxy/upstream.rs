@@ -29,9 +29,17 @@ fn anthropic_headers(client: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &
 
 /// The upstream request's auth for `api`: a bearer token (chat, Responses), or for Messages the
 /// `x-api-key` header: the configured upstream key, else the client's own `x-api-key` /
-/// `Authorization` when the proxy has no key of its own.
+/// `Authorization` when the proxy has no key of its own. For chat and Responses, the client's
+/// `OpenAI-Organization`, `OpenAI-Project` and `OpenAI-Beta` headers too ([`OPENAI_HEADERS`]).
 pub(super) fn with_auth(opts: &ProxyOptions, api: Api, client: &HeaderMap, mut rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
     if api != Api::Messages {
+        // OpenAI's organisation, project and beta-feature headers choose what the upstream bills and
+        // enables: passed on as the client sent them.
+        for name in OPENAI_HEADERS {
+            for v in client.get_all(name) {
+                rb = rb.header(name, v);
+            }
+        }
         if let Some(a) = upstream_auth(opts, client) {
             rb = rb.header(header::AUTHORIZATION, a);
         }
@@ -53,6 +61,9 @@ pub(super) fn with_auth(opts: &ProxyOptions, api: Api, client: &HeaderMap, mut r
         (None, Some(_)) => rb,
     }
 }
+
+/// The OpenAI request headers passed to the upstream as they came ([`with_auth`]).
+pub(super) const OPENAI_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
 
 /// Upstream response headers worth returning (hop-by-hop headers and the length are recomputed).
 pub(super) fn response_headers(up: &reqwest::header::HeaderMap) -> HeaderMap {
