@@ -273,7 +273,13 @@ pub(super) async fn pass_through(State(s): State<Arc<Shared>>, method: axum::htt
         rb = rb.body(raw);
     }
     let rb = with_auth(&s.opts, api, &headers, rb);
-    let failed = |e: reqwest::Error| upstream_error(&s, api, &e, &format!("{}: ", uri.path()));
+    relay_whole(&s, api, rb, &format!("{}: ", uri.path())).await
+}
+
+/// Sends `rb` upstream and returns its answer whole (status, headers, body), or the 502 of a failed
+/// call in `api`'s error shape (`context` starts the log line).
+async fn relay_whole(s: &Shared, api: Api, rb: reqwest::RequestBuilder, context: &str) -> Response {
+    let failed = |e: reqwest::Error| upstream_error(s, api, &e, context);
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => return failed(e),
@@ -292,17 +298,7 @@ pub(super) async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> 
     // Anthropic clients list models with their own headers.
     let api = client_api("/v1/models", &headers);
     let rb = with_auth(&s.opts, api, &headers, rb);
-    let failed = |e: reqwest::Error| upstream_error(&s, api, &e, "/v1/models: ");
-    let resp = match rb.send().await {
-        Ok(r) => r,
-        Err(e) => return failed(e),
-    };
-    let status = resp.status().as_u16();
-    let h = response_headers(resp.headers());
-    match resp.bytes().await {
-        Ok(b) => respond(status, h, Body::from(b)),
-        Err(e) => failed(e),
-    }
+    relay_whole(&s, api, rb, "/v1/models: ").await
 }
 
 /// `GET /health`: upstream reachability, Kafka state and the counters (503 while the upstream is
