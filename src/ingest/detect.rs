@@ -19,6 +19,7 @@
 //! | object with `request` and `response` | openai-chat |
 //! | object with `session_id` and `turn` and `messages`/`response_text`/`prompt_text` | openclaw |
 //! | object with `output` and `index`/`error` | agentbench |
+//! | array whose first element has `role` and `content` or `tool_calls` | messages (the generic fallback) |
 //!
 //! Checked before those (the formats of 2026; `type` is the first record's `type` value):
 //!
@@ -262,6 +263,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if has("[].source") && (has("[].action") || has("[].observation")) {
             return found(Format::OpenHands, "array of events with keys source, action/observation".into());
+        }
+        if has("[].role") && (has("[].content") || has("[].tool_calls")) {
+            return found(Format::Messages, "array of chat messages with keys role, content/tool_calls".into());
         }
     } else {
         if has("trajectory[].action") || has("trajectory[].observation") || (has("history") && has("info") && !has("messages")) {

@@ -25,6 +25,7 @@ mod codex;
 pub(crate) mod items;
 mod langsmith;
 mod mini_swe_agent;
+mod messages;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -92,11 +93,13 @@ pub enum Format {
     Otel,
     /// Open Assistant conversation trees (oasst1/oasst2 `trees.jsonl` or `messages.jsonl`).
     Oasst,
+    /// The generic fallback: one bare JSON array of chat messages (OpenAI or Anthropic shape).
+    Messages,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 17] = [
+    pub const ALL: [Format; 18] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -114,6 +117,7 @@ impl Format {
         Format::LangSmith,
         Format::Otel,
         Format::Oasst,
+        Format::Messages,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -136,6 +140,7 @@ impl Format {
             Format::LangSmith => "langsmith",
             Format::Otel => "otel",
             Format::Oasst => "oasst",
+            Format::Messages => "messages",
         }
     }
 }
@@ -308,6 +313,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::LangSmith => langsmith::read(path, &mut sink, progress)?,
         Format::Otel => otel::read(path, &mut sink, progress)?,
         Format::Oasst => oasst::read(path, &mut sink, progress)?,
+        Format::Messages => messages::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

@@ -621,3 +621,56 @@ fn review_faults_multi_trace_conversations_parent_loops_and_retries() {
     turns.sort();
     assert_eq!(turns, vec![(0, "hello".to_string()), (1, "one".into()), (2, "two".into())]);
 }
+
+/// The generic fallback (`--format messages`): a bare JSON array of chat messages, OpenAI shape and
+/// Anthropic shape, detected and read with tool calls paired to their results by id.
+#[test]
+fn a_bare_message_list_is_read_in_either_shape() {
+    // OpenAI shape: system, user, an assistant tool call, the tool's result, the answer, the user's reply.
+    let openai = r#"[
+      {"role": "system", "content": "You are terse."},
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+      {"role": "assistant", "content": "It is 18C."},
+      {"role": "user", "content": "thanks, and in Rome?"}
+    ]"#;
+    let (_d, p) = tmp("chat.json", openai);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Messages);
+    let got = ingest(&p, Format::Messages);
+    assert_eq!((got.rows.len(), got.dead.len()), (2, 0));
+    let (a, b) = (&got.rows[0], &got.rows[1]);
+    assert_eq!((a.session_id.as_str(), a.turn_index, b.turn_index), ("messages:chat", 0, 1));
+    assert_eq!(calls(a).iter().map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone())).collect::<Vec<_>>(), [(Some("call_1".into()), "get_weather".into(), serde_json::json!({"city": "Paris"}))]);
+    assert_eq!(request(a).len(), 2);
+    assert_eq!((b.response_text.as_str(), request(b).len(), b.session_done), ("It is 18C.", 4, true));
+    assert_eq!(messages(b.next_state.as_deref().unwrap()).iter().map(|m| m.content.clone()).collect::<Vec<_>>(), ["thanks, and in Rome?"]);
+    assert_eq!(kinds(&got.rows), map(&[("tool", 1), ("user", 1)]));
+
+    // Anthropic shape: the tool use and its result are content blocks; the result block becomes a tool
+    // message answering toolu_1.
+    let anthropic = r#"[
+      {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+      {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"}]},
+      {"role": "assistant", "content": [{"type": "text", "text": "It is 18C."}]}
+    ]"#;
+    let (_d2, p2) = tmp("claude.json", anthropic);
+    assert_eq!(detect(&p2, DEFAULT_HEAD_BYTES).unwrap().format, Format::Messages);
+    let got = ingest(&p2, Format::Messages);
+    assert_eq!((got.rows.len(), got.dead.len()), (2, 0));
+    assert_eq!((got.rows[0].response_text.as_str(), calls(&got.rows[0])[0].id.as_deref()), ("Checking.", Some("toolu_1")));
+    let req = request(&got.rows[1]);
+    assert_eq!((req.last().unwrap().role.as_str(), req.last().unwrap().tool_call_id.as_deref(), req.last().unwrap().content.as_str()), ("tool", Some("toolu_1"), "18C"));
+    // The last turn ends the saved conversation with nothing after it: no next state.
+    assert!(got.rows[1].session_done && got.rows[1].next_state.is_none());
+    assert_eq!(kinds(&got.rows), map(&[("tool", 1), ("none: session done without next state", 1)]));
+
+    // Not a list of messages: one dead letter each, with its reason.
+    let (_d3, p3) = tmp("bad.json", r#"[{"role": "wizard", "content": "x"}]"#);
+    assert_eq!(ingest(&p3, Format::Messages).dead[0].reason_code, "unknown_role");
+    let (_d4, p4) = tmp("obj.json", r#"{"role": "user", "content": "x"}"#);
+    assert_eq!(ingest(&p4, Format::Messages).dead[0].reason_code, "wrong_type");
+    let (_d5, p5) = tmp("users.json", r#"[{"role": "user", "content": "x"}]"#);
+    assert_eq!(ingest(&p5, Format::Messages).dead[0].reason_code, "no_assistant_turn");
+}
