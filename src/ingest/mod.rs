@@ -26,6 +26,7 @@ pub(crate) mod items;
 mod langsmith;
 mod mini_swe_agent;
 mod messages;
+mod copilot_cli;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -95,11 +96,13 @@ pub enum Format {
     Oasst,
     /// The generic fallback: one bare JSON array of chat messages (OpenAI or Anthropic shape).
     Messages,
+    /// GitHub Copilot CLI session events (`session-state/<id>/events.jsonl`).
+    CopilotCli,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 18] = [
+    pub const ALL: [Format; 19] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -118,6 +121,7 @@ impl Format {
         Format::Otel,
         Format::Oasst,
         Format::Messages,
+        Format::CopilotCli,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -141,6 +145,7 @@ impl Format {
             Format::Otel => "otel",
             Format::Oasst => "oasst",
             Format::Messages => "messages",
+            Format::CopilotCli => "copilot-cli",
         }
     }
 }
@@ -314,6 +319,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::Otel => otel::read(path, &mut sink, progress)?,
         Format::Oasst => oasst::read(path, &mut sink, progress)?,
         Format::Messages => messages::read(path, &mut sink, progress)?,
+        Format::CopilotCli => copilot_cli::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

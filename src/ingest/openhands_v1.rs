@@ -26,7 +26,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{normalize_with_role, Normalized};
-use super::trajectory::{emit, MessageMeta, Trajectory};
+use super::trajectory::{emit_event_session, MessageMeta, Trajectory};
 use super::{parse_timestamp, Sink};
 use crate::schema::{Message, ToolCall};
 use crate::Result;
@@ -148,17 +148,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
             other => *counts.entry(format!("{other} events")).or_insert(0) += 1,
         }
     }
-    let mut c: Vec<(String, u64)> = counts.into_iter().collect();
-    c.sort();
-    for (k, v) in c {
-        sink.count(&k, v);
-    }
-    t.complete = finished;
-    t.tail_is_next_state = true;
-    if emit(sink, &session_id, &t, Some(1))? == 0 && !records.is_empty() {
-        sink.dead_in_session(None, &session_id, "no_assistant_turn", "event stream has no agent turn", b"")?;
-    }
-    Ok(())
+    emit_event_session(sink, &session_id, t, finished, counts, records.len(), "event stream has no agent turn")
 }
 
 /// The events of a persisted events folder in index order, each with its index as record number.

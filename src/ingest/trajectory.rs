@@ -160,3 +160,24 @@ pub(crate) fn emit(sink: &mut Sink<'_>, session_id: &str, t: &Trajectory, source
     }
     Ok(assistant.len())
 }
+
+/// The end of an event-stream session (OpenHands V1, Copilot CLI): the per-kind `counts` go to the
+/// sink (sorted by name), the session's turns are emitted with `complete` and the tail as next state
+/// ([`Trajectory::tail_is_next_state`]), and a stream of `records` events without a turn is one
+/// `no_assistant_turn` dead letter saying `why`.
+///
+/// # Errors
+/// Errors from the sink's callback.
+pub(crate) fn emit_event_session(sink: &mut Sink<'_>, session_id: &str, mut t: Trajectory, complete: bool, counts: std::collections::HashMap<String, u64>, records: usize, why: &str) -> Result<()> {
+    let mut c: Vec<(String, u64)> = counts.into_iter().collect();
+    c.sort();
+    for (k, v) in c {
+        sink.count(&k, v);
+    }
+    t.complete = complete;
+    t.tail_is_next_state = true;
+    if emit(sink, session_id, &t, Some(1))? == 0 && records > 0 {
+        sink.dead_in_session(None, session_id, "no_assistant_turn", why, b"")?;
+    }
+    Ok(())
+}

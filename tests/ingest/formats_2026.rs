@@ -674,3 +674,43 @@ fn a_bare_message_list_is_read_in_either_shape() {
     let (_d5, p5) = tmp("users.json", r#"[{"role": "user", "content": "x"}]"#);
     assert_eq!(ingest(&p5, Format::Messages).dead[0].reason_code, "no_assistant_turn");
 }
+
+/// GitHub Copilot CLI session events: the real capture (copilotVersion 1.0.34) and variants built
+/// from it (a failed call, an orphan result, a bad line).
+#[test]
+fn copilot_cli_events_one_turn_per_assistant_message() {
+    let path = log2026("copilot-cli__v1.0.34-events__vibecodingtracker.jsonl");
+    assert_eq!(detect(&path, DEFAULT_HEAD_BYTES).unwrap().format, Format::CopilotCli);
+    let got = ingest(&path, Format::CopilotCli);
+    // Hand count: assistant.message on lines 9, 20, 29, 36, 41, 46; toolRequests 4, 3, 2, 1, 0, 1, each
+    // with a start (not a call) and a complete (the result); the system message written again on line 43
+    // is the same text (not added twice).
+    assert_eq!((got.rows.len(), got.dead.len()), (6, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "copilot-cli:96ef38f0-9d09-45c3-8124-6448c36090ed"));
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [4, 3, 2, 1, 0, 1]);
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [9, 20, 29, 36, 41, 46]);
+    assert_eq!(got.rows[0].model.as_deref(), Some("claude-sonnet-4.6"));
+    let req5 = request(&got.rows[5]);
+    assert_eq!(req5.iter().filter(|m| m.role == "system").count(), 1);
+    assert_eq!(req5.iter().filter(|m| m.role == "tool").count(), 10, "every earlier call answered once");
+    assert_eq!(calls(&got.rows[5])[0].name, "task_complete");
+    assert!(got.rows[5].session_done, "session.task_complete and session.shutdown end it");
+    // Next states: turns 0-3 and 5 see their tools' output; turn 4's answer draws the next user message.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 5), ("user", 1)]));
+
+    // Variants: a call that failed (success false) answers with its error; a result whose call is not
+    // in the file is left out; a bad line is a dead letter and the rest is read.
+    let lines: Vec<&str> = std::fs::read_to_string(&path).unwrap().leak().lines().collect();
+    let failed = lines[13].replace(r#""success":true"#, r#""success":false,"error":{"message":"permission denied"}"#);
+    assert_ne!(failed, lines[13], "line 14 is a successful completion");
+    let orphan = r#"{"type":"tool.execution_complete","data":{"toolCallId":"toolu_nowhere","success":true,"result":{"content":"x"}},"id":"o1","timestamp":"2026-04-23T17:11:00.000Z","parentId":"p"}"#;
+    let mut variant: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    variant[13] = failed;
+    variant.insert(8, orphan.to_string());
+    variant.insert(2, "{not json".to_string());
+    let (_d, p) = tmp("events.jsonl", &(variant.join("\n") + "\n"));
+    let got = ingest(&p, Format::CopilotCli);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (6, vec!["malformed_json"]));
+    let tools: Vec<Message> = request(&got.rows[1]).into_iter().filter(|m| m.role == "tool").collect();
+    assert_eq!((tools.len(), tools[0].content.as_str()), (4, "error: permission denied"));
+}
