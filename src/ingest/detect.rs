@@ -50,9 +50,6 @@ pub const DEFAULT_HEAD_BYTES: usize = 1 << 20;
 /// Lines that start a JSON value tried after the first value when it matches no rule (module docs).
 pub const DETECT_RECORDS: usize = 16;
 
-/// The UTF-8 byte-order mark some editors and Windows tools write at the start of a text file.
-pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
-
 /// The detected format and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detection {
@@ -171,7 +168,7 @@ pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
 /// [`Error::InvalidInput`] when no rule matches (the error of the first value, with how many later
 /// lines were tried).
 pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
-    let head = head.strip_prefix(UTF8_BOM).unwrap_or(head);
+    let head = head.strip_prefix(super::stream::UTF8_BOM).unwrap_or(head);
     let first = detect_value(head);
     let Err(Error::InvalidInput(m)) = first else { return first };
     let mut tried = 0;

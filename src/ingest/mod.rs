@@ -46,7 +46,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-pub use detect::{detect, detect_bytes, Detection, DEFAULT_HEAD_BYTES, DETECT_RECORDS, UTF8_BOM};
+pub use detect::{detect, detect_bytes, Detection, DEFAULT_HEAD_BYTES, DETECT_RECORDS};
+pub use stream::UTF8_BOM;
 pub use stream::Compression;
 pub(crate) use sink::{jsonl_objects, read_lines, read_object_lines, Record, Sink, Turn};
 

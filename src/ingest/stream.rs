@@ -11,6 +11,9 @@ use serde_json::Value;
 
 use crate::{Error, Result};
 
+/// The UTF-8 byte-order mark some editors and Windows tools write at the start of a text file.
+pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
 /// A reader that counts the bytes it hands out.
 pub(crate) struct Counting<R> {
     inner: R,
@@ -55,7 +58,7 @@ impl Compression {
 /// [`Error::Io`] when the file cannot be opened, is not a regular file (`InvalidInput`), or the zstd
 /// frame header cannot be read.
 ///
-/// A leading UTF-8 byte-order mark ([`super::detect::UTF8_BOM`]) is skipped, so the first line of a
+/// A leading UTF-8 byte-order mark ([`UTF8_BOM`]) is skipped, so the first line of a
 /// file saved "with BOM" parses like the others (looked for in the first read, which holds at least
 /// 3 bytes for any file or decompressed stream of that size).
 pub fn open(path: &Path) -> Result<Box<dyn Read>> {
@@ -66,8 +69,8 @@ pub fn open(path: &Path) -> Result<Box<dyn Read>> {
         Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(f).map_err(|e| Error::io("open zstd stream", path, e))?),
     };
     let mut b = BufReader::with_capacity(1 << 16, r);
-    if b.fill_buf().map_err(|e| Error::io("read", path, e))?.starts_with(super::detect::UTF8_BOM) {
-        b.consume(super::detect::UTF8_BOM.len());
+    if b.fill_buf().map_err(|e| Error::io("read", path, e))?.starts_with(UTF8_BOM) {
+        b.consume(UTF8_BOM.len());
     }
     Ok(Box::new(b))
 }
