@@ -234,18 +234,17 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
 async fn baseline_end(cfg: &AblationConfig, arm: &ResolvedArm, b: Baseline, hints: &[String]) -> Result<Option<(String, crate::demo::Score, Vec<ResponseRow>)>> {
     let on = settings(cfg)?;
     let (pcfg, name, hints, prefs) = (arm.pipeline.clone(), arm.name.clone(), hints.to_vec(), cfg.student.preferences());
-    let (gsm8k, problems_n, split_seed, max_turns, max_tokens, batch) = (cfg.student.gsm8k.clone(), cfg.eval.problems, cfg.student.seed, cfg.student.max_turns, on.max_tokens, cfg.eval.batch);
+    let (max_tokens, batch) = (on.max_tokens, cfg.eval.batch);
+    // The held-out problems and prompts of the demo's evaluation (`DemoOptions.split_seed`).
+    let held = Held::of(cfg)?;
     tokio::task::spawn_blocking(move || -> Result<Option<(String, crate::demo::Score, Vec<ResponseRow>)>> {
-        // The held-out problems and prompts of the demo's evaluation (`DemoOptions.split_seed`).
-        let split = crate::demo::split_problems(&crate::demo::load_gsm8k(&gsm8k)?, problems_n, split_seed)?;
-        let student = crate::demo::Student::new(split_seed, prefs.clone(), max_turns)?;
         let lm = crate::demo::heldout::load_policy(&pcfg, None)?;
         let system = match b {
             Baseline::Prompted => Some(prompted_system(&prefs)),
             Baseline::Memory => memory_system(&hints, MEMORY_TOKENS, |t| lm.encode(t).map(|ids| ids.len()).unwrap_or(usize::MAX)),
         };
         let Some(system) = system else { return Ok(None) };
-        let answers = answers_with_system(&lm, &split.eval, &student, &system, max_tokens, batch)?;
+        let answers = answers_with_system(&lm, &held.problems, &held.student, &system, max_tokens, batch)?;
         let (score, rows) = super::eval::score_answers(&name, BASELINE_END, &answers, &prefs);
         eprintln!("[ablate] online baseline {name}: the initial weights with its system prompt score {:.3} on the held-out problems", score.fraction_all_satisfied);
         Ok(Some((system, score, rows)))
