@@ -86,6 +86,9 @@ pub struct Metrics {
     pub trainer_skipped_samples: Family<Labels, Counter>,
     /// `trainer_skipped_steps_total{reason}`: steps that left the weights unchanged.
     pub trainer_skipped_steps: Family<Labels, Counter>,
+    /// `trainer_alarms_total{kind}`: steps whose gradient norm or log-prob gap spiked against the
+    /// running median (`grad_norm`, `logprob_gap`; `trainer.alarms`).
+    pub trainer_alarms: Family<Labels, Counter>,
     /// `server_requests_total{route, status}`: policy server HTTP requests.
     pub server_requests: Family<Labels, Counter>,
     /// `server_request_duration_seconds`: chat completion latency, arrival to the last token.
@@ -177,6 +180,7 @@ impl Metrics {
             trainer_sample_staleness: Histogram::new([0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]),
             trainer_skipped_samples: Family::default(),
             trainer_skipped_steps: Family::default(),
+            trainer_alarms: Family::default(),
             server_requests: Family::default(),
             server_request_duration: Histogram::new(latency_buckets()),
             server_time_to_first_token: Histogram::new(latency_buckets()),
@@ -209,6 +213,7 @@ impl Metrics {
         r.add("trainer_sample_staleness", "Per trained-on sample: trainer version minus the sample's policy version", None, &m.trainer_sample_staleness);
         r.add("trainer_skipped_samples", "Samples not trained on, by reason", None, &m.trainer_skipped_samples);
         r.add("trainer_skipped_steps", "Steps that left the weights unchanged, by reason", None, &m.trainer_skipped_steps);
+        r.add("trainer_alarms", "Steps whose gradient norm or log-prob gap spiked against the running median, by kind", None, &m.trainer_alarms);
         r.add("server_requests", "Policy server HTTP requests by route and status", None, &m.server_requests);
         r.add("server_request_duration", "Chat completion latency, arrival to the last token", Some(Unit::Seconds), &m.server_request_duration);
         r.add("server_time_to_first_token", "Chat completion arrival to its first generated token", Some(Unit::Seconds), &m.server_time_to_first_token);
@@ -391,6 +396,11 @@ impl JsonlWriter {
 /// Counts one sample not trained on, with its reason code.
 pub fn trainer_skipped_sample(reason: &str) {
     get().trainer_skipped_samples.get_or_create(&labels(&[("reason", reason)])).inc();
+}
+
+/// Counts one spike alarm of kind `kind` (`grad_norm` or `logprob_gap`).
+pub fn trainer_alarm(kind: &str) {
+    get().trainer_alarms.get_or_create(&labels(&[("kind", kind)])).inc();
 }
 
 /// Counts one step that left the weights unchanged, with its reason code.

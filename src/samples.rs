@@ -312,6 +312,7 @@ pub fn assemble(
         teacher_prompt_token_ids,
         student_topk_ids: None,
         candidates: None,
+        truncated: Some(interaction.truncated),
         policy_version: interaction.policy_version,
         judgment_id: judgment.filter(|_| uses_judgment).map(|j| j.judgment_id.clone()),
         hint_id: hint.filter(|_| uses_hint).map(|h| h.hint_id.clone()),

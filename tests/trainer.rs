@@ -389,6 +389,61 @@ fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
     assert!(results.iter().all(|r| r.3 <= 1e-9), "{results:?}");
 }
 
+/// What a one-partition `nextstate train` test needs: the model, the broker, a fresh topic prefix, a
+/// temporary folder with the lake, checkpoints and pipeline file (written).
+struct Run {
+    model: std::path::PathBuf,
+    brokers: String,
+    prefix: String,
+    dir: tempfile::TempDir,
+    lake: std::path::PathBuf,
+    ck: std::path::PathBuf,
+    pfile: std::path::PathBuf,
+}
+
+/// [`Run`] for pipeline `name` with `method` ([`write_one_partition_pipeline`]); `None` (reported as
+/// missing) without the model.
+fn one_partition_run(name: &str, method: &str) -> Option<Run> {
+    let Some(model) = common::smollm2() else {
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, ck, pfile) = (dir.path().join("lake"), dir.path().join("ck"), dir.path().join("p.toml"));
+    write_one_partition_pipeline(&pfile, name, method, &model);
+    Some(Run { model, brokers: common::brokers(), prefix: common::prefix(), dir, lake, ck, pfile })
+}
+
+/// A pipeline file for `nextstate train` with `method` on one partition: batches of 2, a checkpoint per
+/// step, LoRA rank 4.
+fn write_one_partition_pipeline(path: &std::path::Path, name: &str, method: &str, model: &std::path::Path) {
+    std::fs::write(
+        path,
+        format!(
+            "name = \"{name}\"\nmethod = \"{method}\"\n[bus]\npartitions = 1\nmax_poll_interval_ms = 10000\n[policy]\nmodel = \"{}\"\nthreads = 1\n\
+             [trainer]\nbatch_size = 2\ncheckpoint_every = 1\nlr = 1e-4\n[trainer.lora]\nenabled = true\nrank = 4\nalpha = 8\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+}
+
+/// Runs `nextstate train --until-idle` (plus `extra`) to the end and returns its output.
+fn train_until_idle(pfile: &std::path::Path, brokers: &str, prefix: &str, lake: &std::path::Path, ck: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(common::bin())
+        .args(["train", "--pipeline"])
+        .arg(pfile)
+        .args(["--brokers", brokers, "--topic-prefix", prefix, "--lake"])
+        .arg(lake)
+        .arg("--checkpoints")
+        .arg(ck)
+        .args(["--group-instance-id", "trainer-1", "--until-idle"])
+        .args(extra)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap()
+}
+
 /// A sample whose teacher log-probs are `f32::MIN` (−3.4028235e38: what a teacher server that writes
 /// `torch.finfo(torch.float32).min` for log 0 sends — finite, so packing keeps it) makes the loss +inf.
 /// Published between good samples, it must be dead-lettered exactly once (stage `train`,
@@ -397,23 +452,9 @@ fn chunked_and_recomputed_gradients_equal_the_unchunked_loss_on_smollm2() {
 /// (no step, no checkpoint after it), yet its offset is committed: a resumed run finds nothing left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
-    let Some(model) = common::smollm2() else {
-        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+    let Some(Run { model, brokers, prefix, dir, lake, ck, pfile }) = one_partition_run("poison", "opd") else {
         return;
     };
-    let brokers = common::brokers();
-    let prefix = common::prefix();
-    let dir = tempfile::tempdir().unwrap();
-    let (lake, ck, pfile) = (dir.path().join("lake"), dir.path().join("ck"), dir.path().join("p.toml"));
-    std::fs::write(
-        &pfile,
-        format!(
-            "name = \"poison\"\nmethod = \"opd\"\n[bus]\npartitions = 1\nmax_poll_interval_ms = 10000\n[policy]\nmodel = \"{}\"\nthreads = 1\n\
-             [trainer]\nbatch_size = 2\ncheckpoint_every = 1\nlr = 1e-4\n[trainer.lora]\nenabled = true\nrank = 4\nalpha = 8\n",
-            model.display()
-        ),
-    )
-    .unwrap();
     let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
     let mut all = samples(&lm, 5, "poison");
     drop(lm);
@@ -426,18 +467,7 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     publish_samples(&brokers, &prefix, 1, &all).await;
 
     let run = |extra: &[&str], n: u32| {
-        let out = Command::new(common::bin())
-            .args(["train", "--pipeline"])
-            .arg(&pfile)
-            .args(["--brokers", &brokers, "--topic-prefix", &prefix, "--lake"])
-            .arg(&lake)
-            .arg("--checkpoints")
-            .arg(&ck)
-            .args(["--group-instance-id", "trainer-1", "--until-idle"])
-            .args(extra)
-            .env("OMP_NUM_THREADS", "1")
-            .output()
-            .unwrap();
+        let out = train_until_idle(&pfile, &brokers, &prefix, &lake, &ck, extra);
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
         assert!(out.status.success(), "trainer run {n} failed ({}):\n{stdout}\n{stderr}", out.status);
         stdout
@@ -503,6 +533,66 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
     assert_eq!(dead.iter().filter(|d| d.stage == "train").count(), 2);
     assert_eq!(nextstate::trainer::scan(&run_dir).unwrap().complete.len(), 2);
+}
+
+/// The trainer guards itself on the real broker (`trainer.quarantine`, on by default): a truncated, an
+/// empty, a one-token and a high-gap sample (rollout log-probs 3 nats per token below the weights')
+/// published between good ones are each dead-lettered once with their reason and enter the lineage
+/// untrained; every good sample is trained exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_empty_near_empty_and_high_gap_samples_are_quarantined_once() {
+    let Some(Run { model, brokers, prefix, dir: _dir, lake, ck, pfile }) = one_partition_run("guard", "binary") else {
+        return;
+    };
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let mut all = samples(&lm, 8, "guard");
+    drop(lm);
+    all[1].truncated = Some(true);
+    let s = &mut all[3];
+    (s.response_token_ids, s.loss_mask, s.rollout_logprobs) = (vec![], vec![], vec![]);
+    let s = &mut all[5];
+    (s.response_token_ids, s.loss_mask, s.rollout_logprobs) = (s.response_token_ids[..1].to_vec(), vec![1], s.rollout_logprobs[..1].to_vec());
+    for x in &mut all[6].rollout_logprobs {
+        *x -= 3.0;
+    }
+    let bad: [(usize, &str); 4] = [(1, "truncated"), (3, "empty_response"), (5, "near_empty_response"), (6, "logprob_gap")];
+    publish_samples(&brokers, &prefix, 1, &all).await;
+
+    let out = train_until_idle(&pfile, &brokers, &prefix, &lake, &ck, &[]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "trainer failed ({}):\n{stdout}\n{stderr}", out.status);
+    // Batches of 2 in topic order: [g0, truncated], [g2, empty], [g4, one token], [high gap, g7]: four
+    // steps of one good sample each (the last retried without the high-gap sample).
+    assert!(stdout.contains("train: steps=4 samples_trained=4 "), "{stdout}");
+    assert!(stdout.contains("dropped={\"empty_response\": 1, \"logprob_gap\": 1, \"near_empty_response\": 1, \"truncated\": 1} skipped_steps=0"), "{stdout}");
+    assert!(stderr.contains("samples quarantined for their log-prob gap"), "{stderr}");
+
+    let scan = nextstate::trainer::scan(&ck.join("guard")).unwrap();
+    assert_eq!(scan.complete.iter().map(|(_, m)| m.version).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    let mut seen: HashMap<String, Vec<(bool, Option<String>)>> = HashMap::new();
+    for (_, m) in &scan.complete {
+        assert_eq!(m.metrics.iter().map(|r| r.metrics.samples).collect::<Vec<_>>(), vec![1], "one good sample per step");
+        for l in &m.lineage {
+            seen.entry(l.sample_id.clone()).or_default().push((l.trained, l.drop_reason.clone()));
+        }
+    }
+    assert_eq!(seen.len(), 8, "{seen:?}");
+    for (i, s) in all.iter().enumerate() {
+        let want = match bad.iter().find(|(j, _)| *j == i) {
+            Some((_, r)) => vec![(false, Some(r.to_string()))],
+            None => vec![(true, None)],
+        };
+        assert_eq!(seen[&s.sample_id], want, "sample {i}");
+    }
+    let dead: Vec<nextstate::schema::DeadLetter> = nextstate::lake::Lake::open(&lake).unwrap().read_table().unwrap();
+    let train_dead: Vec<_> = dead.iter().filter(|d| d.stage == "train").collect();
+    assert_eq!(train_dead.len(), 4, "{train_dead:?}");
+    for (i, reason) in bad {
+        let d: Vec<_> = train_dead.iter().filter(|d| d.input_key.as_deref() == Some(all[i].interaction_id.as_str())).collect();
+        assert_eq!(d.len(), 1, "sample {i} dead-lettered once: {train_dead:?}");
+        assert_eq!(d[0].reason_code, reason);
+        assert!(d[0].reason.contains(&format!("sample {} dropped", all[i].sample_id)), "{}", d[0].reason);
+    }
 }
 
 /// The OPD target of `nextstate loss --json`, checked independently (METHOD.md §6, the reference's

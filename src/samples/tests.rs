@@ -237,8 +237,12 @@ fn side_turns_empty_and_truncated_responses() {
     let skip = SampleConfig { skip_truncated: true, ..SampleConfig::default() };
     let o = assemble(Method::Binary, &skip, &cut, Some(&judgment(1)), None, None, &PROMPT, &RESP, &ROLL, "p");
     assert_eq!(none(o), NoSampleReason::Truncated);
+    // Without skip_truncated the sample is made and says it was cut (the trainer's quarantine reads it).
     let o = assemble(Method::Binary, &SampleConfig::default(), &cut, Some(&judgment(1)), None, None, &PROMPT, &RESP, &ROLL, "p");
-    assert_eq!(sample(o).reward, 1.0);
+    let s = sample(o);
+    assert_eq!((s.reward, s.truncated), (1.0, Some(true)));
+    let o = assemble(Method::Binary, &SampleConfig::default(), &main, Some(&judgment(1)), None, None, &PROMPT, &RESP, &ROLL, "p");
+    assert_eq!(sample(o).truncated, Some(false));
 }
 
 #[test]

@@ -123,6 +123,12 @@ pub struct Sample {
     /// otherwise.
     #[serde(default)]
     pub candidates: Option<Vec<TeacherCandidate>>,
+    /// True when the turn's response was cut at the token cap (the interaction's `truncated`:
+    /// `finish_reason = length` or an unclosed reasoning block); the trainer quarantines such samples
+    /// by default (`trainer.quarantine.truncated`). Null when unknown, as in rows written before the
+    /// column existed.
+    #[serde(default)]
+    pub truncated: Option<bool>,
     /// Policy version that produced the response.
     pub policy_version: Option<i64>,
     /// The judgment used (null when none).
@@ -173,6 +179,7 @@ impl Sample {
             teacher_prompt_token_ids: None,
             student_topk_ids: None,
             candidates: None,
+            truncated: None,
             policy_version: Some(0),
             judgment_id: None,
             hint_id: None,
@@ -223,6 +230,7 @@ impl Table for Sample {
             list_of("teacher_prompt_token_ids", DataType::Int32, true, "Teacher (hint-enhanced) prompt token ids, when the sample has a hint's teacher log-probs."),
             list_of_lists("student_topk_ids", DataType::Int32, true, "Multi-candidate hints: the student's top-K ids [T, K]."),
             list_of_struct("candidates", teacher_candidate_fields(), true, "Multi-candidate hints: per accepted hint (shortest first) its teacher_id, hint_index, top-K ids and log-probs [T, K] and log-probs at the student's top-K ids [T, K]."),
+            boolf("truncated", true, "Response cut at the token cap (the turn's finish_reason = length); null when unknown."),
             i64f("policy_version", true, "Policy version that produced the response."),
             utf8("judgment_id", true, "Judgment used."),
             utf8("hint_id", true, "Hint record used."),

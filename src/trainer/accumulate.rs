@@ -23,6 +23,9 @@ pub(super) struct Evaluated {
     pub(super) out: loss::LossOutput,
     /// Mean |rollout − current| log-prob over the trained tokens (nats).
     pub(super) rollout_abs_diff: f64,
+    /// `[B]`: each row's mean |rollout − current| log-prob over its trained tokens (nats; 0 for a row
+    /// without one).
+    pub(super) row_gaps: Vec<f64>,
     /// `[B, T]` f32: the current policy's log-probs of the response tokens (the OPD target's student
     /// side), no gradient.
     pub(super) student: Tensor,
@@ -157,12 +160,14 @@ pub(super) fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Po
 
     let _guard = tch::no_grad_guard();
     let tokens_total = mask.f_sum(Kind::Double)?.f_double_value(&[])?;
-    let rollout_abs_diff = if tokens_total > 0.0 {
+    let gap = {
         let d = rollout.f_sub(&new_all)?.f_abs()?;
-        d.f_where_self(&mask.f_gt(0.0)?, &d.f_zeros_like()?)?.f_sum(Kind::Double)?.f_double_value(&[])? / tokens_total
-    } else {
-        0.0
+        d.f_where_self(&mask.f_gt(0.0)?, &d.f_zeros_like()?)?.f_to_kind(Kind::Double)?
     };
+    let rollout_abs_diff = if tokens_total > 0.0 { gap.f_sum(Kind::Double)?.f_double_value(&[])? / tokens_total } else { 0.0 };
+    let row_sums = Vec::<f64>::try_from(&gap.f_sum_dim_intlist(1i64, false, Kind::Double)?.f_to_device(tch::Device::Cpu)?)?;
+    let row_tokens = Vec::<f64>::try_from(&mask.f_gt(0.0)?.f_sum_dim_intlist(1i64, false, Kind::Double)?.f_to_device(tch::Device::Cpu)?)?;
+    let row_gaps = row_sums.iter().zip(&row_tokens).map(|(g, n)| if *n > 0.0 { g / n } else { 0.0 }).collect();
     let old = if cfg.recompute_old_logprobs { new_all.shallow_clone() } else { rollout };
     let inputs = loss::LossInputs {
         new_logprobs: &new_all,
@@ -183,7 +188,7 @@ pub(super) fn evaluate<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Po
         num_samples: Some(num_samples),
     };
     let out = loss::compute_loss(lcfg, &inputs)?;
-    Ok(Evaluated { out, rollout_abs_diff, student: new_all, teacher })
+    Ok(Evaluated { out, rollout_abs_diff, row_gaps, student: new_all, teacher })
 }
 
 /// Groups `samples` into micro-batches whose padded size (count × longest prompt + response) stays
@@ -265,6 +270,9 @@ pub struct Accumulated {
     pub rollout_abs_diff: f64,
     /// Samples left out, with reasons (indices into the input slice, ascending).
     pub dropped: Vec<Dropped>,
+    /// Each evaluated sample's mean |rollout − current| log-prob over its trained tokens (nats), by
+    /// index into the input slice, ascending (the step's gap quarantine reads it).
+    pub sample_gaps: Vec<(usize, f64)>,
     /// Masked tokens by sample type (kebab-case): `(advantage > 0, advantage < 0, all)` (tokens).
     pub advantage_signs: BTreeMap<String, (i64, i64, i64)>,
     /// The advantages split into their reward and teacher parts, over the step's masked tokens.
@@ -413,6 +421,7 @@ pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&d
     let mut parts: Vec<(LossMetrics, f64, BTreeMap<String, i64>)> = vec![];
     let mut advantage_signs = BTreeMap::new();
     let mut parts_sum = AdvantageParts::default();
+    let mut sample_gaps: Vec<(usize, f64)> = vec![];
     let reward_coef = match method {
         Method::Binary => 1.0,
         Method::Combined => lcfg.w_rl,
@@ -424,13 +433,15 @@ pub fn accumulate_gradients<P: Policy + ?Sized>(policy: &P, reference: Option<&d
             *type_counts.entry(t.as_str().to_string()).or_default() += 1;
         }
         let ev = evaluate(policy, reference, cfg, &lcfg, batch, num_samples as f64, true)?;
+        sample_gaps.extend(batch.source_index.iter().copied().zip(ev.row_gaps.iter().copied()));
         count_advantage_signs(&ev.out.advantages, batch, &mut advantage_signs)?;
         parts_sum.add(&advantage_parts(&ev.out.advantages, batch, reward_coef)?);
         parts.push((ev.out.metrics, ev.rollout_abs_diff, type_counts));
     }
     if parts.is_empty() {
-        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped, advantage_signs, parts: parts_sum });
+        return Ok(Accumulated { metrics: None, rollout_abs_diff: 0.0, dropped, sample_gaps, advantage_signs, parts: parts_sum });
     }
+    sample_gaps.sort_by_key(|g| g.0);
     let (m, rollout_abs_diff) = merge_metrics(&parts);
-    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped, advantage_signs, parts: parts_sum })
+    Ok(Accumulated { metrics: Some(m), rollout_abs_diff, dropped, sample_gaps, advantage_signs, parts: parts_sum })
 }

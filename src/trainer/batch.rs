@@ -9,7 +9,10 @@
 //! empty prompt or response, a per-token series of the wrong length, a non-finite value at a trained
 //! position (METHOD.md §4), a token id outside the vocabulary, a sample type that does not belong to the
 //! method, missing teacher log-probs, inconsistent or (when required) missing top-K lists, or a policy
-//! version too old ([`TrainerConfig::staleness_weight`]). Non-finite values at positions with loss mask 0
+//! version too old ([`TrainerConfig::staleness_weight`]), and the quarantine rules of
+//! [`TrainerConfig::quarantine`](super::config::QuarantineSettings) that the packer can apply (a
+//! truncated or near-empty response; the log-prob gap rule needs the forward pass and lives in the
+//! step). Non-finite values at positions with loss mask 0
 //! are replaced by 0 (they are never trained).
 
 use tch::{Device, Tensor};
@@ -46,6 +49,13 @@ pub enum DropReason {
     Stale,
     /// Prompt + response longer than `max_sequence_tokens`.
     TooLong,
+    /// Fewer trained response tokens than `quarantine.min_response_tokens` (a one-token reply).
+    NearEmptyResponse,
+    /// The response was cut at the token cap ([`Sample::truncated`]; `quarantine.truncated`).
+    Truncated,
+    /// Mean |rollout − current| log-prob over the trained tokens above `quarantine.max_logprob_gap`
+    /// (found in the step's forward pass; the step is retried without the sample).
+    LogprobGap,
 }
 
 impl DropReason {
@@ -63,6 +73,9 @@ impl DropReason {
             DropReason::TopkWidth => "topk_width",
             DropReason::Stale => "stale",
             DropReason::TooLong => "too_long",
+            DropReason::NearEmptyResponse => "near_empty_response",
+            DropReason::Truncated => "truncated",
+            DropReason::LogprobGap => "logprob_gap",
         }
     }
 }
@@ -243,6 +256,14 @@ fn check_sample(s: &Sample, opts: &PackOptions) -> std::result::Result<usize, (D
     }
     if t == 0 {
         return Err((DropReason::EmptyResponse, "0 response tokens".into()));
+    }
+    let q = &opts.config.quarantine;
+    if q.truncated && s.truncated == Some(true) {
+        return Err((DropReason::Truncated, format!("response of {t} tokens cut at the token cap (trainer.quarantine.truncated)")));
+    }
+    let trained = s.loss_mask.iter().filter(|&&m| m != 0).count();
+    if s.loss_mask.len() == t && trained < q.min_response_tokens {
+        return Err((DropReason::NearEmptyResponse, format!("{trained} trained response tokens, fewer than trainer.quarantine.min_response_tokens = {}", q.min_response_tokens)));
     }
     let total = s.prompt_token_ids.len() + t;
     if total > opts.config.max_sequence_tokens {

@@ -154,6 +154,77 @@ impl OverlapSettings {
     }
 }
 
+/// The trainer's quarantine rules (`[trainer.quarantine]`), on by default: a sample a rule catches is
+/// never trained; it is dropped with its reason (`near_empty_response`, `truncated`, `logprob_gap`),
+/// counted in `trainer_skipped_samples_total{reason}` and dead-lettered by the train stage, like every
+/// other [`DropReason`](super::DropReason). Samples older than the staleness bound are the fourth rule,
+/// [`TrainerConfig::max_staleness`] (reason `stale`).
+///
+/// Why: users of the reference saw one-character replies and replies cut at the token cap enter
+/// training, then the gradient norm rise from 3–8 to 2,243 and the rollout-vs-trainer log-prob gap from
+/// 0.02 to 233.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuarantineSettings {
+    /// A response with fewer trained tokens (loss mask 1) than this is `near_empty_response` (2: a
+    /// reply of one token). 0 turns the rule off; an empty response is always dropped (`empty_response`).
+    pub min_response_tokens: usize,
+    /// A response the log marks as cut at the token cap ([`Sample::truncated`](crate::schema::Sample::truncated),
+    /// from the turn's `finish_reason = length`) is `truncated` (true).
+    pub truncated: bool,
+    /// A sample whose mean |rollout − current policy| log-prob over its trained tokens is above this
+    /// bound (nats per token, 2.0) is `logprob_gap`: its rollout log-probs were not made by these weights
+    /// (another model or tokenizer, a broken server). The step is then retried without it, so the
+    /// weights never move on it. `inf` turns the rule off. The gap is measured in the step's own
+    /// forward pass, so a step without such a sample costs nothing more.
+    pub max_logprob_gap: f64,
+}
+
+impl Default for QuarantineSettings {
+    fn default() -> Self {
+        QuarantineSettings { min_response_tokens: 2, truncated: true, max_logprob_gap: 2.0 }
+    }
+}
+
+impl QuarantineSettings {
+    /// Every rule off: no minimum length, truncated responses trained, no log-prob gap bound (the
+    /// trainer before the quarantine existed).
+    pub fn off() -> QuarantineSettings {
+        QuarantineSettings { min_response_tokens: 0, truncated: false, max_logprob_gap: f64::INFINITY }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == QuarantineSettings::default()
+    }
+}
+
+/// Spike alarms (`[trainer.alarms]`): after each step the gradient norm (before clipping) and the
+/// step's mean |rollout − current| log-prob gap are compared with the median of the previous `window`
+/// steps; a value above `factor × max(median, floor)` raises an alarm: a warning log line and
+/// `trainer_alarms_total{kind}` (`grad_norm`, `logprob_gap`). The floors (gradient norm 0.1, gap 0.01
+/// nats) keep a run whose first steps have a near-zero gap (the weights that sampled) from alarming
+/// on noise. Alarms report; they change nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlarmSettings {
+    /// Steps in the running median (32); no alarm before 4 steps are in it.
+    pub window: usize,
+    /// A value this many times the running median is a spike (10).
+    pub factor: f64,
+}
+
+impl Default for AlarmSettings {
+    fn default() -> Self {
+        AlarmSettings { window: 32, factor: 10.0 }
+    }
+}
+
+impl AlarmSettings {
+    fn is_default(&self) -> bool {
+        *self == AlarmSettings::default()
+    }
+}
+
 /// LoRA settings (`[trainer.lora]`). The model runtime attaches the adapters; the trainer then trains
 /// and checkpoints only the adapter tensors (METHOD.md §6: rank 16, alpha 32 on q,k,v,o,gate,up,down).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -218,6 +289,14 @@ pub struct TrainerConfig {
     pub lora: LoraSettings,
     /// Write a checkpoint every this many optimizer steps (1).
     pub checkpoint_every: u64,
+    /// Also write one after a step when this many seconds have passed since the last checkpoint (or
+    /// the trainer's start); none = steps only. A slow run then always leaves a resumable checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_secs: Option<f64>,
+    /// Also write one after a step when at least this many samples were trained since the last
+    /// checkpoint; none = steps only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_samples: Option<u64>,
     /// Use the current policy's log-probs (computed in the same forward pass, without gradient) as
     /// `old` instead of the rollout log-probs (false). The mean |rollout − current| is reported either way.
     pub recompute_old_logprobs: bool,
@@ -272,6 +351,12 @@ pub struct TrainerConfig {
     /// recorded at temperature 1). Left out of the serialised form when 1.
     #[serde(skip_serializing_if = "is_one")]
     pub temperature: f64,
+    /// Quarantine rules ([`QuarantineSettings`]). Left out of the serialised form when default.
+    #[serde(skip_serializing_if = "QuarantineSettings::is_default")]
+    pub quarantine: QuarantineSettings,
+    /// Spike alarms ([`AlarmSettings`]). Left out of the serialised form when default.
+    #[serde(skip_serializing_if = "AlarmSettings::is_default")]
+    pub alarms: AlarmSettings,
 }
 
 fn is_one(x: &f64) -> bool {
@@ -298,6 +383,8 @@ impl Default for TrainerConfig {
             opd_loss: OpdLoss::Ppo,
             lora: LoraSettings::default(),
             checkpoint_every: 1,
+            checkpoint_every_secs: None,
+            checkpoint_every_samples: None,
             recompute_old_logprobs: false,
             max_staleness: None,
             staleness: Staleness::Drop,
@@ -311,6 +398,8 @@ impl Default for TrainerConfig {
             overlap: OverlapSettings::default(),
             teacher: TeacherSource::Samples,
             temperature: 1.0,
+            quarantine: QuarantineSettings::default(),
+            alarms: AlarmSettings::default(),
         }
     }
 }
@@ -351,6 +440,24 @@ impl TrainerConfig {
         }
         if self.checkpoint_every == 0 {
             return Err(config_err!("trainer.checkpoint_every must be at least 1"));
+        }
+        if let Some(s) = self.checkpoint_every_secs {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(config_err!("trainer.checkpoint_every_secs = {s} must be a positive number of seconds"));
+            }
+        }
+        if self.checkpoint_every_samples == Some(0) {
+            return Err(config_err!("trainer.checkpoint_every_samples must be at least 1"));
+        }
+        let gap = self.quarantine.max_logprob_gap;
+        if gap.is_nan() || gap <= 0.0 {
+            return Err(config_err!("trainer.quarantine.max_logprob_gap = {gap} must be a positive number of nats (inf turns the rule off)"));
+        }
+        if self.alarms.window == 0 {
+            return Err(config_err!("trainer.alarms.window must be at least 1"));
+        }
+        if !(self.alarms.factor.is_finite() && self.alarms.factor > 1.0) {
+            return Err(config_err!("trainer.alarms.factor = {} must be a number above 1", self.alarms.factor));
         }
         if !(self.staleness_decay > 0.0 && self.staleness_decay <= 1.0) {
             return Err(config_err!("trainer.staleness_decay = {} must be in (0, 1]", self.staleness_decay));

@@ -33,6 +33,7 @@
 //! row of each checkpoint written.
 
 mod accumulate;
+pub mod alarms;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
@@ -51,7 +52,7 @@ mod test_util;
 pub use accumulate::{accumulate_gradients, advantage_parts, micro_batches, Accumulated, AdvantagePartMeans, AdvantageParts};
 pub use batch::{pack_samples, DropReason, Dropped, PackOptions, Packed, PackedBatch};
 pub use checkpoint::{ancestry, consumed_sample_ids, latest_complete, scan, CheckpointScan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
-pub use config::{AdvantageSign, CandidateSelection, LoraSettings, OverlapSettings, OverlapSubset, Staleness, TeacherSource, TrainerConfig};
+pub use config::{AdvantageSign, AlarmSettings, CandidateSelection, LoraSettings, OverlapSettings, OverlapSubset, QuarantineSettings, Staleness, TeacherSource, TrainerConfig};
 pub use loss::{LossConfig, LossMetrics, OpdLoss};
 pub use loss_report::{loss_report, LossReport, SampleLoss};
 pub use optim::{AdamW, AdamWConfig};

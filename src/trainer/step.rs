@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::accumulate::{accumulate_gradients, pack_options_for};
-use super::batch::{Dropped, PackOptions};
+use super::alarms::Alarms;
+use super::batch::{DropReason, Dropped, PackOptions};
 use super::checkpoint::{self, ancestry, consumed_sample_ids, latest_complete, scan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
 use super::config::TrainerConfig;
 use super::loss_report::{loss_report, LossReport};
@@ -45,6 +46,12 @@ pub struct Trainer<P: Policy> {
     pub(super) pending_steps: Vec<StepRecord>,
     /// Positions of samples read from the `samples` topic, by sample id (see [`Trainer::note_positions`]).
     pub(super) positions: std::collections::HashMap<String, (String, i32, i64)>,
+    /// When the last checkpoint was written (or the trainer started): `checkpoint_every_secs`.
+    pub(super) last_checkpoint_at: Instant,
+    /// Samples trained since the last checkpoint: `checkpoint_every_samples`.
+    pub(super) samples_since_checkpoint: u64,
+    /// Running medians of the gradient norm and log-prob gap ([`Alarms`]).
+    pub(super) alarms: Alarms,
 }
 
 impl<P: Policy> std::fmt::Debug for Trainer<P> {
@@ -86,6 +93,7 @@ impl<P: Policy> Trainer<P> {
 
     fn fresh(policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<Trainer<P>> {
         cfg.validate()?;
+        let cfg_alarms = cfg.alarms.clone();
         tch::manual_seed(cfg.seed as i64);
         let opt = AdamW::new(
             policy.var_store(),
@@ -104,6 +112,9 @@ impl<P: Policy> Trainer<P> {
             pending_lineage: Vec::new(),
             pending_steps: Vec::new(),
             positions: std::collections::HashMap::new(),
+            last_checkpoint_at: Instant::now(),
+            samples_since_checkpoint: 0,
+            alarms: Alarms::new(cfg_alarms),
         })
     }
 
@@ -231,9 +242,15 @@ impl<P: Policy> Trainer<P> {
     }
 
     /// One optimizer step on `samples` (normally `batch_size` of them): pack (dropping bad or stale rows
-    /// with reasons), forward, loss (METHOD.md §6), backward, gradient-norm clipping to `grad_clip`,
-    /// AdamW. Every `checkpoint_every` steps a checkpoint is written ([`Trainer::checkpoint`]). When every
-    /// sample is dropped no step is taken; the dropped samples still enter the lineage.
+    /// with reasons, the quarantine rules included), forward, loss (METHOD.md §6), backward,
+    /// gradient-norm clipping to `grad_clip`, AdamW. A sample whose mean |rollout − current| log-prob
+    /// exceeds `quarantine.max_logprob_gap` is found in the forward pass; the gradients are then zeroed
+    /// and the step is taken without it (drop reason `logprob_gap`). A checkpoint is written every
+    /// `checkpoint_every` steps, and also once `checkpoint_every_secs` seconds or
+    /// `checkpoint_every_samples` trained samples have passed since the last one
+    /// ([`Trainer::checkpoint`]). The step's gradient norm and log-prob gap feed the spike alarms
+    /// ([`super::alarms`]). When every sample is dropped no step is taken; the dropped samples still
+    /// enter the lineage.
     ///
     /// **A bad batch never stops training**: when the loss or the gradient norm is not finite, or
     /// libtorch fails in the forward or backward pass, the weights and the AdamW state stay exactly as
@@ -257,14 +274,25 @@ impl<P: Policy> Trainer<P> {
             Err(StepFailure::Fatal(e)) => return Err(e),
         };
         self.export_metrics(samples, &outcome);
-        if outcome.train_step.is_some() && (self.step as u64).is_multiple_of(self.cfg.checkpoint_every) {
+        if let Some(m) = &outcome.metrics {
+            self.samples_since_checkpoint += m.samples.max(0) as u64;
+        }
+        if outcome.train_step.is_some() && self.checkpoint_due() {
             outcome.checkpoint = self.checkpoint()?;
         }
         Ok(outcome)
     }
 
+    /// After a step: a checkpoint is due every `checkpoint_every` steps, or when `checkpoint_every_secs`
+    /// have passed or `checkpoint_every_samples` samples were trained since the last one.
+    fn checkpoint_due(&self) -> bool {
+        (self.step as u64).is_multiple_of(self.cfg.checkpoint_every)
+            || self.cfg.checkpoint_every_secs.is_some_and(|s| self.last_checkpoint_at.elapsed().as_secs_f64() >= s)
+            || self.cfg.checkpoint_every_samples.is_some_and(|n| self.samples_since_checkpoint >= n)
+    }
+
     /// Moves the process-wide trainer metrics ([`crate::metrics`]) by what one step did.
-    fn export_metrics(&self, samples: &[Sample], outcome: &StepOutcome) {
+    fn export_metrics(&mut self, samples: &[Sample], outcome: &StepOutcome) {
         for d in &outcome.dropped {
             crate::metrics::trainer_skipped_sample(d.reason.as_str());
         }
@@ -275,6 +303,22 @@ impl<P: Policy> Trainer<P> {
             }
         }
         let Some(row) = &outcome.train_step else { return };
+        for a in self.alarms.observe(row.grad_norm, row.rollout_logprob_abs_diff) {
+            crate::metrics::trainer_alarm(a.kind.as_str());
+            tracing::warn!(
+                step = row.step,
+                kind = a.kind.as_str(),
+                value = a.value,
+                running_median = a.median,
+                threshold = a.threshold,
+                "training alarm: {} spiked to {:.4} against a running median of {:.4} (trainer.alarms: factor {} over the last {} steps)",
+                a.kind.as_str(),
+                a.value,
+                a.median,
+                self.cfg.alarms.factor,
+                self.cfg.alarms.window
+            );
+        }
         let terms = [("total", row.loss), ("pg", row.pg_loss), ("kl", row.kl), ("entropy", row.entropy), ("topk_kl", row.topk_kl), ("ppo_kl", row.ppo_kl)];
         crate::metrics::trainer_step(&terms, row.grad_norm, row.tokens, row.seconds);
         crate::metrics::trainer_step_figures(&crate::metrics::StepFigures {
@@ -302,6 +346,12 @@ impl<P: Policy> Trainer<P> {
         let step = self.step + 1;
         self.opt.zero_grad()?;
         let acc = accumulate_gradients(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, samples)?;
+        let bound = self.cfg.quarantine.max_logprob_gap;
+        let over: Vec<(usize, f64)> = acc.sample_gaps.iter().copied().filter(|(_, g)| *g > bound).collect();
+        if !over.is_empty() {
+            self.opt.zero_grad()?;
+            return self.step_without_gaps(samples, &over);
+        }
         let dropped = acc.dropped;
         let Some(m) = acc.metrics else {
             self.record_lineage(samples, &dropped, self.step);
@@ -378,6 +428,41 @@ impl<P: Policy> Trainer<P> {
         Ok(StepOutcome { train_step: Some(row), metrics: Some(m), dropped, checkpoint: None, skipped: None })
     }
 
+    /// The log-prob gap quarantine (`trainer.quarantine.max_logprob_gap`): `over` = (index into
+    /// `samples`, mean |rollout − current| log-prob) of the samples above the bound, found in a step
+    /// whose gradients were then zeroed. Takes the step on the others and returns it with `over` in
+    /// its drops ([`DropReason::LogprobGap`]) and their lineage entries, not trained.
+    fn step_without_gaps(&mut self, samples: &[Sample], over: &[(usize, f64)]) -> std::result::Result<StepOutcome, StepFailure> {
+        let rest: Vec<usize> = (0..samples.len()).filter(|i| !over.iter().any(|(j, _)| j == i)).collect();
+        let subset: Vec<Sample> = rest.iter().map(|&i| samples[i].clone()).collect();
+        let mut outcome = if subset.is_empty() {
+            StepOutcome { train_step: None, metrics: None, dropped: vec![], checkpoint: None, skipped: None }
+        } else {
+            self.try_step(&subset)?
+        };
+        for d in &mut outcome.dropped {
+            d.index = rest[d.index];
+        }
+        let bound = self.cfg.quarantine.max_logprob_gap;
+        let gapped: Vec<Dropped> = over
+            .iter()
+            .map(|&(i, g)| Dropped {
+                index: i,
+                sample_id: samples[i].sample_id.clone(),
+                reason: DropReason::LogprobGap,
+                detail: format!("mean |rollout − current| log-prob {g:.4} nats per trained token exceeds trainer.quarantine.max_logprob_gap = {bound}: the rollout log-probs were not made by these weights"),
+            })
+            .collect();
+        let picked: Vec<Sample> = over.iter().map(|&(i, _)| samples[i].clone()).collect();
+        let as_picked: Vec<Dropped> = gapped.iter().enumerate().map(|(k, d)| Dropped { index: k, ..d.clone() }).collect();
+        let step = self.step;
+        self.record_lineage(&picked, &as_picked, step);
+        tracing::warn!(step, quarantined = over.len(), trained = rest.len(), "samples quarantined for their log-prob gap; step taken without them");
+        outcome.dropped.extend(gapped);
+        outcome.dropped.sort_by_key(|d| d.index);
+        Ok(outcome)
+    }
+
     /// Writes checkpoint `version + 1` now if any optimizer step was taken since the last one (call it at
     /// shutdown); `None` otherwise. The manifest holds the steps' metrics and the lineage of every sample
     /// consumed since the parent.
@@ -431,6 +516,8 @@ impl<P: Policy> Trainer<P> {
         self.version = manifest.version;
         self.pending_steps.clear();
         self.pending_lineage.clear();
+        self.last_checkpoint_at = Instant::now();
+        self.samples_since_checkpoint = 0;
         let row = manifest.to_row(&path)?;
         tracing::info!(run = %manifest.run_id, version = manifest.version, step = manifest.step, samples = row.samples, path = %path.display(), "checkpoint written");
         if let Some(r) = self.writer.remote() {

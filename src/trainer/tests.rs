@@ -69,7 +69,7 @@ fn same_weights(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> bool {
 /// Sets each sample's rollout log-probs to the policy's current ones (on-policy samples), and, when
 /// `teacher_shift` is given, teacher log-probs = rollout + shift.
 fn score(p: &Tiny, samples: &mut [Sample]) {
-    let opts = PackOptions { method: Method::Binary, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: TrainerConfig::default() };
+    let opts = PackOptions { method: Method::Binary, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: quiet() };
     let as_binary: Vec<Sample> = samples.iter().map(|s| Sample { sample_type: SampleType::Binary, ..s.clone() }).collect();
     let batch = pack_samples(&as_binary, &opts).unwrap().batch.unwrap();
     let lp = p.response_logprobs(&batch).unwrap();
@@ -93,8 +93,14 @@ fn binary_batch(p: &Tiny) -> Vec<Sample> {
     v
 }
 
+/// The defaults with the quarantine off: the toy policies' hand-made rollout log-probs are far from
+/// their own, and some responses are one token (the quarantine has its own tests).
+fn quiet() -> TrainerConfig {
+    TrainerConfig { quarantine: QuarantineSettings::off(), ..TrainerConfig::default() }
+}
+
 fn cfg(lr: f64) -> TrainerConfig {
-    TrainerConfig { lr, weight_decay: 0.0, ..TrainerConfig::default() }
+    TrainerConfig { lr, weight_decay: 0.0, ..quiet() }
 }
 
 #[test]
@@ -422,7 +428,7 @@ fn timing_at_real_vocabulary_size() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     for opd_loss in [OpdLoss::Ppo, OpdLoss::Both] {
-        let c = TrainerConfig { opd_loss, checkpoint_every: 2, ..TrainerConfig::default() };
+        let c = TrainerConfig { opd_loss, checkpoint_every: 2, ..quiet() };
         let mut t = Trainer::new(big(), Method::Combined, c, CheckpointWriter::new(dir.path(), opd_loss.as_str())).unwrap();
         let mut secs = Vec::new();
         for _ in 0..4 {
@@ -636,9 +642,9 @@ fn the_trainer_scores_and_trains_the_distribution_at_its_temperature() {
 fn f32_min_teacher_logprob_passes_packing_and_makes_the_loss_infinite() {
     let p = tiny(20);
     let samples = opd_batch(&p, &[1]);
-    let opts = PackOptions { method: Method::Opd, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: TrainerConfig::default() };
+    let opts = PackOptions { method: Method::Opd, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: quiet() };
     assert!(pack_samples(&samples, &opts).unwrap().dropped.is_empty(), "a finite teacher log-prob is not a packing error");
-    let r = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &samples).unwrap();
+    let r = loss_report(&p, None, Method::Opd, &quiet(), 0, &samples).unwrap();
     // On-policy (ratio 1): o1, o3 have pg = −0.1 (mean of −A); o2 = (3.4e38 + 3.4e38) / 2 overflows.
     assert!((r.samples[0].pg_loss + 0.1).abs() < 1e-6 && (r.samples[2].pg_loss + 0.1).abs() < 1e-6, "{:?}", r.samples);
     // Its per-token advantage is f32::MIN − old = f32::MIN (rounded), whose f32 sum over its 2 tokens
@@ -825,11 +831,11 @@ fn the_current_policy_as_teacher_scores_the_teacher_prompt_with_the_weights_bein
     for s in &mut samples {
         s.teacher_logprobs = Some(vec![-9.0; s.response_token_ids.len()]);
     }
-    let cur = TrainerConfig { teacher: TeacherSource::Current, ..Default::default() };
+    let cur = TrainerConfig { teacher: TeacherSource::Current, ..quiet() };
     let with_current = loss_report(&p, None, Method::Opd, &cur, 0, &samples).unwrap();
     let exact: Vec<Sample> = samples.iter().zip(&current).map(|(s, c)| Sample { teacher_logprobs: Some(c.clone()), ..s.clone() }).collect();
-    let with_exact = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &exact).unwrap();
-    let stale = loss_report(&p, None, Method::Opd, &TrainerConfig::default(), 0, &samples).unwrap();
+    let with_exact = loss_report(&p, None, Method::Opd, &quiet(), 0, &exact).unwrap();
+    let stale = loss_report(&p, None, Method::Opd, &quiet(), 0, &samples).unwrap();
     for ((a, b), c) in with_current.samples.iter().zip(&with_exact.samples).zip(&stale.samples) {
         assert!((a.advantage - b.advantage).abs() < 1e-6, "{} vs {}", a.advantage, b.advantage);
         assert!((a.advantage - c.advantage).abs() > 1.0, "the stored −9 teacher is not used");
@@ -871,7 +877,7 @@ fn advantage_parts_split_the_reward_and_the_teacher_term() {
     a.teacher_logprobs = Some(vec![-0.75, -0.5]);
     let mut b = sample("b", SampleType::CombinedScoreOnly, &[1], &[5], &[-1.0], -1.0);
     b.teacher_logprobs = Some(vec![-1.0]);
-    let c = TrainerConfig { w_rl: 0.5, w_opd: 1.0, ..TrainerConfig::default() };
+    let c = TrainerConfig { w_rl: 0.5, w_opd: 1.0, ..quiet() };
     let opts = PackOptions { method: Method::Combined, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: c.clone() };
     let mut batch = pack_samples(&[a, b], &opts).unwrap().batch.unwrap();
     let student = batch.old_logprobs.shallow_clone();
@@ -886,7 +892,7 @@ fn advantage_parts_split_the_reward_and_the_teacher_term() {
     let q = advantage_parts(&flipped, &batch, 0.5).unwrap();
     assert_eq!(q, AdvantageParts { teacher_positive: 0, teacher_negative: 2, ..p });
     // A w_rl that is not exact in f32 (0.3): a score-only row still has a teacher part of exactly 0.
-    let c3 = TrainerConfig { w_rl: 0.3, w_opd: 1.0, ..TrainerConfig::default() };
+    let c3 = TrainerConfig { w_rl: 0.3, w_opd: 1.0, ..quiet() };
     let mut so = sample("so", SampleType::CombinedScoreOnly, &[1], &[5, 6], &[-1.0, -1.0], -1.0);
     so.teacher_logprobs = Some(vec![-1.0, -1.0]);
     let opts3 = PackOptions { method: Method::Combined, vocab_size: 16, pad_id: 0, current_version: 0, device: Device::Cpu, config: c3.clone() };
@@ -902,4 +908,88 @@ fn advantage_parts_split_the_reward_and_the_teacher_term() {
     let bb = pack_samples(&[x], &opts).unwrap().batch.unwrap();
     let adv = loss::advantages(&bin.loss_config(Method::Binary), &bb.reward, &bb.old_logprobs, None, &bb.sample_types, &bb.loss_mask).unwrap();
     assert_eq!(advantage_parts(&adv, &bb, 1.0).unwrap(), AdvantageParts { reward_abs: 3.0, teacher_abs: 0.0, teacher_positive: 0, teacher_negative: 0, tokens: 3 });
+}
+
+/// The quarantine rules on by default (`trainer.quarantine`): a truncated response, a one-token
+/// response and a sample whose rollout log-probs are 3 nats per token away from the policy's are each
+/// dropped once with their reason, enter the lineage untrained, and the step on the others leaves the
+/// same weights as a step on the others alone.
+#[test]
+fn quarantine_drops_truncated_near_empty_and_high_gap_samples_and_trains_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut samples = binary_batch(&tiny(11));
+    samples.truncate(2); // b1 (3 tokens), b2 (2 tokens): on-policy, kept
+    let mut cut = sample("cut", SampleType::Binary, &[1], &[2, 3, 4], &[0.0; 3], -1.0);
+    cut.truncated = Some(true);
+    let short = sample("short", SampleType::Binary, &[5], &[6], &[0.0], 1.0);
+    let mut gap = sample("gap", SampleType::Binary, &[7], &[8, 9], &[0.0; 2], 1.0);
+    let p = tiny(11);
+    score(&p, std::slice::from_mut(&mut gap));
+    for x in &mut gap.rollout_logprobs {
+        *x -= 3.0;
+    }
+    let batch = vec![samples[0].clone(), cut, samples[1].clone(), short, gap];
+    assert_eq!(TrainerConfig::default().quarantine, QuarantineSettings { min_response_tokens: 2, truncated: true, max_logprob_gap: 2.0 });
+    let c = TrainerConfig { checkpoint_every: 1000, ..cfg(0.05) };
+    let c = TrainerConfig { quarantine: QuarantineSettings::default(), ..c };
+    let mut t = Trainer::new(p, Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "q")).unwrap();
+    let out = t.train_step(&batch).unwrap();
+    let got: Vec<(usize, &str, DropReason)> = out.dropped.iter().map(|d| (d.index, d.sample_id.as_str(), d.reason)).collect();
+    assert_eq!(got, vec![(1, "cut", DropReason::Truncated), (3, "short", DropReason::NearEmptyResponse), (4, "gap", DropReason::LogprobGap)]);
+    assert!(out.dropped[2].detail.contains("3.0000 nats") && out.dropped[2].detail.contains("max_logprob_gap = 2"), "{}", out.dropped[2].detail);
+    assert!(out.dropped[1].detail.contains("1 trained response tokens"), "{}", out.dropped[1].detail);
+    let row = out.train_step.expect("the step is taken on the two good samples");
+    assert_eq!((row.step, row.samples), (1, 2));
+    // The lineage: every sample once, the three quarantined ones untrained with their reasons.
+    let mut lineage: Vec<(String, bool, Option<String>)> = t.pending_lineage.iter().map(|l| (l.sample_id.clone(), l.trained, l.drop_reason.clone())).collect();
+    lineage.sort();
+    let want = |id: &str, r: Option<&str>| (id.to_string(), r.is_none(), r.map(str::to_string));
+    assert_eq!(lineage, vec![want("b1", None), want("b2", None), want("cut", Some("truncated")), want("gap", Some("logprob_gap")), want("short", Some("near_empty_response"))]);
+    // The same weights as a step on the two good samples alone.
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut alone = Trainer::new(tiny(11), Method::Binary, c, CheckpointWriter::new(dir2.path(), "q")).unwrap();
+    let out2 = alone.train_step(&samples).unwrap();
+    assert!(out2.dropped.is_empty());
+    assert!(same_weights(&weights(t.policy()), &weights(alone.policy())));
+
+    // Each rule can be turned off: with all off, all five are trained.
+    let dir3 = tempfile::tempdir().unwrap();
+    let mut off = Trainer::new(tiny(11), Method::Binary, TrainerConfig { checkpoint_every: 1000, ..cfg(0.05) }, CheckpointWriter::new(dir3.path(), "q")).unwrap();
+    let out3 = off.train_step(&batch).unwrap();
+    assert!(out3.dropped.is_empty(), "{:?}", out3.dropped);
+    assert_eq!(out3.train_step.unwrap().samples, 5);
+}
+
+/// `checkpoint_every_samples` and `checkpoint_every_secs` write checkpoints between the
+/// `checkpoint_every` steps: a run whose step interval is never reached still leaves one.
+#[test]
+fn checkpoints_also_by_trained_samples_and_by_wall_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(12);
+    let samples = binary_batch(&p);
+    // 4 samples per step, a checkpoint once 6 are trained: after steps 2 (8 trained) and 4 (8 more).
+    let c = TrainerConfig { checkpoint_every: 1000, checkpoint_every_samples: Some(6), ..cfg(0.01) };
+    let mut t = Trainer::new(p, Method::Binary, c, CheckpointWriter::new(dir.path(), "s")).unwrap();
+    let written: Vec<Option<i64>> = (0..4).map(|_| t.train_step(&samples).unwrap().checkpoint.map(|c| c.manifest.version)).collect();
+    assert_eq!(written, vec![None, Some(1), None, Some(2)]);
+    // By wall time: 0.2 s; the first step after the interval writes one.
+    let c = TrainerConfig { checkpoint_every: 1000, checkpoint_every_secs: Some(0.2), ..cfg(0.01) };
+    let mut t = Trainer::new(tiny(12), Method::Binary, c, CheckpointWriter::new(dir.path(), "t")).unwrap();
+    assert!(t.train_step(&samples).unwrap().checkpoint.is_none());
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    assert_eq!(t.train_step(&samples).unwrap().checkpoint.map(|c| c.manifest.version), Some(1));
+    assert!(t.train_step(&samples).unwrap().checkpoint.is_none(), "the clock restarts at the checkpoint");
+    // Bad values are config errors naming the key.
+    for (bad, key) in [
+        (TrainerConfig { checkpoint_every_secs: Some(0.0), ..quiet() }, "trainer.checkpoint_every_secs"),
+        (TrainerConfig { checkpoint_every_samples: Some(0), ..quiet() }, "trainer.checkpoint_every_samples"),
+        (TrainerConfig { quarantine: QuarantineSettings { max_logprob_gap: 0.0, ..QuarantineSettings::default() }, ..quiet() }, "trainer.quarantine.max_logprob_gap"),
+        (TrainerConfig { alarms: AlarmSettings { factor: 1.0, ..AlarmSettings::default() }, ..quiet() }, "trainer.alarms.factor"),
+    ] {
+        assert!(bad.validate().unwrap_err().to_string().contains(key), "{key}");
+    }
+    // TOML: the tables parse, `inf` turns the gap rule off, and defaults keep the configuration hash.
+    let c: TrainerConfig = toml::from_str("[quarantine]\nmax_logprob_gap = inf\ntruncated = false\n[alarms]\nwindow = 8\n").unwrap();
+    assert_eq!((c.quarantine.max_logprob_gap, c.quarantine.truncated, c.quarantine.min_response_tokens, c.alarms.window), (f64::INFINITY, false, 2, 8));
+    assert!(!serde_json::to_string(&TrainerConfig::default()).unwrap().contains("quarantine"));
 }

@@ -6,7 +6,7 @@ use super::*;
 use crate::trainer::test_util::sample;
 
 fn opts(method: Method) -> PackOptions {
-    PackOptions { method, vocab_size: 50, pad_id: 2, current_version: 0, device: Device::Cpu, config: TrainerConfig::default() }
+    PackOptions { method, vocab_size: 50, pad_id: 2, current_version: 0, device: Device::Cpu, config: TrainerConfig { quarantine: crate::trainer::QuarantineSettings::off(), ..TrainerConfig::default() } }
 }
 
 fn i2(t: &Tensor) -> Vec<Vec<i64>> {
@@ -100,7 +100,7 @@ fn drops_bad_rows_with_reasons_and_keeps_the_rest() {
 
 #[test]
 fn teacher_topk_and_staleness_rules() {
-    let mut cfg = TrainerConfig { opd_loss: OpdLoss::Topk, max_staleness: Some(1), ..Default::default() };
+    let mut cfg = TrainerConfig { opd_loss: OpdLoss::Topk, max_staleness: Some(1), ..opts(Method::Opd).config };
     let mut o = PackOptions { current_version: 3, config: cfg.clone(), ..opts(Method::Opd) };
     let mut with_topk = sample("tk", SampleType::Opd, &[1], &[2], &[-0.5], 0.0);
     with_topk.teacher_logprobs = Some(vec![-0.4]);
