@@ -29,6 +29,7 @@
 //! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
 //! | records `{timestamp, type, payload}`, or a first line `{id, timestamp, instructions}` without `type` | codex |
 //! | records `{type, data, id, timestamp, parentId}` with `type` `session.*`/`user.*`/`assistant.*`/`system.*`/`tool.*` | copilot-cli |
+//! | first record `{sessionId, projectHash}` (a chat recording's header, or the legacy document with `messages`) | gemini-cli |
 //! | records with `message_tree_id` and `prompt`/`message_id` | oasst |
 //! | records with `kind`, `source`, `id`, `timestamp` | openhands-v1 |
 //! | first record `type: "session"` with `cwd`, or entries with `parentId` and `message.role` | openclaw-session |
@@ -230,6 +231,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if has("type") && has("data") && has("id") && has("timestamp") && has("parentId") && ty.is_some_and(|t| t.starts_with("session.") || t.starts_with("user.") || t.starts_with("assistant.") || t.starts_with("system.") || t.starts_with("tool.")) {
             return found(Format::CopilotCli, "events {type, data, id, timestamp, parentId} with Copilot CLI event types".into());
+        }
+        if has("sessionId") && has("projectHash") && !has("uuid") && !has("parentUuid") {
+            return found(Format::GeminiCli, "Gemini CLI chat recording (sessionId, projectHash)".into());
         }
         if has("message_tree_id") && (has("prompt") || has("message_id")) {
             return found(Format::Oasst, "Open Assistant trees/messages (message_tree_id)".into());

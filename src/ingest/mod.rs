@@ -27,6 +27,7 @@ mod langsmith;
 mod mini_swe_agent;
 mod messages;
 mod copilot_cli;
+mod gemini_cli;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -99,11 +100,14 @@ pub enum Format {
     Messages,
     /// GitHub Copilot CLI session events (`session-state/<id>/events.jsonl`).
     CopilotCli,
+    /// Gemini CLI chat recordings (`~/.gemini/tmp/<project hash>/chats/session-*.jsonl`, or the legacy
+    /// `session-*.json` document).
+    GeminiCli,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 19] = [
+    pub const ALL: [Format; 20] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -123,6 +127,7 @@ impl Format {
         Format::Oasst,
         Format::Messages,
         Format::CopilotCli,
+        Format::GeminiCli,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -147,6 +152,7 @@ impl Format {
             Format::Oasst => "oasst",
             Format::Messages => "messages",
             Format::CopilotCli => "copilot-cli",
+            Format::GeminiCli => "gemini-cli",
         }
     }
 }
@@ -321,6 +327,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::Oasst => oasst::read(path, &mut sink, progress)?,
         Format::Messages => messages::read(path, &mut sink, progress)?,
         Format::CopilotCli => copilot_cli::read(path, &mut sink, progress)?,
+        Format::GeminiCli => gemini_cli::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

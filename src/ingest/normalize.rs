@@ -18,6 +18,9 @@
 //!     `function_call_output` (`call_id, output`), `tool_call_response` (`id, response`): each becomes
 //!     its own `tool` message answering that id, placed before the message's own text
 //!     ([`Normalized::before`]), so the tool's output survives as the next state;
+//!   - Gemini parts (Gemini CLI, Qwen Code; no `type`): `{text}` is text, `{text, thought: true}`
+//!     reasoning, `{functionCall: {id, name, args}}` a tool call, `{functionResponse: {id, name,
+//!     response: {output} | {error}}}` a tool result;
 //!   - everything else (images, audio, files, documents, blobs, URIs) is dropped and counted in a note
 //!     ("dropped 2 non-text content parts").
 //! - reasoning (assistant messages only): a `reasoning_content` or `reasoning` string field; a
@@ -274,8 +277,18 @@ fn classify(p: &Value) -> Part<'_> {
         Value::Object(o) => o,
         _ => return Part::Dropped,
     };
-    let ty = o.get("type").and_then(Value::as_str).unwrap_or("text");
     let str_of = |k: &str| o.get(k).and_then(Value::as_str);
+    // Gemini `Part`s (Gemini CLI, Qwen Code) carry no `type`: the key names the part.
+    if o.get("functionCall").is_some_and(Value::is_object) {
+        return Part::Call;
+    }
+    if o.get("functionResponse").is_some_and(Value::is_object) {
+        return Part::Result;
+    }
+    if o.get("thought") == Some(&Value::Bool(true)) {
+        return str_of("text").map(|t| Part::Reasoning(t.to_string())).unwrap_or(Part::Dropped);
+    }
+    let ty = o.get("type").and_then(Value::as_str).unwrap_or("text");
     match ty {
         "text" | "input_text" | "output_text" => str_of("text").or_else(|| str_of("content")).map(Part::Text).unwrap_or(Part::Dropped),
         "refusal" => str_of("refusal").map(Part::Text).unwrap_or(Part::Dropped),
@@ -318,9 +331,28 @@ fn result_text(v: Option<&Value>, dropped: &mut usize) -> String {
     }
 }
 
+/// The text of a Gemini `functionResponse.response`: its `output` string, else `error: <error>`, else
+/// the object as JSON (Gemini CLI writes `{output}` or `{error}`).
+pub(crate) fn function_response_text(response: Option<&Value>) -> String {
+    let Some(Value::Object(r)) = response else {
+        return match response {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+        };
+    };
+    let text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+    match (r.get("output"), r.get("error")) {
+        (Some(out), _) if !out.is_null() => text(out),
+        (_, Some(err)) if !err.is_null() => format!("error: {}", text(err)),
+        _ => Value::Object(r.clone()).to_string(),
+    }
+}
+
 /// A tool call content part → [`ToolCall`]: `call_id` (Responses) wins over `id`, `input` (Anthropic)
 /// stands for `arguments`.
 fn call_part(o: &Map<String, Value>, index: usize, notes: &mut Vec<String>) -> Result<ToolCall, NormError> {
+    let o = o.get("functionCall").and_then(Value::as_object).unwrap_or(o);
     let mut tc = tool_call(&Value::Object(o.clone()), index, notes)?;
     if let Some(Value::String(cid)) = o.get("call_id") {
         tc.id = Some(cid.clone());
@@ -330,6 +362,11 @@ fn call_part(o: &Map<String, Value>, index: usize, notes: &mut Vec<String>) -> R
 
 /// A tool result content part → a `tool` message answering its call id.
 fn result_part(o: &Map<String, Value>, dropped: &mut usize) -> Message {
+    if let Some(Value::Object(r)) = o.get("functionResponse") {
+        let id = r.get("id").and_then(Value::as_str).map(str::to_string);
+        let name = r.get("name").and_then(Value::as_str).map(str::to_string);
+        return Message { tool_call_id: id, name, ..Message::text("tool", function_response_text(r.get("response"))) };
+    }
     let id = ["tool_use_id", "toolCallId", "call_id", "id"].into_iter().find_map(|k| o.get(k).and_then(Value::as_str)).map(str::to_string);
     let payload = ["content", "output", "response", "result"].into_iter().find_map(|k| o.get(k));
     let name = o.get("name").or_else(|| o.get("toolName")).and_then(Value::as_str).map(str::to_string);
@@ -421,7 +458,7 @@ fn tool_call(c: &Value, index: usize, notes: &mut Vec<String>) -> Result<ToolCal
         Some(Value::String(s)) => Some(s.clone()),
         _ => None,
     };
-    let (arguments, arguments_raw) = match func.get("arguments").or_else(|| func.get("input")) {
+    let (arguments, arguments_raw) = match func.get("arguments").or_else(|| func.get("input")).or_else(|| func.get("args")) {
         None | Some(Value::Null) => (Value::Null, None),
         Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
             Ok(v) => (v, Some(s.clone())),
@@ -630,6 +667,28 @@ mod tests {
         assert_eq!(
             (r.message.role.as_str(), r.message.tool_call_id.as_deref(), r.message.name.as_deref(), r.message.content.as_str()),
             ("tool", Some("t2"), Some("bash"), "a.txt")
+        );
+    }
+
+    #[test]
+    fn gemini_parts_are_text_reasoning_calls_and_results() {
+        let a = normalize_message(&json!({"role": "assistant", "content": [
+            {"text": "plan", "thought": true},
+            {"text": "reading"},
+            {"functionCall": {"id": "c1", "name": "read_file", "args": {"path": "a"}}, "thoughtSignature": "x"}
+        ]}))
+        .unwrap();
+        assert_eq!((a.message.content.as_str(), a.message.reasoning.as_deref()), ("reading", Some("plan")));
+        assert_eq!(a.message.tool_calls.iter().map(|c| (c.id.as_deref(), c.name.as_str(), &c.arguments)).collect::<Vec<_>>(), vec![(Some("c1"), "read_file", &json!({"path": "a"}))]);
+        let u = normalize_message(&json!({"role": "user", "content": [
+            {"functionResponse": {"id": "c1", "name": "read_file", "response": {"output": "text of a"}}},
+            {"functionResponse": {"id": "c2", "name": "shell", "response": {"error": "denied"}}}
+        ]}))
+        .unwrap();
+        let ms = u.into_messages();
+        assert_eq!(
+            ms.iter().map(|m| (m.role.as_str(), m.tool_call_id.as_deref(), m.name.as_deref(), m.content.as_str())).collect::<Vec<_>>(),
+            vec![("tool", Some("c1"), Some("read_file"), "text of a"), ("tool", Some("c2"), Some("shell"), "error: denied")]
         );
     }
 }

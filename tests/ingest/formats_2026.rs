@@ -63,6 +63,8 @@ fn every_2026_file_is_detected() {
         ("synthetic__codex__rollout.jsonl", Format::Codex),
         ("synthetic__openai-responses.jsonl", Format::OpenAiResponses),
         ("synthetic__anthropic-messages.jsonl", Format::AnthropicMessages),
+        ("copilot-cli__v1.0.34-events__vibecodingtracker.jsonl", Format::CopilotCli),
+        ("gemini-cli__jsonl-2026-04__vibecodingtracker.jsonl", Format::GeminiCli),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -713,4 +715,136 @@ fn copilot_cli_events_one_turn_per_assistant_message() {
     assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (6, vec!["malformed_json"]));
     let tools: Vec<Message> = request(&got.rows[1]).into_iter().filter(|m| m.role == "tool").collect();
     assert_eq!((tools.len(), tools[0].content.as_str()), (4, "error: permission denied"));
+}
+
+/// Gemini CLI chat recording, the 2026 JSONL form: the real capture (a header, `$set` lines, gemini
+/// records written again under the same id once their tool calls are added).
+#[test]
+fn gemini_cli_recording_keeps_the_last_version_of_each_message() {
+    let path = log2026("gemini-cli__jsonl-2026-04__vibecodingtracker.jsonl");
+    assert_eq!(detect(&path, DEFAULT_HEAD_BYTES).unwrap().format, Format::GeminiCli);
+    let got = ingest(&path, Format::GeminiCli);
+    // Hand count: 6 gemini ids (first seen on lines 6, 9, 12, 15, 20, 24); five are written again with
+    // their toolCalls (lines 8, 11, 14, 17, 26: 5, 3, 1, 1 and 2 calls, every one with a result).
+    assert_eq!((got.rows.len(), got.dead.len()), (6, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "gemini-cli:0ab84937-9fe7-4284-986a-33c832af0b6a"));
+    assert_eq!(got.rows.iter().map(|r| r.turn_index).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [5, 3, 1, 1, 0, 2]);
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [8, 11, 14, 17, 20, 26]);
+    assert_eq!(got.rows[0].model.as_deref(), Some("gemini-3-flash-preview"));
+    assert_eq!(calls(&got.rows[0]).iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["update_topic", "read_file", "read_file", "read_file", "read_file"]);
+    assert_eq!(calls(&got.rows[0])[1].arguments, serde_json::json!({"file_path": "README.md"}));
+    let c = &got.summary.counters;
+    assert_eq!(c.get("message records rewritten (the last version kept)"), Some(&5));
+    assert_eq!(c.get("metadata updates ($set)"), Some(&11));
+    assert_eq!(c.get("info messages (CLI notices, not model context)"), Some(&2));
+    // The last turn's request: 3 user messages, 5 earlier gemini messages, 10 tool results each
+    // answering its call (the info notices are not context).
+    let req = request(&got.rows[5]);
+    let roles = |r: &str| req.iter().filter(|m| m.role == r).count();
+    assert_eq!((roles("user"), roles("assistant"), roles("tool"), req.len()), (3, 5, 10, 18));
+    assert_eq!(req[2].tool_call_id.as_deref(), Some("b5qo7ls5"));
+    assert!(req[3].content.starts_with("<div align=\"center\""), "read_file README.md output: {}", &req[3].content[..40]);
+    assert!(got.rows[1].reasoning_text.as_deref().unwrap().starts_with("Analyzing Project Context\n"));
+    assert!(!got.rows[5].session_done, "a recording has no end marker");
+    assert_eq!(got.rows[5].next_state.as_deref().map(|s| messages(s).len()), Some(2), "the last turn's two tool results");
+    // Next states: turns 0-3 and 5 see their tools' output; turn 4's answer draws the next user message.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 5), ("user", 1)]));
+
+    // A record written again at the end replaces its earlier version in place (no new turn).
+    let lines: Vec<&str> = std::fs::read_to_string(&path).unwrap().leak().lines().collect();
+    let mut rewrite: serde_json::Value = serde_json::from_str(lines[19]).unwrap();
+    rewrite["content"] = "rewritten answer".into();
+    let mut variant: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    variant.push(rewrite.to_string());
+    variant.insert(2, "{not json".to_string());
+    let (_d, p) = tmp("session-2026-04-23T12-52-0ab84937.jsonl", &(variant.join("\n") + "\n"));
+    let got = ingest(&p, Format::GeminiCli);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (6, vec!["malformed_json"]));
+    assert_eq!((got.rows[4].response_text.as_str(), got.rows[4].source_line), ("rewritten answer", Some(30)));
+}
+
+/// Gemini CLI, built from `chatRecordingService.ts`: the legacy `session-*.json` document (a failed
+/// call answers with its error), and a JSONL recording with a `$rewindTo` and a `$set.messages`
+/// checkpoint.
+#[test]
+fn gemini_cli_legacy_document_rewind_and_checkpoint() {
+    let legacy = r#"{
+  "sessionId": "5f1c2d3e-0000-4000-8000-00000000abcd",
+  "projectHash": "9da8b3df",
+  "startTime": "2025-09-01T10:00:00.000Z",
+  "lastUpdated": "2025-09-01T10:01:00.000Z",
+  "messages": [
+    {"id": "m1", "timestamp": "2025-09-01T10:00:00.000Z", "type": "user", "content": "list the files"},
+    {"id": "m2", "timestamp": "2025-09-01T10:00:05.000Z", "type": "gemini", "content": "",
+     "thoughts": [{"subject": "Listing", "description": "I will run ls.", "timestamp": "2025-09-01T10:00:04.000Z"}],
+     "tokens": {"input": 900, "output": 20, "cached": 0, "thoughts": 10, "tool": 0, "total": 930}, "model": "gemini-2.5-pro",
+     "toolCalls": [
+       {"id": "ls-1", "name": "list_directory", "args": {"path": "."}, "status": "success", "timestamp": "2025-09-01T10:00:06.000Z",
+        "result": [{"functionResponse": {"id": "ls-1", "name": "list_directory", "response": {"output": "a.txt\nb.txt"}}}],
+        "displayName": "ReadFolder", "description": "", "resultDisplay": "Listed 2 item(s).", "renderOutputAsMarkdown": true},
+       {"id": "sh-2", "name": "run_shell_command", "args": {"command": "rm -rf build"}, "status": "error", "timestamp": "2025-09-01T10:00:07.000Z",
+        "result": [{"functionResponse": {"id": "sh-2", "name": "run_shell_command", "response": {"error": "Tool execution denied."}}}]}
+     ]},
+    {"id": "m3", "timestamp": "2025-09-01T10:00:09.000Z", "type": "gemini", "content": "There are two files.", "model": "gemini-2.5-pro"},
+    {"id": "m4", "timestamp": "2025-09-01T10:00:10.000Z", "type": "info", "content": "Request cancelled."},
+    {"id": "m5", "timestamp": "2025-09-01T10:01:00.000Z", "type": "user", "content": [{"text": "thanks"}]}
+  ]
+}
+"#;
+    let (_d, p) = tmp("session-2025-09-01T10-00-5f1c2d3e.json", legacy);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::GeminiCli);
+    let got = ingest(&p, Format::GeminiCli);
+    assert_eq!((got.rows.len(), got.dead.len()), (2, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "gemini-cli:5f1c2d3e-0000-4000-8000-00000000abcd"));
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [2, 0]);
+    assert_eq!(got.rows[0].reasoning_text.as_deref(), Some("Listing\nI will run ls."));
+    let tools: Vec<(Option<String>, String)> = request(&got.rows[1]).into_iter().filter(|m| m.role == "tool").map(|m| (m.tool_call_id, m.content)).collect();
+    assert_eq!(tools, [(Some("ls-1".to_string()), "a.txt\nb.txt".to_string()), (Some("sh-2".to_string()), "error: Tool execution denied.".to_string())]);
+    assert_eq!(kinds(&got.rows), map(&[("tool", 1), ("user", 1)]));
+
+    // JSONL: g1 is written twice (its call added), g2 is rewound away and g3 answers instead; a
+    // checkpoint then restates the conversation with g1's result as a user functionResponse (already
+    // given: not added again) before g4.
+    let t = |s: u32| format!("2026-04-01T10:00:{s:02}.000Z");
+    let r1 = r#"[{"functionResponse":{"id":"r1","name":"read_file","response":{"output":"print(1)"}}}]"#;
+    let g1 = format!(r#"{{"id":"g1","timestamp":"{}","type":"gemini","content":"","model":"gemini-3-pro-preview"}}"#, t(2));
+    let g1_calls = format!(
+        r#"{{"id":"g1","timestamp":"{}","type":"gemini","content":"","model":"gemini-3-pro-preview","toolCalls":[{{"id":"r1","name":"read_file","args":{{"file_path":"a.py"}},"status":"success","timestamp":"{}","result":{r1}}}]}}"#,
+        t(2),
+        t(3)
+    );
+    let u1 = format!(r#"{{"id":"u1","timestamp":"{}","type":"user","content":[{{"text":"fix the bug"}}]}}"#, t(1));
+    let g3 = format!(r#"{{"id":"g3","timestamp":"{}","type":"gemini","content":"The bug is on line 1.","model":"gemini-3-pro-preview"}}"#, t(6));
+    let u2 = format!(r#"{{"id":"u2","timestamp":"{}","type":"user","content":"and now?"}}"#, t(7));
+    let restated = format!(r#"{{"id":"h1","timestamp":"{}","type":"user","content":{r1}}}"#, t(8));
+    let lines = [
+        format!(r#"{{"sessionId":"s-rewind","projectHash":"h","startTime":"{}","lastUpdated":"{}","kind":"main"}}"#, t(0), t(0)),
+        u1.clone(),
+        g1,
+        g1_calls.clone(),
+        format!(r#"{{"id":"g2","timestamp":"{}","type":"gemini","content":"Done: the bug is fixed.","model":"gemini-3-pro-preview"}}"#, t(4)),
+        r#"{"$rewindTo":"g2"}"#.to_string(),
+        g3.clone(),
+        u2.clone(),
+        format!(r#"{{"$set":{{"messages":[{u1},{g1_calls},{restated},{g3},{u2}],"lastUpdated":"{}"}}}}"#, t(8)),
+        format!(r#"{{"id":"g4","timestamp":"{}","type":"gemini","content":"Fixed it.","model":"gemini-3-pro-preview"}}"#, t(9)),
+    ];
+    let (_d2, p2) = tmp("session-rewind.jsonl", &(lines.join("\n") + "\n"));
+    assert_eq!(detect(&p2, DEFAULT_HEAD_BYTES).unwrap().format, Format::GeminiCli);
+    let got = ingest(&p2, Format::GeminiCli);
+    assert_eq!(got.dead.len(), 0);
+    // g1 and g2 before the rewind, g3 before the checkpoint, g4 after it: each once.
+    let answers: Vec<(i32, &str)> = got.rows.iter().map(|r| (r.turn_index, r.response_text.as_str())).collect();
+    assert_eq!(answers, [(0, ""), (1, "Done: the bug is fixed."), (2, "The bug is on line 1."), (3, "Fixed it.")]);
+    assert!(got.rows.iter().all(|r| r.session_id == "gemini-cli:s-rewind"));
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 0, 0, 0]);
+    let roles = |r: &Interaction| request(r).into_iter().map(|m| m.role).collect::<Vec<_>>().join(",");
+    assert_eq!(roles(&got.rows[2]), "user,assistant,tool", "g2 left the conversation with the rewind");
+    assert_eq!(roles(&got.rows[3]), "user,assistant,tool,assistant,user", "the restated result is not added twice");
+    let c = &got.summary.counters;
+    assert_eq!((c.get("messages removed by $rewindTo"), c.get("checkpoints ($set.messages, the conversation restated)")), (Some(&1), Some(&1)));
+    assert_eq!(c.get("user records only restating tool results already given"), Some(&1));
+    // g1 sees its tool result, g3 the next user message; the rewound g2 and the last g4 have nothing after them.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 1), ("user", 1), ("none: session idle for 1800 s without next state", 2)]));
 }
