@@ -33,6 +33,7 @@
 //! | records with `message_tree_id` and `prompt`/`message_id` | oasst |
 //! | records with `kind`, `source`, `id`, `timestamp` | openhands-v1 |
 //! | first record `type: "session"` with `cwd`, or entries with `parentId` and `message.role` | openclaw-session |
+//! | records with `sessionId` and `uuid`, and a Gemini `message.parts`, a `systemPayload` or `type: "tool_result"` | qwen-code |
 //! | records with `sessionId` and `uuid`/`parentUuid`, or `type` `file-history-snapshot`/`summary` + `leafUuid`/`queue-operation` | claude-code |
 //! | `request` + `response` with `request.input` or `response.output` | openai-responses |
 //! | `request` + `response` with `response.content` + `response.stop_reason` or `request.system`/`max_tokens` without `response.choices` | anthropic-messages |
@@ -243,6 +244,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if (ty == Some("session") && has("cwd")) || (has("parentId") && has("message.role")) {
             return found(Format::OpenClawSession, "session header (type session, cwd) / entries with parentId, message.role".into());
+        }
+        if has("sessionId") && has("uuid") && (has("message.parts") || has("systemPayload") || ty == Some("tool_result")) {
+            return found(Format::QwenCode, "Qwen Code chat records (sessionId, uuid, message.parts / systemPayload)".into());
         }
         if (has("sessionId") && (has("uuid") || has("parentUuid")))
             || ty == Some("file-history-snapshot")

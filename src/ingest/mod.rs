@@ -28,6 +28,7 @@ mod mini_swe_agent;
 mod messages;
 mod copilot_cli;
 mod gemini_cli;
+mod qwen_code;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -103,11 +104,14 @@ pub enum Format {
     /// Gemini CLI chat recordings (`~/.gemini/tmp/<project hash>/chats/session-*.jsonl`, or the legacy
     /// `session-*.json` document).
     GeminiCli,
+    /// Qwen Code chat recordings (`~/.qwen/projects/<project>/chats/<sessionId>.jsonl`: `uuid`/`parentUuid`
+    /// records with Gemini `Content` messages).
+    QwenCode,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 20] = [
+    pub const ALL: [Format; 21] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -128,6 +132,7 @@ impl Format {
         Format::Messages,
         Format::CopilotCli,
         Format::GeminiCli,
+        Format::QwenCode,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -153,6 +158,7 @@ impl Format {
             Format::Messages => "messages",
             Format::CopilotCli => "copilot-cli",
             Format::GeminiCli => "gemini-cli",
+            Format::QwenCode => "qwen-code",
         }
     }
 }
@@ -328,6 +334,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::Messages => messages::read(path, &mut sink, progress)?,
         Format::CopilotCli => copilot_cli::read(path, &mut sink, progress)?,
         Format::GeminiCli => gemini_cli::read(path, &mut sink, progress)?,
+        Format::QwenCode => qwen_code::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

@@ -65,6 +65,7 @@ fn every_2026_file_is_detected() {
         ("synthetic__anthropic-messages.jsonl", Format::AnthropicMessages),
         ("copilot-cli__v1.0.34-events__vibecodingtracker.jsonl", Format::CopilotCli),
         ("gemini-cli__jsonl-2026-04__vibecodingtracker.jsonl", Format::GeminiCli),
+        ("synthetic__qwen-code__session.jsonl", Format::QwenCode),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -847,4 +848,47 @@ fn gemini_cli_legacy_document_rewind_and_checkpoint() {
     assert_eq!(c.get("user records only restating tool results already given"), Some(&1));
     // g1 sees its tool result, g3 the next user message; the rewound g2 and the last g4 have nothing after them.
     assert_eq!(kinds(&got.rows), map(&[("tool", 1), ("user", 1), ("none: session idle for 1800 s without next state", 2)]));
+}
+
+/// Qwen Code chat records, built from QwenLM/qwen-code `chatRecordingService.ts` and
+/// `sessionService.ts` (`synthetic__qwen-code__session.jsonl`): an assistant message written in two
+/// records under one uuid, a failed call, a branch the user rewound away, an orphan result, a chat
+/// compression checkpoint.
+#[test]
+fn qwen_code_records_follow_the_parent_chain_and_join_by_uuid() {
+    let path = log2026("synthetic__qwen-code__session.jsonl");
+    assert_eq!(detect(&path, DEFAULT_HEAD_BYTES).unwrap().format, Format::QwenCode);
+    let got = ingest(&path, Format::QwenCode);
+    // Hand count: assistant uuids a1 (line 2), a2 (lines 4 + 5: its text, then its two calls), a3 (9),
+    // a4 (12), a5 (17); x1 (line 11) hangs off u2 beside a4, on the branch the chain from the last
+    // record does not take.
+    assert_eq!((got.rows.len(), got.dead.len()), (5, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "qwen-code:6c1e9a4b-2f3d-4e5a-9b8c-7d6e5f4a3b2c"));
+    assert_eq!(got.rows.iter().map(|r| r.turn_index).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 2, 0, 1, 0]);
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [2, 4, 9, 12, 17]);
+    assert_eq!((got.rows[0].response_text.as_str(), got.rows[0].reasoning_text.as_deref()), ("Running the tests.", Some("Run npm test first.")));
+    assert_eq!((got.rows[1].response_text.as_str(), got.rows[1].model.as_deref()), ("Reading the test and the source.", Some("qwen3-coder-plus")));
+    assert!(got.rows.iter().all(|r| !r.response_text.contains("rewrite the whole project")));
+    let req = request(&got.rows[3]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,tool,assistant,tool,tool,assistant,user");
+    assert_eq!((req[5].tool_call_id.as_deref(), req[5].content.as_str()), (Some("call_3"), "error: File not found: /home/dev/calc/add.js"));
+    // After the compression the model sees the snapshot, the acknowledgement and the new prompt.
+    assert_eq!(request(&got.rows[4]).iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,user");
+    assert_eq!(got.rows[3].next_state.as_deref().map(|s| messages(s).len()), Some(1), "a4's edit result; the orphan is left out");
+    let c = &got.summary.counters;
+    assert_eq!(c.get("records sharing a uuid with an earlier one (joined to it)"), Some(&1));
+    assert_eq!(c.get("messages on abandoned branches (off the parentUuid chain of the last record)"), Some(&1));
+    assert_eq!(c.get("orphan tool results (their call is not in the conversation)"), Some(&1));
+    assert_eq!((c.get("chat compression checkpoints"), c.get("system records (ui_telemetry)")), (Some(&1), Some(&1)));
+    // a1, a2 and a4 see their tools' output, a3 the user's answer; a5 is the last, with nothing after it.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 3), ("user", 1), ("none: session idle for 1800 s without next state", 1)]));
+
+    // A bad line is a dead letter and the rest is read.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(3, "{\"uuid\": \"cut");
+    let (_d, p) = tmp("6c1e9a4b-2f3d-4e5a-9b8c-7d6e5f4a3b2c.jsonl", &(lines.join("\n") + "\n"));
+    let got = ingest(&p, Format::QwenCode);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (5, vec!["malformed_json"]));
 }
