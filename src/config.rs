@@ -115,7 +115,8 @@ pub struct PipelineConfig {
     #[serde(default)]
     pub bus: BusConfig,
     /// TLS trust of every HTTP client the pipeline makes (judge, hint, teacher, proxy upstream,
-    /// reloads): `[tls] ca_file` adds a private CA to the platform's roots (see [`crate::net`]).
+    /// reloads): `[tls] ca_file` adds a private CA to the platform's roots and pins a server certificate
+    /// listed in it (see [`crate::net`]).
     #[serde(default, skip_serializing_if = "crate::net::TlsConfig::is_empty")]
     pub tls: crate::net::TlsConfig,
     /// Lake sink settings.

@@ -67,7 +67,8 @@ struct DataArgs {
     #[arg(long = "kafka-secret-env", value_parser = nextstate::net::parse_key_value)]
     kafka_secret_env: Vec<(String, String)>,
     /// Extra CA certificates (PEM) trusted by every HTTP client (judge, hint, teacher, reloads),
-    /// besides the platform's roots and SSL_CERT_FILE ([tls] ca_file).
+    /// besides the platform's roots and SSL_CERT_FILE ([tls] ca_file); a server's own certificate
+    /// listed there (self-signed included) is pinned.
     #[arg(long, env = "NEXTSTATE_CA_FILE")]
     ca_file: Option<PathBuf>,
 }

@@ -7,10 +7,14 @@
 //! configured CA file ([`set_extra_ca_file`], from a pipeline's `[tls] ca_file` or a command's
 //! `--ca-file`), which are *added*: a private CA for internal endpoints does not take away the public
 //! roots hosted judges need. (The certificates of `SSL_CERT_FILE` are also added explicitly, so they are
-//! trusted whatever the platform verifier does with the variable.) A certificate the client cannot verify fails the call with an error
-//! that names the cause (`invalid peer certificate: UnknownIssuer`, ...): [`error_chain`] spells out
-//! reqwest's error with all its sources, and [`is_tls_error`] tells such a failure apart from a transient
-//! one (a bad certificate is not retried).
+//! trusted whatever the platform verifier does with the variable.) A server certificate listed itself in
+//! the CA file is pinned: accepted even when webpki would refuse it as a server's certificate (the
+//! self-signed `CA:TRUE` certificate of the usual `openssl req -x509` one-liner), still checked for the
+//! server name, its validity period and the handshake signature ([`PinnedServerVerifier`]). A
+//! certificate the client cannot verify fails the call with an error that names the cause (`invalid
+//! peer certificate: UnknownIssuer`, ...) and, for one nobody vouches for, what to do ([`NotPinned`]):
+//! [`error_chain`] spells out reqwest's error with all its sources, and [`is_tls_error`] tells such a
+//! failure apart from a transient one (a bad certificate is not retried).
 //!
 //! **Listeners.** `serve` and `proxy` listen on https when given a certificate chain and key
 //! ([`ServerTls`]); [`Listener`] accepts TCP connections and completes TLS handshakes off the accept
@@ -33,12 +37,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
+mod pinned;
+pub use pinned::{NotPinned, PinnedServerVerifier};
+
 /// The `[tls]` table of a pipeline: trust for every HTTP client the pipeline makes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// PEM file of extra CA certificates trusted by every HTTP client (besides the platform's roots
-    /// and `SSL_CERT_FILE`), e.g. the private CA of internal judge and teacher endpoints.
+    /// and `SSL_CERT_FILE`), e.g. the private CA of internal judge and teacher endpoints. A server's own
+    /// certificate listed here is pinned: accepted for the names it carries even when self-signed with
+    /// `CA:TRUE` (as `openssl req -x509` makes it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
 }
@@ -116,13 +125,60 @@ pub fn extra_roots() -> Result<Vec<reqwest::Certificate>> {
     Ok(out)
 }
 
-/// A `reqwest` client builder with the process's TLS trust (module docs). Add timeouts and build.
+/// A `reqwest` client builder with the process's TLS trust (module docs). Add timeouts and build; leave
+/// its TLS settings alone (with a CA file set, they are those of [`pinning_client_config`]).
 ///
 /// # Errors
 /// [`Error::Config`] when a configured CA file cannot be read.
 pub fn client_builder() -> Result<reqwest::ClientBuilder> {
     install_crypto_provider();
-    Ok(reqwest::Client::builder().tls_certs_merge(extra_roots()?))
+    let builder = reqwest::Client::builder();
+    match EXTRA_CA.lock().ok().and_then(|g| g.clone()) {
+        Some(ca_file) => Ok(builder.tls_backend_preconfigured(pinning_client_config(&ca_file)?)),
+        None => Ok(builder.tls_certs_merge(extra_roots()?)),
+    }
+}
+
+/// The rustls client configuration of every HTTP client when a CA file is set: webpki with the
+/// platform's roots (`rustls-native-certs`: the system bundle, or `SSL_CERT_FILE` / `SSL_CERT_DIR`
+/// instead), `SSL_CERT_FILE`'s and `ca_file`'s certificates as extra roots, and the server certificates
+/// listed in `ca_file` pinned ([`PinnedServerVerifier`]); TLS 1.2 and 1.3, ALPN `http/1.1`.
+///
+/// # Errors
+/// [`Error::Config`] naming the file when `ca_file` or `SSL_CERT_FILE` is unreadable, holds no PEM
+/// certificate, or holds one that is not a usable root.
+pub fn pinning_client_config(ca_file: &Path) -> Result<rustls::ClientConfig> {
+    install_crypto_provider();
+    let pinned = read_certs(ca_file, "tls.ca_file")?;
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for e in &native.errors {
+        tracing::debug!(error = %e, "loading the platform's CA certificates");
+    }
+    roots.add_parsable_certificates(native.certs);
+    let mut extra: Vec<(CertificateDer<'static>, String)> = Vec::new();
+    if let Some(p) = std::env::var_os("SSL_CERT_FILE").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        extra.extend(read_certs(&p, "SSL_CERT_FILE")?.into_iter().map(|c| (c, format!("SSL_CERT_FILE {}", p.display()))));
+    }
+    extra.extend(pinned.iter().cloned().map(|c| (c, format!("tls.ca_file {}", ca_file.display()))));
+    for (cert, what) in extra {
+        roots.add(cert).map_err(|e| Error::Config(format!("{what}: not a usable CA certificate: {e}")))?;
+    }
+    let provider = rustls::crypto::CryptoProvider::get_default().cloned().unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| Error::Config(format!("tls.ca_file {}: {e}", ca_file.display())))?;
+    let verifier = PinnedServerVerifier::new(webpki, pinned, ca_file.to_path_buf());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Config(format!("TLS client configuration: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    // What reqwest sets for its own configuration (HTTP/1.1 only: no `http2` feature).
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
 }
 
 /// A client with the process's TLS trust and, when given, a whole-request and connect timeout.

@@ -83,7 +83,7 @@ pub struct ProxyArgs {
     #[arg(long = "kafka-secret-env", value_parser = crate::net::parse_key_value)]
     pub kafka_secret_env: Vec<(String, String)>,
     /// Extra CA certificates (PEM) trusted for an https upstream, besides the platform's roots and
-    /// `SSL_CERT_FILE`.
+    /// `SSL_CERT_FILE`; the upstream's own certificate listed there (self-signed included) is pinned.
     #[arg(long, env = "NEXTSTATE_CA_FILE")]
     pub ca_file: Option<PathBuf>,
     /// https instead of http for clients of the proxy.
