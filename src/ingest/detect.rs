@@ -27,6 +27,7 @@
 //! |---|---|
 //! | object with `resourceSpans`, or `spans` of span objects (`context`/`traceId` + `attributes`); array of such spans | otel |
 //! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
+//! | array whose first element has `role` and `ts` (ms); object `{version, messages}` of such messages | cline |
 //! | records `{timestamp, type, payload}`, or a first line `{id, timestamp, instructions}` without `type` | codex |
 //! | records `{type, data, id, timestamp, parentId}` with `type` `session.*`/`user.*`/`assistant.*`/`system.*`/`tool.*` | copilot-cli |
 //! | first record `{sessionId, projectHash}` (a chat recording's header, or the legacy document with `messages`) | gemini-cli |
@@ -211,6 +212,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         if has("[].run_type") && (has("[].trace_id") || has("[].dotted_order")) {
             return found(Format::LangSmith, "array of runs with keys run_type, trace_id/dotted_order".into());
         }
+        if has("[].role") && has("[].ts") {
+            return found(Format::Cline, "array of messages with keys role, ts (Cline / Roo Code api_conversation_history)".into());
+        }
     } else {
         if has("resourceSpans") {
             return found(Format::Otel, "OTLP/JSON export (resourceSpans)".into());
@@ -223,6 +227,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if has("run_type") && (has("trace_id") || has("dotted_order")) {
             return found(Format::LangSmith, "runs with keys run_type, trace_id/dotted_order".into());
+        }
+        if has("version") && has("messages[].role") && !has("info") && !has("trajectory_format") {
+            return found(Format::Cline, "object {version, messages} (Roo Code api_conversation_history v2)".into());
         }
         if has("type") && has("payload") && has("timestamp") {
             return found(Format::Codex, "records with keys timestamp, type, payload".into());

@@ -29,6 +29,7 @@ mod messages;
 mod copilot_cli;
 mod gemini_cli;
 mod qwen_code;
+mod cline;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -107,11 +108,14 @@ pub enum Format {
     /// Qwen Code chat recordings (`~/.qwen/projects/<project>/chats/<sessionId>.jsonl`: `uuid`/`parentUuid`
     /// records with Gemini `Content` messages).
     QwenCode,
+    /// Cline / Roo Code task histories (`tasks/<task id>/api_conversation_history.json`: Anthropic
+    /// messages with XML or native tool calls, or Roo Code's `{version: 2, messages}`).
+    Cline,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 21] = [
+    pub const ALL: [Format; 22] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -133,6 +137,7 @@ impl Format {
         Format::CopilotCli,
         Format::GeminiCli,
         Format::QwenCode,
+        Format::Cline,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -159,6 +164,7 @@ impl Format {
             Format::CopilotCli => "copilot-cli",
             Format::GeminiCli => "gemini-cli",
             Format::QwenCode => "qwen-code",
+            Format::Cline => "cline",
         }
     }
 }
@@ -335,6 +341,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::CopilotCli => copilot_cli::read(path, &mut sink, progress)?,
         Format::GeminiCli => gemini_cli::read(path, &mut sink, progress)?,
         Format::QwenCode => qwen_code::read(path, &mut sink, progress)?,
+        Format::Cline => cline::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

@@ -66,6 +66,8 @@ fn every_2026_file_is_detected() {
         ("copilot-cli__v1.0.34-events__vibecodingtracker.jsonl", Format::CopilotCli),
         ("gemini-cli__jsonl-2026-04__vibecodingtracker.jsonl", Format::GeminiCli),
         ("synthetic__qwen-code__session.jsonl", Format::QwenCode),
+        ("synthetic__cline__xml-tools.json", Format::Cline),
+        ("synthetic__roo-code__native-tools.json", Format::Cline),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -891,4 +893,92 @@ fn qwen_code_records_follow_the_parent_chain_and_join_by_uuid() {
     let (_d, p) = tmp("6c1e9a4b-2f3d-4e5a-9b8c-7d6e5f4a3b2c.jsonl", &(lines.join("\n") + "\n"));
     let got = ingest(&p, Format::QwenCode);
     assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (5, vec!["malformed_json"]));
+}
+
+/// Cline's XML tool protocol, built from cline/cline `src/core/Cline.ts` (`toolDescription`,
+/// `pushToolResult`, `pushAdditionalToolFeedback`): `synthetic__cline__xml-tools.json`, read from a
+/// task folder (the session id), plus a result header with no call before it.
+#[test]
+fn cline_xml_tool_calls_pair_with_their_result_headers() {
+    let fixture = log2026("synthetic__cline__xml-tools.json");
+    assert_eq!(detect(&fixture, DEFAULT_HEAD_BYTES).unwrap().format, Format::Cline);
+    let dir = tempfile::tempdir().unwrap();
+    let task = dir.path().join("tasks/1735689600000");
+    std::fs::create_dir_all(&task).unwrap();
+    let path = task.join("api_conversation_history.json");
+    std::fs::copy(&fixture, &path).unwrap();
+    let got = ingest(&path, Format::Cline);
+    // Hand count: assistant messages 1 (read_file), 3 (replace_in_file, denied with feedback),
+    // 5 (replace_in_file), 7 (attempt_completion); one XML tool each.
+    assert_eq!((got.rows.len(), got.dead.len()), (4, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "cline:1735689600000"));
+    let names: Vec<Vec<String>> = got.rows.iter().map(|r| calls(r).into_iter().map(|c| c.name).collect()).collect();
+    assert_eq!(names, [vec!["read_file"], vec!["replace_in_file"], vec!["replace_in_file"], vec!["attempt_completion"]]);
+    let first = &calls(&got.rows[0])[0];
+    assert_eq!((first.id.as_deref(), &first.arguments), (Some("xml-1-0"), &serde_json::json!({"path": "cli.py"})));
+    assert!(got.rows[0].response_text.contains("<read_file>"), "the text stays as the model wrote it");
+    assert_eq!(got.rows[0].event_time, 1_735_689_604_000);
+    let req = request(&got.rows[3]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,tool,user,assistant,tool,user,assistant,tool,user");
+    assert_eq!((req[2].tool_call_id.as_deref(), req[2].content.as_str()), (Some("xml-1-0"), "import argparse\nparser = argparse.ArgumentParser()\nargs = parser.parse_args()"));
+    assert_eq!(req[5].content, "The user denied this operation. The file was not updated, and maintains its original contents.");
+    assert!(req[6].content.starts_with("The user provided the following feedback:\n<feedback>\nalso accept -v"), "feedback stays user text: {}", req[6].content);
+    assert!(got.rows[3].session_done, "attempt_completion ends the task");
+    // Turns 0-2 see their tool's output (the denial included); attempt_completion has nothing after it.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 3), ("none: session done without next state", 1)]));
+
+    // A result header whose tool the assistant message before did not call stays user text.
+    let orphan = r#"[{"role": "user", "content": [{"type": "text", "text": "<task>\nlist files\n</task>"}], "ts": 1},
+        {"role": "assistant", "content": [{"type": "text", "text": "Which folder?"}], "ts": 2},
+        {"role": "user", "content": [{"type": "text", "text": "[execute_command for 'ls'] Result:"}, {"type": "text", "text": "a.py"}], "ts": 3},
+        {"role": "assistant", "content": [{"type": "text", "text": "<list_files>\n<path>.</path>\n</list_files>"}], "ts": 4}]"#;
+    let (_d, p) = tmp("orphan.json", orphan);
+    let got = ingest(&p, Format::Cline);
+    assert_eq!(got.rows.len(), 2);
+    assert_eq!(got.summary.counters.get("tool result headers without a call before them (kept as user text)"), Some(&1));
+    let req = request(&got.rows[1]);
+    assert_eq!((req[2].role.as_str(), req[2].content.as_str()), ("user", "[execute_command for 'ls'] Result:\na.py"));
+}
+
+/// Roo Code with native tools (`tool_use` / `tool_result` blocks, a condense summary), built from
+/// RooCodeInc/Roo-Code `src/core/task-persistence/{apiMessages,rooMessage}.ts`, and the v2 envelope
+/// `{version: 2, messages}` with AI SDK parts; a file that is not JSON.
+#[test]
+fn roo_code_native_tools_summary_and_v2_envelope() {
+    let path = log2026("synthetic__roo-code__native-tools.json");
+    assert_eq!(detect(&path, DEFAULT_HEAD_BYTES).unwrap().format, Format::Cline);
+    let got = ingest(&path, Format::Cline);
+    // Hand count: assistant messages 1, 4, 6, 8 (message 3 is the condense summary, not a turn).
+    assert_eq!((got.rows.len(), got.dead.len()), (4, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "cline:synthetic__roo-code__native-tools"));
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 2, 1, 1]);
+    assert_eq!(got.rows[1].reasoning_text.as_deref(), Some("add() probably has an off-by-one."));
+    let req = request(&got.rows[3]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,tool,user,assistant,assistant,tool,tool,assistant,tool,user");
+    let c = &got.summary.counters;
+    assert_eq!((c.get("orphan tool results (their call is not in the file)"), c.get("condense summaries (context, not turns)")), (Some(&1), Some(&1)));
+    assert!(got.rows[3].session_done);
+    // The first turn's next state is given at the summary (its tool result); the last has none.
+    assert_eq!(got.rows[0].next_state.as_deref().map(|s| messages(s).len()), Some(2), "tool result + environment details");
+    assert_eq!(got.rows.iter().map(|r| r.turn_index).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(kinds(&got.rows), map(&[("tool", 3), ("none: session done without next state", 1)]));
+
+    let v2 = r#"{"version": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "list the files"}], "ts": 1751000000000},
+        {"type": "reasoning", "encrypted_content": "gAAAA", "id": "rs_1", "summary": []},
+        {"role": "assistant", "content": [{"type": "text", "text": "Listing."}, {"type": "tool-call", "toolCallId": "call_a", "toolName": "list_files", "input": {"path": "."}}], "ts": 1751000002000},
+        {"role": "tool", "content": [{"type": "tool-result", "toolCallId": "call_a", "toolName": "list_files", "output": {"type": "text", "value": "a.py\nb.py"}}], "ts": 1751000003000},
+        {"role": "assistant", "content": [{"type": "text", "text": "Two files: a.py and b.py."}], "ts": 1751000004000}]}"#;
+    let (_d, p) = tmp("api_conversation_history.json", v2);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Cline);
+    let got = ingest(&p, Format::Cline);
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 0]);
+    let tool = request(&got.rows[1]).into_iter().find(|m| m.role == "tool").unwrap();
+    assert_eq!((tool.tool_call_id.as_deref(), tool.content.as_str()), (Some("call_a"), "a.py\nb.py"));
+    assert_eq!(got.summary.counters.get("stand-alone reasoning items (encrypted, not read)"), Some(&1));
+    assert!(!got.rows[1].session_done);
+
+    let (_d2, bad) = tmp("api_conversation_history.json", "[{\"role\": \"user\", \"content\": ");
+    let got = ingest(&bad, Format::Cline);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (0, vec!["malformed_json"]));
 }
