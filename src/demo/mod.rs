@@ -16,6 +16,7 @@
 
 pub mod heldout;
 pub mod memory;
+pub mod prm_eval;
 pub mod report;
 pub mod run;
 pub mod score;

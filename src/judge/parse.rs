@@ -21,7 +21,20 @@ pub fn last_boxed_digit(text: &str) -> Option<i32> {
     caps.get(1)?.as_str().parse::<i32>().ok()
 }
 
-/// Parses one judge vote: the value of the last `\boxed{d}` if it is 1, 0 or −1.
+/// A whole answer that is only a grade: an optionally signed single ASCII digit, with surrounding
+/// whitespace and one trailing `.`, `,` or `!` allowed (`1`, `-1`, `1,`, ` 0.`). What small judges
+/// (Qwen2.5-Coder-0.5B-Instruct) answer instead of reasoning and boxing: 16 of its first 18 votes on
+/// the demo's turns were `1`, `1,`, `-0`, `0` or `-1` alone, and none had a box (docs/prm-eval). A
+/// list of grades (`1, 0`, 2 of the 18) stays unusable.
+fn bare_grade(text: &str) -> Option<i32> {
+    let t = text.trim();
+    let t = t.strip_suffix(['.', ',', '!']).unwrap_or(t).trim_end();
+    let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+    (digits.len() == 1 && digits.as_bytes()[0].is_ascii_digit()).then(|| t.parse::<i32>().ok()).flatten()
+}
+
+/// Parses one judge vote: the value of the last `\boxed{d}` if it is 1, 0 or −1; without any box, an
+/// answer that is only a grade ([`bare_grade`]: `1`, `-1`, `0.`) is read the same way.
 ///
 /// Accepted: `\boxed{1}`, `\boxed{+1}`, `\boxed{0}`, `\boxed{-0}` (= 0), `\boxed{-1}`, each with optional
 /// ASCII whitespace inside the braces. Only the last box counts, so `\boxed{-1} … \boxed{1}` is 1.
@@ -32,7 +45,7 @@ pub fn last_boxed_digit(text: &str) -> Option<i32> {
 /// The reason the vote is invalid, as stored in `Vote.error`: no box, or the last box's value is
 /// outside {1, 0, −1}.
 pub fn parse_vote(text: &str) -> std::result::Result<i32, String> {
-    match last_boxed_digit(text) {
+    match last_boxed_digit(text).or_else(|| bare_grade(text)) {
         None => Err("no \\boxed{d} with a single signed digit in the judge's answer".to_string()),
         Some(v @ (-1..=1)) => Ok(v),
         Some(v) => Err(format!("last \\boxed{{}} holds {v}, not one of 1, 0, -1")),
@@ -107,6 +120,22 @@ mod tests {
         assert_eq!(parse_vote("\\boxed{ 1 }"), Ok(1));
         assert_eq!(parse_vote("\\boxed{\n-1\t}"), Ok(-1));
         assert_eq!(parse_vote("$\\boxed{1}$."), Ok(1));
+    }
+
+    /// Real answers of Qwen2.5-Coder-0.5B-Instruct to the judge prompt on the demo's turns
+    /// (docs/prm-eval/judgments): a bare grade is read; a list of grades is not.
+    #[test]
+    fn bare_grades_of_a_small_judge() {
+        for (raw, want) in [("1", 1), ("1,", 1), ("-0", 0), ("0", 0), ("-1", -1), (" +1.\n", 1), ("0!", 0)] {
+            assert_eq!(parse_vote(raw), Ok(want), "{raw:?}");
+        }
+        assert_eq!(parse_vote("2"), Err("last \\boxed{} holds 2, not one of 1, 0, -1".into()));
+        let no_box = Err("no \\boxed{d} with a single signed digit in the judge's answer".to_string());
+        for raw in ["1, 0", "-1, 0", "1.0", "11", "- 1", "1..", "\u{2212}1", "grade: 1"] {
+            assert_eq!(parse_vote(raw), no_box, "{raw:?}");
+        }
+        // A box still wins over a bare grade.
+        assert_eq!(parse_vote("\\boxed{-1}"), Ok(-1));
     }
 
     #[test]
