@@ -28,6 +28,7 @@
 //! | object with `resourceSpans`, or `spans` of span objects (`context`/`traceId` + `attributes`); array of such spans | otel |
 //! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
 //! | array whose first element has `role` and `ts` (ms); object `{version, messages}` of such messages | cline |
+//! | first record `{role: "_system_prompt" / "_checkpoint" / "_usage"}` | kimi-cli |
 //! | records `{timestamp, type, payload}`, or a first line `{id, timestamp, instructions}` without `type` | codex |
 //! | records `{type, data, id, timestamp, parentId}` with `type` `session.*`/`user.*`/`assistant.*`/`system.*`/`tool.*` | copilot-cli |
 //! | first record `{sessionId, projectHash}` (a chat recording's header, or the legacy document with `messages`) | gemini-cli |
@@ -198,13 +199,10 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
     let (is_array, paths) = probe(head);
     let has = |p: &str| paths.iter().any(|x| x == p);
     let found = |f: Format, why: String| Ok(Detection { format: f, reason: why });
-    // The first record's `type` (JSONL: the first line), when it fits in the head.
-    let first_type: Option<String> = serde_json::Deserializer::from_slice(head)
-        .into_iter::<serde_json::Value>()
-        .next()
-        .and_then(|v| v.ok())
-        .and_then(|v| v.get("type").and_then(serde_json::Value::as_str).map(str::to_string));
-    let ty = first_type.as_deref();
+    // The first record's `type` and `role` (JSONL: the first line), when it fits in the head.
+    let first: Option<serde_json::Value> = serde_json::Deserializer::from_slice(head).into_iter::<serde_json::Value>().next().and_then(|v| v.ok());
+    let first_str = |k: &str| first.as_ref().and_then(|v| v.get(k)).and_then(serde_json::Value::as_str);
+    let ty = first_str("type");
     if is_array {
         if (has("[].context") || has("[].traceId")) && has("[].attributes") {
             return found(Format::Otel, "array of spans with keys context/traceId, attributes".into());
@@ -227,6 +225,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if has("run_type") && (has("trace_id") || has("dotted_order")) {
             return found(Format::LangSmith, "runs with keys run_type, trace_id/dotted_order".into());
+        }
+        if first_str("role").is_some_and(|r| matches!(r, "_system_prompt" | "_checkpoint" | "_usage")) {
+            return found(Format::KimiCli, "Kimi CLI context records (role _system_prompt/_checkpoint/_usage)".into());
         }
         if has("version") && has("messages[].role") && !has("info") && !has("trajectory_format") {
             return found(Format::Cline, "object {version, messages} (Roo Code api_conversation_history v2)".into());

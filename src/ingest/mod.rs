@@ -30,6 +30,7 @@ mod copilot_cli;
 mod gemini_cli;
 mod qwen_code;
 mod cline;
+mod kimi_cli;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -111,11 +112,14 @@ pub enum Format {
     /// Cline / Roo Code task histories (`tasks/<task id>/api_conversation_history.json`: Anthropic
     /// messages with XML or native tool calls, or Roo Code's `{version: 2, messages}`).
     Cline,
+    /// Kimi CLI context files (`~/.kimi/sessions/<work dir hash>/<session id>/context.jsonl`: one
+    /// kosong message a line, plus `_system_prompt`/`_checkpoint`/`_usage` records).
+    KimiCli,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 22] = [
+    pub const ALL: [Format; 23] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -138,6 +142,7 @@ impl Format {
         Format::GeminiCli,
         Format::QwenCode,
         Format::Cline,
+        Format::KimiCli,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -165,6 +170,7 @@ impl Format {
             Format::GeminiCli => "gemini-cli",
             Format::QwenCode => "qwen-code",
             Format::Cline => "cline",
+            Format::KimiCli => "kimi-cli",
         }
     }
 }
@@ -342,6 +348,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::GeminiCli => gemini_cli::read(path, &mut sink, progress)?,
         Format::QwenCode => qwen_code::read(path, &mut sink, progress)?,
         Format::Cline => cline::read(path, &mut sink, progress)?,
+        Format::KimiCli => kimi_cli::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

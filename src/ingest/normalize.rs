@@ -8,7 +8,7 @@
 //!   normaliser whatever API spelled it (Anthropic content blocks, OpenClaw blocks, OpenAI chat and
 //!   Responses parts, OpenTelemetry GenAI message parts):
 //!   - text — `text`, `input_text`, `output_text`, `refusal`, bare strings: joined with `"\n"`;
-//!   - reasoning — `thinking` (`thinking`), `reasoning` (`text`/`content`/`summary[].text`): the
+//!   - reasoning — `thinking` (`thinking`), `think` (`think`: Kimi CLI's kosong), `reasoning` (`text`/`content`/`summary[].text`): the
 //!     reasoning text; `redacted_thinking` has none and is counted as dropped;
 //!   - tool call — `tool_use`/`server_tool_use` (`id, name, input`), `toolCall` (`id, name,
 //!     arguments` object), `function_call` (`call_id, name, arguments` string), `tool_call` (`id,
@@ -292,8 +292,8 @@ fn classify(p: &Value) -> Part<'_> {
     match ty {
         "text" | "input_text" | "output_text" => str_of("text").or_else(|| str_of("content")).map(Part::Text).unwrap_or(Part::Dropped),
         "refusal" => str_of("refusal").map(Part::Text).unwrap_or(Part::Dropped),
-        "thinking" | "reasoning" | "reasoning_text" | "summary_text" => {
-            if let Some(t) = str_of("thinking").or_else(|| str_of("text")).or_else(|| str_of("content")) {
+        "thinking" | "think" | "reasoning" | "reasoning_text" | "summary_text" => {
+            if let Some(t) = str_of("thinking").or_else(|| str_of("think")).or_else(|| str_of("text")).or_else(|| str_of("content")) {
                 return Part::Reasoning(t.to_string());
             }
             // Responses reasoning items: `summary: [{type: summary_text, text}]`.
@@ -690,5 +690,11 @@ mod tests {
             ms.iter().map(|m| (m.role.as_str(), m.tool_call_id.as_deref(), m.name.as_deref(), m.content.as_str())).collect::<Vec<_>>(),
             vec![("tool", Some("c1"), Some("read_file"), "text of a"), ("tool", Some("c2"), Some("shell"), "error: denied")]
         );
+    }
+
+    #[test]
+    fn kosong_think_part_is_reasoning() {
+        let a = normalize_message(&json!({"role": "assistant", "content": [{"type": "think", "think": "count first", "encrypted": null}, {"type": "text", "text": "42"}]})).unwrap();
+        assert_eq!((a.message.content.as_str(), a.message.reasoning.as_deref(), a.notes.len()), ("42", Some("count first"), 0));
     }
 }

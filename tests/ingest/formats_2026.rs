@@ -68,6 +68,7 @@ fn every_2026_file_is_detected() {
         ("synthetic__qwen-code__session.jsonl", Format::QwenCode),
         ("synthetic__cline__xml-tools.json", Format::Cline),
         ("synthetic__roo-code__native-tools.json", Format::Cline),
+        ("synthetic__kimi-cli__context.jsonl", Format::KimiCli),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -981,4 +982,44 @@ fn roo_code_native_tools_summary_and_v2_envelope() {
     let (_d2, bad) = tmp("api_conversation_history.json", "[{\"role\": \"user\", \"content\": ");
     let got = ingest(&bad, Format::Cline);
     assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (0, vec!["malformed_json"]));
+}
+
+/// Kimi CLI `context.jsonl`, built from MoonshotAI/kimi-cli `soul/context.py` and kosong's
+/// `message.py` (`synthetic__kimi-cli__context.jsonl`): a system-prompt record, checkpoint and usage
+/// records, a D-Mail checkpoint user message, think parts, parallel calls, a failed and an orphan result.
+#[test]
+fn kimi_cli_context_one_message_a_line() {
+    let fixture = log2026("synthetic__kimi-cli__context.jsonl");
+    assert_eq!(detect(&fixture, DEFAULT_HEAD_BYTES).unwrap().format, Format::KimiCli);
+    let dir = tempfile::tempdir().unwrap();
+    let session = dir.path().join("4f0c2a9e-5b1d-4c8e-9a3f-2d7b6e1c0a55");
+    std::fs::create_dir_all(&session).unwrap();
+    let path = session.join("context.jsonl");
+    std::fs::copy(&fixture, &path).unwrap();
+    let got = ingest(&path, Format::KimiCli);
+    // Hand count: assistant messages on lines 6, 10, 13, 17 with 1, 0, 2, 0 tool calls.
+    assert_eq!((got.rows.len(), got.dead.len()), (4, 0));
+    assert!(got.rows.iter().all(|r| r.session_id == "kimi-cli:4f0c2a9e-5b1d-4c8e-9a3f-2d7b6e1c0a55"));
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 0, 2, 0]);
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [6, 10, 13, 17]);
+    assert_eq!((got.rows[0].response_text.as_str(), got.rows[0].reasoning_text.as_deref()), ("Let me count them.", Some("I should count them with find.")));
+    assert_eq!(calls(&got.rows[0])[0].arguments, serde_json::json!({"command": "find src -name '*.py' | wc -l"}));
+    let req = request(&got.rows[3]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "system,user,user,assistant,tool,assistant,user,assistant,tool,tool");
+    assert_eq!((req[2].content.as_str(), req[9].content.as_str()), ("<system>CHECKPOINT 1</system>", "<system>ERROR: File not found.</system>"));
+    let c = &got.summary.counters;
+    assert_eq!((c.get("_checkpoint records"), c.get("_usage records")), (Some(&3), Some(&2)));
+    assert_eq!(c.get("orphan tool results (their call is not in the file)"), Some(&1));
+    // Turns 0 and 2 see their tools' output, turn 1 the next user message; the last has nothing after it.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 2), ("user", 1), ("none: session idle for 1800 s without next state", 1)]));
+
+    // A file moved aside by a rewind or compaction is its own session; a bad line is a dead letter.
+    let text = std::fs::read_to_string(&fixture).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(2, "{\"role\": \"user\", \"content\": ");
+    let rotated = session.join("context_1.jsonl");
+    std::fs::write(&rotated, lines.join("\n") + "\n").unwrap();
+    let got = ingest(&rotated, Format::KimiCli);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (4, vec!["malformed_json"]));
+    assert_eq!(got.rows[0].session_id, "kimi-cli:4f0c2a9e-5b1d-4c8e-9a3f-2d7b6e1c0a55:context_1");
 }
