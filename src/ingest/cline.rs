@@ -107,7 +107,9 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
         };
         let meta = MessageMeta { event_time: o.get("ts").and_then(parse_timestamp), ..MessageMeta::default() };
         let role = o.get("role").and_then(Value::as_str).unwrap_or("");
-        let mut msg = Map::new();
+        // The whole message (Roo Code keeps DeepSeek's `reasoning_content` on it), its parts in the
+        // shape the normaliser reads.
+        let mut msg = o.clone();
         msg.insert("content".into(), sdk_parts(o.get("content")));
         let normalized = match role {
             "assistant" => normalize_with_role(&msg, "assistant", None),

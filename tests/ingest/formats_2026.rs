@@ -932,13 +932,14 @@ fn cline_xml_tool_calls_pair_with_their_result_headers() {
     let orphan = r#"[{"role": "user", "content": [{"type": "text", "text": "<task>\nlist files\n</task>"}], "ts": 1},
         {"role": "assistant", "content": [{"type": "text", "text": "Which folder?"}], "ts": 2},
         {"role": "user", "content": [{"type": "text", "text": "[execute_command for 'ls'] Result:"}, {"type": "text", "text": "a.py"}], "ts": 3},
-        {"role": "assistant", "content": [{"type": "text", "text": "<list_files>\n<path>.</path>\n</list_files>"}], "ts": 4}]"#;
+        {"role": "assistant", "content": [{"type": "text", "text": "<list_files>\n<path>.</path>\n</list_files>"}], "reasoning_content": "List the top folder.", "ts": 4}]"#;
     let (_d, p) = tmp("orphan.json", orphan);
     let got = ingest(&p, Format::Cline);
     assert_eq!(got.rows.len(), 2);
     assert_eq!(got.summary.counters.get("tool result headers without a call before them (kept as user text)"), Some(&1));
     let req = request(&got.rows[1]);
     assert_eq!((req[2].role.as_str(), req[2].content.as_str()), ("user", "[execute_command for 'ls'] Result:\na.py"));
+    assert_eq!(got.rows[1].reasoning_text.as_deref(), Some("List the top folder."), "Roo Code's reasoning_content field");
 }
 
 /// Roo Code with native tools (`tool_use` / `tool_result` blocks, a condense summary), built from
