@@ -275,3 +275,39 @@ async fn hint_votes_over_openai() {
     let user = srv.bodies.lock().unwrap()[0]["messages"][1]["content"].as_str().unwrap().to_string();
     assert!(user.contains("[HINT_START] and [HINT_END]"), "{user}");
 }
+
+/// The judge's and hint judge's start-up probe (`VotingStage::probe`): one request before the stage
+/// reads input; a wrong key, path, backend kind or model stops it with the setting to check, while a
+/// good endpoint, any answer text and a server not up yet pass.
+#[tokio::test]
+async fn the_start_up_probe_names_the_setting_of_a_wrong_endpoint() {
+    let probe = |c: JudgeConfig| async move { Judge::new(c).unwrap().probe().await.map_err(|e| e.to_string()) };
+    let (url, srv) = serve("/v1/chat/completions", vec![openai_answer("no box at all")]).await;
+    probe(cfg(BackendKind::Openai, &url)).await.unwrap();
+    assert_eq!(srv.calls.load(Ordering::SeqCst), 1, "one request");
+    let (url, _) = serve("/v1/chat/completions", vec![Reply::Status(401, "invalid api key")]).await;
+    let e = probe(cfg(BackendKind::Openai, &url)).await.unwrap_err();
+    assert!(e.contains("[judge] start-up probe") && e.contains("[judge] api_key_env"), "{e}");
+    // The wrong backend kind: sglang against an OpenAI-only server.
+    let (url, _) = serve("/v1/chat/completions", vec![openai_answer("\\boxed{1}")]).await;
+    let e = probe(cfg(BackendKind::Sglang, &url)).await.unwrap_err();
+    assert!(e.contains("404") && e.contains("[judge] url") && e.contains("[judge] backend = \"sglang\""), "{e}");
+    let (url, _) = serve("/v1/chat/completions", vec![Reply::Status(400, "The model `judge-model` does not exist.")]).await;
+    let e = probe(cfg(BackendKind::Openai, &url)).await.unwrap_err();
+    assert!(e.contains("[judge] model = \"judge-model\""), "{e}");
+    let (url, srv) = serve("/v1/chat/completions", vec![Reply::Raw("<html>502 Bad Gateway</html>")]).await;
+    let e = probe(cfg(BackendKind::Openai, &url)).await.unwrap_err();
+    assert!(e.contains("not the openai API"), "{e}");
+    assert_eq!(srv.calls.load(Ordering::SeqCst), 3, "PROBE_TRIES requests before calling it wrong");
+    // A flaky gateway (an error page, then an answer) is not wrong.
+    let (url, _) = serve("/v1/chat/completions", vec![Reply::Raw("<html>502 Bad Gateway</html>"), openai_answer("ok")]).await;
+    probe(cfg(BackendKind::Openai, &url)).await.unwrap();
+    // Not up yet: logged, not fatal (each vote retries on its own).
+    probe(JudgeConfig { retries: 0, ..cfg(BackendKind::Openai, "http://127.0.0.1:9") }).await.unwrap();
+    // The rule backend needs no probe; the hint judge probes the same way.
+    Judge::new(JudgeConfig::default()).unwrap().probe().await.unwrap();
+    let (url, _) = serve("/v1/chat/completions", vec![Reply::Status(404, "not found")]).await;
+    let hint = HintConfig { backend: BackendKind::Openai, url: Some(url), model: Some("h".into()), retries: 0, ..HintConfig::default() };
+    let e = Hinter::new(hint).unwrap().probe().await.unwrap_err().to_string();
+    assert!(e.contains("[hint] start-up probe") && e.contains("[hint] url"), "{e}");
+}

@@ -303,3 +303,39 @@ async fn vllm_teacher_on_our_server_matches_the_local_teacher() {
     }
     let _ = stop.send(());
 }
+
+/// The start-up probe (`RemoteTeacher::probe`) stops a systematically wrong endpoint with the setting
+/// to check, and lets a good one (and one not up yet) through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_probe_names_the_setting_of_a_wrong_endpoint() {
+    let fake = FakeSglang::default();
+    let app = Router::new().route("/v1/completions", post(fake_generate)).route("/generate", post(fake_generate)).with_state(fake.clone());
+    let url = serve_on_loopback(app).await;
+    let client = |backend: TeacherBackend, url: &str, top_k: usize| {
+        let cfg = TeacherConfig { backend, url: Some(url.to_string()), model: Some(PathBuf::from("teacher-x")), top_k, retries: 0, backoff_base_ms: 1, timeout_s: 5.0, ..TeacherConfig::default() };
+        cfg.validate().unwrap();
+        RemoteTeacher::new(&cfg).unwrap()
+    };
+    // vLLM refusing more prompt log-probs than its --max-logprobs (its 400 answer's wording).
+    // (each wrong answer three times: the probe tries PROBE_TRIES times before it calls the endpoint wrong)
+    *fake.script.lock().unwrap() = vec![(400, json!({"object": "error", "message": "Requested prompt logprobs of 8, which is greater than max allowed: 5", "code": 400})); 3];
+    let e = client(TeacherBackend::Vllm, &url, 8).probe(&[11], &[21]).await.unwrap_err().to_string();
+    assert!(e.contains("[teacher] start-up probe") && e.contains("[teacher] top_k = 8") && e.contains("--max-logprobs"), "{e}");
+    // A server without prompt log-probs (an OpenAI-compatible server that ignores the extension).
+    *fake.script.lock().unwrap() = vec![(200, json!({"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]})); 3];
+    let e = client(TeacherBackend::Vllm, &url, 0).probe(&[11], &[21]).await.unwrap_err().to_string();
+    assert!(e.contains("prompt_logprobs") && e.contains("check the backend"), "{e}");
+    // The wrong backend kind: sglang pointed at a vLLM-only server → 404 on /generate.
+    let only_vllm = serve_on_loopback(Router::new().route("/v1/completions", post(fake_generate)).with_state(fake.clone())).await;
+    let e = client(TeacherBackend::Sglang, &only_vllm, 0).probe(&[11], &[21]).await.unwrap_err().to_string();
+    assert!(e.contains("HTTP status 404") && e.contains("[teacher] backend = \"sglang\""), "{e}");
+    // A flaky server (one bad answer, then a good one) passes, as does a good answer and a server that
+    // is not up yet (the stage stops on the first turn then).
+    let good = json!({"meta_info": {"input_token_logprobs": [[null, 11, null], [-0.5, 21, null]]}});
+    *fake.script.lock().unwrap() = vec![(200, json!({"text": "<html>"})), (200, good.clone())];
+    client(TeacherBackend::Sglang, &url, 0).probe(&[11], &[21]).await.unwrap();
+    assert!(fake.script.lock().unwrap().is_empty(), "two requests");
+    *fake.script.lock().unwrap() = vec![(200, json!({"meta_info": {"input_token_logprobs": [[null, 11, null], [-0.5, 21, null]]}}))];
+    client(TeacherBackend::Sglang, &url, 0).probe(&[11], &[21]).await.unwrap();
+    client(TeacherBackend::Sglang, "http://127.0.0.1:9", 0).probe(&[11], &[21]).await.unwrap();
+}

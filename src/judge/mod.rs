@@ -31,7 +31,7 @@ pub use prompt::{
 pub use rules::{RulesJudge, REPHRASE_JACCARD, RULES_JUDGE_MODEL};
 pub use turn::TurnContext;
 pub use voter::{
-    AttemptCounts, RawVote, RetryPolicy, Voter, VoterStats, VotingConfig, VotingFields, VotingStage, BACKOFF_MAX,
+    AttemptCounts, RawVote, RetryPolicy, Voter, VoterStats, VotingConfig, VotingFields, VotingStage, BACKOFF_MAX, PROBE_TRIES,
 };
 #[cfg(test)]
 pub(crate) use turn::tests::{mini_swe_agent_messages, turn as turn_for_tests};

@@ -43,6 +43,28 @@ pub struct TurnContext {
 }
 
 impl TurnContext {
+    /// The fixed turn of the judge's and hint judge's start-up probe: "What is 2 + 2?" → "4." → the
+    /// user's "thanks!".
+    pub fn probe() -> TurnContext {
+        TurnContext {
+            interaction_id: "startup-probe".into(),
+            session_id: "startup-probe".into(),
+            turn_index: 0,
+            policy_version: None,
+            event_time: 0,
+            request: vec![Message::text("user", "What is 2 + 2?")],
+            response: Message::text("assistant", "4."),
+            next_state: vec![Message::text("user", "thanks!")],
+            next_state_kind: NextStateKind::User,
+            next_state_text: "[user] thanks!".into(),
+            has_error: false,
+            exit_code: None,
+            correction_cue: false,
+            thanks_cue: true,
+            success_cue: false,
+        }
+    }
+
     /// Joins an interaction row with its signal row. Call it for main turns whose signal has no
     /// `excluded_reason` (excluded turns have no next state to judge; the wiring counts them).
     ///

@@ -20,6 +20,10 @@ use super::turn::TurnContext;
 use crate::schema::content_hash;
 use crate::{config_err, Result};
 
+/// Requests the start-up probe ([`VotingStage::probe`], the remote teacher's) makes before it calls an
+/// endpoint wrong: a wrong endpoint fails every time, a flaky one does not.
+pub const PROBE_TRIES: u32 = 3;
+
 /// Longest single backoff between retries, whatever `backoff_base_ms` and the retry number.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
@@ -399,6 +403,64 @@ impl<C: VotingConfig> VotingStage<C> {
     /// keep one row each).
     pub fn row_id(&self, pipeline: &str, interaction_id: &str) -> String {
         content_hash(&[pipeline.as_bytes(), interaction_id.as_bytes(), self.config_fingerprint().as_bytes()])
+    }
+
+    /// The start-up probe (a network backend only; `rules` needs none): a vote request on a fixed
+    /// two-message turn, with the stage's retries and timeout, before the stage reads any input (up to
+    /// [`PROBE_TRIES`] while the answers fail for a reason a retry would not change). An endpoint that
+    /// is systematically wrong — 401/403 (key), 404 (URL, path or backend kind), another
+    /// 4xx (model, parameters), a 2xx answer that is not the backend's API, or a TLS refusal — stops the
+    /// stage with an error naming the settings to check, instead of making every turn an invalid vote.
+    /// A server that does not answer yet (transport errors, timeouts, 5xx after every retry) is only
+    /// logged: it may come up, and each vote retries on its own. What the model answers is not checked
+    /// (an unparsable vote is counted as usual).
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] naming `[table] url`, `backend`, `model` or `api_key_env`.
+    pub async fn probe(&self) -> Result<()> {
+        let v = self.cfg.voting();
+        if v.backend == BackendKind::Rules {
+            return Ok(());
+        }
+        let turn = TurnContext::probe();
+        let messages = self.template.render(&turn, v.max_field_chars)?;
+        let sampling = Sampling { max_tokens: v.max_tokens.min(16), ..v.sampling() };
+        let req = VoteRequest { messages: &messages, turn: &turn, index: 0, sampling };
+        // A wrong endpoint fails the same way every time; a flaky one (a gateway's error page now and
+        // then) does not: the stage stops only when PROBE_TRIES requests in a row fail for a reason
+        // that retrying would not change.
+        let mut last = None;
+        for _ in 0..PROBE_TRIES {
+            let (outcome, _) = self.voter.policy.run(&self.voter.semaphore, || self.voter.backend.complete(req)).await;
+            match outcome {
+                Ok(_) => {
+                    tracing::info!(table = v.table, backend = v.backend.as_str(), url = v.url.unwrap_or(""), "start-up probe answered");
+                    return Ok(());
+                }
+                Err(e) if e.retryable() => {
+                    last = Some(e);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some(err) = last else { return Ok(()) };
+        let (t, url, model) = (v.table, crate::net::redact_url(v.url.unwrap_or("")), v.model.unwrap_or(""));
+        let advice = match &err {
+            CallError::Status { status: 401 | 403, .. } => format!("the server refused the key: check [{t}] api_key_env (the variable holding the key{})", v.api_key_env.map(|k| format!(", now {k}")).unwrap_or_default()),
+            CallError::Status { status: 404, .. } => format!(
+                "nothing answers at that path: check [{t}] url (the server's base URL, without /v1/...) and [{t}] backend = \"{}\" (openai posts to /v1/chat/completions, sglang to /generate)",
+                v.backend.as_str()
+            ),
+            CallError::Status { status, .. } if !err.retryable() => format!("the server rejected the request ({status}): check [{t}] model = \"{model}\" (the served model's name) and [{t}] max_tokens / temperature"),
+            CallError::BadResponse(_) => format!("the answer is not the {} API: check [{t}] backend (openai or sglang) against the server", v.backend.as_str()),
+            CallError::Tls(_) => format!("check [{t}] url's scheme and the pipeline's [tls] ca_file"),
+            _ => {
+                tracing::warn!(table = t, url = %url, error = %err, "start-up probe: the endpoint does not answer yet; the stage starts anyway and every vote retries");
+                return Ok(());
+            }
+        };
+        Err(config_err!("[{t}] start-up probe: the {} endpoint {url} (model \"{model}\") failed one request: {err}. {advice}", v.backend.as_str()))
     }
 
     /// The m raw votes on one turn (concurrent, bounded by the shared semaphore, cached votes

@@ -80,6 +80,20 @@ impl TeacherModels {
         Ok(TeacherModels { policy, teacher: TeacherScorer::Local(teacher), teacher_id, teacher_version, policy_id })
     }
 
+    /// The remote teacher's start-up probe ([`remote::RemoteTeacher::probe`]) on the first two tokens of
+    /// "The answer is" in the policy's tokenizer; nothing for a local teacher.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] naming the setting to check; tokenizer errors.
+    pub async fn probe(&self) -> Result<()> {
+        let TeacherScorer::Remote(client) = &self.teacher else { return Ok(()) };
+        let ids = lock(&self.policy).encode("The answer is")?;
+        if ids.len() < 2 {
+            return Err(crate::Error::Internal(format!("the probe text encodes to {} token(s)", ids.len())));
+        }
+        client.probe(&ids[..1], &ids[1..2]).await
+    }
+
     /// What computes the teacher passes.
     pub fn scorer(&self) -> &TeacherScorer {
         &self.teacher

@@ -194,6 +194,58 @@ impl RemoteTeacher {
         })
     }
 
+    /// The start-up probe: scores (up to [`crate::judge::PROBE_TRIES`] times while the failure is this
+    /// request's own) a fixed two-token prompt (`prompt` = one token, `response` = one token,
+    /// from the policy's tokenizer) before the stage reads any input. A systematically wrong endpoint
+    /// stops the stage with an error naming the setting: a 404 or an answer that is not the backend's
+    /// API (`[teacher] backend`, `url`: a vLLM answer without `prompt_logprobs`, an SGLang answer
+    /// without `meta_info`), a 401/403 (`api_key_env`), a 400 about log-probs (`[teacher] top_k` above
+    /// the server's `--max-logprobs`), another rejection (`model`). A server that does not answer yet
+    /// is only logged (the stage itself stops on the first unavailable turn, as before).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the settings to check.
+    pub async fn probe(&self, prompt: &[u32], response: &[u32]) -> Result<()> {
+        let b = self.backend.as_str();
+        let url = crate::net::redact_url(&self.url);
+        // As the judge's probe: only PROBE_TRIES failures in a row of this turn's kind (a rejection or
+        // an answer not in the API) call the endpoint wrong.
+        let mut failure = None;
+        for _ in 0..crate::judge::PROBE_TRIES {
+            match self.score_one(prompt, response).await {
+                Ok(_) => {
+                    tracing::info!(backend = b, url = %url, "teacher start-up probe answered");
+                    return Ok(());
+                }
+                Err(RemoteFailure::Unavailable(e)) => {
+                    failure = Some(e);
+                    break;
+                }
+                Err(RemoteFailure::Turn { error, .. }) => failure = Some(error),
+            }
+        }
+        let Some(failure) = failure else { return Ok(()) };
+        let text = failure.to_string();
+        let status = |code: &str| text.contains(&format!("HTTP status {code}"));
+        let advice = if status("401") || status("403") {
+            "the server refused the key: check [teacher] api_key_env".to_string()
+        } else if status("404") {
+            format!("nothing answers at that path: check [teacher] url (the server's base URL) and [teacher] backend = \"{b}\" (vllm posts to /v1/completions, sglang to /generate)")
+        } else if text.contains("HTTP status 4") && text.to_lowercase().contains("logprob") {
+            format!("the server refused the log-probs asked for: [teacher] top_k = {} must be at most the server's --max-logprobs (vLLM), or 0", self.top_k)
+        } else if text.contains("HTTP status 4") {
+            format!("the server rejected the request: check [teacher] model = \"{}\" (the served model's name)", self.model)
+        } else if matches!(failure, Error::InvalidInput(_) | Error::LogprobLenMismatch { .. }) || text.contains("unreadable response") {
+            format!(
+                "the answer is not what [teacher] backend = \"{b}\" returns (vllm: choices[0].prompt_logprobs, sglang: meta_info.input_token_logprobs): check the backend against the server, and that it returns prompt log-probs"
+            )
+        } else {
+            tracing::warn!(backend = b, url = %url, error = %text, "teacher start-up probe: the server does not answer yet; the stage starts anyway");
+            return Ok(());
+        };
+        Err(Error::Config(format!("[teacher] start-up probe: the {b} server {url} (model \"{}\") failed to score a two-token prompt: {text}. {advice}", self.model)))
+    }
+
     /// Scores every item concurrently (at most `teacher.batch` requests in flight); results in input order.
     pub async fn score_all(&self, items: &[(Vec<u32>, Vec<u32>)]) -> Vec<std::result::Result<ScoredResponse, RemoteFailure>> {
         futures::future::join_all(items.iter().map(|(p, r)| self.score_one(p, r))).await

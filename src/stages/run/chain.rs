@@ -58,10 +58,15 @@ pub fn build(name: &str, cfg: &PipelineConfig, bus: &Bus, lake: &Lake, ctl: Task
         }
         "judge" => {
             let stage = judge::JudgeStage::new(crate::judge::Judge::new(cfg.judge.clone())?, &cfg.name, lake)?;
-            Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+            let probe = crate::judge::Judge::new(cfg.judge.clone())?;
+            Ok(Box::pin(async move {
+                probe.probe().await?;
+                run_stage(&bus, &run, stage, &ctl).await
+            }))
         }
         "hint" => {
             let hinter = crate::hint::Hinter::new(cfg.hint.clone())?;
+            let probe = crate::hint::Hinter::new(cfg.hint.clone())?;
             // The teacher context is rendered with the policy's own chat template (when the model is there).
             let render: Option<hint::TemplateRenderer> = match crate::model::ChatTemplate::from_dir(&cfg.policy.model) {
                 Ok(Some(t)) => Some(std::sync::Arc::new(move |m: &[crate::schema::Message]| t.render(m, None, true, None))),
@@ -73,10 +78,16 @@ pub fn build(name: &str, cfg: &PipelineConfig, bus: &Bus, lake: &Lake, ctl: Task
             };
             if cfg.method == Method::Combined {
                 let stage = hint::HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+                Ok(Box::pin(async move {
+                    probe.probe().await?;
+                    run_stage(&bus, &run, stage, &ctl).await
+                }))
             } else {
                 let stage = hint::HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?;
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+                Ok(Box::pin(async move {
+                    probe.probe().await?;
+                    run_stage(&bus, &run, stage, &ctl).await
+                }))
             }
         }
         "teacher" => {
@@ -87,8 +98,12 @@ pub fn build(name: &str, cfg: &PipelineConfig, bus: &Bus, lake: &Lake, ctl: Task
             } else {
                 let cache = teacher::TeacherCache::load(lake)?;
                 tracing::info!(rows = cache.len(), "teacher cache loaded");
+                let probe = models.clone();
                 let stage = teacher::TeacherStage::<crate::schema::HintRecord>::new(cfg, models).with_cache(cache);
-                Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+                Ok(Box::pin(async move {
+                    probe.probe().await?;
+                    run_stage(&bus, &run, stage, &ctl).await
+                }))
             }
         }
         other => Err(crate::Error::Config(format!("unknown stage '{other}'"))),
