@@ -39,6 +39,12 @@
 //! | records with `sessionId` and `uuid`/`parentUuid`, or `type` `file-history-snapshot`/`summary` + `leafUuid`/`queue-operation` | claude-code |
 //! | `request` + `response` with `request.input` or `response.output` | openai-responses |
 //! | `request` + `response` with `response.content` + `response.stop_reason` or `request.system`/`max_tokens` without `response.choices` | anthropic-messages |
+//!
+//! Text formats, checked first on the first non-blank line:
+//!
+//! | first line | format |
+//! |---|---|
+//! | `# aider chat started at …` (chat transcript), `TO LLM <time>` / `LLM RESPONSE <time>` (LLM history) | aider |
 
 use std::io::Read;
 use std::path::Path;
@@ -173,6 +179,9 @@ pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
 /// lines were tried).
 pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
     let head = head.strip_prefix(super::stream::UTF8_BOM).unwrap_or(head);
+    if let Some(d) = detect_text(head) {
+        return Ok(d);
+    }
     let first = detect_value(head);
     let Err(Error::InvalidInput(m)) = first else { return first };
     let mut tried = 0;
@@ -192,6 +201,16 @@ pub fn detect_bytes(head: &[u8]) -> Result<Detection> {
         }
     }
     Err(Error::InvalidInput(if tried > 0 { format!("{m} (also tried the next {tried} lines that start a JSON value)") } else { m }))
+}
+
+/// The text formats (module docs): the first non-blank line of `head`.
+fn detect_text(head: &[u8]) -> Option<Detection> {
+    let line = head.split(|b| *b == b'\n').map(<[u8]>::trim_ascii).find(|l| !l.is_empty())?;
+    let line = std::str::from_utf8(line).ok()?;
+    if line.starts_with(super::aider::LAUNCH_HEADER.trim_end()) {
+        return Some(Detection { format: Format::Aider, reason: "Aider chat transcript ('# aider chat started at')".into() });
+    }
+    super::aider::llm_header(line).map(|_| Detection { format: Format::Aider, reason: "Aider LLM history ('TO LLM <time>' / 'LLM RESPONSE <time>')".into() })
 }
 
 /// The rules on the first JSON value of `head`.

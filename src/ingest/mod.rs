@@ -31,6 +31,7 @@ mod gemini_cli;
 mod qwen_code;
 mod cline;
 mod kimi_cli;
+mod aider;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -115,11 +116,14 @@ pub enum Format {
     /// Kimi CLI context files (`~/.kimi/sessions/<work dir hash>/<session id>/context.jsonl`: one
     /// kosong message a line, plus `_system_prompt`/`_checkpoint`/`_usage` records).
     KimiCli,
+    /// Aider logs: the markdown chat transcript `.aider.chat.history.md` (one session per launch) or
+    /// the `--llm-history-file` log (`TO LLM` / `LLM RESPONSE` blocks).
+    Aider,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 23] = [
+    pub const ALL: [Format; 24] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -143,6 +147,7 @@ impl Format {
         Format::QwenCode,
         Format::Cline,
         Format::KimiCli,
+        Format::Aider,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -171,6 +176,7 @@ impl Format {
             Format::QwenCode => "qwen-code",
             Format::Cline => "cline",
             Format::KimiCli => "kimi-cli",
+            Format::Aider => "aider",
         }
     }
 }
@@ -349,6 +355,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::QwenCode => qwen_code::read(path, &mut sink, progress)?,
         Format::Cline => cline::read(path, &mut sink, progress)?,
         Format::KimiCli => kimi_cli::read(path, &mut sink, progress)?,
+        Format::Aider => aider::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }
@@ -378,11 +385,12 @@ pub fn read_path(
 }
 
 /// File names `nextstate ingest DIR` reads when it walks a directory: logs (`.json`, `.jsonl`,
-/// `.ndjson`, `.traj`), compressed or not (`.gz`, `.zst`).
+/// `.ndjson`, `.traj`, and Aider's `.aider.chat.history.md` / `.aider.llm.history`), compressed or not
+/// (`.gz`, `.zst`).
 pub fn is_log_file_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     let n = n.strip_suffix(".gz").or_else(|| n.strip_suffix(".zst")).unwrap_or(&n);
-    [".json", ".jsonl", ".ndjson", ".traj"].iter().any(|e| n.ends_with(e))
+    [".json", ".jsonl", ".ndjson", ".traj", ".aider.chat.history.md", ".aider.llm.history"].iter().any(|e| n.ends_with(e))
 }
 
 /// The index of an OpenHands V1 persisted event file name, `event-<index, 5+ digits>-<event id>.json`.
@@ -487,7 +495,9 @@ pub fn inputs(paths: &[PathBuf]) -> Vec<Input> {
             out.push(Input::Skip { path: p.clone(), code: NOT_A_REGULAR_FILE, reason });
             continue;
         }
-        let mut walk = walkdir::WalkDir::new(p).sort_by_file_name().into_iter().filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+        // Hidden entries are skipped, except Aider's logs (`.aider.chat.history.md` in each repository).
+        let shown = |n: &str| !n.starts_with('.') || (n.starts_with(".aider") && is_log_file_name(n));
+        let mut walk = walkdir::WalkDir::new(p).sort_by_file_name().into_iter().filter_entry(move |e| e.depth() == 0 || shown(&e.file_name().to_string_lossy()));
         while let Some(e) = walk.next() {
             let e = match e {
                 Ok(e) => e,

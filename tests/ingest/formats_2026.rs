@@ -69,6 +69,8 @@ fn every_2026_file_is_detected() {
         ("synthetic__cline__xml-tools.json", Format::Cline),
         ("synthetic__roo-code__native-tools.json", Format::Cline),
         ("synthetic__kimi-cli__context.jsonl", Format::KimiCli),
+        ("synthetic__aider__chat-history.md", Format::Aider),
+        ("synthetic__aider__llm-history.txt", Format::Aider),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -1023,4 +1025,86 @@ fn kimi_cli_context_one_message_a_line() {
     let got = ingest(&rotated, Format::KimiCli);
     assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (4, vec!["malformed_json"]));
     assert_eq!(got.rows[0].session_id, "kimi-cli:4f0c2a9e-5b1d-4c8e-9a3f-2d7b6e1c0a55:context_1");
+}
+
+/// Aider's `.aider.chat.history.md`, built from Aider-AI/aider `io.py` (`user_input`, `ai_output`,
+/// `tool_output`, `append_chat_history`) (`synthetic__aider__chat-history.md`): three launches, the
+/// last without a reply; multi-line input, `/run` output, confirmations.
+#[test]
+fn aider_chat_history_one_session_per_launch() {
+    let fixture = log2026("synthetic__aider__chat-history.md");
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("my-cli");
+    std::fs::create_dir_all(&repo).unwrap();
+    let path = repo.join(".aider.chat.history.md");
+    std::fs::copy(&fixture, &path).unwrap();
+    // Walking a folder finds the hidden transcript (other hidden entries stay skipped).
+    std::fs::create_dir_all(repo.join(".git")).unwrap();
+    std::fs::write(repo.join(".git/x.json"), "{}").unwrap();
+    assert_eq!(nextstate::ingest::inputs(&[dir.path().to_path_buf()]), vec![nextstate::ingest::Input::Read { path: path.clone(), walked: true }]);
+    assert_eq!(detect(&path, DEFAULT_HEAD_BYTES).unwrap().format, Format::Aider);
+    let got = ingest(&path, Format::Aider);
+    // Hand count: replies on lines 14, 39, 57 (launch 1) and 83 (launch 2); launch 3 has none.
+    assert_eq!((got.rows.len(), got.dead.len()), (4, 0));
+    assert_eq!(got.rows.iter().map(|r| r.session_id.as_str()).collect::<Vec<_>>(), ["aider:my-cli:2026-03-02T09:14:07"; 3].into_iter().chain(["aider:my-cli:2026-03-02T14:40:51"]).collect::<Vec<_>>());
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [14, 39, 57, 83]);
+    assert_eq!(got.rows.iter().map(|r| (r.turn_index, r.session_done)).collect::<Vec<_>>(), [(0, false), (1, false), (2, true), (0, true)]);
+    assert!(got.rows.iter().all(|r| calls(r).is_empty()));
+    assert!(got.rows[0].response_text.starts_with("I'll add a `--verbose` flag that turns on debug logging.\n\ncli.py\n```python\n<<<<<<< SEARCH"));
+    let req = request(&got.rows[2]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "system,user,system,assistant,system,user,system,assistant,system,user");
+    assert_eq!((req[5].content.as_str(), req[9].content.as_str()), ("/run python cli.py data --verbose", "now add a test for the flag\nand keep it short"));
+    assert!(req[6].content.starts_with("Traceback (most recent call last):\nFile \"cli.py\""));
+    let c = &got.summary.counters;
+    assert_eq!(c.get("launches without an assistant reply"), Some(&1));
+    assert_eq!(c.get("aider output blocks ('> ' lines, kept as system messages)"), Some(&10));
+    // The next user message follows turns 0, 1 and 3 (after Aider's output); launch 1 ends on output.
+    assert_eq!(kinds(&got.rows), map(&[("user", 3), ("environment", 1)]));
+
+    // A line that is not UTF-8 is a dead letter; the rest is read.
+    let mut bytes = std::fs::read(&fixture).unwrap();
+    let at = bytes.windows(5).position(|w| w == b"#### ").unwrap();
+    bytes.splice(at..at, b"\xff\xfe broken\n".iter().copied());
+    let (_d, bad) = tmp("broken.aider.chat.history.md", "");
+    std::fs::write(&bad, bytes).unwrap();
+    let got = ingest(&bad, Format::Aider);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (4, vec!["invalid_utf8"]));
+}
+
+/// Aider's `--llm-history-file` log, built from Aider-AI/aider `io.py` `log_llm_history`, `utils.py`
+/// `format_messages`/`format_content` and `base_coder.py` `send` (`synthetic__aider__llm-history.txt`):
+/// each request replays the conversation; an interrupted (empty) response, a new conversation, a
+/// request without a response.
+#[test]
+fn aider_llm_history_responses_are_turns() {
+    let path = log2026("synthetic__aider__llm-history.txt");
+    let got = ingest(&path, Format::Aider);
+    // Hand count: responses on lines 22, 76, 100 (empty), 114; the request on line 125 has none.
+    assert_eq!((got.rows.len(), got.dead.len()), (3, 0));
+    let a = "aider:synthetic__aider__llm-history:llm:2026-03-02T09:15:02";
+    let b = "aider:synthetic__aider__llm-history:llm:2026-03-02T14:41:40";
+    assert_eq!(got.rows.iter().map(|r| (r.session_id.as_str(), r.turn_index, r.source_line.unwrap())).collect::<Vec<_>>(), [(a, 0, 22), (a, 1, 76), (b, 0, 114)]);
+    // Each request is the one logged before the response, replayed history included.
+    assert_eq!(request(&got.rows[0]).iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "system,user,assistant,user,system");
+    let req = request(&got.rows[1]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "system,user,assistant,user,assistant,user,system");
+    assert_eq!(req[4].content, got.rows[0].response_text);
+    assert_eq!(req[1].content.lines().nth(2), Some(""));
+    assert!(got.rows[1].response_text.starts_with("The module uses `logging` without importing it."));
+    // Turn 0's next state is the command output the user sent back, without the system reminder.
+    let next: Vec<Message> = messages(got.rows[0].next_state.as_deref().unwrap());
+    assert_eq!((next.len(), next[0].role.as_str()), (1, "user"));
+    assert!(next[0].content.starts_with("I ran this command:\n\npython cli.py data --verbose"));
+    assert!(got.rows[1].next_state.is_none() && got.rows[2].next_state.is_none());
+    let c = &got.summary.counters;
+    assert_eq!(c.get("empty responses (interrupted, or a function call the log does not keep)"), Some(&1));
+    assert_eq!(c.get("requests without a logged response"), Some(&1));
+    // That reply holds a traceback: program output sent as a user message, an environment next state.
+    assert_eq!(kinds(&got.rows), map(&[("environment", 1), ("none: session idle for 1800 s without next state", 2)]));
+
+    // Lines before the first block are dead letters.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (_d, bad) = tmp("llm.history", &format!("stray line\n{text}"));
+    let got = ingest(&bad, Format::Aider);
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (3, vec!["unrecognised_line"]));
 }
