@@ -29,6 +29,7 @@
 //! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
 //! | array whose first element has `role` and `ts` (ms); object `{version, messages}` of such messages | cline |
 //! | first record `{role: "_system_prompt" / "_checkpoint" / "_usage"}` | kimi-cli |
+//! | first record `{working_dir, description, message_count}` without `role` (session metadata), or `{role, created, content}` with typed parts and no `timestamp` | goose |
 //! | records `{timestamp, type, payload}`, or a first line `{id, timestamp, instructions}` without `type` | codex |
 //! | records `{type, data, id, timestamp, parentId}` with `type` `session.*`/`user.*`/`assistant.*`/`system.*`/`tool.*` | copilot-cli |
 //! | first record `{sessionId, projectHash}` (a chat recording's header, or the legacy document with `messages`) | gemini-cli |
@@ -247,6 +248,12 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if first_str("role").is_some_and(|r| matches!(r, "_system_prompt" | "_checkpoint" | "_usage")) {
             return found(Format::KimiCli, "Kimi CLI context records (role _system_prompt/_checkpoint/_usage)".into());
+        }
+        if has("message_count") && has("description") && !has("role") {
+            return found(Format::Goose, "Goose session metadata (message_count, description)".into());
+        }
+        if has("role") && has("created") && has("content[].type") && !has("timestamp") {
+            return found(Format::Goose, "Goose messages (role, created, typed content parts)".into());
         }
         if has("version") && has("messages[].role") && !has("info") && !has("trajectory_format") {
             return found(Format::Cline, "object {version, messages} (Roo Code api_conversation_history v2)".into());

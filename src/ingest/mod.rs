@@ -32,6 +32,7 @@ mod qwen_code;
 mod cline;
 mod kimi_cli;
 mod aider;
+mod goose;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -119,11 +120,14 @@ pub enum Format {
     /// Aider logs: the markdown chat transcript `.aider.chat.history.md` (one session per launch) or
     /// the `--llm-history-file` log (`TO LLM` / `LLM RESPONSE` blocks).
     Aider,
+    /// Goose session files (`~/.local/share/goose/sessions/<session id>.jsonl`: a metadata line, then
+    /// one message a line with `text`/`toolRequest`/`toolResponse` content).
+    Goose,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 24] = [
+    pub const ALL: [Format; 25] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -148,6 +152,7 @@ impl Format {
         Format::Cline,
         Format::KimiCli,
         Format::Aider,
+        Format::Goose,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -177,6 +182,7 @@ impl Format {
             Format::Cline => "cline",
             Format::KimiCli => "kimi-cli",
             Format::Aider => "aider",
+            Format::Goose => "goose",
         }
     }
 }
@@ -356,6 +362,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::Cline => cline::read(path, &mut sink, progress)?,
         Format::KimiCli => kimi_cli::read(path, &mut sink, progress)?,
         Format::Aider => aider::read(path, &mut sink, progress)?,
+        Format::Goose => goose::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

@@ -71,6 +71,7 @@ fn every_2026_file_is_detected() {
         ("synthetic__kimi-cli__context.jsonl", Format::KimiCli),
         ("synthetic__aider__chat-history.md", Format::Aider),
         ("synthetic__aider__llm-history.txt", Format::Aider),
+        ("synthetic__goose__session.jsonl", Format::Goose),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -1107,4 +1108,42 @@ fn aider_llm_history_responses_are_turns() {
     let (_d, bad) = tmp("llm.history", &format!("stray line\n{text}"));
     let got = ingest(&bad, Format::Aider);
     assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (3, vec!["unrecognised_line"]));
+}
+
+/// Goose session file, built from block/goose `session/storage.rs` and `message.rs`
+/// (`synthetic__goose__session.jsonl`): a metadata line, toolRequest/toolResponse parts (one request
+/// that did not parse, its error response an orphan), UI-only tool output, thinking, a message hidden
+/// from the agent, a bad line.
+#[test]
+fn goose_session_messages_with_tool_parts() {
+    let path = log2026("synthetic__goose__session.jsonl");
+    let got = ingest(&path, Format::Goose);
+    // Hand count: assistant messages on lines 3, 5, 8, 10, 13 (line 7 is cut off) with 1, 1, 1, 0, 1 calls.
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (5, vec!["malformed_json"]));
+    assert!(got.rows.iter().all(|r| r.session_id == "goose:synthetic__goose__session"));
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [3, 5, 8, 10, 13]);
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 1, 1, 0, 1]);
+    assert_eq!(got.rows[0].event_time, 1_740_823_204_000);
+    assert_eq!((got.rows[1].response_text.as_str(), got.rows[1].reasoning_text.as_deref()), ("The bug is in add().", Some("add() subtracts; fix the operator.")));
+    let c1 = &calls(&got.rows[1])[0];
+    assert_eq!((c1.id.as_deref(), c1.name.as_str(), &c1.arguments["new_str"]), (Some("toolu_02"), "developer__text_editor", &serde_json::json!("a + b")));
+    let req = request(&got.rows[4]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,tool,assistant,tool,assistant,tool,assistant,user");
+    // The tool output meant for the UI only (audience: user) is not in the context.
+    assert_eq!((req[2].content.as_str(), req[2].tool_call_id.as_deref()), ("F.\n1 failed, 1 passed", Some("toolu_01")));
+    assert_eq!(req[8].content, "thanks! commit it");
+    let c = &got.summary.counters;
+    assert_eq!(c.get("session metadata records"), Some(&1));
+    assert_eq!(c.get("tool requests that did not parse (left out, with their responses)"), Some(&1));
+    assert_eq!(c.get("orphan tool results (their call is not in the file)"), Some(&1));
+    assert_eq!(c.get("messages not visible to the agent (left out)"), Some(&1));
+    // Turns 0, 1, 2 and 4 see their tools' output (the last one the file's tail), turn 3 the user.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 4), ("user", 1)]));
+
+    // Without its metadata line the file is still detected and read.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (_d, p) = tmp("20250301_101500.jsonl", &text.lines().skip(1).collect::<Vec<_>>().join("\n"));
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Goose);
+    let got = ingest(&p, Format::Goose);
+    assert_eq!((got.rows.len(), got.rows[0].session_id.as_str()), (5, "goose:20250301_101500"));
 }
