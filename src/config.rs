@@ -167,9 +167,25 @@ impl PipelineConfig {
     ///
     /// # Errors
     /// [`Error::Io`] when unreadable, [`Error::Config`] naming the bad key or value.
+    ///
+    /// Relative paths in the file resolve against the file's folder ([`resolve_file_paths`]), so the
+    /// file works from any working directory.
     pub fn load(path: &Path) -> Result<PipelineConfig> {
+        let cwd = std::env::current_dir().map_err(|e| Error::io("read the working directory", Path::new("."), e))?;
+        Self::load_from(path, &cwd)
+    }
+
+    /// [`PipelineConfig::load`] with the working directory given (the fallback of relative paths).
+    ///
+    /// # Errors
+    /// As [`PipelineConfig::load`], and [`Error::Config`] naming a path key whose path is not found.
+    pub fn load_from(path: &Path, cwd: &Path) -> Result<PipelineConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io("read pipeline", path, e))?;
-        let cfg: PipelineConfig = toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        for warning in resolve_file_paths(&mut table, path, cwd)? {
+            tracing::warn!("{warning}");
+        }
+        let cfg: PipelineConfig = toml::Value::Table(table).try_into().map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -232,6 +248,154 @@ impl PipelineConfig {
     }
 }
 
+/// How a path key of a pipeline file is used: read at start (it must exist) or written (created).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathUse {
+    /// Read: a model folder, a certificate. Not found anywhere = a configuration error.
+    Input,
+    /// Written: created when missing (the lake, the proxy's spool).
+    Output,
+}
+
+/// The path keys of a pipeline file (dotted), every `PathBuf` of [`PipelineConfig`] and its tables.
+/// `teacher.model` is a path for the local backend only (a remote backend's is a served model id).
+pub const PATH_KEYS: &[(&str, PathUse)] = &[
+    ("lake", PathUse::Output),
+    ("policy.model", PathUse::Input),
+    ("teacher.model", PathUse::Input),
+    ("tls.ca_file", PathUse::Input),
+    ("proxy.spool_dir", PathUse::Output),
+    ("proxy.tls.cert_file", PathUse::Input),
+    ("proxy.tls.key_file", PathUse::Input),
+    ("serve.tls.cert_file", PathUse::Input),
+    ("serve.tls.key_file", PathUse::Input),
+];
+
+/// A resolved path and, when it was found only against the working directory, the warning to log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedPath {
+    /// The path to use (relative paths stay relative to the process's working directory).
+    pub path: PathBuf,
+    /// Set when the path resolved against `cwd`, not the file's folder (the older form).
+    pub warning: Option<String>,
+}
+
+/// Resolves the value of path key `key` written in a configuration file in folder `file_dir`, the
+/// working directory being `cwd`. An absolute path is kept. A relative one is taken against
+/// `file_dir` when that exists; else against `cwd` when that exists (the older form, with a warning
+/// that the file-relative form is preferred); else, for an [`PathUse::Output`], against `file_dir`
+/// (created later), and for an [`PathUse::Input`] it is an error naming the key, the path and both
+/// places tried. Pure but for the existence checks: the process's working directory is not read.
+///
+/// # Errors
+/// [`Error::Config`] for an input path that does not exist.
+pub fn resolve_path(key: &str, value: &Path, file_dir: &Path, cwd: &Path, usage: PathUse) -> Result<ResolvedPath> {
+    if value.is_absolute() {
+        if usage == PathUse::Input && !value.exists() {
+            return Err(Error::Config(format!("{key} = {:?}: no such file or folder", value.display().to_string())));
+        }
+        return Ok(ResolvedPath { path: value.to_path_buf(), warning: None });
+    }
+    let by_file = lexical_join(file_dir, value);
+    if by_file.exists() {
+        return Ok(ResolvedPath { path: by_file, warning: None });
+    }
+    let by_cwd = lexical_join(cwd, value);
+    if by_cwd.exists() {
+        let warning = format!(
+            "{key} = {:?} is found relative to the working directory ({}), not to the pipeline file's folder ({}): write it relative to the file's folder (or absolute) so the file works from any directory",
+            value.display().to_string(),
+            by_cwd.display(),
+            file_dir.display()
+        );
+        return Ok(ResolvedPath { path: by_cwd, warning: Some(warning) });
+    }
+    match usage {
+        PathUse::Output => Ok(ResolvedPath { path: by_file, warning: None }),
+        PathUse::Input => Err(Error::Config(format!(
+            "{key} = {:?}: not found relative to the pipeline file's folder ({}) nor to the working directory ({})",
+            value.display().to_string(),
+            by_file.display(),
+            by_cwd.display()
+        ))),
+    }
+}
+
+/// The value at dotted `key` of `t`, if every table on the way is there.
+fn dotted_mut<'a>(t: &'a mut toml::Table, key: &str) -> Option<&'a mut toml::Value> {
+    match key.split_once('.') {
+        None => t.get_mut(key),
+        Some((head, rest)) => match t.get_mut(head)? {
+            toml::Value::Table(inner) => dotted_mut(inner, rest),
+            _ => None,
+        },
+    }
+}
+
+/// `base` joined with `rel`, `.` dropped and `dir/..` collapsed when `dir` is not a symbolic link (so
+/// `pipelines/../models/m` reads `models/m`, as before files said `../models/m`).
+fn lexical_join(base: &Path, rel: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in base.join(rel).components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                let collapsible = matches!(out.components().next_back(), Some(Component::Normal(_)))
+                    && !std::fs::symlink_metadata(&out).is_ok_and(|m| m.file_type().is_symlink());
+                let at_root = matches!(out.components().next_back(), Some(Component::RootDir | Component::Prefix(_)));
+                if collapsible {
+                    out.pop();
+                } else if !at_root {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        out
+    }
+}
+
+/// Resolves, in place, every path key ([`PATH_KEYS`]) set in the table of the configuration file
+/// `file` ([`resolve_path`] against the file's folder, then `cwd`); keys the file does not set keep
+/// their defaults (relative to the working directory, as before). A lake URL is left alone. Returns the
+/// warnings to log.
+///
+/// # Errors
+/// [`Error::Config`] naming the key (and the file) of an input path that is not found, or of a path
+/// key that is not a string.
+pub fn resolve_file_paths(table: &mut toml::Table, file: &Path, cwd: &Path) -> Result<Vec<String>> {
+    let file_dir = file.parent().unwrap_or(Path::new(""));
+    let local_teacher = match table.get("teacher").and_then(|t| t.get("backend")) {
+        None => true,
+        Some(b) => b.as_str() == Some("local"),
+    };
+    let mut warnings = vec![];
+    for &(key, usage) in PATH_KEYS {
+        if key == "teacher.model" && !local_teacher {
+            continue;
+        }
+        let Some(v) = dotted_mut(table, key) else { continue };
+        let Some(s) = v.as_str() else {
+            return Err(Error::Config(format!("{}: {key} must be a path (a string), got {v}", file.display())));
+        };
+        if key == "lake" && crate::lake::remote::is_url(s) {
+            continue;
+        }
+        let r = resolve_path(key, Path::new(s), file_dir, cwd, usage).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("{}: {m}", file.display())),
+            other => other,
+        })?;
+        warnings.extend(r.warning.map(|w| format!("{}: {w}", file.display())));
+        *v = toml::Value::String(r.path.display().to_string());
+    }
+    Ok(warnings)
+}
+
 #[cfg(test)]
 mod tests {
     use super::PipelineConfig;
@@ -275,6 +439,118 @@ mod tests {
         let d = serde_json::to_string(&parse("")).unwrap();
         for key in ["header_timeout_s", "body_timeout_s", "max_connections", "health_requires_key"] {
             assert!(!d.contains(key), "{key} serialised by default");
+        }
+    }
+}
+
+/// Relative paths of a pipeline file resolve against its folder, then (older files) the working
+/// directory; the working directory is passed in, never changed (tests run in parallel).
+#[cfg(test)]
+mod path_tests {
+    use std::path::{Path, PathBuf};
+
+    use super::{resolve_path, PathUse, PipelineConfig};
+
+    /// `a/p.toml` naming `[policy] model = "models/m"`, with `a/models/m` present; `b` another folder.
+    fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        std::fs::create_dir_all(a.join("models/m")).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        (root, a, b)
+    }
+
+    #[test]
+    fn a_relative_model_is_found_from_the_pipeline_files_folder_whatever_the_working_directory() {
+        let (_root, a, b) = layout();
+        std::fs::write(a.join("p.toml"), "name = \"t\"\nmethod = \"combined\"\nlake = \"lake\"\n[policy]\nmodel = \"models/m\"\n[proxy]\nspool_dir = \"spool\"\n").unwrap();
+        let cfg = PipelineConfig::load_from(&a.join("p.toml"), &b).unwrap();
+        assert_eq!(cfg.policy.model, a.join("models/m"));
+        // Outputs found nowhere are created beside the file, not in the working directory.
+        assert_eq!(cfg.lake, a.join("lake"));
+        assert_eq!(cfg.proxy.spool_dir, a.join("spool"));
+        // Keys the file does not set keep their defaults.
+        assert_eq!(cfg.teacher.model, None);
+        // `..` climbs out of the file's folder (the shipped pipelines say `../models/...`).
+        std::fs::create_dir_all(a.join("pipelines")).unwrap();
+        std::fs::write(a.join("pipelines/p.toml"), "name = \"t\"\nmethod = \"combined\"\n[policy]\nmodel = \"../models/m\"\n").unwrap();
+        assert_eq!(PipelineConfig::load_from(&a.join("pipelines/p.toml"), &b).unwrap().policy.model, a.join("models/m"));
+    }
+
+    #[test]
+    fn a_path_found_only_in_the_working_directory_still_works_with_a_warning() {
+        let (_root, a, b) = layout();
+        std::fs::create_dir_all(b.join("models/only-here")).unwrap();
+        let r = resolve_path("policy.model", Path::new("models/only-here"), &a, &b, PathUse::Input).unwrap();
+        assert_eq!(r.path, b.join("models/only-here"));
+        let w = r.warning.expect("a warning");
+        assert!(w.contains("policy.model") && w.contains("relative to the file's folder"), "{w}");
+        // Found beside the file: no warning, the file's copy wins.
+        std::fs::create_dir_all(b.join("models/m")).unwrap();
+        let r = resolve_path("policy.model", Path::new("models/m"), &a, &b, PathUse::Input).unwrap();
+        assert_eq!((r.path, r.warning), (a.join("models/m"), None));
+        // An existing output folder in the working directory (an older lake) is kept.
+        std::fs::create_dir_all(b.join("lake")).unwrap();
+        assert_eq!(resolve_path("lake", Path::new("lake"), &a, &b, PathUse::Output).unwrap().path, b.join("lake"));
+    }
+
+    #[test]
+    fn an_input_path_found_nowhere_is_a_config_error_naming_the_key_and_both_places() {
+        let (_root, a, b) = layout();
+        let e = resolve_path("policy.model", Path::new("models/absent"), &a, &b, PathUse::Input).unwrap_err();
+        assert!(matches!(e, crate::Error::Config(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains("policy.model = \"models/absent\""), "{e}");
+        assert!(e.contains(&a.join("models/absent").display().to_string()) && e.contains(&b.join("models/absent").display().to_string()), "{e}");
+        let abs = a.join("nope.pem");
+        let e = resolve_path("tls.ca_file", &abs, &a, &b, PathUse::Input).unwrap_err().to_string();
+        assert!(e.contains("tls.ca_file") && e.contains(&abs.display().to_string()), "{e}");
+        // Through a file: the file is named too, and every input key is checked.
+        std::fs::write(a.join("p.toml"), "name = \"t\"\nmethod = \"combined\"\n[tls]\nca_file = \"ca.pem\"\n").unwrap();
+        let e = PipelineConfig::load_from(&a.join("p.toml"), &b).unwrap_err().to_string();
+        assert!(e.contains("p.toml") && e.contains("tls.ca_file = \"ca.pem\""), "{e}");
+        std::fs::write(a.join("p.toml"), "name = \"t\"\nmethod = \"opd\"\n[teacher]\nmodel = \"teachers/t\"\n").unwrap();
+        let e = PipelineConfig::load_from(&a.join("p.toml"), &b).unwrap_err().to_string();
+        assert!(e.contains("teacher.model = \"teachers/t\""), "{e}");
+    }
+
+    #[test]
+    fn remote_model_ids_and_lake_urls_are_not_paths() {
+        let (_root, a, b) = layout();
+        std::fs::write(
+            a.join("p.toml"),
+            "name = \"t\"\nmethod = \"opd\"\nlake = \"s3://bucket/lake\"\n[teacher]\nbackend = \"vllm\"\nurl = \"http://127.0.0.1:1\"\nmodel = \"Qwen/Qwen3-4B\"\n",
+        )
+        .unwrap();
+        let cfg = PipelineConfig::load_from(&a.join("p.toml"), &b).unwrap();
+        assert_eq!(cfg.teacher.model, Some(PathBuf::from("Qwen/Qwen3-4B")));
+        assert_eq!(cfg.lake, PathBuf::from("s3://bucket/lake"));
+    }
+
+    /// The shipped pipelines load from any working directory, their paths landing in the repository.
+    #[test]
+    fn shipped_pipelines_name_their_paths_relative_to_their_folder() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let elsewhere = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(root.join("pipelines")).unwrap().flatten() {
+            let mut t: toml::Table = toml::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap();
+            if let Some(toml::Value::Table(policy)) = t.get_mut("policy") {
+                // The model is fetched by scripts/setup.sh: check where it points, not that it is there.
+                let model = policy.remove("model");
+                assert_eq!(model.as_ref().and_then(|m| m.as_str()), Some("../models/smollm2-135m-instruct"), "{}", entry.path().display());
+            }
+            let warnings = super::resolve_file_paths(&mut t, &entry.path(), elsewhere.path()).unwrap();
+            assert!(warnings.is_empty(), "{warnings:?}");
+            for key in ["lake", "proxy.spool_dir"] {
+                let (table, leaf) = key.split_once('.').map_or((None, key), |(a, b)| (Some(a), b));
+                let v = match table {
+                    Some(tb) => t.get(tb).and_then(|x| x.get(leaf)),
+                    None => t.get(leaf),
+                };
+                if let Some(v) = v.and_then(|v| v.as_str()) {
+                    assert!(Path::new(v).starts_with(root) && !Path::new(v).starts_with(root.join("pipelines")), "{key} = {v} ({})", entry.path().display());
+                }
+            }
         }
     }
 }

@@ -196,3 +196,36 @@ fn follow_emits_each_appended_turn_once_across_a_kill() {
     assert_eq!(count(), (0..4).map(|k| (k, format!("answer {k}"))).collect::<Vec<_>>(), "{}", std::fs::read_to_string(&log).unwrap());
     assert!(lake.join("_follow/positions.json").is_file());
 }
+
+/// `--pipeline <absolute path>` from another working directory: the file's relative paths (`lake`,
+/// `[policy] model`) are taken against the file's folder; a model found nowhere is a one-line error
+/// naming `policy.model` and both places tried, without a backtrace (issue 40).
+#[test]
+fn pipeline_paths_are_relative_to_the_pipeline_file_not_the_working_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let (a, elsewhere) = (root.path().join("a"), root.path().join("elsewhere"));
+    std::fs::create_dir_all(a.join("models/m")).unwrap();
+    std::fs::create_dir_all(a.join("lake")).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let run_in = |cwd: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(common::bin()).args(args).current_dir(cwd).env("RUST_BACKTRACE", "1").output().expect("run nextstate");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let good = a.join("p.toml");
+    std::fs::write(&good, "name = \"paths\"\nmethod = \"binary\"\nlake = \"lake\"\n[policy]\nmodel = \"models/m\"\n").unwrap();
+    // `sql --pipeline` loads the pipeline and opens its lake, which must exist: only a/lake does.
+    let (ok, out, err) = run_in(&elsewhere, &["sql", "--format", "csv", "--pipeline", good.to_str().unwrap(), "SELECT 1 AS one"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "one\n1\n");
+    assert!(!err.contains("relative to the working directory"), "no fallback warning: {err}");
+    assert!(!elsewhere.join("lake").exists());
+
+    let bad = a.join("bad.toml");
+    std::fs::write(&bad, "name = \"paths\"\nmethod = \"binary\"\nlake = \"lake\"\n[policy]\nmodel = \"models/absent\"\n").unwrap();
+    let (ok, _, err) = run_in(&elsewhere, &["sql", "--pipeline", bad.to_str().unwrap(), "SELECT 1"]);
+    assert!(!ok);
+    let line = err.lines().find(|l| l.starts_with("Error:")).unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.contains("policy.model = \"models/absent\""), "{err}");
+    assert!(line.contains(&a.join("models/absent").display().to_string()) && line.contains(&elsewhere.join("models/absent").display().to_string()), "both places tried: {err}");
+    assert!(!err.to_lowercase().contains("stack backtrace"), "{err}");
+}

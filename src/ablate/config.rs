@@ -16,8 +16,10 @@
 //! The resolved configurations are compared key by key ([`config_diff`]) so the report and the tests can
 //! show that two arms differ exactly where the file says.
 //!
-//! Paths (`base_pipeline`, `[shared] model`, `[student] gsm8k`, `[data] lake`, judge-agreement logs) are
-//! relative to the working directory, like pipeline files.
+//! Paths of the ablation file (`base_pipeline`, `[shared] model`, `[student] gsm8k`, `[data] lake`,
+//! judge-agreement logs, path keys of `[pipeline]` and `set`) are relative to the working directory;
+//! those inside the base pipeline file are relative to that file's folder, as when `--pipeline` loads
+//! it ([`crate::config::resolve_file_paths`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -573,7 +575,13 @@ impl AblationConfig {
         let mut t: toml::Table = match &self.base_pipeline {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| Error::io("read base pipeline", p, e))?;
-                toml::from_str(&text).map_err(|e| config_err!("{}: {e}", p.display()))?
+                let mut t: toml::Table = toml::from_str(&text).map_err(|e| config_err!("{}: {e}", p.display()))?;
+                // Its paths are relative to its folder, as when `--pipeline` loads it.
+                let cwd = std::env::current_dir().map_err(|e| Error::io("read the working directory", Path::new("."), e))?;
+                for warning in crate::config::resolve_file_paths(&mut t, p, &cwd)? {
+                    tracing::warn!("{warning}");
+                }
+                t
             }
             None => toml::from_str("name = \"ablation\"\nmethod = \"combined\"\n").map_err(|e| config_err!("{e}"))?,
         };
