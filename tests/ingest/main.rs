@@ -4,6 +4,7 @@
 mod common;
 mod detect;
 mod formats_2026;
+mod mixed_folder;
 mod pairing;
 mod real_logs;
 mod robustness;
