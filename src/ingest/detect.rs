@@ -29,6 +29,7 @@
 //! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
 //! | array whose first element has `role` and `ts` (ms); object `{version, messages}` of such messages | cline |
 //! | first record `{role: "_system_prompt" / "_checkpoint" / "_usage"}` | kimi-cli |
+//! | object `{id, sessionID, role, time: {created}}` (an OpenCode message file; a `message/<session id>` folder is OpenCode too) | opencode |
 //! | first record `{working_dir, description, message_count}` without `role` (session metadata), or `{role, created, content}` with typed parts and no `timestamp` | goose |
 //! | records `{timestamp, type, payload}`, or a first line `{id, timestamp, instructions}` without `type` | codex |
 //! | records `{type, data, id, timestamp, parentId}` with `type` `session.*`/`user.*`/`assistant.*`/`system.*`/`tool.*` | copilot-cli |
@@ -161,7 +162,10 @@ pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
         if super::is_event_dir(path) {
             return Ok(Detection { format: Format::OpenHandsV1, reason: "folder of OpenHands event-NNNNN-<id>.json files".into() });
         }
-        return Err(Error::InvalidInput(format!("{}: a directory that is not an OpenHands events folder; pass files, or let `ingest` walk it", path.display())));
+        if super::opencode::is_message_dir(path) {
+            return Ok(Detection { format: Format::OpenCode, reason: "OpenCode message/<session id> folder (parts in ../../part)".into() });
+        }
+        return Err(Error::InvalidInput(format!("{}: a directory that is not an OpenHands events folder or an OpenCode message/<session id> folder; pass files, or let `ingest` walk it", path.display())));
     }
     let f = super::stream::open(path)?;
     let mut head = Vec::with_capacity(head_bytes.min(1 << 24));
@@ -248,6 +252,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
         }
         if first_str("role").is_some_and(|r| matches!(r, "_system_prompt" | "_checkpoint" | "_usage")) {
             return found(Format::KimiCli, "Kimi CLI context records (role _system_prompt/_checkpoint/_usage)".into());
+        }
+        if has("sessionID") && has("role") && has("time.created") && has("id") {
+            return found(Format::OpenCode, "OpenCode message (id, sessionID, role, time.created)".into());
         }
         if has("message_count") && has("description") && !has("role") {
             return found(Format::Goose, "Goose session metadata (message_count, description)".into());

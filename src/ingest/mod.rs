@@ -33,6 +33,7 @@ mod cline;
 mod kimi_cli;
 mod aider;
 mod goose;
+mod opencode;
 mod oasst;
 mod openai_chat;
 pub(crate) mod openai_responses;
@@ -123,11 +124,14 @@ pub enum Format {
     /// Goose session files (`~/.local/share/goose/sessions/<session id>.jsonl`: a metadata line, then
     /// one message a line with `text`/`toolRequest`/`toolResponse` content).
     Goose,
+    /// OpenCode session storage (`storage/message/<session id>/<message id>.json` with the parts in
+    /// `storage/part/<message id>/`): a folder per session.
+    OpenCode,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 25] = [
+    pub const ALL: [Format; 26] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -153,6 +157,7 @@ impl Format {
         Format::KimiCli,
         Format::Aider,
         Format::Goose,
+        Format::OpenCode,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -183,6 +188,7 @@ impl Format {
             Format::KimiCli => "kimi-cli",
             Format::Aider => "aider",
             Format::Goose => "goose",
+            Format::OpenCode => "opencode",
         }
     }
 }
@@ -363,6 +369,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::KimiCli => kimi_cli::read(path, &mut sink, progress)?,
         Format::Aider => aider::read(path, &mut sink, progress)?,
         Format::Goose => goose::read(path, &mut sink, progress)?,
+        Format::OpenCode => opencode::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }
@@ -515,8 +522,12 @@ pub fn inputs(paths: &[PathBuf]) -> Vec<Input> {
                     continue;
                 }
             };
-            if e.file_type().is_dir() && is_event_dir(e.path()) {
+            if e.file_type().is_dir() && (is_event_dir(e.path()) || opencode::is_message_dir(e.path())) {
                 out.push(Input::Read { path: e.into_path(), walked: true });
+                walk.skip_current_dir();
+            } else if let Some(sessions) = e.file_type().is_dir().then(|| opencode::storage_sessions(e.path())).flatten() {
+                // An OpenCode storage folder: its sessions, and none of its other files.
+                out.extend(sessions.into_iter().map(|path| Input::Read { path, walked: true }));
                 walk.skip_current_dir();
             } else if e.file_type().is_file() && is_log_file_name(&e.file_name().to_string_lossy()) {
                 out.push(Input::Read { path: e.into_path(), walked: true });

@@ -72,6 +72,8 @@ fn every_2026_file_is_detected() {
         ("synthetic__aider__chat-history.md", Format::Aider),
         ("synthetic__aider__llm-history.txt", Format::Aider),
         ("synthetic__goose__session.jsonl", Format::Goose),
+        ("synthetic__opencode__storage/message/ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk", Format::OpenCode),
+        ("synthetic__opencode__storage/message/ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk/msg_7a3c9e1d3002Hq2Wd5Zp9Ys.json", Format::OpenCode),
     ];
     for (f, want) in cases {
         assert_eq!(detect(&log2026(f), DEFAULT_HEAD_BYTES).unwrap().format, want, "{f}");
@@ -1146,4 +1148,43 @@ fn goose_session_messages_with_tool_parts() {
     assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::Goose);
     let got = ingest(&p, Format::Goose);
     assert_eq!((got.rows.len(), got.rows[0].session_id.as_str()), (5, "goose:20250301_101500"));
+}
+
+/// OpenCode storage, built from sst/opencode `session/message-v2.ts` and `storage/storage.ts`
+/// (`synthetic__opencode__storage/`: `message/<session>/`, `part/<message>/`, a `session/` info file):
+/// assistant messages of several steps, completed, compacted, failed and interrupted tool parts, an
+/// errored assistant message, a compaction with its summary, a cut-off part file.
+#[test]
+fn opencode_storage_one_turn_per_step() {
+    let root = log2026("synthetic__opencode__storage");
+    let session = root.join("message/ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk");
+    // Walking the storage folder reads each message/<session> folder as one input, and nothing else.
+    assert_eq!(nextstate::ingest::inputs(std::slice::from_ref(&root)), vec![nextstate::ingest::Input::Read { path: session.clone(), walked: true }]);
+    let got = ingest(&session, Format::OpenCode);
+    // Hand count: message 2 has four steps (the third only an interrupted call: no turn), message 5 two
+    // steps, message 9 one; message 4 failed; message 7 is the compaction summary.
+    assert_eq!((got.rows.len(), got.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>()), (6, vec!["malformed_json"]));
+    assert!(got.rows.iter().all(|r| r.session_id == "opencode:ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk"));
+    assert_eq!(got.rows.iter().map(|r| (r.turn_index, r.source_line.unwrap(), calls(r).len())).collect::<Vec<_>>(), [(0, 2, 1), (1, 2, 2), (2, 2, 0), (3, 5, 1), (4, 5, 0), (5, 9, 1)]);
+    assert_eq!((got.rows[0].response_text.as_str(), got.rows[0].reasoning_text.as_deref()), ("I'll run the tests.", Some("Run the tests first to see the failure.")));
+    assert_eq!(got.rows[0].model.as_deref(), Some("anthropic/claude-sonnet-4-20250514"));
+    assert_eq!(got.rows[0].event_time, 1_741_000_005_000);
+    // The user's text and the synthetic Read output are sent; the file part is not.
+    assert_eq!(request(&got.rows[0])[0].content, "Why does `bun test` fail in packages/core?\nCalled the Read tool with the following input: {\"filePath\":\"packages/core/src/sum.ts\"}");
+    let req = request(&got.rows[2]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,tool,assistant,tool,tool");
+    assert_eq!((req[4].content.as_str(), req[5].content.as_str()), ("[Old tool result content cleared]", "error: ripgrep not found"));
+    assert_eq!(req[5].tool_call_id.as_deref(), Some("toolu_03C"));
+    // After the compaction the request holds the compaction request, the summary and what follows.
+    let req = request(&got.rows[5]);
+    assert_eq!(req.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect::<Vec<_>>()[..1], [("user", "What did we do so far?")]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,user");
+    let c = &got.summary.counters;
+    assert_eq!(c.get("user file parts (not read)"), Some(&1));
+    assert_eq!(c.get("ignored text parts (not sent)"), Some(&1));
+    assert_eq!(c.get("tool calls pending or running (interrupted; left out)"), Some(&1));
+    assert_eq!(c.get("assistant messages with an error (not sent again)"), Some(&1));
+    assert_eq!(c.get("compaction summaries (context, not turns)"), Some(&1));
+    // Turns 0, 1, 3 and 5 see tool output; turn 2 the next user message, turn 4 the compaction request.
+    assert_eq!(kinds(&got.rows), map(&[("tool", 4), ("user", 2)]));
 }
