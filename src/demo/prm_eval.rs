@@ -109,7 +109,7 @@ pub struct JudgeFigures {
     pub m: u32,
     /// Turns judged.
     pub turns: usize,
-    /// Usable votes (a parsed `\boxed{1}` or `\boxed{-1}`) of m × turns.
+    /// Usable votes (a parsed grade: 1, 0 or −1, boxed or bare, [`crate::judge::parse_vote`]) of m × turns.
     pub usable: Proportion,
     /// Turns whose majority score equals the truth (a tie or no usable vote is a miss).
     pub agreement: Proportion,
@@ -125,7 +125,7 @@ pub struct JudgeFigures {
     pub unusable_examples: Vec<Unusable>,
     /// Wall time of all the judge's requests (s).
     pub wall_s: f64,
-    /// `wall_s` / (m × turns).
+    /// `wall_s` / (m × turns): throughput at the configured concurrency, not one vote's latency.
     pub seconds_per_vote: f64,
 }
 
@@ -202,9 +202,12 @@ pub fn figures(name: &str, turns: &[LabelledTurn], judgments: &[Judgment], wall_
 /// unusable vote is recorded with its error.
 ///
 /// # Errors
-/// [`crate::Error::Config`] for an invalid judge configuration.
+/// [`crate::Error::Config`] for an invalid judge configuration or a wrong endpoint (the stage's
+/// start-up probe, [`Judge::probe`]).
 pub async fn run_judge(cfg: JudgeConfig, turns: &[LabelledTurn]) -> Result<(Vec<Judgment>, f64)> {
-    for_each_turn(Arc::new(Judge::new(cfg)?), turns, |judge, turn| async move { judge_turn(&judge, "prm-eval", &turn).await }).await
+    let judge = Arc::new(Judge::new(cfg)?);
+    judge.probe().await?;
+    for_each_turn(judge, turns, |judge, turn| async move { judge_turn(&judge, "prm-eval", &turn).await }).await
 }
 
 /// Runs `f(stage, turn)` for every turn at once (the stage's own semaphore bounds the requests) and
@@ -408,7 +411,9 @@ pub fn hint_figures(name: &str, cfg: &HintConfig, turns: &[LabelledTurn], record
 /// # Errors
 /// [`crate::Error::Config`] for an invalid configuration.
 pub async fn run_hint(cfg: HintConfig, turns: &[LabelledTurn]) -> Result<(Vec<HintRecord>, f64)> {
-    for_each_turn(Arc::new(Hinter::new(cfg)?), turns, |hinter, turn| async move { hint_turn(&hinter, "prm-eval", &turn).await }).await
+    let hinter = Arc::new(Hinter::new(cfg)?);
+    hinter.probe().await?;
+    for_each_turn(hinter, turns, |hinter, turn| async move { hint_turn(&hinter, "prm-eval", &turn).await }).await
 }
 
 /// The report's hint table (markdown).
@@ -519,12 +524,20 @@ pub fn render(o: &PrmEvalOptions, r: &PrmEvalResults) -> String {
     let mut s = String::from("# PRM accuracy against the student's truth\n\n");
     s.push_str(&format!("Command: `{}`\n\n", o.command));
     s.push_str(&format!(
-        "{} student turns from {} lake(s); the truth is the student's checker (every enabled preference met: +1, else −1): {} of them +1. Turns left out: {:?}.\n\n",
+        "{} student turns from {} lake(s); the truth is the student's checker (every enabled preference met: +1, else −1; preferences: {}): {} of them +1. Turns left out: {:?}.\n\n",
         r.turns,
         o.lakes.len(),
+        o.preferences.describe().join("; "),
         r.truth_positive,
         r.skipped
     ));
+    if r.turns > 0 {
+        let neg = (r.turns - r.truth_positive) as f64 / r.turns as f64;
+        s.push_str(&format!(
+            "Baselines: a judge that always votes −1 agrees on {neg:.3} of these turns, one that always votes +1 on {:.3}. Seconds per vote are wall time over votes at the configured concurrency.\n\n",
+            1.0 - neg
+        ));
+    }
     s.push_str("Each judge reads the request, the response and the student's reply through the pipeline's judge prompt, parser and majority. Agreement: the majority score equals the truth (a tie or no usable vote is a miss). Precision and recall of −1 are over usable votes. Intervals are 95 % Wilson.\n\n");
     s.push_str(&judge_table(&r.judges));
     if !r.hints.is_empty() {

@@ -424,8 +424,8 @@ impl<C: VotingConfig> VotingStage<C> {
         }
         let turn = TurnContext::probe();
         let messages = self.template.render(&turn, v.max_field_chars)?;
-        let sampling = Sampling { max_tokens: v.max_tokens.min(16), ..v.sampling() };
-        let req = VoteRequest { messages: &messages, turn: &turn, index: 0, sampling };
+        // The configured sampling: a reasoning judge cut at a few tokens would answer no content.
+        let req = VoteRequest { messages: &messages, turn: &turn, index: 0, sampling: v.sampling() };
         // A wrong endpoint fails the same way every time; a flaky one (a gateway's error page now and
         // then) does not: the stage stops only when PROBE_TRIES requests in a row fail for a reason
         // that retrying would not change.

@@ -180,11 +180,7 @@ impl RemoteTeacher {
                 });
             }
         };
-        let parsed = match self.backend {
-            TeacherBackend::Vllm => parse_vllm(&answer, prompt.len(), response, self.top_k),
-            _ => parse_sglang(&answer, response, self.top_k),
-        };
-        parsed.map_err(|error| {
+        self.parse(&answer, prompt.len(), response).map_err(|error| {
             let code = match &error {
                 Error::NonFinite { .. } => "non_finite_logprob",
                 Error::LogprobLenMismatch { .. } => "logprob_length_mismatch",
@@ -208,42 +204,62 @@ impl RemoteTeacher {
     pub async fn probe(&self, prompt: &[u32], response: &[u32]) -> Result<()> {
         let b = self.backend.as_str();
         let url = crate::net::redact_url(&self.url);
-        // As the judge's probe: only PROBE_TRIES failures in a row of this turn's kind (a rejection or
-        // an answer not in the API) call the endpoint wrong.
-        let mut failure = None;
+        let body = self.request_body(prompt, response);
+        // As the judge's probe: only PROBE_TRIES failures in a row that a retry would not change (a
+        // rejection, an answer not in the API) call the endpoint wrong; the classification is on the
+        // call's own error, never on the text of an answer.
+        let mut last: Option<(String, String)> = None;
         for _ in 0..crate::judge::PROBE_TRIES {
-            match self.score_one(prompt, response).await {
+            let (outcome, _) = self.policy.run(&self.semaphore, || post_json(&self.client, &self.url, self.key.as_ref(), &body, self.policy.timeout.as_secs_f64())).await;
+            let answer = match outcome {
+                Ok(a) => a,
+                Err(e) if e.retryable() => {
+                    tracing::warn!(backend = b, url = %url, error = %e, "teacher start-up probe: the server does not answer yet; the stage starts anyway");
+                    return Ok(());
+                }
+                Err(e) => {
+                    let advice = match &e {
+                        CallError::Status { status: 401 | 403, .. } => "the server refused the key: check [teacher] api_key_env".to_string(),
+                        CallError::Status { status: 404, .. } => format!(
+                            "nothing answers at that path: check [teacher] url (the server's base URL) and [teacher] backend = \"{b}\" (vllm posts to /v1/completions, sglang to /generate)"
+                        ),
+                        CallError::Status { body, .. } if body.to_lowercase().contains("logprob") => {
+                            format!("the server refused the log-probs asked for: [teacher] top_k = {} must be at most the server's --max-logprobs (vLLM), or 0", self.top_k)
+                        }
+                        CallError::Status { .. } => format!("the server rejected the request: check [teacher] model = \"{}\" (the served model's name)", self.model),
+                        CallError::Tls(_) => "check [teacher] url's scheme and the pipeline's [tls] ca_file".to_string(),
+                        // Transport errors and timeouts are retryable, handled above.
+                        CallError::BadResponse(_) | CallError::Transport(_) | CallError::Timeout(_) => {
+                            format!("the answer is not JSON: check [teacher] backend = \"{b}\" against the server")
+                        }
+                    };
+                    last = Some((e.to_string(), advice));
+                    continue;
+                }
+            };
+            match self.parse(&answer, prompt.len(), response) {
                 Ok(_) => {
                     tracing::info!(backend = b, url = %url, "teacher start-up probe answered");
                     return Ok(());
                 }
-                Err(RemoteFailure::Unavailable(e)) => {
-                    failure = Some(e);
-                    break;
+                Err(e) => {
+                    let advice = format!(
+                        "the answer is not what [teacher] backend = \"{b}\" returns (vllm: choices[0].prompt_logprobs, sglang: meta_info.input_token_logprobs): check the backend against the server, and that it returns prompt log-probs"
+                    );
+                    last = Some((e.to_string(), advice));
                 }
-                Err(RemoteFailure::Turn { error, .. }) => failure = Some(error),
             }
         }
-        let Some(failure) = failure else { return Ok(()) };
-        let text = failure.to_string();
-        let status = |code: &str| text.contains(&format!("HTTP status {code}"));
-        let advice = if status("401") || status("403") {
-            "the server refused the key: check [teacher] api_key_env".to_string()
-        } else if status("404") {
-            format!("nothing answers at that path: check [teacher] url (the server's base URL) and [teacher] backend = \"{b}\" (vllm posts to /v1/completions, sglang to /generate)")
-        } else if text.contains("HTTP status 4") && text.to_lowercase().contains("logprob") {
-            format!("the server refused the log-probs asked for: [teacher] top_k = {} must be at most the server's --max-logprobs (vLLM), or 0", self.top_k)
-        } else if text.contains("HTTP status 4") {
-            format!("the server rejected the request: check [teacher] model = \"{}\" (the served model's name)", self.model)
-        } else if matches!(failure, Error::InvalidInput(_) | Error::LogprobLenMismatch { .. }) || text.contains("unreadable response") {
-            format!(
-                "the answer is not what [teacher] backend = \"{b}\" returns (vllm: choices[0].prompt_logprobs, sglang: meta_info.input_token_logprobs): check the backend against the server, and that it returns prompt log-probs"
-            )
-        } else {
-            tracing::warn!(backend = b, url = %url, error = %text, "teacher start-up probe: the server does not answer yet; the stage starts anyway");
-            return Ok(());
-        };
-        Err(Error::Config(format!("[teacher] start-up probe: the {b} server {url} (model \"{}\") failed to score a two-token prompt: {text}. {advice}", self.model)))
+        let Some((error, advice)) = last else { return Ok(()) };
+        Err(Error::Config(format!("[teacher] start-up probe: the {b} server {url} (model \"{}\") failed to score a two-token prompt: {error}. {advice}", self.model)))
+    }
+
+    /// Reads an answer with the backend's parser ([`parse_vllm`] or [`parse_sglang`]).
+    fn parse(&self, answer: &Value, prompt_len: usize, response: &[u32]) -> Result<ScoredResponse> {
+        match self.backend {
+            TeacherBackend::Vllm => parse_vllm(answer, prompt_len, response, self.top_k),
+            _ => parse_sglang(answer, response, self.top_k),
+        }
     }
 
     /// Scores every item concurrently (at most `teacher.batch` requests in flight); results in input order.

@@ -207,7 +207,7 @@ impl QuarantineSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlarmSettings {
-    /// Steps in the running median (32); no alarm before 4 steps are in it.
+    /// Steps in the running median (32, at least 4); no alarm before 4 steps are in it.
     pub window: usize,
     /// A value this many times the running median is a spike (10).
     pub factor: f64,
@@ -291,6 +291,8 @@ pub struct TrainerConfig {
     pub checkpoint_every: u64,
     /// Also write one after a step when this many seconds have passed since the last checkpoint (or
     /// the trainer's start); none = steps only. A slow run then always leaves a resumable checkpoint.
+    /// It (and `checkpoint_every_samples`) matters when `checkpoint_every` is above 1: at 1, every step
+    /// already writes one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_secs: Option<f64>,
     /// Also write one after a step when at least this many samples were trained since the last
@@ -453,8 +455,8 @@ impl TrainerConfig {
         if gap.is_nan() || gap <= 0.0 {
             return Err(config_err!("trainer.quarantine.max_logprob_gap = {gap} must be a positive number of nats (inf turns the rule off)"));
         }
-        if self.alarms.window == 0 {
-            return Err(config_err!("trainer.alarms.window must be at least 1"));
+        if self.alarms.window < super::alarms::MIN_HISTORY {
+            return Err(config_err!("trainer.alarms.window = {} must be at least {} (no alarm is raised before that many steps are in it)", self.alarms.window, super::alarms::MIN_HISTORY));
         }
         if !(self.alarms.factor.is_finite() && self.alarms.factor > 1.0) {
             return Err(config_err!("trainer.alarms.factor = {} must be a number above 1", self.alarms.factor));

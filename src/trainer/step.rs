@@ -435,13 +435,33 @@ impl<P: Policy> Trainer<P> {
     fn step_without_gaps(&mut self, samples: &[Sample], over: &[(usize, f64)]) -> std::result::Result<StepOutcome, StepFailure> {
         let rest: Vec<usize> = (0..samples.len()).filter(|i| !over.iter().any(|(j, _)| j == i)).collect();
         let subset: Vec<Sample> = rest.iter().map(|&i| samples[i].clone()).collect();
+        let adam_steps = self.opt.steps();
         let mut outcome = if subset.is_empty() {
             StepOutcome { train_step: None, metrics: None, dropped: vec![], checkpoint: None, skipped: None }
         } else {
-            self.try_step(&subset)?
+            match self.try_step(&subset) {
+                Ok(o) => o,
+                // The step on the others failed (non-finite loss or gradient, a libtorch error): find
+                // its offenders among them, so the quarantined samples keep their own reason.
+                Err(StepFailure::Skip(reason, e)) if self.opt.steps() == adam_steps => {
+                    let mut o = self.recover(&subset, reason, &e).map_err(StepFailure::Fatal)?;
+                    if let Some(k) = &mut o.skipped {
+                        for i in &mut k.samples {
+                            *i = rest[*i];
+                        }
+                    }
+                    o
+                }
+                Err(e) => return Err(e),
+            }
         };
         for d in &mut outcome.dropped {
             d.index = rest[d.index];
+        }
+        if outcome.train_step.is_some() {
+            if let Some(r) = self.pending_steps.last_mut() {
+                r.dropped += over.len() as i64;
+            }
         }
         let bound = self.cfg.quarantine.max_logprob_gap;
         let gapped: Vec<Dropped> = over

@@ -993,3 +993,43 @@ fn checkpoints_also_by_trained_samples_and_by_wall_time() {
     assert_eq!((c.quarantine.max_logprob_gap, c.quarantine.truncated, c.quarantine.min_response_tokens, c.alarms.window), (f64::INFINITY, false, 2, 8));
     assert!(!serde_json::to_string(&TrainerConfig::default()).unwrap().contains("quarantine"));
 }
+
+/// A step that quarantines a high-gap sample and whose step on the others then fails (an infinite
+/// gradient): the offender is found among the others and skipped with its own reason, the quarantined
+/// sample keeps `logprob_gap`, and the good samples are trained as if alone.
+#[test]
+fn a_gap_quarantine_whose_retry_fails_keeps_each_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    // (b3's one-token response stays in: min_response_tokens 0)
+    let c = TrainerConfig { checkpoint_every: 1000, quarantine: QuarantineSettings { min_response_tokens: 0, ..QuarantineSettings::default() }, ..cfg(0.05) };
+    let p = tiny(23);
+    let good = binary_batch(&p);
+    let mut grad = good[0].clone();
+    grad.sample_id = "grad".into();
+    (grad.response_token_ids, grad.rollout_logprobs, grad.loss_mask) = (vec![6, 3], vec![-2.0; 2], vec![1; 2]);
+    let mut gap = good[1].clone();
+    gap.sample_id = "gap".into();
+    for x in &mut gap.rollout_logprobs {
+        *x -= 3.0;
+    }
+    let mut batch = good.clone();
+    batch.push(grad);
+    batch.push(gap);
+    let mut t = Trainer::new(Faulty(p), Method::Binary, c.clone(), CheckpointWriter::new(dir.path(), "both")).unwrap();
+    let out = t.train_step(&batch).unwrap();
+    assert_eq!(out.dropped.iter().map(|d| (d.index, d.reason)).collect::<Vec<_>>(), vec![(5, DropReason::LogprobGap)]);
+    let k = out.skipped.expect("the infinite-gradient sample is skipped");
+    assert_eq!((k.reason, k.samples), (SkipReason::NonFiniteGrad, vec![4]));
+    assert_eq!(out.train_step.expect("the good samples train").samples, 4);
+    let mut alone = Trainer::new(Faulty(tiny(23)), Method::Binary, c, CheckpointWriter::new(dir.path(), "alone")).unwrap();
+    alone.train_step(&good).unwrap();
+    assert!(same_weights(&weights(&t.policy().0), &weights(&alone.policy().0)));
+    let reasons: Vec<(String, Option<String>)> = t.pending_lineage.iter().map(|l| (l.sample_id.clone(), l.drop_reason.clone())).collect();
+    for (id, want) in [("grad", Some("non_finite_grad")), ("gap", Some("logprob_gap")), ("b1", None)] {
+        let got: Vec<_> = reasons.iter().filter(|(s, _)| s == id).collect();
+        assert_eq!(got.len(), 1, "{id} once in the lineage: {reasons:?}");
+        assert_eq!(got[0].1.as_deref(), want, "{id}");
+    }
+    // The manifest's step record counts the quarantined sample among the step's drops.
+    assert_eq!(t.pending_steps.last().unwrap().dropped, 1);
+}
