@@ -5,15 +5,15 @@
 
 use std::collections::VecDeque;
 
-use super::config::AlarmSettings;
+use super::config::{AlarmSettings, ALARM_MIN_HISTORY};
 
 /// Floor under the gradient norm's running median: a spike must exceed `factor × max(median, 0.1)`.
 pub const GRAD_NORM_FLOOR: f64 = 0.1;
 /// Floor under the log-prob gap's running median (nats per token): the first steps of a run score the
 /// weights that sampled, so their gap is ~0 and any later gap would otherwise be a spike.
 pub const LOGPROB_GAP_FLOOR: f64 = 0.01;
-/// No alarm until this many earlier steps are in the window.
-pub const MIN_HISTORY: usize = 4;
+/// No alarm until this many earlier steps are in the window ([`ALARM_MIN_HISTORY`]).
+pub const MIN_HISTORY: usize = ALARM_MIN_HISTORY;
 
 /// Which figure spiked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

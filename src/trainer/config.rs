@@ -198,6 +198,10 @@ impl QuarantineSettings {
     }
 }
 
+/// No spike alarm until this many earlier steps are in the window ([`AlarmSettings::window`] must be
+/// at least this).
+pub const ALARM_MIN_HISTORY: usize = 4;
+
 /// Spike alarms (`[trainer.alarms]`): after each step the gradient norm (before clipping) and the
 /// step's mean |rollout − current| log-prob gap are compared with the median of the previous `window`
 /// steps; a value above `factor × max(median, floor)` raises an alarm: a warning log line and
@@ -455,8 +459,8 @@ impl TrainerConfig {
         if gap.is_nan() || gap <= 0.0 {
             return Err(config_err!("trainer.quarantine.max_logprob_gap = {gap} must be a positive number of nats (inf turns the rule off)"));
         }
-        if self.alarms.window < super::alarms::MIN_HISTORY {
-            return Err(config_err!("trainer.alarms.window = {} must be at least {} (no alarm is raised before that many steps are in it)", self.alarms.window, super::alarms::MIN_HISTORY));
+        if self.alarms.window < ALARM_MIN_HISTORY {
+            return Err(config_err!("trainer.alarms.window = {} must be at least {ALARM_MIN_HISTORY} (no alarm is raised before that many steps are in it)", self.alarms.window));
         }
         if !(self.alarms.factor.is_finite() && self.alarms.factor > 1.0) {
             return Err(config_err!("trainer.alarms.factor = {} must be a number above 1", self.alarms.factor));
