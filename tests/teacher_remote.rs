@@ -238,10 +238,11 @@ async fn vllm_teacher_on_our_server_matches_the_local_teacher() {
     assert!(tokens > 0);
     eprintln!("local vs vllm teacher: {} rows, {tokens} response tokens, largest difference {max_diff:e} nats", local.len());
 
-    // The vllm run's rows came from the server: one request per teacher row.
+    // The vllm run's rows came from the server: the teacher stage's start-up probe, then one request
+    // per teacher row.
     let client = nextstate::net::http_client(None).unwrap();
     let health: Value = client.get(format!("{serve_url}/health")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(health["requests_completed"].as_u64(), Some(remote.len() as u64), "{health}");
+    assert_eq!(health["requests_completed"].as_u64(), Some(1 + remote.len() as u64), "{health}");
 
     // The route itself: vLLM's shape, the local scorer's values, ranks in the whole vocabulary.
     let post = |body: Value| {
