@@ -489,26 +489,14 @@ pub async fn prm_eval_command(o: &PrmEvalOptions) -> Result<PrmEvalResults> {
     for spec in &o.judges {
         tracing::info!(judge = %spec.name, turns = turns.len(), m = spec.config.m, "judging");
         let (judgments, wall) = run_judge(spec.config.clone(), &turns).await?;
-        let mut lines = String::new();
-        for (t, j) in turns.iter().zip(&judgments) {
-            lines.push_str(&serde_json::to_string(&serde_json::json!({"truth": t.truth, "problem_id": t.problem_id, "judgment": j}))?);
-            lines.push('\n');
-        }
-        let path = dir.join(format!("{}.jsonl", spec.name));
-        std::fs::write(&path, lines).map_err(|e| crate::Error::io("write", &path, e))?;
+        write_rows(&dir.join(format!("{}.jsonl", spec.name)), &turns, "judgment", &judgments)?;
         figs.push(figures(&spec.name, &turns, &judgments, wall)?);
     }
     let mut hint_figs = vec![];
     for spec in &o.hints {
         tracing::info!(hint = %spec.name, turns = turns.len(), m = spec.config.m, "extracting hints");
         let (records, wall) = run_hint(spec.config.clone(), &turns).await?;
-        let mut lines = String::new();
-        for (t, r) in turns.iter().zip(&records) {
-            lines.push_str(&serde_json::to_string(&serde_json::json!({"truth": t.truth, "problem_id": t.problem_id, "hint": r}))?);
-            lines.push('\n');
-        }
-        let path = dir.join(format!("hint-{}.jsonl", spec.name));
-        std::fs::write(&path, lines).map_err(|e| crate::Error::io("write", &path, e))?;
+        write_rows(&dir.join(format!("hint-{}.jsonl", spec.name)), &turns, "hint", &records)?;
         hint_figs.push(hint_figures(&spec.name, &spec.config, &turns, &records, wall)?);
     }
     let results = PrmEvalResults { turns: turns.len(), truth_positive: turns.iter().filter(|t| t.truth == 1).count(), skipped, judges: figs, hints: hint_figs };
@@ -517,6 +505,16 @@ pub async fn prm_eval_command(o: &PrmEvalOptions) -> Result<PrmEvalResults> {
     let path = o.out.join("report.md");
     std::fs::write(&path, render(o, &results)).map_err(|e| crate::Error::io("write", &path, e))?;
     Ok(results)
+}
+
+/// Writes one JSON line per turn, `{"truth", "problem_id", <key>: row}`, to `path`.
+fn write_rows<T: Serialize>(path: &std::path::Path, turns: &[LabelledTurn], key: &str, rows: &[T]) -> Result<()> {
+    let mut lines = String::new();
+    for (t, r) in turns.iter().zip(rows) {
+        lines.push_str(&serde_json::to_string(&serde_json::json!({"truth": t.truth, "problem_id": t.problem_id, key: r}))?);
+        lines.push('\n');
+    }
+    std::fs::write(path, lines).map_err(|e| crate::Error::io("write", path, e))
 }
 
 /// The report: what was measured, the judge table, and each judge's unusable votes.

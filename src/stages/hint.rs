@@ -27,6 +27,11 @@ pub struct HintStage<I> {
 }
 
 impl<I> HintStage<I> {
+    /// The hint judge this stage votes with (its start-up probe goes through it).
+    pub fn hinter(&self) -> &Hinter {
+        &self.hinter
+    }
+
     /// A hint stage for `pipeline`; `render` renders the teacher context (None: left null).
     ///
     /// # Errors

@@ -21,6 +21,12 @@ pub struct JudgeStage {
 }
 
 impl JudgeStage {
+    /// The judge this stage votes with (its start-up probe goes through it: the same client,
+    /// semaphore and retry policy as the votes).
+    pub fn judge(&self) -> &Judge {
+        &self.judge
+    }
+
     /// A judge stage for `pipeline`, loading the persisted vote cache from `lake`.
     ///
     /// # Errors

@@ -58,15 +58,13 @@ pub fn build(name: &str, cfg: &PipelineConfig, bus: &Bus, lake: &Lake, ctl: Task
         }
         "judge" => {
             let stage = judge::JudgeStage::new(crate::judge::Judge::new(cfg.judge.clone())?, &cfg.name, lake)?;
-            let probe = crate::judge::Judge::new(cfg.judge.clone())?;
             Ok(Box::pin(async move {
-                probe.probe().await?;
+                stage.judge().probe().await?;
                 run_stage(&bus, &run, stage, &ctl).await
             }))
         }
         "hint" => {
             let hinter = crate::hint::Hinter::new(cfg.hint.clone())?;
-            let probe = crate::hint::Hinter::new(cfg.hint.clone())?;
             // The teacher context is rendered with the policy's own chat template (when the model is there).
             let render: Option<hint::TemplateRenderer> = match crate::model::ChatTemplate::from_dir(&cfg.policy.model) {
                 Ok(Some(t)) => Some(std::sync::Arc::new(move |m: &[crate::schema::Message]| t.render(m, None, true, None))),
@@ -79,13 +77,13 @@ pub fn build(name: &str, cfg: &PipelineConfig, bus: &Bus, lake: &Lake, ctl: Task
             if cfg.method == Method::Combined {
                 let stage = hint::HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
                 Ok(Box::pin(async move {
-                    probe.probe().await?;
+                    stage.hinter().probe().await?;
                     run_stage(&bus, &run, stage, &ctl).await
                 }))
             } else {
                 let stage = hint::HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?;
                 Ok(Box::pin(async move {
-                    probe.probe().await?;
+                    stage.hinter().probe().await?;
                     run_stage(&bus, &run, stage, &ctl).await
                 }))
             }
