@@ -7,7 +7,7 @@
 Same weights (the imported directory), same batch (the 4 chat prompts of benches/model.rs twice, each
 with the same 64-token response, rewards +1/-1 alternating, rollout log-probs scored once untimed), LoRA
 rank 16, alpha 32 on q,k,v,o,gate,up,down (base frozen), and the binary method's step as
-src/trainer does it (METHOD.md section 6): full-vocabulary log-softmax at the response positions,
+src/trainer does it (docs/method.md section 6): full-vocabulary log-softmax at the response positions,
 PPO-clipped policy gradient with eps 0.2 / eps_high 0.28 and advantage r, the mean over samples of each
 sample's token mean,
 entropy computed as a reported metric, backward, gradient-norm clipping at 1.0, AdamW (lr 1e-4, betas

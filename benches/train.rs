@@ -1,4 +1,4 @@
-//! Trainer throughput on CPU: `Trainer::train_step` (pack, forward, METHOD.md §6 loss, backward,
+//! Trainer throughput on CPU: `Trainer::train_step` (pack, forward, docs/method.md §6 loss, backward,
 //! gradient clipping, AdamW) on SmolLM2-135M-Instruct with LoRA adapters (rank 16, α 32 on
 //! q,k,v,o,gate,up,down; the `pipelines/demo.toml` trainer), binary method, one batch of 8 samples.
 //! Compare with `benches/peer_train.py` (PyTorch + HF transformers: the same weights, adapters, batch,

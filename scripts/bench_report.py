@@ -342,7 +342,7 @@ def main():
 
     # 5. trainer
     L.append("## 5. Trainer step: nextstate (tch) vs PyTorch + transformers\n")
-    L.append("One optimizer step (forward, METHOD.md §6 binary PPO-clip loss, backward, clip, AdamW) on SmolLM2-135M-Instruct with "
+    L.append("One optimizer step (forward, docs/method.md §6 binary PPO-clip loss, backward, clip, AdamW) on SmolLM2-135M-Instruct with "
              "LoRA r 16 / α 32 on all seven projections, 8 samples, one thread. Peak RSS is the process's high-water mark "
              "(model loading, warm-up and timed steps). Hand-measured memory figures (demo, long real samples, allocator "
              "settings): [docs/trainer-memory.md](trainer-memory.md).\n")

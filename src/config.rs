@@ -44,7 +44,7 @@ pub struct ProxyConfig {
     pub host: String,
     /// Port (0 = any free port).
     pub port: u16,
-    /// Turn type of requests that do not say (METHOD.md §1: the reference's `side` trains nothing).
+    /// Turn type of requests that do not say (docs/method.md §1: the reference's `side` trains nothing).
     pub default_turn_type: String,
     /// Spool folder for events while Kafka is unavailable.
     pub spool_dir: PathBuf,
@@ -128,16 +128,16 @@ pub struct PipelineConfig {
     /// Signal extraction.
     #[serde(default)]
     pub signals: crate::signals::SignalConfig,
-    /// PRM judge (METHOD.md §2).
+    /// PRM judge (docs/method.md §2).
     #[serde(default)]
     pub judge: crate::judge::JudgeConfig,
-    /// Hint extraction (METHOD.md §3).
+    /// Hint extraction (docs/method.md §3).
     #[serde(default)]
     pub hint: crate::hint::HintConfig,
-    /// Teacher log-probs (METHOD.md §4).
+    /// Teacher log-probs (docs/method.md §4).
     #[serde(default)]
     pub teacher: TeacherConfig,
-    /// Sample assembly (METHOD.md §5).
+    /// Sample assembly (docs/method.md §5).
     #[serde(default)]
     pub samples: crate::samples::SampleConfig,
     /// Policy server.
@@ -146,7 +146,7 @@ pub struct PipelineConfig {
     /// Capture proxy.
     #[serde(default)]
     pub proxy: ProxyConfig,
-    /// Trainer (METHOD.md §6).
+    /// Trainer (docs/method.md §6).
     #[serde(default)]
     pub trainer: crate::trainer::TrainerConfig,
     /// Max records a stage handles per batch.
@@ -212,7 +212,7 @@ impl PipelineConfig {
         self.teacher.validate()?;
         if self.method.uses_hints() && self.teacher.temperature != self.trainer.temperature {
             return Err(Error::Config(format!(
-                "teacher.temperature = {} and trainer.temperature = {} differ: the OPD term teacher − student must compare log-probs of one distribution family (METHOD.md §6); set both to the rollout temperature",
+                "teacher.temperature = {} and trainer.temperature = {} differ: the OPD term teacher − student must compare log-probs of one distribution family (docs/method.md §6); set both to the rollout temperature",
                 self.teacher.temperature, self.trainer.temperature
             )));
         }
@@ -405,7 +405,7 @@ mod tests {
     }
 
     /// The OPD term compares the teacher's and the student's log-probs: both must be scored at one
-    /// temperature (METHOD.md §6), and only the local teacher scores at another than 1.
+    /// temperature (docs/method.md §6), and only the local teacher scores at another than 1.
     #[test]
     fn teacher_and_trainer_temperatures_must_agree() {
         let e = parse("[trainer]\ntemperature = 0.6\nrecompute_old_logprobs = true\n").validate().unwrap_err().to_string();

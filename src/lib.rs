@@ -1,7 +1,7 @@
 //! nextstate: a stream processor that turns what deployed LLM agents already see — the next state after
 //! each action — into training signal, and trains the policy online (OpenClaw-RL, arXiv 2603.10165).
 //!
-//! The pipeline, one module per stage (see README and `../shared/docs/METHOD.md`):
+//! The pipeline, one module per stage (see README and `docs/method.md`):
 //!
 //! ```text
 //! ingest / proxy ─► interactions ─► signals ─► judgments ─► hints ─► teacher_logprobs ─► samples ─► trainer ─► checkpoints

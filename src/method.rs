@@ -1,10 +1,10 @@
-//! The training method a pipeline runs (METHOD.md §5–§6): binary RL from PRM votes, on-policy
+//! The training method a pipeline runs (docs/method.md §5–§6): binary RL from PRM votes, on-policy
 //! distillation from hints, or both. A leaf module: the configuration, the sample assembly and the
 //! trainer's loss all name it, and it names none of them.
 
 use serde::{Deserialize, Serialize};
 
-/// The training method (METHOD.md §5–§6).
+/// The training method (docs/method.md §5–§6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {

@@ -1,5 +1,5 @@
 //! Sample assembly: what the trainer receives for a main turn, given its PRM judgment, its hint and
-//! the teacher's log-probs (METHOD.md §5; the value checks of §4).
+//! the teacher's log-probs (docs/method.md §5; the value checks of §4).
 //!
 //! | method | hint accepted | PRM score ±1 | outcome |
 //! |---|---|---|---|
@@ -13,7 +13,7 @@
 //! | combined | no | no | no sample ([`NoSampleReason::NoSignal`]) |
 //!
 //! The reference keeps a binary score-0 turn with loss mask 0 when it would be the session's first
-//! sample; we emit nothing (METHOD.md §5). The loss mask is all ones over the response.
+//! sample; we emit nothing (docs/method.md §5). The loss mask is all ones over the response.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +27,7 @@ use crate::method::Method;
 #[serde(deny_unknown_fields, default)]
 pub struct SampleConfig {
     /// Copy the teacher's top-K ids and log-probs ([T, K]) into the sample when the teacher row has
-    /// them (default true; the top-K distillation loss needs them, METHOD.md §6).
+    /// them (default true; the top-K distillation loss needs them, docs/method.md §6).
     pub keep_topk: bool,
     /// Emit no sample for a response cut by the token limit (default false: trained like any other).
     pub skip_truncated: bool,
@@ -42,7 +42,7 @@ impl Default for SampleConfig {
 /// Why a turn yields no sample (counted by the wiring under [`NoSampleReason::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NoSampleReason {
-    /// A side turn: recorded, never trained on (METHOD.md §1).
+    /// A side turn: recorded, never trained on (docs/method.md §1).
     SideTurn,
     /// The response has no tokens.
     EmptyResponse,
@@ -145,7 +145,7 @@ fn check_topk(ids: &[Vec<i32>], lps: &[Vec<f32>], mask: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// What the METHOD.md §5 table says for a turn, before any tokens are looked at.
+/// What the docs/method.md §5 table says for a turn, before any tokens are looked at.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Decision {
     /// No sample, and why.
@@ -161,7 +161,7 @@ pub enum Decision {
     },
 }
 
-/// The METHOD.md §5 decision for a turn (side turns, truncation policy, method × hint × score), so the
+/// The docs/method.md §5 decision for a turn (side turns, truncation policy, method × hint × score), so the
 /// wiring can skip model work for turns that yield no sample. [`assemble`] applies the same decision.
 pub fn decide(method: Method, cfg: &SampleConfig, interaction: &Interaction, judgment: Option<&Judgment>, hint: Option<&HintRecord>) -> Decision {
     use Decision::NoSample as No;
@@ -193,7 +193,7 @@ pub fn decide(method: Method, cfg: &SampleConfig, interaction: &Interaction, jud
     }
 }
 
-/// Assembles the sample of one turn by the METHOD.md §5 table (see the module docs).
+/// Assembles the sample of one turn by the docs/method.md §5 table (see the module docs).
 ///
 /// Inputs: the turn; its judgment, hint record and teacher row when the stages produced them;
 /// `prompt_ids` (the policy's prompt, length P), `response_ids` (length T) and `rollout_logprobs`
@@ -209,7 +209,7 @@ pub fn decide(method: Method, cfg: &SampleConfig, interaction: &Interaction, jud
 /// - [`Error::LogprobLenMismatch`] when `rollout_logprobs`, the teacher's log-probs or its top-K rows
 ///   do not have one entry per response token;
 /// - [`Error::NonFinite`] for a NaN/±inf rollout, teacher or top-K log-prob at an unmasked position
-///   (never zeroed silently, METHOD.md §4);
+///   (never zeroed silently, docs/method.md §4);
 /// - [`Error::InvalidInput`] when a judgment/hint/teacher row belongs to another interaction, a PRM
 ///   score is outside {−1, 0, 1}, the teacher's (or the interaction's) response tokens differ from
 ///   `response_ids`, top-K rows have unequal K, or a hint was accepted but no teacher row was given.
@@ -285,7 +285,7 @@ pub fn assemble(
         teacher_id = Some(tr.teacher_id.clone());
         teacher_prompt_token_ids = Some(tr.teacher_prompt_token_ids.clone());
     } else if sample_type == SampleType::CombinedScoreOnly {
-        // No hint: teacher := rollout (METHOD.md §5); the trainer sets this type's teacher term to exactly 0.
+        // No hint: teacher := rollout (docs/method.md §5); the trainer sets this type's teacher term to exactly 0.
         teacher_logprobs = Some(rollout_logprobs.to_vec());
     }
 
@@ -325,7 +325,7 @@ pub fn assemble(
     }))
 }
 
-/// Multi-candidate hints (METHOD.md §3b): sets `sample.student_topk_ids` and `sample.candidates` from
+/// Multi-candidate hints (docs/method.md §3b): sets `sample.student_topk_ids` and `sample.candidates` from
 /// the teacher rows of a turn's hint candidates, `rows[c]` scored under candidate c's teacher context
 /// (shortest hint first; `hint_indices[c]` is the vote it came from). `rows[0]` must be the row the
 /// sample was assembled with ([`assemble`]). Every row must carry `student_topk_ids` and

@@ -1,5 +1,5 @@
 //! The judge, hint and teacher stages end to end (embedded bus, real lake, real model): every row of the
-//! METHOD.md §5 table is built on purpose with a scripted judge/hint endpoint (real HTTP), and the
+//! docs/method.md §5 table is built on purpose with a scripted judge/hint endpoint (real HTTP), and the
 //! `samples` counts per pipeline are checked with SQL. A replay into a fresh lake reuses every cached vote
 //! and reproduces the samples exactly.
 mod common;
@@ -178,7 +178,7 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
         let report = run(&pipeline(name, method, &lake_dir, &url, &model)).await;
         assert!(report.stages.contains_key("teacher"), "{name}: {report:?}");
     }
-    // METHOD.md §5: combined — A hint+score: both; B hint, score 0: hint-only; C no hint, score −1:
+    // docs/method.md §5: combined — A hint+score: both; B hint, score 0: hint-only; C no hint, score −1:
     // score-only; D nothing: none.
     assert_eq!(counts(&lake, "t-combined").await, vec![("combined-both".into(), 1), ("combined-hint-only".into(), 1), ("combined-score-only".into(), 1)]);
     // binary — A (+1) and C (−1); B and D score 0: none.
@@ -289,7 +289,7 @@ async fn scripted_multi(Json(req): Json<serde_json::Value>) -> Json<serde_json::
     reply(content)
 }
 
-/// Multi-candidate hints (METHOD.md §3b) through the real teacher stage: every accepted, distinct hint
+/// Multi-candidate hints (docs/method.md §3b) through the real teacher stage: every accepted, distinct hint
 /// vote gets its own teacher row, shortest first; the student's top-K ids are the policy's own on the
 /// original prompt; each candidate's log-probs at them agree with its own top-K lists and with its
 /// log-prob of the sampled token wherever the ids coincide; the trainer's overlap packing takes the

@@ -100,7 +100,7 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     assert!(d < 1e-5, "loss command vs trainer: {d}");
     assert_eq!(report.report.version, 1);
     // Its pg_loss is the mean over the samples of each sample's token mean of the PPO-clipped surrogate
-    // (METHOD.md §6), recomputed here from its own per-token log-probs, the rollout log-probs and the
+    // (docs/method.md §6), recomputed here from its own per-token log-probs, the rollout log-probs and the
     // rewards (the binary advantage).
     let (lo, hi) = (1.0 - pcfg.trainer.eps_clip, 1.0 + pcfg.trainer.eps_clip_high);
     let sample_means: Vec<f64> = batch
@@ -486,7 +486,7 @@ async fn a_poisoned_sample_is_dead_lettered_once_and_training_goes_on() {
     rows.sort_by_key(|r| r.step);
     assert_eq!(lines, rows);
     assert_eq!(lines.iter().map(|r| r.step).collect::<Vec<_>>(), vec![1, 2]);
-    // OPD with teacher = rollout + 0.05 and A = teacher − current policy (METHOD.md §6): at step 1 the
+    // OPD with teacher = rollout + 0.05 and A = teacher − current policy (docs/method.md §6): at step 1 the
     // current policy is the one that sampled, so every trained token has A > 0; at step 2 the policy has
     // moved, so the signs are whatever the move made them. Every sample has r = 0.
     assert_eq!((lines[0].positive_advantage_fraction, lines[0].negative_advantage_fraction), (Some(1.0), Some(0.0)), "{:?}", lines[0]);
@@ -595,7 +595,7 @@ async fn truncated_empty_near_empty_and_high_gap_samples_are_quarantined_once() 
     }
 }
 
-/// The OPD target of `nextstate loss --json`, checked independently (METHOD.md §6, the reference's
+/// The OPD target of `nextstate loss --json`, checked independently (docs/method.md §6, the reference's
 /// openclaw-combine/combine_loss.py): on samples whose teacher and rollout log-probs are perturbed
 /// token by token, every reported token advantage equals the teacher log-prob minus the policy's own
 /// log-prob of the token, the latter computed here with the inference scorer (`LanguageModel::score`,

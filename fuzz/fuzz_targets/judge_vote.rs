@@ -1,4 +1,4 @@
-//! Fuzzes the judge-output parser (`nextstate::judge::parse_vote`, METHOD.md §2) on any text:
+//! Fuzzes the judge-output parser (`nextstate::judge::parse_vote`, docs/method.md §2) on any text:
 //! no panic; a vote is always 1, 0 or −1 and equals the last boxed digit; an error only when the
 //! last boxed digit is missing or out of range.
 #![no_main]

@@ -5,7 +5,7 @@
 //! Sessions run in fixed groups of `batch`, turn by turn: each turn generates one response per open
 //! session of the group in one batch (the per-request seed is a hash of the seed, the problem and the
 //! turn), the student replies ([`crate::demo::Student::reply_at`]), and the reply is recorded as the
-//! turn's `next_state` (the signal stage takes a logged next state as is, METHOD.md §1). Event times are
+//! turn's `next_state` (the signal stage takes a logged next state as is, docs/method.md §1). Event times are
 //! synthetic — a fixed epoch plus one second per interaction in generation order — so ordering by event
 //! time is the generation order, on every run.
 

@@ -174,7 +174,7 @@ pub struct CollectSettings {
     pub batch: usize,
     /// Response length limit, tokens (128).
     pub max_tokens: usize,
-    /// Sampling temperature (0.6, METHOD.md §6 rollout temperature).
+    /// Sampling temperature (0.6, docs/method.md §6 rollout temperature).
     pub temperature: f32,
 }
 

@@ -2,7 +2,7 @@
 //! held-out GSM8K problems (greedy answers from [`crate::demo::heldout`], scored by
 //! [`crate::demo::personalization_score`]), the held-out loss components of the arm's own held-out
 //! samples ([`crate::trainer::loss_report`]), and the teacher/student log-prob gap on hinted held-out
-//! samples. Also the per-sample advantages of the training samples (no model needed: METHOD.md §6 with
+//! samples. Also the per-sample advantages of the training samples (no model needed: docs/method.md §6 with
 //! the rollout log-probs as `old`) and judge-vs-outcome agreement.
 
 use std::collections::BTreeMap;
@@ -141,7 +141,7 @@ fn token_gap(teacher: &[f32], student: &[f32], mask: &[i32]) -> Option<(f64, f64
 }
 
 /// Each sample's mean advantage over its masked tokens as the arm's loss computes it at the start of
-/// training (METHOD.md §6, [`crate::trainer::loss::advantages`]): the OPD target's student side is the
+/// training (docs/method.md §6, [`crate::trainer::loss::advantages`]): the OPD target's student side is the
 /// current policy, which at the start is v0, the weights that collected every sample, so its log-probs
 /// of the response are the samples' rollout log-probs; times
 /// the sample's sign in a random-sign control arm ([`TrainerConfig::advantage_sign_of`]).

@@ -327,7 +327,7 @@ pub struct AdvantageRow {
     pub sample_type: String,
     /// Reward r.
     pub reward: f64,
-    /// Mean advantage over the masked tokens (METHOD.md §6, with the rollout log-probs as old).
+    /// Mean advantage over the masked tokens (docs/method.md §6, with the rollout log-probs as old).
     pub advantage: f64,
     /// Masked tokens.
     pub tokens: i64,

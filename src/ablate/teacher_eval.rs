@@ -1,7 +1,7 @@
 //! The hint-conditioned teacher, measured: what distillation can reach at best.
 //!
 //! OPD moves the student toward the teacher — the same initial weights reading the hint appended to the
-//! user's message (METHOD.md §3–§4). Whether an arm's gain is large or small only means something beside
+//! user's message (docs/method.md §3–§4). Whether an arm's gain is large or small only means something beside
 //! the teacher's own score, so every ablation evaluates the teacher on the held-out problems the arms are
 //! scored on, once per hint strategy:
 //!

@@ -1,4 +1,4 @@
-//! The personal-agent demo's environment (METHOD.md §7): GSM8K homework problems, a rule-based simulated
+//! The personal-agent demo's environment (docs/method.md §7): GSM8K homework problems, a rule-based simulated
 //! **student** with hidden preferences who replies like a person, the **personalization score** and the
 //! demo report.
 //!

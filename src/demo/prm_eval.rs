@@ -2,7 +2,7 @@
 //! student's turns are usable, and how well they agree with what the student actually wanted.
 //!
 //! The truth of a turn is the student's own checker ([`check`]): +1 when the response meets every
-//! enabled preference, −1 otherwise — the same verdict the student's reply was written from (METHOD.md
+//! enabled preference, −1 otherwise — the same verdict the student's reply was written from (docs/method.md
 //! §7). A judge only sees what a deployed judge sees: the request, the response and the student's reply
 //! (the next state), through the pipeline's own prompt ([`crate::judge::JUDGE_TEMPLATE`]), parser and
 //! majority ([`judge_turn`]).

@@ -538,7 +538,7 @@ impl StepAttribution {
     }
 }
 
-/// The trained samples' rewards and the size of the two terms of the combined advantage (METHOD.md §6:
+/// The trained samples' rewards and the size of the two terms of the combined advantage (docs/method.md §6:
 /// `A_t = w_rl · r + w_opd · (teacher_t − student_t)`), over the tokens the loss trains (loss mask 1).
 /// `student` here is the policy that sampled the response (its rollout log-probs): the trainer's target
 /// uses the current policy at the step, which is that policy when the sample is trained without
@@ -585,7 +585,7 @@ impl AdvantageSummary {
             let n = s.loss_mask.iter().filter(|m| **m != 0).count();
             a.tokens += n;
             rl += (w_rl * r).abs() * n as f64;
-            // The teacher term applies to every type but binary and combined-score-only (METHOD.md §5–6).
+            // The teacher term applies to every type but binary and combined-score-only (docs/method.md §5–6).
             let teacher_term = !matches!(s.sample_type, crate::schema::SampleType::Binary | crate::schema::SampleType::CombinedScoreOnly);
             let Some(t) = s.teacher_logprobs.as_deref().filter(|t| teacher_term && t.len() == s.loss_mask.len() && t.len() == s.rollout_logprobs.len()) else { continue };
             a.hinted += 1;
@@ -662,7 +662,7 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
     let _ = writeln!(
         s,
         "\nThe **personalization score** is the fraction of responses to held-out problems that meet all of them \
-         (METHOD.md §7); the per-preference columns are each preference's own rate, and accuracy is the fraction \
+         (docs/method.md §7); the per-preference columns are each preference's own rate, and accuracy is the fraction \
          whose last number is the correct answer. All values are fractions from 0 to 1.\n"
     );
     match (r.checkpoints.first(), r.checkpoints.last()) {
@@ -737,7 +737,7 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
         let _ = writeln!(
             s,
             "{} samples ({} trained tokens): reward +1 on {}, −1 on {}, 0 on {}; {} with an accepted hint ({} tokens). \
-             Advantage per token (METHOD.md §6; `student` = the sampling policy's log-probs, the current policy's when the \
+             Advantage per token (docs/method.md §6; `student` = the sampling policy's log-probs, the current policy's when the \
              sample was trained): mean |w_rl·r| = {:.3} (w_rl = {}); on the hinted \
              tokens mean |w_opd·(teacher − student)| = {:.3}, signed mean {:+.3} (w_opd = {}).\n",
             a.samples,

@@ -1,4 +1,4 @@
-//! The personalization score (METHOD.md §7): the fraction of held-out responses that meet **all** of the
+//! The personalization score (docs/method.md §7): the fraction of held-out responses that meet **all** of the
 //! student's preferences, with each preference's own satisfaction rate, and the `eval_scores` rows.
 
 use std::collections::BTreeMap;
@@ -71,7 +71,7 @@ impl Score {
 }
 
 /// The personalization score of `(problem, response)` pairs under `prefs`: every response is
-/// [`check`]ed; the score is the fraction meeting all enabled preferences (METHOD.md §7; the paper reports
+/// [`check`]ed; the score is the fraction meeting all enabled preferences (docs/method.md §7; the paper reports
 /// this fraction on held-out problems). Empty input gives `n = 0` and zero rates.
 pub fn personalization_score(responses: &[(Problem, String)], prefs: &Preferences) -> Score {
     let verdicts: Vec<Verdict> = responses.iter().map(|(p, r)| check(r, p, prefs)).collect();

@@ -1,6 +1,6 @@
 //! The simulated student: hidden preferences, the verdict on a response ([`check`]), and replies in a
 //! person's casual voice ([`Student`]). Rule-based and deterministic given a seed; a fixed, documented
-//! environment (METHOD.md §7), not tuned to any result.
+//! environment (docs/method.md §7), not tuned to any result.
 //!
 //! # Preferences (all on by default)
 //!

@@ -1,7 +1,7 @@
 //! The directive signal: a hint judge votes m times on whether a turn's next state reveals hindsight
 //! that would have improved the response and, if so, writes a short hint; one hint is chosen and the
 //! teacher context is the turn's request with that hint appended to the last user message
-//! (METHOD.md §3).
+//! (docs/method.md §3).
 //!
 //! Same shape as [`crate::judge`]: the pure parts ([`HINT_TEMPLATE`], [`parse_hint_vote`],
 //! [`select_hint`], [`teacher_messages`]), the backends (the judge's network backends or the rule
@@ -26,7 +26,7 @@ use crate::schema::{now_ms, HintCandidate, HintRecord, Message, Table};
 use crate::Result;
 
 /// What is appended to the last user message of the teacher context, before the hint
-/// (METHOD.md §3; the exact string).
+/// (docs/method.md §3; the exact string).
 pub const HINT_SEPARATOR: &str = "\n\n[user's hint / instruction]\n";
 
 /// The `[hint]` table of a pipeline: the judge's fields plus the selection. Every field has a
@@ -125,7 +125,7 @@ impl VotingConfig for HintConfig {
     }
 }
 
-/// Our hint-judge prompt (METHOD.md §3): exactly one `\boxed{1}` or `\boxed{-1}`; with 1, a 1–3
+/// Our hint-judge prompt (docs/method.md §3): exactly one `\boxed{1}` or `\boxed{-1}`; with 1, a 1–3
 /// sentence hint between `[HINT_START]` and `[HINT_END]`.
 pub const HINT_TEMPLATE: PromptTemplate = PromptTemplate {
     id: "nextstate-hint-v1",
@@ -146,7 +146,7 @@ Write exactly one \\boxed{} value."
     ),
 };
 
-/// The teacher context (METHOD.md §3): a copy of the turn's request messages with
+/// The teacher context (docs/method.md §3): a copy of the turn's request messages with
 /// [`HINT_SEPARATOR`] + the trimmed hint appended to the **last user message**; with no user message,
 /// to the last message; with no messages, a new user message. When the target message's text is empty
 /// the separator's leading blank line is left out (as the reference does by trimming). The other

@@ -24,7 +24,7 @@ pub const MAX_RULE_HINT_CHARS: usize = 400;
 pub enum RuleHintStyle {
     /// An imperative rewritten from the user's message ([`instruction_from`]): what to do, addressed to
     /// the assistant ("Do not use bold text. Put the final number at the very end."), as the hint
-    /// contract (METHOD.md §3: "a concrete instruction") and the reference ask. Falls back to
+    /// contract (docs/method.md §3: "a concrete instruction") and the reference ask. Falls back to
     /// `verbatim` when no sentence of the message can be rewritten.
     #[default]
     Instruction,

@@ -1,4 +1,4 @@
-//! Parsing a hint vote and choosing the hint of a turn (METHOD.md §3).
+//! Parsing a hint vote and choosing the hint of a turn (docs/method.md §3).
 
 use std::sync::OnceLock;
 
@@ -135,7 +135,7 @@ pub fn select_hint(strategy: Strategy, candidates: &[HintCandidate], min_hint_ch
     }
 }
 
-/// The hint candidates of a turn for multi-candidate hints (METHOD.md §3b): every accepted vote
+/// The hint candidates of a turn for multi-candidate hints (docs/method.md §3b): every accepted vote
 /// (score 1, hint longer than `min_hint_chars` characters), deduplicated by its trimmed text (the
 /// first vote of equal hints is kept), shortest first (ties: the lowest vote index), at most `max`.
 /// Returns `(vote index, hint)` pairs; empty when no vote is accepted.

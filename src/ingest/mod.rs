@@ -1,5 +1,5 @@
 //! Ingest adapters: real agent logs → [`Interaction`] rows (one per assistant turn) or
-//! [`DeadLetter`]s (one per record that cannot be used, with a reason). METHOD.md §1.
+//! [`DeadLetter`]s (one per record that cannot be used, with a reason). docs/method.md §1.
 //!
 //! One file per log format; all share [`normalize`] (message normalisation), [`canonical`] (content
 //! keys) and [`sessions`] (session inference for logs without session ids). Every adapter is pure
@@ -250,7 +250,7 @@ pub enum IngestItem {
 /// Options shared by all adapters.
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
-    /// Turn type of a turn the log does not mark (used by `openai-chat`; METHOD.md §1 says this is
+    /// Turn type of a turn the log does not mark (used by `openai-chat`; docs/method.md §1 says this is
     /// configurable, the reference defaults to side). Other formats log only the agent's own turns,
     /// which are `main`.
     pub default_turn_type: TurnType,

@@ -1,6 +1,6 @@
 //! Normalisation shared by every adapter: raw JSON chat messages → [`Message`].
 //!
-//! Rules (METHOD.md §1 and the ingest issues):
+//! Rules (docs/method.md §1 and the ingest issues):
 //! - roles: `developer` → `system`, `function`, `ipython` and `toolResult` (OpenClaw) → `tool` (each
 //!   mapping leaves a note); any other role outside `system`/`user`/`assistant`/`tool` is an error
 //!   ([`NormError::UnknownRole`]).

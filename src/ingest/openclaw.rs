@@ -8,7 +8,7 @@
 //! `timestamp` is local time `YYYY-MM-DD HH:MM:SS` without a zone (read as UTC, noted);
 //! `next_state` = the **last** message of the session's next main request, or null.
 //!
-//! We differ (METHOD.md §1): when the next record of the same session is in the file and its
+//! We differ (docs/method.md §1): when the next record of the same session is in the file and its
 //! messages continue this record (same request, then one assistant message), the next state is
 //! **all** messages after that assistant message (every parallel tool result), not just the last.
 //! To do that each session's latest record is held back until the session's next record or the end

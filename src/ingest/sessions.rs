@@ -1,4 +1,4 @@
-//! Session inference for requests that carry no session id (METHOD.md §1, "we differ": the reference
+//! Session inference for requests that carry no session id (docs/method.md §1, "we differ": the reference
 //! files them all under `unknown`).
 //!
 //! Rule: a request whose messages start with an earlier request's messages followed by that

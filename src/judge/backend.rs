@@ -44,7 +44,7 @@ impl BackendKind {
 /// Sampling parameters of a vote.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
-    /// Sampling temperature (METHOD.md §2 default 0.6).
+    /// Sampling temperature (docs/method.md §2 default 0.6).
     pub temperature: f32,
     /// Maximum number of generated tokens per vote.
     pub max_tokens: u32,

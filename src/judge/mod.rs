@@ -1,5 +1,5 @@
 //! The evaluative signal: a PRM judge votes m times on each main turn with a next state, and the
-//! majority of the votes is the turn's score (METHOD.md §2).
+//! majority of the votes is the turn's score (docs/method.md §2).
 //!
 //! The pure parts — the prompt ([`JUDGE_TEMPLATE`]), the vote parser ([`parse_vote`]) and the majority
 //! ([`majority_vote`]) — are separate from the backends ([`VoteBackend`]: [`OpenAiBackend`],
@@ -57,9 +57,9 @@ pub struct JudgeConfig {
     /// Name of the environment variable holding the endpoint's API key (sent as a bearer token); the
     /// key itself is never stored in config or printed. Default: none.
     pub api_key_env: Option<String>,
-    /// Votes per turn, m (default 3, the reference's binary-RL setting; METHOD.md §6). 1..=64.
+    /// Votes per turn, m (default 3, the reference's binary-RL setting; docs/method.md §6). 1..=64.
     pub m: u32,
-    /// Sampling temperature of each vote (default 0.6, METHOD.md §2).
+    /// Sampling temperature of each vote (default 0.6, docs/method.md §2).
     pub temperature: f32,
     /// Maximum tokens per vote (default 4096).
     pub max_tokens: u32,

@@ -1,4 +1,4 @@
-//! Parsing a judge's answer and aggregating votes (METHOD.md §2).
+//! Parsing a judge's answer and aggregating votes (docs/method.md §2).
 
 use std::sync::OnceLock;
 
@@ -13,7 +13,7 @@ fn boxed_re() -> &'static Regex {
     RE.get_or_init(|| Regex::new(r"\\boxed\{[ \t\r\n]*([+-]?[0-9])[ \t\r\n]*\}").expect("constant regex"))
 }
 
-/// The signed digit of the **last** `\boxed{d}` in `text` (METHOD.md §2), before the range check;
+/// The signed digit of the **last** `\boxed{d}` in `text` (docs/method.md §2), before the range check;
 /// `None` when there is no such box. See [`parse_vote`] for the accepted forms.
 pub fn last_boxed_digit(text: &str) -> Option<i32> {
     let caps = boxed_re().captures_iter(text).last()?;
@@ -52,7 +52,7 @@ pub fn parse_vote(text: &str) -> std::result::Result<i32, String> {
     }
 }
 
-/// The majority of a turn's votes (METHOD.md §2).
+/// The majority of a turn's votes (docs/method.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Majority {
     /// Majority score in {1, 0, −1}.
@@ -65,7 +65,7 @@ pub struct Majority {
 
 /// Majority of votes: invalid votes (`None`) are dropped; none left → 0; otherwise the most common
 /// value, but a tie for the top count → 0 with `tie = true`. Values outside {1, 0, −1} are treated as
-/// invalid. METHOD.md §2 examples: `[1,1,−1]`→1; `[1,−1,invalid]`→0 (tie); `[1,−1,0]`→0 (tie); `[0,0,1]`→0.
+/// invalid. docs/method.md §2 examples: `[1,1,−1]`→1; `[1,−1,invalid]`→0 (tie); `[1,−1,0]`→0 (tie); `[0,0,1]`→0.
 pub fn majority_vote(values: &[Option<i32>]) -> Majority {
     let mut counts = [0i32; 3]; // −1, 0, 1
     for v in values.iter().flatten() {

@@ -1,5 +1,5 @@
 //! Prompt templates for the PRM judge and the hint judge, and how a [`TurnContext`] is rendered into
-//! them. The wording is ours (METHOD.md §2, §3 give the contract: the `\boxed{}` answer and the hint
+//! them. The wording is ours (docs/method.md §2, §3 give the contract: the `\boxed{}` answer and the hint
 //! delimiters); a template is identified by its id and the hash of its text, both stored with every
 //! judgment and hint row and part of every vote-cache key.
 
@@ -79,7 +79,7 @@ macro_rules! turn_sections {
 }
 pub(crate) use turn_sections;
 
-/// Our PRM judge prompt (METHOD.md §2): succeeded → `\boxed{1}`, failed → `\boxed{-1}`, can't tell →
+/// Our PRM judge prompt (docs/method.md §2): succeeded → `\boxed{1}`, failed → `\boxed{-1}`, can't tell →
 /// `\boxed{0}`; change requests count negative, successful tool results positive.
 pub const JUDGE_TEMPLATE: PromptTemplate = PromptTemplate {
     id: "nextstate-prm-v1",

@@ -1,4 +1,4 @@
-//! [`TurnContext`]: what the judge and the hint judge look at for one main turn (METHOD.md §2, §3).
+//! [`TurnContext`]: what the judge and the hint judge look at for one main turn (docs/method.md §2, §3).
 
 use serde::{Deserialize, Serialize};
 

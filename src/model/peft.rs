@@ -50,7 +50,7 @@ pub enum LoraTarget {
 }
 
 impl LoraTarget {
-    /// All seven projections (the METHOD.md §6 default).
+    /// All seven projections (the docs/method.md §6 default).
     pub const ALL: [LoraTarget; 7] = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O, LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
 
     /// The HF module name (`q_proj`, ..., `down_proj`).

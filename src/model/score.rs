@@ -1,5 +1,5 @@
 //! Scoring responses: per-token log-probs of a response given its prompt — the one alignment convention
-//! that the teacher stage and the trainer share (METHOD.md §4, §6).
+//! that the teacher stage and the trainer share (docs/method.md §4, §6).
 //!
 //! **Alignment.** For an item (prompt `p[0..P)`, response `r[0..T)`), the model reads
 //! `x = p ++ r` and `logprobs[t] = log π(r[t] | p, r[<t]) = log_softmax(logits[P − 1 + t])[r[t]]`:
@@ -341,7 +341,7 @@ pub struct ScoredResponse {
 }
 
 /// `logits / temperature` (unchanged, no copy, at 1): the logits of the distribution that is trained and
-/// scored at `trainer.temperature` / `teacher.temperature` (METHOD.md §6). Shared by the scorer and the
+/// scored at `trainer.temperature` / `teacher.temperature` (docs/method.md §6). Shared by the scorer and the
 /// trainer so both take one tempering.
 ///
 /// # Errors
@@ -371,7 +371,7 @@ pub fn score(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usize, 
 /// [`score`], and also the log-probs at given token ids: with `at` non-empty (one entry per item,
 /// `at[i]` = `[T_i][J]` ids, the same J for every position of every item), each result's
 /// `at_logprobs[t][j] = log π(at[i][t][j] | prompt, response_<t)` (nats). Multi-candidate hints
-/// (METHOD.md §3b) use it to score a teacher at the student's top-K ids.
+/// (docs/method.md §3b) use it to score a teacher at the student's top-K ids.
 ///
 /// # Errors
 /// As [`score`]; [`Error::InvalidInput`] when `at` has another length than `items`, a row of `at`
@@ -382,7 +382,7 @@ pub fn score_at(model: &Transformer, items: &[(Vec<u32>, Vec<u32>)], top_k: usiz
 
 /// [`score_at`] of the distribution at `temperature`: every log-prob (of the response tokens, the
 /// top-K lists and the ids asked for) is taken from the log-softmax of `logits / temperature` — the
-/// distribution the trainer trains with `trainer.temperature` (METHOD.md §6). 1 is [`score_at`].
+/// distribution the trainer trains with `trainer.temperature` (docs/method.md §6). 1 is [`score_at`].
 ///
 /// # Errors
 /// As [`score_at`]; [`Error::InvalidInput`] for a temperature that is not a positive number.

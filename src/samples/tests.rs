@@ -1,4 +1,4 @@
-//! One test per row of the METHOD.md §5 table, the §4 value checks, and the at-most-one-sample
+//! One test per row of the docs/method.md §5 table, the §4 value checks, and the at-most-one-sample
 //! property.
 
 use std::collections::{HashMap, HashSet};

@@ -1,5 +1,5 @@
 //! `eval_scores`: one row per (run, arm, policy version, held-out problem) of the personal-agent demo's
-//! evaluation (METHOD.md §7; the student and the score are in `crate::demo`).
+//! evaluation (docs/method.md §7; the student and the score are in `crate::demo`).
 
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
@@ -52,7 +52,7 @@ impl Table for EvalScore {
     const NAME: &'static str = "eval_scores";
     const SCHEMA_VERSION: i32 = 1;
     const KEY: &'static str = "eval_id";
-    const DOC: &'static str = "Personal-agent demo evaluation (METHOD.md §7): one row per run, arm, policy \
+    const DOC: &'static str = "Personal-agent demo evaluation (docs/method.md §7): one row per run, arm, policy \
         version and held-out GSM8K problem: the response, whether the simulated student's hidden preferences \
         are all met, the violations with evidence, and whether the final number is correct.";
     fn fields() -> Vec<Field> {

@@ -1,4 +1,4 @@
-//! `hints`: m hint-judge votes per turn and the hint chosen for the teacher (METHOD.md §3).
+//! `hints`: m hint-judge votes per turn and the hint chosen for the teacher (docs/method.md §3).
 
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
@@ -67,7 +67,7 @@ pub struct HintRecord {
     /// Hash of the template text.
     pub template_hash: String,
     /// The teacher context (JSON messages: the turn's request with the hint appended to the last user
-    /// message, METHOD.md §3), when a hint was chosen.
+    /// message, docs/method.md §3), when a hint was chosen.
     pub teacher_messages: Option<String>,
     /// `teacher_messages` rendered with the policy's chat template and generation prompt.
     pub teacher_prompt_text: Option<String>,
@@ -84,7 +84,7 @@ impl Table for HintRecord {
     const SCHEMA_VERSION: i32 = 1;
     const KEY: &'static str = "hint_id";
     const DOC: &'static str = "The directive signal: m hint-judge votes per turn (score and hint), the \
-        selection strategy, the chosen hint and why, and the teacher context built from it (METHOD.md §3).";
+        selection strategy, the chosen hint and why, and the teacher context built from it (docs/method.md §3).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),

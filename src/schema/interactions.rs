@@ -1,4 +1,4 @@
-//! `interactions`: one row per assistant turn (METHOD.md §1).
+//! `interactions`: one row per assistant turn (docs/method.md §1).
 
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 
 /// Whether a turn is trainable (`main`) or only recorded (`side`: heartbeats, memory flushes,
-/// helper calls). METHOD.md §1.
+/// helper calls). docs/method.md §1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TurnType {
@@ -261,7 +261,7 @@ impl Table for Interaction {
     const KEY: &'static str = "interaction_id";
     const DOC: &'static str = "One row per assistant turn: the request the policy saw, its response \
         (text, reasoning, tool calls, token ids and rollout log-probs when known), the session it \
-        belongs to and where the row came from (METHOD.md §1).";
+        belongs to and where the row came from (docs/method.md §1).";
     fn fields() -> Vec<Field> {
         let mut f = vec![
             schema_version_field(),

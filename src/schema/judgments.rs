@@ -1,4 +1,4 @@
-//! `judgments`: m PRM votes per turn and their majority (METHOD.md §2).
+//! `judgments`: m PRM votes per turn and their majority (docs/method.md §2).
 
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
@@ -55,7 +55,7 @@ pub struct Judgment {
     pub valid_votes: i32,
     /// True when the top count was tied between values (score forced to 0).
     pub tie: bool,
-    /// Majority score in {1, 0, −1} (METHOD.md §2).
+    /// Majority score in {1, 0, −1} (docs/method.md §2).
     pub score: i32,
     /// Judge backend: `rules`, `openai`, `sglang`.
     pub judge_backend: String,
@@ -83,7 +83,7 @@ impl Table for Judgment {
     const KEY: &'static str = "judgment_id";
     const DOC: &'static str = "The evaluative signal: m PRM votes per main turn with a next state, each \
         vote's raw text and parsed value, the majority score, the number of valid votes and a tie flag, \
-        and the judge's identity (METHOD.md §2).";
+        and the judge's identity (docs/method.md §2).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),

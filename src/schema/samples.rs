@@ -1,11 +1,11 @@
-//! `samples`: what the trainer receives (METHOD.md §5).
+//! `samples`: what the trainer receives (docs/method.md §5).
 
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 
 use super::*;
 
-/// Which row of the METHOD.md §5 table produced a sample.
+/// Which row of the docs/method.md §5 table produced a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SampleType {
@@ -37,7 +37,7 @@ impl SampleType {
     pub fn has_hint(self) -> bool {
         matches!(self, SampleType::Opd | SampleType::CombinedBoth | SampleType::CombinedHintOnly)
     }
-    /// The method that produces this type: `binary`, `opd` or `combined` (METHOD.md §5).
+    /// The method that produces this type: `binary`, `opd` or `combined` (docs/method.md §5).
     pub fn method(self) -> &'static str {
         match self {
             SampleType::Binary => "binary",
@@ -47,7 +47,7 @@ impl SampleType {
     }
 }
 
-/// One hint candidate's teacher data over a sample's response (METHOD.md §3b), shapes [T, K].
+/// One hint candidate's teacher data over a sample's response (docs/method.md §3b), shapes [T, K].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TeacherCandidate {
     /// The `teacher_logprobs` row of this candidate.
@@ -83,7 +83,7 @@ pub struct Sample {
     pub pipeline: String,
     /// Method: `binary`, `opd` or `combined`.
     pub method: String,
-    /// Which METHOD.md §5 case produced it.
+    /// Which docs/method.md §5 case produced it.
     pub sample_type: SampleType,
     /// The turn.
     pub interaction_id: String,
@@ -114,7 +114,7 @@ pub struct Sample {
     /// null otherwise and in rows written before the column existed.
     #[serde(default)]
     pub teacher_prompt_token_ids: Option<Vec<i32>>,
-    /// Multi-candidate hints (METHOD.md §3b, `teacher.candidates` > 1): the student's top-K ids S_t per
+    /// Multi-candidate hints (docs/method.md §3b, `teacher.candidates` > 1): the student's top-K ids S_t per
     /// response position, [T, K]; null otherwise.
     #[serde(default)]
     pub student_topk_ids: Option<Vec<Vec<i32>>>,
@@ -207,7 +207,7 @@ impl Table for Sample {
     const KEY: &'static str = "sample_id";
     const DOC: &'static str = "Training samples, at most one per main turn per pipeline: prompt and \
         response token ids, loss mask, rollout log-probs, reward, teacher log-probs (and top-K), the \
-        policy version and lineage (METHOD.md §5).";
+        policy version and lineage (docs/method.md §5).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),

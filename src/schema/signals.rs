@@ -1,4 +1,4 @@
-//! `signals`: each main assistant turn paired with its next state (METHOD.md §1).
+//! `signals`: each main assistant turn paired with its next state (docs/method.md §1).
 
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
@@ -84,7 +84,7 @@ impl Table for Signal {
     const KEY: &'static str = "interaction_id";
     const DOC: &'static str = "One row per main assistant turn: its next state (user reply, all tool \
         results in call order, or environment observation), the next state's kind, cheap features for \
-        the judge, or the reason the turn has no next state (METHOD.md §1).";
+        the judge, or the reason the turn has no next state (docs/method.md §1).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),

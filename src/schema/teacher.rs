@@ -1,4 +1,4 @@
-//! `teacher_logprobs`: the teacher's log-probs of the student's own response tokens (METHOD.md §4).
+//! `teacher_logprobs`: the teacher's log-probs of the student's own response tokens (docs/method.md §4).
 
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
@@ -38,7 +38,7 @@ pub struct TeacherLogprobs {
     pub topk_ids: Option<Vec<Vec<i32>>>,
     /// Top-K teacher log-probs per position, shape [T, K], sorted descending.
     pub topk_logprobs: Option<Vec<Vec<f32>>>,
-    /// Multi-candidate hints (METHOD.md §3b): the student's (the policy's initial weights on the
+    /// Multi-candidate hints (docs/method.md §3b): the student's (the policy's initial weights on the
     /// original prompt) top-K token ids per position, shape [T, K]; null otherwise (and in rows written
     /// before the column existed).
     #[serde(default)]
@@ -58,7 +58,7 @@ impl Table for TeacherLogprobs {
     const KEY: &'static str = "teacher_id";
     const DOC: &'static str = "Teacher log-probs of the student's own response tokens under the \
         hint-enhanced context, aligned so that teacher_logprobs[i] scores response_token_ids[i], with \
-        optional top-K ids and log-probs per position (METHOD.md §4).";
+        optional top-K ids and log-probs per position (docs/method.md §4).";
     fn fields() -> Vec<Field> {
         vec![
             schema_version_field(),

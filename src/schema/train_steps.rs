@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::*;
 
 /// Metrics of one optimizer step. Losses are the mean over the step's samples of each sample's mean over its
-/// trained tokens (METHOD.md §6).
+/// trained tokens (docs/method.md §6).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainStep {
     /// Schema version.
@@ -49,7 +49,7 @@ pub struct TrainStep {
     pub seconds: f64,
     /// When the step finished (ms).
     pub created_time: i64,
-    /// Mean reward r (METHOD.md §5) over the step's trained samples. Null in rows of schema version 1.
+    /// Mean reward r (docs/method.md §5) over the step's trained samples. Null in rows of schema version 1.
     #[serde(default)]
     pub reward_mean: Option<f64>,
     /// Population standard deviation of r over the step's trained samples (divides by n). Null in
@@ -91,7 +91,7 @@ pub struct TrainStep {
     #[serde(default)]
     pub advantage_sign_by_type: Option<String>,
     /// Mean over the step's masked tokens of |the reward part of `A_t`|: `|r|` (binary), `|w_rl·r|`
-    /// (combined), 0 (OPD) (METHOD.md §6; `trainer::accumulate::AdvantageParts`). Beside
+    /// (combined), 0 (OPD) (docs/method.md §6; `trainer::accumulate::AdvantageParts`). Beside
     /// `advantage_teacher_abs_mean` it says which signal moved the policy. Null before schema version 3.
     #[serde(default)]
     pub advantage_reward_abs_mean: Option<f64>,
@@ -159,7 +159,7 @@ impl Table for TrainStep {
     const NAME: &'static str = "train_steps";
     const SCHEMA_VERSION: i32 = 3;
     const KEY: &'static str = "step_id";
-    const DOC: &'static str = "Per optimizer step: loss components (METHOD.md §6), clip fraction, \
+    const DOC: &'static str = "Per optimizer step: loss components (docs/method.md §6), clip fraction, \
         PPO KL, KL to the reference, entropy, advantages by sample type, tokens and seconds; since \
         version 2 also reward mean/std, learning rate, response lengths, tokens/s, staleness and the \
         positive/negative advantage token fractions (nullable: null in version-1 files); since version 3 \

@@ -1,4 +1,4 @@
-//! Classifying a next state and extracting cheap features from it (METHOD.md §1–2).
+//! Classifying a next state and extracting cheap features from it (docs/method.md §1–2).
 //!
 //! The pattern lists are public so the rule-based judge can use the same cues. All are Rust `regex`
 //! sources; each list is compiled once. They are heuristics for features and a coarse kind, not

@@ -1,4 +1,4 @@
-//! The signal stage's pure transform: pair each main turn with its next state (METHOD.md §1).
+//! The signal stage's pure transform: pair each main turn with its next state (docs/method.md §1).
 //!
 //! Input: [`Interaction`] rows in any order (with the Kafka position of each row). Output: exactly
 //! one [`Signal`] per main turn — paired with its next state, or excluded with a reason — and

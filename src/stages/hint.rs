@@ -1,4 +1,4 @@
-//! Hint stage wiring: `judgments` (combined) or `signals` (OPD) → hint votes → `hints` (METHOD.md §3),
+//! Hint stage wiring: `judgments` (combined) or `signals` (OPD) → hint votes → `hints` (docs/method.md §3),
 //! with the teacher context rendered by the policy's chat template.
 
 use std::sync::Arc;

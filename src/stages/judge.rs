@@ -1,4 +1,4 @@
-//! Judge stage wiring: `signals` → PRM votes → `judgments` (METHOD.md §2). The votes of a batch run
+//! Judge stage wiring: `signals` → PRM votes → `judgments` (docs/method.md §2). The votes of a batch run
 //! concurrently (bounded by the judge's semaphore); the vote cache is persisted after each batch.
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Teacher stage wiring: the last stage before training. For each turn it resolves the student's own
 //! tokens, the rollout log-probs, and (when a hint was accepted) the teacher's log-probs of those same
-//! tokens under the hint-enhanced context (METHOD.md §4), then assembles the sample (§5) and publishes
+//! tokens under the hint-enhanced context (docs/method.md §4), then assembles the sample (§5) and publishes
 //! `teacher_logprobs` and `samples`.
 //!
 //! Tokens ([`crate::teacher::tokens`]): the interaction's own prompt/response token ids when the

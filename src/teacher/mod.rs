@@ -1,4 +1,4 @@
-//! The teacher of on-policy distillation (METHOD.md §4), apart from the stage that runs it: its
+//! The teacher of on-policy distillation (docs/method.md §4), apart from the stage that runs it: its
 //! configuration (`[teacher]`: [`TeacherConfig`], [`TeacherBackend`]), the identity of its rows
 //! ([`teacher_row_id`], [`weights_identity`]), the token ids it scores ([`tokens`]) and the client of a
 //! remote teacher server ([`remote`]). Nothing here touches the bus; the Kafka wiring is
@@ -96,7 +96,7 @@ pub struct TeacherConfig {
     /// between runs that batched it differently; 1 gives the same bits every run (the ablations use it).
     pub batch: usize,
     /// Hint candidates per turn, C (1 = the hint stage's chosen hint only, the default). With C > 1
-    /// (multi-candidate hints, METHOD.md §3b) every accepted hint vote of a turn, deduplicated and
+    /// (multi-candidate hints, docs/method.md §3b) every accepted hint vote of a turn, deduplicated and
     /// shortest first, up to C, gets its own teacher context and scoring pass, and one more pass scores
     /// the student (the policy's initial weights on the original prompt) for its top-K ids; each
     /// candidate's row also holds the teacher's log-probs at those ids, and the sample carries them all

@@ -1,7 +1,7 @@
 //! The remote teacher: the teacher's log-probs of the student's response tokens from an inference
 //! server that holds the teacher model (`[teacher] backend = "sglang" | "vllm"`), instead of in-process.
 //!
-//! The alignment contract is the local teacher's (METHOD.md §4): the request is the teacher prompt ids
+//! The alignment contract is the local teacher's (docs/method.md §4): the request is the teacher prompt ids
 //! (rendered and tokenised locally, with the policy's template and tokenizer) followed by the student's
 //! response ids, scored in one prefill; the answer is read back so that `logprobs[i]` scores
 //! `response[i]` given the teacher prompt and `response[..i]`, and every value is checked against the

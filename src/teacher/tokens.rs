@@ -5,7 +5,7 @@
 //! otherwise they are made once with the policy's tokenizer and chat template: the prompt is the
 //! request rendered with the generation prompt, the response is what rendering the full conversation
 //! adds after it, cut after the first end-of-turn token; `tokenize(prompt + response)` must start with
-//! the prompt ids (METHOD.md §1), else the turn is dead-lettered.
+//! the prompt ids (docs/method.md §1), else the turn is dead-lettered.
 
 use crate::error::{Error, Result};
 use crate::hint::{candidate_hints, teacher_messages};
@@ -49,7 +49,7 @@ pub fn turn_tokens(lm: &LanguageModel, i: &Interaction) -> Result<(Vec<u32>, Vec
 
 /// The teacher contexts of a turn whose hint was accepted, as `(vote index, messages)`: with
 /// `candidates = 1` the hint stage's own context (`hints.teacher_messages`); with more, one per
-/// [`candidate_hints`] entry (METHOD.md §3b), built from the turn's request with [`teacher_messages`]
+/// [`candidate_hints`] entry (docs/method.md §3b), built from the turn's request with [`teacher_messages`]
 /// (the same construction as the hint stage's), the chosen hint alone when no vote qualifies.
 ///
 /// # Errors

@@ -41,7 +41,7 @@ fn check_hidden(hidden: &Tensor, b: i64, t: i64) -> Result<()> {
     Ok(())
 }
 
-/// Forward pass and loss for `batch` (METHOD.md §6), aggregated over `num_samples` = the samples of the
+/// Forward pass and loss for `batch` (docs/method.md §6), aggregated over `num_samples` = the samples of the
 /// whole optimizer step. With `train`, also the backward pass: the trainable weights' `.grad`
 /// accumulate `∂loss/∂θ` of this batch's share of the step's loss. The output head and every
 /// per-token term run on chunks of `cfg.logits_chunk_tokens` positions (see the module docs); the
@@ -280,7 +280,7 @@ pub struct Accumulated {
 }
 
 /// The advantages `A_t` of a step split into the part from the reward and the part from the teacher
-/// (METHOD.md §6: `A_t = w_rl·r + w_opd·(teacher_t − student_t)` for combined, `r` for binary,
+/// (docs/method.md §6: `A_t = w_rl·r + w_opd·(teacher_t − student_t)` for combined, `r` for binary,
 /// `teacher_t − student_t` for OPD), summed over the masked tokens: which signal moved the policy.
 ///
 /// The reward part of a token is `c·r·s` with `c` = 1 (binary), `w_rl` (combined) or 0 (OPD) and `s`
@@ -389,7 +389,7 @@ fn count_advantage_signs(adv: &Tensor, batch: &PackedBatch, into: &mut BTreeMap<
 /// The forward and backward pass of one optimizer step without the update: packs `samples` (dropping
 /// bad or stale rows with reasons, `version` = the policy version of the weights for staleness) into
 /// micro-batches of at most `cfg.micro_batch_tokens` padded tokens ([`micro_batches`]), and adds
-/// `∂loss/∂θ` of the step's loss (METHOD.md §6: the mean over the kept samples of each sample's mean
+/// `∂loss/∂θ` of the step's loss (docs/method.md §6: the mean over the kept samples of each sample's mean
 /// over its trained tokens) to the trainable tensors' `.grad` — call `zero_grad` first. Each
 /// micro-batch is aggregated over the samples of the whole step, so the result equals one pass over
 /// the whole batch. [`Trainer::train_step`](super::Trainer::train_step) is this, then clipping and AdamW.

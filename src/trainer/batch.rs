@@ -1,13 +1,13 @@
-//! Batch assembly: [`Sample`] rows → padded tensors for one optimizer step (METHOD.md §5–§6).
+//! Batch assembly: [`Sample`] rows → padded tensors for one optimizer step (docs/method.md §5–§6).
 //!
-//! **Alignment** (the model runtime's scoring convention, METHOD.md §4): a row is read as
+//! **Alignment** (the model runtime's scoring convention, docs/method.md §4): a row is read as
 //! `x = prompt ++ response`; response token `t` is predicted by the hidden state at input position
 //! `P − 1 + t` ([`PackedBatch::predict_positions`]), so `logprobs[t]` scores `response[t]` and lines up
 //! with `rollout_logprobs[t]`, `teacher_logprobs[t]`, `loss_mask[t]` and `topk_*[t]`.
 //!
 //! **Validation**: a row that cannot be trained is dropped with a [`DropReason`] (never silently):
 //! empty prompt or response, a per-token series of the wrong length, a non-finite value at a trained
-//! position (METHOD.md §4), a token id outside the vocabulary, a sample type that does not belong to the
+//! position (docs/method.md §4), a token id outside the vocabulary, a sample type that does not belong to the
 //! method, missing teacher log-probs, inconsistent or (when required) missing top-K lists, or a policy
 //! version too old ([`TrainerConfig::staleness_weight`]), and the quarantine rules of
 //! [`TrainerConfig::quarantine`](super::config::QuarantineSettings) that the packer can apply (a
@@ -371,12 +371,12 @@ fn check_candidates(s: &Sample, opts: &PackOptions) -> std::result::Result<usize
 }
 
 /// `O[t] = |S_t ∩ P_t|` for each position: how many of the student's top-K ids `student[t]` the
-/// candidate teacher's top-K `candidate[t]` also holds (METHOD.md §3b).
+/// candidate teacher's top-K `candidate[t]` also holds (docs/method.md §3b).
 pub fn overlap_counts(student: &[Vec<i32>], candidate: &[Vec<i32>]) -> Vec<usize> {
     student.iter().zip(candidate).map(|(s, p)| s.iter().filter(|id| p.contains(id)).count()).collect()
 }
 
-/// The chosen candidate k*(t) per position (METHOD.md §3b) from `overlaps[k][t]` = O[k,t]
+/// The chosen candidate k*(t) per position (docs/method.md §3b) from `overlaps[k][t]` = O[k,t]
 /// ([`overlap_counts`]), given the loss mask (only trained positions count in the sequence sum). Ties go
 /// to the lower k, i.e. the shorter hint.
 pub fn select_candidates(selection: CandidateSelection, overlaps: &[Vec<usize>], mask: &[i32]) -> Vec<usize> {
@@ -408,7 +408,7 @@ pub struct OverlapRows {
 }
 
 /// Selects a candidate per position and lays out the overlap term's ids, teacher log-probs and subset
-/// (METHOD.md §3b) for a validated sample (`student_topk_ids` and `candidates` present, widths K).
+/// (docs/method.md §3b) for a validated sample (`student_topk_ids` and `candidates` present, widths K).
 pub fn overlap_rows(s: &Sample, selection: CandidateSelection, subset: OverlapSubset) -> OverlapRows {
     let student = s.student_topk_ids.as_deref().unwrap_or_default();
     let cands = s.candidates.as_deref().unwrap_or_default();

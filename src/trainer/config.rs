@@ -1,5 +1,5 @@
 //! Trainer configuration: a pipeline's `[trainer]` table (defaults from the reference scripts,
-//! METHOD.md §6). Unknown keys are an error.
+//! docs/method.md §6). Unknown keys are an error.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +23,7 @@ pub enum Staleness {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AdvantageSign {
-    /// The method's advantage as METHOD.md §6 defines it.
+    /// The method's advantage as docs/method.md §6 defines it.
     #[default]
     Signal,
     /// A control arm: every token advantage `A_t` of a sample is multiplied by one sign s ∈ {−1, +1}
@@ -48,7 +48,7 @@ impl AdvantageSign {
     }
 }
 
-/// Which weights give the teacher log-probs the trainer uses (`trainer.teacher`, METHOD.md §4).
+/// Which weights give the teacher log-probs the trainer uses (`trainer.teacher`, docs/method.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TeacherSource {
@@ -77,7 +77,7 @@ impl TeacherSource {
     }
 }
 
-/// Which hint candidate's teacher a position learns from (`trainer.overlap.selection`, METHOD.md §3b).
+/// Which hint candidate's teacher a position learns from (`trainer.overlap.selection`, docs/method.md §3b).
 /// With S_t the student's top-K ids at position t and P_{t,k} candidate k's, the overlap is
 /// `O[k,t] = |S_t ∩ P_{t,k}|`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -104,7 +104,7 @@ impl CandidateSelection {
     }
 }
 
-/// Over which ids of a position the overlap term runs (`trainer.overlap.subset`, METHOD.md §3b).
+/// Over which ids of a position the overlap term runs (`trainer.overlap.subset`, docs/method.md §3b).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OverlapSubset {
@@ -129,7 +129,7 @@ impl OverlapSubset {
 }
 
 /// Settings of the multi-candidate overlap term (`[trainer.overlap]`, used when `opd_loss = overlap`;
-/// METHOD.md §3b).
+/// docs/method.md §3b).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OverlapSettings {
@@ -230,7 +230,7 @@ impl AlarmSettings {
 }
 
 /// LoRA settings (`[trainer.lora]`). The model runtime attaches the adapters; the trainer then trains
-/// and checkpoints only the adapter tensors (METHOD.md §6: rank 16, alpha 32 on q,k,v,o,gate,up,down).
+/// and checkpoints only the adapter tensors (docs/method.md §6: rank 16, alpha 32 on q,k,v,o,gate,up,down).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoraSettings {
@@ -509,7 +509,7 @@ impl TrainerConfig {
         Ok(())
     }
 
-    /// The loss coefficients for `method` (METHOD.md §6).
+    /// The loss coefficients for `method` (docs/method.md §6).
     pub fn loss_config(&self, method: Method) -> LossConfig {
         LossConfig {
             method,

@@ -1,4 +1,4 @@
-//! The trainer's loss math on tensors (METHOD.md §6; paper arXiv 2603.10165, §3–§4 and the reference
+//! The trainer's loss math on tensors (docs/method.md §6; paper arXiv 2603.10165, §3–§4 and the reference
 //! training scripts). Pure functions of tensors: no model, no I/O.
 //!
 //! Notation: B samples, T = Tmax response positions (right-padded), K teacher top-K width, V vocabulary.
@@ -10,7 +10,7 @@
 //! the same tokens under the hint-enhanced prompt, `mask` = 1 on trained response tokens. All log-probs are natural logs (nats). Every function accepts f32 or f64 tensors on
 //! any device; the mask must have the same kind as the values.
 //!
-//! Which terms each method uses (METHOD.md §6; `opd_loss` picks how the teacher signal enters):
+//! Which terms each method uses (docs/method.md §6; `opd_loss` picks how the teacher signal enters):
 //!
 //! | method | PPO advantage A_t | top-K term | KL / entropy |
 //! |---|---|---|---|
@@ -27,9 +27,9 @@
 //! Total loss: `loss = pg_loss + kl_coef·kl − entropy_coef·entropy + topk_coef·topk_kl` (with
 //! `overlap`, `+ w_opd·overlap term`, reported in the `topk_kl` slot), every term
 //! aggregated as the mean over the step's samples of each sample's mean over its trained tokens
-//! ([`mean_of_sample_means`], METHOD.md §6: the reference's effective loss).
+//! ([`mean_of_sample_means`], docs/method.md §6: the reference's effective loss).
 //!
-//! Where we differ from the reference (METHOD.md §6), and where it is implemented:
+//! Where we differ from the reference (docs/method.md §6), and where it is implemented:
 //! - **Temperature**: the reference divides the training logits by the rollout temperature (0.6) but
 //!   scores its teacher at T = 1; we train, score rollouts and score the teacher at T = 1 (the trainer's
 //!   log-softmax in `trainer::evaluate` and `model::score::score` apply no temperature), so the OPD
@@ -58,7 +58,7 @@ use crate::method::Method;
 use crate::schema::SampleType;
 use crate::{input_err, Result};
 
-/// How the teacher signal of the OPD and combined methods enters the loss (METHOD.md §6: the token-level
+/// How the teacher signal of the OPD and combined methods enters the loss (docs/method.md §6: the token-level
 /// advantage `teacher − student` in the PPO term, the top-K reverse-KL distillation term, or both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -71,7 +71,7 @@ pub enum OpdLoss {
     Topk,
     /// Both the PPO teacher advantage and the top-K term.
     Both,
-    /// Multi-candidate hints with overlap-guided selection (METHOD.md §3b): the teacher signal enters
+    /// Multi-candidate hints with overlap-guided selection (docs/method.md §3b): the teacher signal enters
     /// through [`overlap_opd_loss`] over a subset of each position's top-K ids (weighted `w_opd`); the
     /// PPO advantage keeps the reward part only. Needs samples with hint candidates
     /// (`teacher.candidates` > 1) and recomputed old log-probs.
@@ -90,7 +90,7 @@ impl OpdLoss {
     }
 }
 
-/// The loss's method and coefficients (METHOD.md §6). Built from `TrainerConfig::loss_config`.
+/// The loss's method and coefficients (docs/method.md §6). Built from `TrainerConfig::loss_config`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossConfig {
     /// Training method (decides the advantage, see the module table).
@@ -111,13 +111,13 @@ pub struct LossConfig {
     pub topk_coef: f64,
     /// How the teacher signal enters (OPD and combined only).
     pub opd_loss: OpdLoss,
-    /// Bound c on each id's log-prob difference `teacher − old` in the overlap term (METHOD.md §3b:
+    /// Bound c on each id's log-prob difference `teacher − old` in the overlap term (docs/method.md §3b:
     /// 1.0 in the reference's launcher).
     pub overlap_clip: f64,
 }
 
 impl LossConfig {
-    /// The METHOD.md §6 defaults for `method`: ε = 0.2, ε_high = 0.28, w_rl = w_opd = 1, kl and entropy
+    /// The docs/method.md §6 defaults for `method`: ε = 0.2, ε_high = 0.28, w_rl = w_opd = 1, kl and entropy
     /// weights 0, top-K weight 1, `opd_loss = ppo`.
     pub fn new(method: Method) -> LossConfig {
         LossConfig {
@@ -176,7 +176,7 @@ fn masked(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
 }
 
 /// Per-token advantages `A_t` `[B, T]` (same kind as `student`, no gradient, 0 where `mask` is 0)
-/// (METHOD.md §6):
+/// (docs/method.md §6):
 /// - binary: `A_t = r`;
 /// - OPD: `A_t = teacher_t − student_t` (0 when `opd_loss = topk`);
 /// - combined: `A_t = w_rl·r + w_opd·(teacher_t − student_t)` (the teacher part left out when
@@ -184,11 +184,11 @@ fn masked(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
 ///
 /// `student` is the **current policy's** log-prob of each response token (the weights at the start of
 /// the optimizer step, no gradient; [`compute_loss`] passes `new` detached), never the rollout
-/// log-probs: the reference's OPD target (openclaw-combine/combine_loss.py; METHOD.md §6). After a step
+/// log-probs: the reference's OPD target (openclaw-combine/combine_loss.py; docs/method.md §6). After a step
 /// that lowered the policy's log-prob of a token by δ, that token's OPD advantage is δ higher.
 ///
 /// A [`SampleType::CombinedScoreOnly`] row has no hint: its teacher log-probs are the rollout
-/// log-probs (METHOD.md §5), so its teacher term would be `rollout − current`, noise that says nothing
+/// log-probs (docs/method.md §5), so its teacher term would be `rollout − current`, noise that says nothing
 /// about a teacher; it is set to exactly 0.
 ///
 /// `reward` is `[B]`, `student`, `teacher` and `mask` `[B, T]` (nats), `sample_types` has B entries.
@@ -241,15 +241,15 @@ pub struct PpoTerms {
     pub ratio: Tensor,
 }
 
-/// Bound on `|new − old|` (nats) before the PPO ratio's `exp` (METHOD.md §6: 20).
+/// Bound on `|new − old|` (nats) before the PPO ratio's `exp` (docs/method.md §6: 20).
 pub const LOG_RATIO_CLAMP: f64 = 20.0;
 
-/// PPO clipped surrogate with an asymmetric clip (METHOD.md §6; the reference uses ε = 0.2,
+/// PPO clipped surrogate with an asymmetric clip (docs/method.md §6; the reference uses ε = 0.2,
 /// ε_high = 0.28): `ratio_t = exp(new_t − old_t)`,
 /// `L_t = max(−ratio_t·A_t, −clip(ratio_t, 1−ε, 1+ε_high)·A_t)`.
 ///
 /// The log-ratio `new − old` is clamped to [−[`LOG_RATIO_CLAMP`], +[`LOG_RATIO_CLAMP`]] before `exp`
-/// (METHOD.md §6), so one broken sample cannot make the step non-finite; where the clamp binds the
+/// (docs/method.md §6), so one broken sample cannot make the step non-finite; where the clamp binds the
 /// token's gradient is 0.
 ///
 /// `new` `[B, T]` (with gradient), `old` and `adv` `[B, T]` (treated as constants). Padding is not
@@ -277,7 +277,7 @@ fn clipped_surrogate(new: &Tensor, old: &Tensor, adv: &Tensor, eps_clip: f64, ep
     Ok(PpoTerms { loss, clipped, ratio })
 }
 
-/// k3 ("low-variance") estimator of KL(π_θ ‖ π_ref) per token (METHOD.md §6):
+/// k3 ("low-variance") estimator of KL(π_θ ‖ π_ref) per token (docs/method.md §6):
 /// `kl_t = exp(ref_t − new_t) − 1 − (ref_t − new_t)`, clamped to [−10, 10] (k3 is ≥ 0, so only the
 /// upper bound can bind). `new` `[B, T]` with gradient, `reference` `[B, T]` constant.
 ///
@@ -291,7 +291,7 @@ pub fn k3_kl(new: &Tensor, reference: &Tensor) -> Result<Tensor> {
 }
 
 /// Entropy `H_t = −Σ_v p_v log p_v` (nats) from the full log-softmax `[B, T, V]` → `[B, T]`
-/// (METHOD.md §6, the entropy bonus; differentiable when `log_probs_full` is).
+/// (docs/method.md §6, the entropy bonus; differentiable when `log_probs_full` is).
 ///
 /// # Errors
 /// [`crate::Error::Torch`] on a tensor failure.
@@ -300,11 +300,11 @@ pub fn entropy(log_probs_full: &Tensor) -> Result<Tensor> {
     Ok(p.f_mul(log_probs_full)?.f_sum_dim_intlist(-1i64, false, log_probs_full.kind())?.f_neg()?)
 }
 
-/// Upper bound on the log of the top-K mass before the tail bin is computed (METHOD.md §6: the
+/// Upper bound on the log of the top-K mass before the tail bin is computed (docs/method.md §6: the
 /// logsumexp is clamped to ≤ −1e−7 so the tail `log(1 − exp(·))` stays finite).
 pub const TOPK_LOGSUMEXP_MAX: f64 = -1e-7;
 
-/// Appends the tail bin to top-K log-probs `[..., K]` → `[..., K + 1]` (METHOD.md §6):
+/// Appends the tail bin to top-K log-probs `[..., K]` → `[..., K + 1]` (docs/method.md §6):
 /// `tail = log(1 − exp(min(logsumexp(topK), −1e−7)))`, computed as `log(−expm1(·))` (the same value,
 /// accurate when the top-K mass is close to 1).
 ///
@@ -316,7 +316,7 @@ pub fn add_tail_bin(topk_logprobs: &Tensor) -> Result<Tensor> {
     Ok(Tensor::f_cat(&[topk_logprobs, &tail], -1)?)
 }
 
-/// Top-K reverse-KL distillation per position (METHOD.md §6): with `s` = the student's log-probs at the
+/// Top-K reverse-KL distillation per position (docs/method.md §6): with `s` = the student's log-probs at the
 /// teacher's top-K ids and `t` = the teacher's top-K log-probs, both `[B, T, K]`, each extended with its
 /// tail bin ([`add_tail_bin`]), `loss_t = Σ_{k=1}^{K+1} p_s,k · (log p_s,k − log p_t,k)` → `[B, T]`.
 /// Differentiable in `student`; `teacher` is a constant.
@@ -335,7 +335,7 @@ pub fn topk_reverse_kl(student: &Tensor, teacher: &Tensor) -> Result<Tensor> {
     Ok(s.f_exp()?.f_mul(&s.f_sub(&t)?)?.f_sum_dim_intlist(-1i64, false, student.kind())?)
 }
 
-/// The OPD term of multi-candidate hints with overlap-guided selection (METHOD.md §3b), per position
+/// The OPD term of multi-candidate hints with overlap-guided selection (docs/method.md §3b), per position
 /// `[B, T]`. At each position, over the ids v of the position's subset (the `J` ids given, those with
 /// `subset` = 1; all when `None`):
 /// - `old(v)` = `new(v)` detached (the reference recomputes old log-probs with the current weights),
@@ -406,7 +406,7 @@ pub fn sample_means_over(x: &Tensor, mask: &Tensor, tokens: Option<&Tensor>) -> 
     Ok(num.f_div(&den.f_clamp_min(1.0)?)?)
 }
 
-/// The step's aggregation (METHOD.md §6, the reference's effective loss): each sample's mean over its
+/// The step's aggregation (docs/method.md §6, the reference's effective loss): each sample's mean over its
 /// masked tokens, multiplied by its weight (`weights` `[B]`, e.g. staleness down-weighting; all 1 when
 /// `None`), summed, and divided by `num_samples` = N, the samples of the optimizer step (B when the
 /// batch is the whole step): `(1/N) Σ_b w_b · Σ_t x_bt·m_bt / max(n_b, 1)`. `tokens` gives n_b when
@@ -458,7 +458,7 @@ pub struct LossInputs<'a> {
     pub reward: &'a Tensor,
     /// `[B, T]`, 0/1: trained response tokens (padding and loss-mask 0 are 0).
     pub mask: &'a Tensor,
-    /// B entries: which METHOD.md §5 case produced each row.
+    /// B entries: which docs/method.md §5 case produced each row.
     pub sample_types: &'a [SampleType],
     /// `[B]`: per-sample weight in the aggregation (staleness); all 1 when `None`.
     pub sample_weights: Option<&'a Tensor>,
@@ -551,7 +551,7 @@ fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.f_double_value(&[])?)
 }
 
-/// The full loss of a batch (METHOD.md §6): advantages ([`advantages`], times
+/// The full loss of a batch (docs/method.md §6): advantages ([`advantages`], times
 /// [`LossInputs::advantage_signs`] when given), the PPO clipped surrogate
 /// ([`ppo_clipped_loss`]), the k3 KL ([`k3_kl`]), the entropy bonus, the top-K reverse KL
 /// ([`topk_reverse_kl`]), each aggregated by [`mean_of_sample_means`], combined as
@@ -578,7 +578,7 @@ pub fn compute_loss(cfg: &LossConfig, inp: &LossInputs<'_>) -> Result<LossOutput
     };
     let agg = |x: &Tensor, m: &Tensor, tokens: Option<&Tensor>| mean_of_sample_means(x, m, weights, tokens, n);
 
-    // The OPD target's student side: the current policy (METHOD.md §6), `new` without gradient.
+    // The OPD target's student side: the current policy (docs/method.md §6), `new` without gradient.
     let student = new.f_detach()?;
     let mut adv = advantages(cfg, inp.reward, &student, inp.teacher_logprobs, inp.sample_types, &mask)?;
     if let Some(s) = inp.advantage_signs {

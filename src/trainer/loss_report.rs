@@ -45,7 +45,7 @@ pub struct SampleLoss {
     /// The sample's loss `pg + kl_coef·kl − entropy_coef·entropy (+ topk_coef·topk_kl)`, before its weight.
     pub loss: f64,
     /// Per response token (length = the sample's response length): the advantage `A_t` the loss used
-    /// (METHOD.md §6; 0 on untrained tokens), times the sample's sign in a random-sign control arm.
+    /// (docs/method.md §6; 0 on untrained tokens), times the sample's sign in a random-sign control arm.
     pub token_advantages: Vec<f64>,
     /// Per response token: the current policy's log-prob (nats) of the token under the weights
     /// evaluated — the student side of the OPD target `teacher − student`.
@@ -85,7 +85,7 @@ fn row(t: &Tensor, i: usize, len: usize) -> Result<Vec<f64>> {
 }
 
 /// Computes, without updating weights (under `no_grad`), the advantages and every loss component of each
-/// sample under `policy`'s current weights, in chunks of `cfg.batch_size` (METHOD.md §6). `version` is
+/// sample under `policy`'s current weights, in chunks of `cfg.batch_size` (docs/method.md §6). `version` is
 /// the policy version of these weights (for staleness).
 ///
 /// # Errors

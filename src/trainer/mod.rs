@@ -1,4 +1,4 @@
-//! The trainer: METHOD.md §6 losses, one AdamW step per batch of samples, checkpoints with lineage.
+//! The trainer: docs/method.md §6 losses, one AdamW step per batch of samples, checkpoints with lineage.
 //!
 //! Layers:
 //! - [`loss`]: the loss math on tensors (advantages, PPO clip, k3 KL, entropy, top-K reverse KL, the

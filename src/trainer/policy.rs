@@ -81,7 +81,7 @@ pub trait Policy {
     }
 
     /// [`Policy::response_logprobs`] of the distribution at `temperature`: the log-softmax of
-    /// `logits / temperature` (the trainer's `trainer.temperature`, METHOD.md §6). 1 gives the plain
+    /// `logits / temperature` (the trainer's `trainer.temperature`, docs/method.md §6). 1 gives the plain
     /// log-softmax.
     ///
     /// # Errors

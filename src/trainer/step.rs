@@ -242,7 +242,7 @@ impl<P: Policy> Trainer<P> {
     }
 
     /// One optimizer step on `samples` (normally `batch_size` of them): pack (dropping bad or stale rows
-    /// with reasons, the quarantine rules included), forward, loss (METHOD.md §6), backward,
+    /// with reasons, the quarantine rules included), forward, loss (docs/method.md §6), backward,
     /// gradient-norm clipping to `grad_clip`, AdamW. A sample whose mean |rollout − current| log-prob
     /// exceeds `quarantine.max_logprob_gap` is found in the forward pass; the gradients are then zeroed
     /// and the step is taken without it (drop reason `logprob_gap`). A checkpoint is written every

@@ -577,7 +577,7 @@ fn opd_batch(p: &Tiny, poison: &[usize]) -> Vec<Sample> {
     v
 }
 
-/// METHOD.md §6, the reference's OPD target: `teacher − π_θ` with π_θ the weights being trained. A real
+/// docs/method.md §6, the reference's OPD target: `teacher − π_θ` with π_θ the weights being trained. A real
 /// optimizer step on a teacher below the policy lowers the policy's log-probs, and the loss report's
 /// advantage of every token rises by exactly that amount; off-policy rollout log-probs never enter it.
 #[test]

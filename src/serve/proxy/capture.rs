@@ -1,6 +1,6 @@
 //! A finished turn as the capture proxy records it: the request side kept until the response is
 //! known ([`TurnRequest`]) and what the pair becomes ([`Captured`]): the [`Interaction`] row
-//! (METHOD.md §1), with session and turn index from [`Sessions`] and validated tokens, or a dead
+//! (docs/method.md §1), with session and turn index from [`Sessions`] and validated tokens, or a dead
 //! letter. Pure code, unit-tested below.
 
 use serde_json::{json, Value};
@@ -65,7 +65,7 @@ pub fn dead_response(reason_code: &str, reason: String, req: &TurnRequest, respo
     DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default()).with_keys(req.meta.session_id.as_deref().unwrap_or(""), None)
 }
 
-/// Builds the `interactions` row of a finished turn (METHOD.md §1): normalised request messages, the
+/// Builds the `interactions` row of a finished turn (docs/method.md §1): normalised request messages, the
 /// response's text, reasoning and tool calls, validated token ids and log-probs, session and turn
 /// index from `sessions`, `source_format = "proxy"`. `header_version` is the upstream's
 /// `X-Policy-Version` header (used when the body has no `policy_version`).

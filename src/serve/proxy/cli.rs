@@ -39,7 +39,7 @@ pub struct ProxyArgs {
     /// Name of the environment variable holding the upstream's API key.
     #[arg(long)]
     pub upstream_api_key_env: Option<String>,
-    /// Turn type of requests that do not mark it (main = trainable; METHOD.md §1).
+    /// Turn type of requests that do not mark it (main = trainable; docs/method.md §1).
     #[arg(long, default_value = "main")]
     pub default_turn_type: String,
     /// Folder of the spool that holds events while Kafka is unavailable.

@@ -22,7 +22,7 @@ pub struct ProxyOptions {
     /// Bearer key for the upstream. When `None` and `api_key` is `None`, the client's own
     /// `Authorization` header is forwarded.
     pub upstream_api_key: Option<String>,
-    /// Turn type of requests that do not say (METHOD.md §1).
+    /// Turn type of requests that do not say (docs/method.md §1).
     pub default_turn_type: TurnType,
     /// Spool folder and bound.
     pub spool: SpoolConfig,

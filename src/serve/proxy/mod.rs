@@ -1,7 +1,7 @@
 //! `nextstate proxy`: a capture proxy in front of a policy server (ours, vLLM, SGLang, a hosted
 //! API). It forwards `POST /v1/chat/completions`, `POST /v1/responses` (OpenAI Responses) and
 //! `POST /v1/messages` (Anthropic Messages), streamed or not, and `GET /v1/models`, and emits one
-//! `interactions` event per finished turn (METHOD.md §1) to Kafka without ever making the client
+//! `interactions` event per finished turn (docs/method.md §1) to Kafka without ever making the client
 //! wait on Kafka. What is specific to the Responses and Messages APIs (conversations, responses,
 //! stream events, `previous_response_id` chains, `x-api-key` / `anthropic-*` headers) is in
 //! [`apis`]; everything below holds for all three, except the log-prob rewriting, which is chat
@@ -13,7 +13,7 @@
 //!   `session_done`, `turn_index` (headers win). The body keys are removed and the headers are not
 //!   forwarded: the upstream never sees them. A bad turn type or index → 400.
 //! - No session id → inferred ([`crate::ingest::sessions`]; `session_inferred = true`). The default
-//!   turn type is configurable and `main` by default (METHOD.md §1: the reference's `side` default
+//!   turn type is configurable and `main` by default (docs/method.md §1: the reference's `side` default
 //!   trains nothing).
 //! - `turn_index`: explicit (`X-Turn-Index`) when given; else, for an explicit session, the number of
 //!   turns (main and side) of that session this proxy process has seen, in the order their responses
@@ -26,7 +26,7 @@
 //!   `choices[].token_ids`; ours returns them anyway and ignores the key) unless disabled. It does
 //!   **not** set `logprobs_mode`: the upstream's own default applies to proxied and direct calls
 //!   alike (ours: `nextstate serve --logprobs-mode`, default `sampling` = the distribution actually
-//!   sampled from; vLLM: raw). The trainer's ratio `exp(new − old)` (METHOD.md §6) compares these
+//!   sampled from; vLLM: raw). The trainer's ratio `exp(new − old)` (docs/method.md §6) compares these
 //!   rollout log-probs with its own forward pass, so deployments that sample with temperature ≠ 1 or
 //!   top-p/top-k and want the two to agree set `--logprobs-mode raw` on the server, or
 //!   `--upstream-logprobs-mode raw` here (sent only when the client sent none).

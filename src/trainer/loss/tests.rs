@@ -1,4 +1,4 @@
-//! Hand-computed checks of the METHOD.md §6 loss math (f64 tensors on CPU).
+//! Hand-computed checks of the docs/method.md §6 loss math (f64 tensors on CPU).
 
 use proptest::prelude::*;
 use tch::{Kind, Tensor};
@@ -139,7 +139,7 @@ fn advantage_shape_errors_name_the_shapes() {
 }
 
 proptest! {
-    /// METHOD.md §6: with teacher = student and r = 0, the combined advantage is exactly 0 (any weights,
+    /// docs/method.md §6: with teacher = student and r = 0, the combined advantage is exactly 0 (any weights,
     /// any sample type, any mask).
     #[test]
     fn combined_advantage_is_zero_when_teacher_equals_student_and_no_reward(
@@ -162,7 +162,7 @@ proptest! {
     }
 }
 
-/// METHOD.md §6 (the reference's target): the OPD term of the whole loss is `teacher − student` with
+/// docs/method.md §6 (the reference's target): the OPD term of the whole loss is `teacher − student` with
 /// `student` = `new` (the current policy), never the rollout log-probs in `old`. The rollout log-probs
 /// only move the PPO ratio; a policy whose log-probs were lowered by δ gets advantages δ higher.
 #[test]
