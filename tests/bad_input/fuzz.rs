@@ -169,15 +169,18 @@ proptest! {
     }
 
     /// The judge-output parser on arbitrary text and on text built from box fragments: a vote is
-    /// always 1, 0 or −1 and is the last boxed digit; it is refused only when that digit is missing
-    /// or out of range.
+    /// always 1, 0 or −1 and is the last boxed digit (or, with no box, the whole answer's bare grade);
+    /// it is refused only when that digit is missing or out of range. A fault found in a local run:
+    /// the bare-grade reading (prm-eval, issue 39) was not in this property, and `0` failed it.
     #[test]
     fn judge_votes_are_always_in_range(parts in proptest::collection::vec(prop_oneof![
         Just("\\boxed{".to_string()), Just("}".to_string()), Just("-".to_string()), Just("+".to_string()),
         "[0-9]".prop_map(String::from), Just(" ".to_string()), Just("\n".to_string()), Just("\u{2212}".to_string()),
         "\\PC{0,8}".prop_map(String::from)], 0..24)) {
         let text = parts.concat();
-        let digit = last_boxed_digit(&text);
+        // Without a box, an answer that is only a grade (`1`, ` -1.`) counts (a small judge's form).
+        let bare = regex::Regex::new(r"^\s*([+-]?[0-9])\s*[.,!]?\s*$").unwrap();
+        let digit = last_boxed_digit(&text).or_else(|| bare.captures(&text).map(|c| c[1].parse::<i32>().unwrap()));
         match parse_vote(&text) {
             Ok(v) => {
                 prop_assert!((-1..=1).contains(&v));
