@@ -70,6 +70,11 @@ pub struct ProxyConfig {
     /// (default 512).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+    /// Headers naming a request's tenant, first present wins (case-insensitive; default
+    /// `["X-Agent-Id", "X-User-Id"]`). A request naming none belongs to the `default` tenant; an
+    /// invalid id is refused with 400 `invalid_tenant`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_headers: Option<Vec<String>>,
 }
 
 impl ProxyConfig {
@@ -79,6 +84,14 @@ impl ProxyConfig {
     /// [`Error::Config`] for a zero value.
     pub fn limits(&self) -> Result<crate::net::ListenLimits> {
         crate::net::ListenLimits::from_settings("proxy", self.header_timeout_s, self.body_timeout_s, self.max_connections)
+    }
+
+    /// `tenant_headers` as lower-case header names, or the default list when unset.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty list or a name that is not a valid HTTP header name.
+    pub fn tenant_header_names(&self) -> Result<Vec<String>> {
+        crate::serve::proxy::request::tenant_header_names(self.tenant_headers.as_deref()).map_err(|e| crate::config_err!("proxy.tenant_headers: {e}"))
     }
 }
 
@@ -96,6 +109,7 @@ impl Default for ProxyConfig {
             header_timeout_s: None,
             body_timeout_s: None,
             max_connections: None,
+            tenant_headers: None,
         }
     }
 }

@@ -169,6 +169,10 @@ enum Command {
         /// Turn type of turns the log does not mark (main = trainable).
         #[arg(long, default_value = "main")]
         default_turn_type: String,
+        /// Tenant (agent or user of a fleet) of every turn read: 1-64 characters from
+        /// [A-Za-z0-9_.-], beginning with a letter or digit. Default: `default`.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Only produce to Kafka; do not run the lake sinks in this process.
         #[arg(long)]
         no_sink: bool,
@@ -598,7 +602,7 @@ fn run() -> Result<()> {
                     outln!("export {}: {}", to.as_str(), f.summary());
                 }
             }
-            Command::Ingest { format, default_turn_type, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions, metrics } => {
+            Command::Ingest { format, default_turn_type, tenant, no_sink, pipeline, data, files, follow, poll_ms, settle_ms, exit_when_idle_ms, positions, metrics } => {
                 let cfg = load_pipeline(&pipeline, &data)?;
                 let choice: nextstate::ingest::FormatChoice = format.parse()?;
                 let format = match choice {
@@ -620,10 +624,11 @@ fn run() -> Result<()> {
                         exit_when_idle: exit_when_idle_ms.map(std::time::Duration::from_millis),
                         state: positions,
                         sink: !no_sink,
+                        tenant,
                     };
                     nextstate::stages::follow::follow(&cfg, &args, stop).await.context("ingest --follow failed")?
                 } else {
-                    let args = nextstate::stages::source::IngestArgs { files, format, default_turn_type, sink: !no_sink, progress: true };
+                    let args = nextstate::stages::source::IngestArgs { files, format, default_turn_type, sink: !no_sink, progress: true, tenant };
                     nextstate::stages::source::ingest(&cfg, &args, stop).await.context("ingest failed")?
                 };
                 outln!("{}", r.line());

@@ -299,6 +299,7 @@ pub fn assemble(
         sample_type,
         interaction_id: iid.clone(),
         session_id: interaction.session_id.clone(),
+        tenant: interaction.tenant.clone(),
         turn_index: interaction.turn_index,
         prompt_token_ids: prompt_ids.to_vec(),
         response_token_ids: response_ids.to_vec(),

@@ -229,3 +229,23 @@ fn pipeline_paths_are_relative_to_the_pipeline_file_not_the_working_directory() 
     assert!(line.contains(&a.join("models/absent").display().to_string()) && line.contains(&elsewhere.join("models/absent").display().to_string()), "both places tried: {err}");
     assert!(!err.to_lowercase().contains("stack backtrace"), "{err}");
 }
+
+/// `ingest --tenant`: every turn of the file is the tenant's (issue 41); an invalid tenant id is a
+/// one-line error before anything is read, and without the flag the turns are the `default` tenant's.
+#[test]
+fn ingest_tenant_marks_every_turn_and_an_invalid_one_is_refused() {
+    let log = common::root().join("tests/fixtures/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
+    let prefix = common::prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let (out, _) = on_broker(&["ingest", "--tenant", "team-a"], &prefix, &lake, &[log.to_str().unwrap()]);
+    assert!(out.contains("interactions=10 "), "{out}");
+    assert_eq!(sql(&lake, "SELECT tenant, count(*) AS n FROM interactions GROUP BY tenant"), "tenant,n\nteam-a,10\n");
+    let (ok, _, err) = common::run_bin(&["ingest", "--tenant", "team a", "--lake", lake.to_str().unwrap(), log.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("--tenant: tenant id \"team a\" has the character ' ' at byte 4"), "{err}");
+    assert!(!err.to_lowercase().contains("stack backtrace"), "{err}");
+    let lake2 = dir.path().join("lake2");
+    on_broker(&["ingest"], &format!("{prefix}-2"), &lake2, &[log.to_str().unwrap()]);
+    assert_eq!(sql(&lake2, "SELECT tenant, count(*) AS n FROM interactions GROUP BY tenant"), "tenant,n\ndefault,10\n");
+}

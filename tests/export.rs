@@ -36,6 +36,7 @@ fn hint(n: usize, it: &Interaction) -> HintRecord {
         pipeline: "combined".into(),
         interaction_id: it.interaction_id.clone(),
         session_id: it.session_id.clone(),
+        tenant: None,
         turn_index: 0,
         candidates: vec![],
         strategy: "longest".into(),

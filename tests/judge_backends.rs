@@ -72,6 +72,7 @@ fn turn() -> TurnContext {
     TurnContext {
         interaction_id: "i1".into(),
         session_id: "s1".into(),
+        tenant: None,
         turn_index: 1,
         policy_version: Some(2),
         event_time: 1_700_000_000_000,

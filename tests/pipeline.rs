@@ -160,18 +160,34 @@ async fn an_opd_pipeline_alone_on_a_fresh_lake_hints_from_the_live_signals() {
     assert_eq!((hint.get("hint: accepted"), hint.get("hint: none"), hint.get("dead_letter: missing_context")), (Some(&2), Some(&2), None), "{hint:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
+/// What the tests with the real model start from: the model, the scripted judge/hint endpoint, and a
+/// fresh lake (in `dir`) holding `rows` as its `interactions`.
+struct Setup {
+    model: std::path::PathBuf,
+    url: String,
+    dir: tempfile::TempDir,
+    lake_dir: std::path::PathBuf,
+    lake: Lake,
+}
+
+/// [`Setup`] for `rows`; `None` (reported as missing) without the model.
+async fn setup(rows: &[Interaction]) -> Option<Setup> {
     let Some(model) = common::smollm2() else {
         common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
-        return;
+        return None;
     };
     let url = start_scripted().await;
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let lake = Lake::open(&lake_dir).unwrap();
+    lake.write_rows(rows, "test", 1).unwrap();
+    Some(Setup { model, url, dir, lake_dir, lake })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     let rows = all_cases();
-    lake.write_rows(&rows, "test", 1).unwrap();
+    let Some(Setup { model, url, dir, lake_dir, lake }) = setup(&rows).await else { return };
 
     // The same interactions through the three methods (three pipelines over one lake).
     for (name, method) in [("t-combined", "combined"), ("t-binary", "binary"), ("t-opd", "opd")] {
@@ -222,6 +238,44 @@ async fn every_row_of_the_sample_table_and_a_replay_from_the_vote_cache() {
     assert_eq!(judge.get("votes_cached"), 12, "every judge vote from the cache (the endpoint is unreachable): {judge:?}");
     assert_eq!(report.stages["hint"].get("votes_cached"), 8);
     assert_same_samples(&sorted_samples(&lake2, "t-combined"), &combined);
+}
+
+/// Issue 41: the tenant of each interaction reaches every row built from it (signals, judgments, hints,
+/// teacher log-probs, samples), and an interaction whose tenant is not a valid id is a dead letter of
+/// the signals stage (`invalid_tenant`), counted, while the other tenants' turns go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rows_tenant_reaches_every_table_and_an_invalid_tenant_is_a_dead_letter() {
+    // A and B are alice's sessions, C and D bob's, E's tenant id has a space.
+    let tenant_of = |sid: &str| match sid {
+        "case-A" | "case-B" => "alice",
+        "case-C" | "case-D" => "bob",
+        _ => "not valid",
+    };
+    let rows: Vec<Interaction> = all_cases()
+        .into_iter()
+        .chain(session("E", 5))
+        .map(|r| Interaction { tenant: Some(tenant_of(&r.session_id).to_string()), ..r })
+        .collect();
+    let Some(Setup { model, url, dir: _dir, lake_dir, lake }) = setup(&rows).await else { return };
+    let report = run(&pipeline("t-tenants", "combined", &lake_dir, &url, &model)).await;
+    assert_eq!(report.stages["signals"].get("dead_letter: invalid_tenant"), 2, "E's main and side turn: {:?}", report.stages["signals"]);
+    for table in ["signals", "judgments", "hints", "teacher_logprobs", "samples"] {
+        let got = csv(&lake, &format!("SELECT tenant, count(*) AS n FROM {table} GROUP BY tenant ORDER BY tenant")).await;
+        let want = match table {
+            // combined: A both, B hint-only, C score-only; D none. Hints: A and B accepted.
+            "samples" => "tenant,n\nalice,2\nbob,1\n",
+            "teacher_logprobs" => "tenant,n\nalice,2\n",
+            _ => "tenant,n\nalice,2\nbob,2\n",
+        };
+        assert_eq!(got, want, "{table}");
+    }
+    // Each sample's tenant is its interaction's.
+    let mismatched = "SELECT count(*) FROM samples s JOIN interactions i ON s.interaction_id = i.interaction_id WHERE s.tenant <> i.tenant";
+    assert_eq!(nextstate::sql::scalar_i64(&lake, mismatched).await.unwrap(), 0);
+    let dead = csv(&lake, "SELECT stage, reason_code, session_id, count(*) AS n FROM dead_letters GROUP BY stage, reason_code, session_id").await;
+    assert_eq!(dead, "stage,reason_code,session_id,n\nsignals,invalid_tenant,case-E,2\n");
+    let reason = csv(&lake, "SELECT reason FROM dead_letters WHERE session_id = 'case-E' AND reason LIKE '%byte 3%' LIMIT 1").await;
+    assert!(reason.contains("tenant id \"\"not valid\"\" has the character ' ' at byte 3"), "{reason}");
 }
 
 /// A replay gives the same samples: every field equal but the log-probs, which agree to 1e-4 per token.

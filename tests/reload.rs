@@ -394,6 +394,7 @@ fn checkpoint(run: &str, v: i64) -> Checkpoint {
         schema_version: Checkpoint::SCHEMA_VERSION,
         checkpoint_id: format!("{run}/{v}"),
         run_id: run.into(),
+        tenant: None,
         version: v,
         parent_version: v - 1,
         step: v,

@@ -15,7 +15,7 @@ async fn fixture_lake(dir: &std::path::Path) -> Lake {
         .collect();
     let mut cfg = nextstate::config::PipelineConfig::embedded_default();
     cfg.lake = dir.to_path_buf();
-    let args = nextstate::stages::source::IngestArgs { files, format: None, default_turn_type: nextstate::schema::TurnType::Main, sink: true, progress: false };
+    let args = nextstate::stages::source::IngestArgs { files, format: None, default_turn_type: nextstate::schema::TurnType::Main, sink: true, progress: false, tenant: None };
     nextstate::stages::source::ingest(&cfg, &args, nextstate::runtime::Stop::default()).await.unwrap();
     let opts = nextstate::stages::run::RunOptions { only: Some(vec!["signals".into(), "sinks".into()]), until_idle: true, ..Default::default() };
     nextstate::stages::run::run_pipeline(&cfg, &opts, nextstate::runtime::Stop::default()).await.unwrap();
@@ -116,10 +116,12 @@ async fn train_steps_files_of_schema_version_1_read_with_null_new_columns() {
         created_time: 1_700_000_000_000,
         ..TrainStep::new("r", 1, "binary")
     };
-    // Rewrites the row's file with the first `columns` columns of `row` (an older schema version's).
+    // Rewrites the row's file with the first `columns` columns of `row` (an older schema version's),
+    // leaving out `tenant`, which came later (issue 41) though it sits beside `run_id`.
     let rewrite = |row: &TrainStep, path: &std::path::Path, columns: usize, last: &str| {
         let batch = serde_arrow::to_record_batch(&field_refs::<TrainStep>(), &vec![row.clone()]).unwrap();
-        let old = batch.project(&(0..columns).collect::<Vec<_>>()).unwrap();
+        let keep: Vec<usize> = batch.schema().fields().iter().enumerate().filter(|(_, f)| f.name() != "tenant").map(|(i, _)| i).take(columns).collect();
+        let old = batch.project(&keep).unwrap();
         assert_eq!(old.schema().field(columns - 1).name(), last);
         let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path).unwrap(), old.schema(), None).unwrap();
         w.write(&old).unwrap();

@@ -190,6 +190,7 @@ pub fn collect(lm: &LanguageModel, problems: &[Problem], student: &Student, cfg:
                     schema_version: Interaction::SCHEMA_VERSION,
                     interaction_id,
                     session_id: o.session_id.clone(),
+                    tenant: Some(crate::schema::DEFAULT_TENANT.to_string()),
                     session_inferred: false,
                     turn_index,
                     turn_type: TurnType::Main,

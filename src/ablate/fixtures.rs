@@ -21,6 +21,7 @@ pub fn judgment(pipeline: &str, session: &str, score: i32) -> Judgment {
         pipeline: pipeline.into(),
         interaction_id: format!("{session}-0"),
         session_id: session.into(),
+        tenant: None,
         turn_index: 0,
         policy_version: Some(0),
         votes: vec![Vote { index: 0, raw: format!("\\boxed{{{score}}}"), value: Some(score), error: None, cached: false }],

@@ -355,7 +355,7 @@ async fn agreement_phase(ag: &super::config::AgreementSettings, arms: &[Resolved
             crate::ingest::FormatChoice::Auto => None,
             crate::ingest::FormatChoice::Fixed(f) => Some(f),
         };
-        let args = crate::stages::source::IngestArgs { files: ag.files.clone(), format, default_turn_type: TurnType::Main, sink: true, progress: false };
+        let args = crate::stages::source::IngestArgs { files: ag.files.clone(), format, default_turn_type: TurnType::Main, sink: true, progress: false, tenant: None };
         let r = crate::stages::source::ingest(&icfg, &args, stop.clone()).await?;
         eprintln!("[ablate] judge agreement: ingested {} interactions from {} file(s)", r.interactions, ag.files.len());
         write_marker(&ingest_marker, &serde_json::json!({"interactions": r.interactions, "dead_letters": r.dead_letters, "seconds": t.elapsed().as_secs_f64()}))?;

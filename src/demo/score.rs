@@ -98,6 +98,7 @@ pub fn eval_rows(
                 schema_version: EvalScore::SCHEMA_VERSION,
                 eval_id: EvalScore::id_for(run_id, arm, policy_version, problem_id),
                 run_id: run_id.to_string(),
+                tenant: None,
                 arm: arm.to_string(),
                 policy_version,
                 interactions_seen,

@@ -214,6 +214,7 @@ pub async fn hint_turn(hinter: &Hinter, pipeline: &str, turn: &TurnContext) -> H
         pipeline: pipeline.to_string(),
         interaction_id: turn.interaction_id.clone(),
         session_id: turn.session_id.clone(),
+        tenant: turn.tenant.clone(),
         turn_index: turn.turn_index,
         candidates,
         strategy: cfg.strategy.as_str().to_string(),

@@ -272,10 +272,13 @@ pub struct IngestOptions {
     /// array element) and before handing on each item, and then return [`Error::Cancelled`]. A single
     /// record being parsed (one line or one whole document) is finished first. `None`: never stopped.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The tenant of every row (`ingest --tenant`); `None`: [`crate::schema::DEFAULT_TENANT`]. Checked
+    /// by the caller ([`crate::schema::validate_tenant`]).
+    pub tenant: Option<String>,
 }
 
 impl IngestOptions {
-    /// Defaults with the given ingest time: unmarked turns are `main`.
+    /// Defaults with the given ingest time: unmarked turns are `main`, rows of the `default` tenant.
     pub fn new(ingest_time_ms: i64) -> IngestOptions {
         IngestOptions {
             default_turn_type: TurnType::Main,
@@ -285,6 +288,7 @@ impl IngestOptions {
             session_cache: sessions::DEFAULT_CAPACITY,
             read_limit: None,
             stop: None,
+            tenant: None,
         }
     }
 

@@ -239,6 +239,7 @@ impl<'a> Sink<'a> {
             schema_version: <Interaction as crate::schema::Table>::SCHEMA_VERSION,
             interaction_id,
             session_id: t.session_id,
+            tenant: Some(self.opts.tenant.clone().unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string())),
             session_inferred: t.session_inferred,
             turn_index: t.turn_index,
             turn_type: t.turn_type,

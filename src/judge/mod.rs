@@ -191,6 +191,7 @@ pub async fn judge_turn(judge: &Judge, pipeline: &str, turn: &TurnContext) -> Ju
         pipeline: pipeline.to_string(),
         interaction_id: turn.interaction_id.clone(),
         session_id: turn.session_id.clone(),
+        tenant: turn.tenant.clone(),
         turn_index: turn.turn_index,
         policy_version: turn.policy_version,
         votes,

@@ -14,6 +14,9 @@ pub struct TurnContext {
     pub interaction_id: String,
     /// Session id.
     pub session_id: String,
+    /// The turn's tenant (`interactions.tenant`; null in rows written before the column existed).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// 0-based turn index in the session.
     pub turn_index: i32,
     /// Policy version that produced the response.
@@ -49,6 +52,7 @@ impl TurnContext {
         TurnContext {
             interaction_id: "startup-probe".into(),
             session_id: "startup-probe".into(),
+            tenant: None,
             turn_index: 0,
             policy_version: None,
             event_time: 0,
@@ -96,6 +100,7 @@ impl TurnContext {
         Ok(TurnContext {
             interaction_id: id.clone(),
             session_id: interaction.session_id.clone(),
+            tenant: interaction.tenant.clone(),
             turn_index: interaction.turn_index,
             policy_version: interaction.policy_version,
             event_time: interaction.event_time,
@@ -194,6 +199,7 @@ pub(crate) mod tests {
         TurnContext {
             interaction_id: "i1".into(),
             session_id: "s1".into(),
+            tenant: None,
             turn_index: 0,
             policy_version: Some(3),
             event_time: 1_700_000_000_000,
@@ -234,6 +240,7 @@ pub(crate) mod tests {
             schema_version: 1,
             interaction_id: id.into(),
             session_id: "s1".into(),
+            tenant: None,
             turn_index: 2,
             policy_version: Some(7),
             kind: NextStateKind::Tool,

@@ -46,6 +46,7 @@ fn judgment(score: i32) -> Judgment {
         pipeline: "p".into(),
         interaction_id: IID.into(),
         session_id: "s1".into(),
+        tenant: None,
         turn_index: 4,
         policy_version: Some(9),
         votes: vec![Vote { index: 0, raw: format!("\\boxed{{{score}}}"), value: Some(score), error: None, cached: false }],
@@ -73,6 +74,7 @@ fn hint(accepted: bool) -> HintRecord {
         pipeline: "p".into(),
         interaction_id: IID.into(),
         session_id: "s1".into(),
+        tenant: None,
         turn_index: 4,
         candidates: vec![HintCandidate {
             index: 0,
@@ -105,6 +107,7 @@ fn teacher(lps: Vec<f32>) -> TeacherLogprobs {
         pipeline: "p".into(),
         interaction_id: IID.into(),
         session_id: "s1".into(),
+        tenant: None,
         turn_index: 4,
         teacher_model: "m".into(),
         teacher_version: 0,

@@ -14,6 +14,9 @@ pub struct Checkpoint {
     pub checkpoint_id: String,
     /// Training run id (the checkpoints folder's run).
     pub run_id: String,
+    /// Tenant whose adapter this is (per-tenant training); null for a policy shared by all tenants.
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Policy version (1, 2, ...; 0 is the initial weights).
     pub version: i64,
     /// Parent version.
@@ -49,6 +52,7 @@ impl Table for Checkpoint {
             schema_version_field(),
             utf8("checkpoint_id", false, "<run id>/<version>."),
             utf8("run_id", false, "Training run id."),
+            utf8("tenant", true, "Tenant whose adapter this is (per-tenant training); null for a policy shared by all tenants."),
             i64f("version", false, "Policy version."),
             i64f("parent_version", false, "Parent version."),
             i64f("step", false, "Optimizer steps taken."),

@@ -25,6 +25,9 @@ pub struct DeadLetter {
     pub payload: String,
     /// Session id when known (Kafka key), else empty.
     pub session_id: String,
+    /// Tenant of the refused record, when it could be read (null otherwise).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Key of the input record (e.g. its interaction id) when known; lets a stage count it as handled.
     pub input_key: Option<String>,
     /// Kafka topic of the rejected record.
@@ -70,6 +73,7 @@ impl DeadLetter {
             reason,
             payload: text,
             session_id: String::new(),
+            tenant: None,
             input_key: None,
             source_topic: lineage.source_topic,
             source_partition: lineage.source_partition,
@@ -89,6 +93,11 @@ impl DeadLetter {
         self.input_key = input_key.map(str::to_string);
         self
     }
+    /// Sets the tenant of the refused record (when it could be read).
+    pub fn with_tenant(mut self, tenant: Option<&str>) -> DeadLetter {
+        self.tenant = tenant.map(str::to_string);
+        self
+    }
 }
 
 impl Table for DeadLetter {
@@ -106,6 +115,7 @@ impl Table for DeadLetter {
             utf8("reason", false, "Human-readable reason."),
             utf8("payload", false, "Raw payload (lossy UTF-8, truncated to 1 MiB)."),
             utf8("session_id", false, "Session id when known."),
+            utf8("tenant", true, "Tenant of the refused record, when it could be read (null otherwise)."),
             utf8("input_key", true, "Key of the input record when known."),
         ];
         f.extend(lineage_fields());

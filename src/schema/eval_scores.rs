@@ -15,6 +15,9 @@ pub struct EvalScore {
     pub eval_id: String,
     /// Demo run id.
     pub run_id: String,
+    /// Tenant whose preferences scored the answers (a demo student); null when the run has one student.
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Arm of an ablation (`combined`, `binary`, `opd`, ...); the method name in a single-arm demo.
     pub arm: String,
     /// Policy version evaluated (0 = the initial weights).
@@ -60,6 +63,7 @@ impl Table for EvalScore {
             schema_version_field(),
             utf8("eval_id", false, "sha256-128 hex of (run_id, arm, policy_version, problem_id)."),
             utf8("run_id", false, "Demo run id."),
+            utf8("tenant", true, "Tenant whose preferences scored the answers (a demo student); null when the run has one student."),
             utf8("arm", false, "Ablation arm (the method name in a single-arm demo)."),
             i64f("policy_version", false, "Policy version evaluated (0 = initial weights)."),
             i64f("interactions_seen", false, "Student interactions (agent turns) seen when this version was published."),

@@ -46,6 +46,11 @@ pub struct HintRecord {
     pub interaction_id: String,
     /// Session id.
     pub session_id: String,
+    /// Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only
+    /// in rows written before the column existed, read as `default` ([`super::validate_tenant`] says which
+    /// ids are valid).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Turn index.
     pub turn_index: i32,
     /// Every vote.
@@ -92,6 +97,7 @@ impl Table for HintRecord {
             utf8("pipeline", false, "Pipeline name."),
             utf8("interaction_id", false, "The turn."),
             utf8("session_id", false, "Session id."),
+            utf8("tenant", true, "Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only in rows written before the column existed, read as `default`."),
             i32f("turn_index", false, "Turn index."),
             list_of_struct("candidates", candidate_fields(), false, "Every vote: index, raw, score, hint, error, cached."),
             utf8("strategy", false, "longest | shortest | majority-gated."),

@@ -96,6 +96,11 @@ pub struct Interaction {
     pub interaction_id: String,
     /// Session (conversation/episode) id.
     pub session_id: String,
+    /// Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only
+    /// in rows written before the column existed, read as `default` ([`super::validate_tenant`] says which
+    /// ids are valid).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// True when the session id was inferred by message-prefix matching, not given by the client.
     pub session_inferred: bool,
     /// 0-based index of this assistant turn within its session.
@@ -165,7 +170,7 @@ pub struct Interaction {
 impl Interaction {
     /// A main turn of `session_id` at `turn_index`: `request_messages` (a JSON array of messages, not
     /// checked here) answered by `response_text`, at `event_time_ms` (ms since epoch; also the ingest
-    /// time). Its `interaction_id` is [`Interaction::compute_id`] of those; every optional column is
+    /// time), of the `default` tenant. Its `interaction_id` is [`Interaction::compute_id`] of those; every optional column is
     /// empty (no tokens, log-probs, next state or lineage), `source_format` is `manual`. Set the other
     /// columns with struct update syntax (`Interaction { policy_version: Some(3), ..Interaction::new(..) }`).
     pub fn new(session_id: &str, turn_index: i32, request_messages: &str, response_text: &str, event_time_ms: i64) -> Interaction {
@@ -173,6 +178,7 @@ impl Interaction {
             schema_version: Interaction::SCHEMA_VERSION,
             interaction_id: Interaction::compute_id(session_id, turn_index, request_messages, response_text, None),
             session_id: session_id.into(),
+            tenant: Some(super::DEFAULT_TENANT.to_string()),
             session_inferred: false,
             turn_index,
             turn_type: TurnType::Main,
@@ -267,6 +273,7 @@ impl Table for Interaction {
             schema_version_field(),
             utf8("interaction_id", false, "Content-addressed turn id (hash of session, turn index, request, response)."),
             utf8("session_id", false, "Session (conversation/episode) id; the Kafka message key."),
+            utf8("tenant", true, "Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only in rows written before the column existed, read as `default`."),
             boolf("session_inferred", false, "Session id inferred by message-prefix matching (client gave none)."),
             i32f("turn_index", false, "0-based index of this assistant turn within its session."),
             utf8("turn_type", false, "main (trainable) or side (recorded only)."),

@@ -43,6 +43,11 @@ pub struct Judgment {
     pub interaction_id: String,
     /// Session id.
     pub session_id: String,
+    /// Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only
+    /// in rows written before the column existed, read as `default` ([`super::validate_tenant`] says which
+    /// ids are valid).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Turn index.
     pub turn_index: i32,
     /// Policy version of the judged response.
@@ -91,6 +96,7 @@ impl Table for Judgment {
             utf8("pipeline", false, "Pipeline name."),
             utf8("interaction_id", false, "Judged turn."),
             utf8("session_id", false, "Session id."),
+            utf8("tenant", true, "Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only in rows written before the column existed, read as `default`."),
             i32f("turn_index", false, "Turn index."),
             i64f("policy_version", true, "Policy version of the response."),
             list_of_struct("votes", vote_fields(), false, "Every vote: index, raw text, parsed value, error, cached."),

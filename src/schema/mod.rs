@@ -35,6 +35,7 @@ mod judgments;
 mod samples;
 mod signals;
 mod teacher;
+mod tenant;
 mod train_steps;
 
 pub use checkpoints::Checkpoint;
@@ -46,6 +47,7 @@ pub use judgments::{Judgment, Vote};
 pub use samples::{Sample, SampleType, TeacherCandidate};
 pub use signals::{NextStateKind, Signal};
 pub use teacher::TeacherLogprobs;
+pub use tenant::{tenant_or_default, validate_tenant, TenantError, DEFAULT_TENANT, MAX_TENANT_LEN};
 pub use train_steps::TrainStep;
 
 use std::collections::HashMap;

@@ -89,6 +89,11 @@ pub struct Sample {
     pub interaction_id: String,
     /// Session id.
     pub session_id: String,
+    /// Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only
+    /// in rows written before the column existed, read as `default` ([`super::validate_tenant`] says which
+    /// ids are valid).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Turn index.
     pub turn_index: i32,
     /// Prompt token ids (the policy's original prompt, not the teacher's).
@@ -154,7 +159,7 @@ impl Sample {
     /// A sample of `sample_type` (its `method` derived from it) over `prompt_token_ids` [P] and
     /// `response_token_ids` [T] (i32 token ids) with `rollout_logprobs` [T] (f32, nats) and scalar
     /// `reward`: every response token trained (`loss_mask` all 1), no teacher log-probs or top-K,
-    /// policy version 0, ids, pipeline and lineage empty and times 0. Set the other columns with struct
+    /// policy version 0, tenant `default`, ids, pipeline and lineage empty and times 0. Set the other columns with struct
     /// update syntax (`Sample { sample_id, ..Sample::new(..) }`); the samples stage builds its rows in
     /// full (`crate::samples`). Lengths are not checked here: the trainer rejects a misaligned sample.
     pub fn new(sample_type: SampleType, prompt_token_ids: Vec<i32>, response_token_ids: Vec<i32>, rollout_logprobs: Vec<f32>, reward: f32) -> Sample {
@@ -166,6 +171,7 @@ impl Sample {
             sample_type,
             interaction_id: String::new(),
             session_id: String::new(),
+            tenant: Some(super::DEFAULT_TENANT.to_string()),
             turn_index: 0,
             loss_mask: vec![1; response_token_ids.len()],
             prompt_token_ids,
@@ -217,6 +223,7 @@ impl Table for Sample {
             utf8("sample_type", false, "binary | opd | combined-both | combined-hint-only | combined-score-only."),
             utf8("interaction_id", false, "The turn."),
             utf8("session_id", false, "Session id."),
+            utf8("tenant", true, "Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only in rows written before the column existed, read as `default`."),
             i32f("turn_index", false, "Turn index."),
             list_of("prompt_token_ids", DataType::Int32, false, "Prompt token ids."),
             list_of("response_token_ids", DataType::Int32, false, "Response token ids [T]."),

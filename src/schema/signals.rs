@@ -41,6 +41,11 @@ pub struct Signal {
     pub interaction_id: String,
     /// Session id.
     pub session_id: String,
+    /// Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only
+    /// in rows written before the column existed, read as `default` ([`super::validate_tenant`] says which
+    /// ids are valid).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Turn index within the session.
     pub turn_index: i32,
     /// Policy version that produced the response.
@@ -90,6 +95,7 @@ impl Table for Signal {
             schema_version_field(),
             utf8("interaction_id", false, "The turn (interactions.interaction_id); one signal per turn."),
             utf8("session_id", false, "Session id."),
+            utf8("tenant", true, "Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only in rows written before the column existed, read as `default`."),
             i32f("turn_index", false, "Turn index within the session."),
             i64f("policy_version", true, "Policy version that produced the response."),
             utf8("kind", false, "user | tool | environment | none (excluded)."),

@@ -18,6 +18,11 @@ pub struct TeacherLogprobs {
     pub interaction_id: String,
     /// Session id.
     pub session_id: String,
+    /// Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only
+    /// in rows written before the column existed, read as `default` ([`super::validate_tenant`] says which
+    /// ids are valid).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Turn index.
     pub turn_index: i32,
     /// Teacher model id: the model directory's name, or `<run id>/<version>` when the teacher is a
@@ -66,6 +71,7 @@ impl Table for TeacherLogprobs {
             utf8("pipeline", false, "Pipeline name."),
             utf8("interaction_id", false, "The turn."),
             utf8("session_id", false, "Session id."),
+            utf8("tenant", true, "Tenant (agent or user of a fleet) the turn belongs to: `default` when its source named none; null only in rows written before the column existed, read as `default`."),
             i32f("turn_index", false, "Turn index."),
             utf8("teacher_model", false, "Teacher model id: model directory name, or <run id>/<version> for a trainer checkpoint."),
             i64f("teacher_version", false, "Version of the weights that scored the row: the checkpoint's version, 0 for a model as imported (default: the initial policy)."),

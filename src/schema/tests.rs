@@ -35,6 +35,7 @@ fn nested_tables_round_trip() {
         pipeline: "p".into(),
         interaction_id: "i".into(),
         session_id: "s".into(),
+        tenant: None,
         turn_index: 1,
         policy_version: None,
         votes: vec![
@@ -65,6 +66,7 @@ fn nested_tables_round_trip() {
         pipeline: "p".into(),
         interaction_id: "i".into(),
         session_id: "s".into(),
+        tenant: None,
         turn_index: 0,
         teacher_model: "m".into(),
         teacher_version: 0,

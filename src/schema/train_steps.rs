@@ -15,6 +15,9 @@ pub struct TrainStep {
     pub step_id: String,
     /// Training run id.
     pub run_id: String,
+    /// Tenant whose adapter the step trained (per-tenant training); null for the shared policy.
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Step number (1-based).
     pub step: i64,
     /// Policy version being trained (the next checkpoint's version).
@@ -119,6 +122,7 @@ impl TrainStep {
             schema_version: Self::SCHEMA_VERSION,
             step_id: format!("{run_id}/{step}"),
             run_id: run_id.to_string(),
+            tenant: None,
             step,
             version: step,
             method: method.to_string(),
@@ -169,6 +173,7 @@ impl Table for TrainStep {
             schema_version_field(),
             utf8("step_id", false, "<run id>/<step>."),
             utf8("run_id", false, "Training run id."),
+            utf8("tenant", true, "Tenant whose adapter the step trained (per-tenant training); null for the shared policy."),
             i64f("step", false, "Step number (1-based)."),
             i64f("version", false, "Policy version being trained."),
             utf8("method", false, "Method."),

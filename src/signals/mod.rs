@@ -515,6 +515,7 @@ impl SignalPairer {
             schema_version: Signal::SCHEMA_VERSION,
             interaction_id: row.interaction_id.clone(),
             session_id: row.session_id.clone(),
+            tenant: row.tenant.clone(),
             turn_index: row.turn_index,
             policy_version: row.policy_version,
             kind: NextStateKind::None,

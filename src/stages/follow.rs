@@ -68,6 +68,9 @@ pub struct FollowArgs {
     pub state: Option<PathBuf>,
     /// Also run the lake sinks of `interactions` and `dead_letters` in this process.
     pub sink: bool,
+    /// The tenant of every row (`--tenant`); `None`: `default`. Checked by [`follow`]
+    /// ([`crate::schema::validate_tenant`]).
+    pub tenant: Option<String>,
 }
 
 /// What is known of one followed file.
@@ -163,9 +166,13 @@ async fn from_lake(lake: &Lake) -> Result<(HashMap<String, BTreeMap<String, i32>
 /// Follows `args.paths` until stopped (or idle, with `exit_when_idle`), producing new turns to the bus.
 ///
 /// # Errors
-/// [`Error::Io`] for unreadable paths or positions, Kafka and lake errors. Malformed records become
+/// [`Error::Io`] for unreadable paths or positions, Kafka and lake errors, [`Error::Config`] for an
+/// invalid `args.tenant`. Malformed records become
 /// dead letters; a file whose format cannot be detected is skipped and named on stderr until it can.
 pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Result<IngestReport> {
+    if let Some(t) = &args.tenant {
+        crate::schema::validate_tenant(t).map_err(|e| crate::config_err!("--tenant: {e}"))?;
+    }
     let lake = Lake::open(&cfg.lake)?;
     let bus = Bus::connect(cfg.bus.clone()).await?;
     bus.ensure_topics(&["interactions", "dead_letters"]).await?;
@@ -282,6 +289,7 @@ pub async fn follow(cfg: &PipelineConfig, args: &FollowArgs, stop: Stop) -> Resu
                 st.format = Some(format.name().to_string());
                 let mut opts = IngestOptions::new(now);
                 opts.default_turn_type = args.default_turn_type;
+                opts.tenant = args.tenant.clone();
                 opts.read_limit = (!whole).then_some(limit);
                 let path = file.clone();
                 let read = tokio::task::spawn_blocking(move || {

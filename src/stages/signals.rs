@@ -1,4 +1,5 @@
-//! Signal extraction wiring: `interactions` → [`PartitionedPairer`] → `signals` (METHOD.md §1).
+//! Signal extraction wiring: `interactions` → [`PartitionedPairer`] → `signals` (docs/method.md §1). An
+//! interaction whose `tenant` is not a valid tenant id is a dead letter (`invalid_tenant`).
 //!
 //! State: one pairer per input partition, holding that partition's open sessions. Offsets are
 //! committed only up to [`PartitionedPairer::safe_commit_offsets`]: no session incarnation spans the
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 use super::{Input, Output, StageCounts, StageLogic};
 use crate::bus::Carry;
 use crate::error::Result;
-use crate::schema::{Interaction, TurnType};
+use crate::schema::{DeadLetter, Interaction, TurnType};
 use crate::signals::{PartitionedPairer, SignalConfig};
 
 /// The outcome counting main turns read but not paired yet when the stage last handled a batch: they
@@ -42,6 +43,15 @@ impl StageLogic for SignalsStage {
         let rebuilt = self.pairer.rebuilt();
         for input in batch {
             counts.add("interactions", 1);
+            if let Some(Err(e)) = input.row.tenant.as_deref().map(crate::schema::validate_tenant) {
+                // Written to the topic by another producer (ingest and the proxy check it first).
+                counts.add("dead_letter: invalid_tenant", 1);
+                let payload = serde_json::to_vec(&input.row)?;
+                let d = DeadLetter::new("signals", "invalid_tenant", format!("interaction {}: {e}", input.row.interaction_id), &payload, input.lineage)
+                    .with_keys(&input.row.session_id, Some(&input.row.interaction_id));
+                out.dead(d).await?;
+                continue;
+            }
             if input.row.turn_type == TurnType::Side {
                 counts.add("side turns (recorded, not paired)", 1);
             }

@@ -34,6 +34,9 @@ pub struct IngestArgs {
     pub sink: bool,
     /// Show a progress bar.
     pub progress: bool,
+    /// The tenant of every row (`--tenant`); `None`: `default`. Checked by [`ingest`]
+    /// ([`crate::schema::validate_tenant`]).
+    pub tenant: Option<String>,
 }
 
 /// What an ingest did.
@@ -117,9 +120,12 @@ async fn skip_file(producer: &crate::bus::BusProducer, report: &mut IngestReport
 /// stops, what was produced is flushed (and sunk), and the report says [`IngestReport::stopped`].
 ///
 /// # Errors
-/// Kafka and lake errors. Malformed records and bad input files are never errors: they become dead
-/// letters.
+/// Kafka and lake errors; [`crate::Error::Config`] for an invalid `args.tenant`. Malformed records
+/// and bad input files are never errors: they become dead letters.
 pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Result<IngestReport> {
+    if let Some(t) = &args.tenant {
+        crate::schema::validate_tenant(t).map_err(|e| crate::config_err!("--tenant: {e}"))?;
+    }
     let lake = Lake::open(&cfg.lake)?;
     let bus = Bus::connect(cfg.bus.clone()).await?;
     bus.ensure_topics(&["interactions", "dead_letters"]).await?;
@@ -191,6 +197,7 @@ pub async fn ingest(cfg: &PipelineConfig, args: &IngestArgs, stop: Stop) -> Resu
             let path = file.clone();
             let mut opts = IngestOptions::new(crate::schema::now_ms());
             opts.default_turn_type = args.default_turn_type;
+            opts.tenant = args.tenant.clone();
             opts.stop = Some(stop_flag.clone());
             let reader = tokio::task::spawn_blocking(move || {
                 let tx2 = tx.clone();

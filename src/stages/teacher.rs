@@ -525,6 +525,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 hint_indices.push(tp.hint_index);
                 if let Some(mut row) = tp.cached {
                     row.pipeline = self.pipeline.clone();
+                    row.tenant = interaction.tenant.clone();
                     row.processed_time = now_ms();
                     rows.push(row);
                     continue;
@@ -536,6 +537,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                     pipeline: self.pipeline.clone(),
                     interaction_id: interaction.interaction_id.clone(),
                     session_id: interaction.session_id.clone(),
+                    tenant: interaction.tenant.clone(),
                     turn_index: interaction.turn_index,
                     teacher_model: self.models.teacher_id.clone(),
                     teacher_version: self.models.teacher_version,

@@ -193,6 +193,7 @@ impl Manifest {
             schema_version: Checkpoint::SCHEMA_VERSION,
             checkpoint_id: format!("{}/{}", self.run_id, self.version),
             run_id: self.run_id.clone(),
+            tenant: None,
             version: self.version,
             parent_version: self.parent_version,
             step: self.step,

@@ -392,6 +392,7 @@ impl<P: Policy> Trainer<P> {
             schema_version: TrainStep::SCHEMA_VERSION,
             step_id: format!("{run_id}/{step}"),
             run_id,
+            tenant: None,
             step,
             version: self.version + 1,
             method: self.method.as_str().to_string(),

@@ -53,7 +53,8 @@ pub enum Captured {
 fn dead(reason_code: &str, reason: String, req: &TurnRequest, resp: &Completed) -> Captured {
     let payload = json!({"messages": req.raw_messages, "response": resp.message, "session_id": req.meta.session_id}).to_string();
     let d = DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default())
-        .with_keys(req.meta.session_id.as_deref().unwrap_or(""), None);
+        .with_keys(req.meta.session_id.as_deref().unwrap_or(""), None)
+        .with_tenant(Some(&req.meta.tenant));
     Captured::Dead(Box::new(d))
 }
 
@@ -62,7 +63,9 @@ fn dead(reason_code: &str, reason: String, req: &TurnRequest, resp: &Completed) 
 pub fn dead_response(reason_code: &str, reason: String, req: &TurnRequest, response: &[u8]) -> DeadLetter {
     let head = String::from_utf8_lossy(&response[..response.len().min(64 << 10)]);
     let payload = json!({"messages": req.raw_messages, "response_head": head, "response_bytes": response.len(), "session_id": req.meta.session_id}).to_string();
-    DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default()).with_keys(req.meta.session_id.as_deref().unwrap_or(""), None)
+    DeadLetter::new("proxy", reason_code, reason, payload.as_bytes(), Lineage::default())
+        .with_keys(req.meta.session_id.as_deref().unwrap_or(""), None)
+        .with_tenant(Some(&req.meta.tenant))
 }
 
 /// Builds the `interactions` row of a finished turn (docs/method.md §1): normalised request messages, the
@@ -111,6 +114,7 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
         schema_version: Interaction::SCHEMA_VERSION,
         interaction_id,
         session_id,
+        tenant: Some(req.meta.tenant.clone()),
         session_inferred,
         turn_index,
         turn_type: req.meta.turn_type,
@@ -153,7 +157,7 @@ mod tests {
     use crate::serve::proxy::request::{prepare_request, RewriteOptions};
 
     fn opts() -> RewriteOptions {
-        RewriteOptions { default_turn_type: TurnType::Main, request_token_ids: false, logprobs_mode: None }
+        RewriteOptions::new(TurnType::Main)
     }
 
     fn lp(x: f64) -> Value {

@@ -39,6 +39,10 @@ pub struct ProxyArgs {
     /// Name of the environment variable holding the upstream's API key.
     #[arg(long)]
     pub upstream_api_key_env: Option<String>,
+    /// Header naming a request's tenant (repeatable; the first present wins). Default: X-Agent-Id,
+    /// then X-User-Id. A request naming none belongs to the `default` tenant.
+    #[arg(long = "tenant-header")]
+    pub tenant_headers: Vec<String>,
     /// Turn type of requests that do not mark it (main = trainable; docs/method.md §1).
     #[arg(long, default_value = "main")]
     pub default_turn_type: String,
@@ -95,8 +99,8 @@ impl ProxyArgs {
     /// The library options these flags describe.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad turn type, logprobs mode, a zero limit, or a missing upstream key
-    /// variable.
+    /// [`Error::Config`] for a bad turn type, logprobs mode, tenant header name, a zero limit, or a
+    /// missing upstream key variable.
     pub fn options(&self) -> Result<ProxyOptions> {
         let mut o = ProxyOptions::new(self.upstream.clone());
         o.api_key = self.api_key.clone().filter(|k| !k.is_empty());
@@ -106,6 +110,9 @@ impl ProxyArgs {
             o.upstream_api_key = Some(std::env::var(name).map_err(|_| crate::config_err!("--upstream-api-key-env {name}: variable not set"))?);
         }
         o.default_turn_type = TurnType::parse(&self.default_turn_type).ok_or_else(|| crate::config_err!("--default-turn-type must be main or side, got {:?}", self.default_turn_type))?;
+        if !self.tenant_headers.is_empty() {
+            o.tenant_headers = super::request::tenant_header_names(Some(&self.tenant_headers)).map_err(|e| crate::config_err!("--tenant-header: {e}"))?;
+        }
         o.spool = SpoolConfig::new(self.spool_dir.clone(), self.spool_max_bytes);
         o.emitter.send_timeout = Duration::from_millis(self.send_timeout_ms.max(1));
         o.max_body_bytes = self.max_body_bytes;

@@ -34,6 +34,10 @@ pub struct ProxyOptions {
     pub request_token_ids: bool,
     /// `logprobs_mode` sent upstream when the client sent none (`None`: upstream default).
     pub logprobs_mode: Option<String>,
+    /// Headers naming a request's tenant, lower-case, first present wins (default `x-agent-id`, then
+    /// `x-user-id`); a request with none belongs to the `default` tenant, one with an invalid id is
+    /// refused with 400 `invalid_tenant` ([`crate::schema::validate_tenant`]).
+    pub tenant_headers: Vec<String>,
     /// Longest silence from the upstream (waiting for headers or between chunks) before the request
     /// fails.
     pub upstream_idle_timeout: Duration,
@@ -66,6 +70,7 @@ impl ProxyOptions {
             max_body_bytes: 16 << 20,
             request_token_ids: true,
             logprobs_mode: None,
+            tenant_headers: super::request::TENANT_HEADERS.iter().map(|h| h.to_string()).collect(),
             upstream_idle_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(5),
             session_capacity: crate::ingest::sessions::DEFAULT_CAPACITY,

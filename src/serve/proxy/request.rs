@@ -18,6 +18,9 @@ pub const TURN_TYPE_HEADER: &str = "x-turn-type";
 pub const SESSION_DONE_HEADER: &str = "x-session-done";
 /// Header with an explicit 0-based turn index (survives proxy restarts, unlike the proxy's counter).
 pub const TURN_INDEX_HEADER: &str = "x-turn-index";
+/// Headers naming the tenant of a request, in order of preference: the first one present wins
+/// (`[proxy] tenant_headers` replaces the list).
+pub const TENANT_HEADERS: [&str; 2] = ["x-agent-id", "x-user-id"];
 /// Body keys the proxy reads and removes before forwarding (same meaning as the headers).
 pub const BODY_KEYS: [&str; 4] = ["session_id", "turn_type", "session_done", "turn_index"];
 
@@ -32,6 +35,8 @@ pub struct TurnMeta {
     pub session_done: bool,
     /// Explicit turn index, if any.
     pub turn_index: Option<i32>,
+    /// The tenant: the first of the tenant headers present, else [`crate::schema::DEFAULT_TENANT`].
+    pub tenant: String,
 }
 
 /// `1`, `true`, `yes`, `on` (case-insensitive, trimmed).
@@ -98,7 +103,43 @@ pub fn take_turn_meta(headers: &HeaderMap, body: &mut Map<String, Value>, defaul
         (None, Some(b)) => Some(parse_turn_index(&b, "body key turn_index")?),
         (None, None) => None,
     };
-    Ok(TurnMeta { session_id, turn_type, session_done, turn_index })
+    Ok(TurnMeta { session_id, turn_type, session_done, turn_index, tenant: crate::schema::DEFAULT_TENANT.to_string() })
+}
+
+/// Header names for [`take_tenant`]: `names` lower-cased, or [`TENANT_HEADERS`] for `None`.
+///
+/// # Errors
+/// The reason, for an empty list or a name that is not a valid HTTP header name.
+pub fn tenant_header_names(names: Option<&[String]>) -> std::result::Result<Vec<String>, String> {
+    let Some(names) = names else {
+        return Ok(TENANT_HEADERS.iter().map(|h| h.to_string()).collect());
+    };
+    if names.is_empty() {
+        return Err("the list of tenant headers is empty (leave it out for X-Agent-Id, X-User-Id)".into());
+    }
+    names
+        .iter()
+        .map(|n| axum::http::HeaderName::from_bytes(n.trim().as_bytes()).map(|h| h.as_str().to_string()).map_err(|_| format!("{n:?} is not an HTTP header name")))
+        .collect()
+}
+
+/// The tenant a request names: the value of the first header of `names` (case-insensitive) that is
+/// present and not blank, else [`crate::schema::DEFAULT_TENANT`].
+///
+/// # Errors
+/// The reason, naming the header, when its value is not visible ASCII or not a valid tenant id
+/// ([`crate::schema::validate_tenant`]).
+pub fn take_tenant(headers: &HeaderMap, names: &[String]) -> std::result::Result<String, String> {
+    for name in names {
+        let Some(v) = headers.get(name.as_str()) else { continue };
+        let v = v.to_str().map_err(|_| format!("header {name} is not visible ASCII"))?.trim();
+        if v.is_empty() {
+            continue;
+        }
+        crate::schema::validate_tenant(v).map_err(|e| format!("header {name}: {e}"))?;
+        return Ok(v.to_string());
+    }
+    Ok(crate::schema::DEFAULT_TENANT.to_string())
 }
 
 /// How the proxy rewrites requests.
@@ -111,6 +152,16 @@ pub struct RewriteOptions {
     pub request_token_ids: bool,
     /// `logprobs_mode` to send when the client sent none (`None`: leave the upstream's default).
     pub logprobs_mode: Option<String>,
+    /// Headers naming the tenant, lower-case, first present wins ([`TENANT_HEADERS`] by default).
+    pub tenant_headers: Vec<String>,
+}
+
+impl RewriteOptions {
+    /// Turn type `main`, token ids not requested, upstream log-prob mode left alone, the tenant from
+    /// [`TENANT_HEADERS`].
+    pub fn new(default_turn_type: TurnType) -> RewriteOptions {
+        RewriteOptions { default_turn_type, request_token_ids: false, logprobs_mode: None, tenant_headers: TENANT_HEADERS.iter().map(|h| h.to_string()).collect() }
+    }
 }
 
 /// A client request after [`prepare_request`].
@@ -154,7 +205,8 @@ pub struct Rejected {
     pub status: u16,
     /// Reason code, as in dead letters: `malformed_json` (not JSON, invalid UTF-8, nested deeper than
     /// 128), `wrong_type` (body or a message field of the wrong JSON type), `invalid_turn_metadata`,
-    /// `missing_messages`, `missing_role`, `unknown_role`, `tool_call_without_name`, `duplicate_turn`.
+    /// `invalid_tenant`, `missing_messages`, `missing_role`, `unknown_role`, `tool_call_without_name`,
+    /// `duplicate_turn`.
     pub code: &'static str,
     /// What is wrong, with positions.
     pub message: String,
@@ -174,14 +226,15 @@ impl Rejected {
 /// # Errors
 /// [`Rejected`] (400): `malformed_json` when the body is not JSON (bad syntax, invalid UTF-8, nesting
 /// over serde_json's limit of 128), `wrong_type` when it is not an object, `invalid_turn_metadata`
-/// (see [`take_turn_meta`]), `missing_messages` (no `messages` / `input`), or the normaliser's code
+/// (see [`take_turn_meta`]), `invalid_tenant` (see [`take_tenant`]), `missing_messages` (no `messages` / `input`), or the normaliser's code
 /// for a message that does not normalise.
 pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &RewriteOptions) -> std::result::Result<Prepared, Rejected> {
     let v: Value = serde_json::from_slice(raw).map_err(|e| Rejected::bad("malformed_json", format!("request body of {} bytes is not JSON: {e}", raw.len())))?;
     let Value::Object(mut body) = v else {
         return Err(Rejected::bad("wrong_type", format!("request body is a JSON {}, expected an object", crate::ingest::normalize::json_type(&v))));
     };
-    let meta = take_turn_meta(headers, &mut body, opts.default_turn_type).map_err(|e| Rejected::bad("invalid_turn_metadata", e.to_string()))?;
+    let mut meta = take_turn_meta(headers, &mut body, opts.default_turn_type).map_err(|e| Rejected::bad("invalid_turn_metadata", e.to_string()))?;
+    meta.tenant = take_tenant(headers, &opts.tenant_headers).map_err(|e| Rejected::bad("invalid_tenant", e))?;
     let mut notes = vec![];
     let instructions = usize::from(api == Api::Responses && crate::ingest::openai_responses::instructions(&body).is_some());
     let messages = apis::conversation(api, &body, &mut notes).map_err(|(code, reason)| Rejected::bad(code, reason))?;
@@ -242,7 +295,7 @@ mod tests {
     use serde_json::json;
 
     fn opts() -> RewriteOptions {
-        RewriteOptions { default_turn_type: TurnType::Main, request_token_ids: false, logprobs_mode: None }
+        RewriteOptions::new(TurnType::Main)
     }
 
     #[test]
@@ -252,7 +305,7 @@ mod tests {
         h.insert("x-turn-type", HeaderValue::from_static("SIDE"));
         let raw = br#"{"messages":[{"role":"user","content":"hi"}],"session_id":"s-body","turn_type":"main","session_done":"yes","turn_index":3}"#;
         let p = prepare_request(Api::ChatCompletions, &h, raw, &opts()).unwrap();
-        assert_eq!(p.meta, TurnMeta { session_id: Some("s-head".into()), turn_type: TurnType::Side, session_done: true, turn_index: Some(3) });
+        assert_eq!(p.meta, TurnMeta { session_id: Some("s-head".into()), turn_type: TurnType::Side, session_done: true, turn_index: Some(3), tenant: "default".into() });
         let up: Value = serde_json::from_slice(&p.upstream_body).unwrap();
         for k in BODY_KEYS {
             assert!(up.get(k).is_none(), "{k} forwarded");
@@ -263,10 +316,36 @@ mod tests {
     }
 
     #[test]
+    fn the_tenant_is_the_first_tenant_header_present_and_an_invalid_one_is_refused() {
+        let raw = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+        let tenant = |pairs: &[(&'static str, &'static str)], o: &RewriteOptions| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_static(v));
+            }
+            prepare_request(Api::ChatCompletions, &h, raw, o).map(|p| p.meta.tenant).map_err(|r| (r.status, r.code, r.message))
+        };
+        assert_eq!(tenant(&[], &opts()), Ok("default".into()));
+        assert_eq!(tenant(&[("x-user-id", "bob")], &opts()), Ok("bob".into()));
+        assert_eq!(tenant(&[("X-Agent-Id", "agent-7"), ("x-user-id", "bob")], &opts()), Ok("agent-7".into()), "X-Agent-Id first");
+        assert_eq!(tenant(&[("x-agent-id", "  "), ("x-user-id", "bob")], &opts()), Ok("bob".into()), "a blank header counts as none");
+        assert_eq!(
+            tenant(&[("x-agent-id", "team/a")], &opts()),
+            Err((400, "invalid_tenant", "header x-agent-id: tenant id \"team/a\" has the character '/' at byte 4; use letters, digits, '_', '.' and '-', beginning with a letter or digit".into()))
+        );
+        let custom = RewriteOptions { tenant_headers: tenant_header_names(Some(&["X-Team".to_string()])).unwrap(), ..opts() };
+        assert_eq!(tenant(&[("x-agent-id", "agent-7"), ("x-team", "blue")], &custom), Ok("blue".into()), "only the configured header is read");
+        assert_eq!(tenant(&[("x-agent-id", "agent-7")], &custom), Ok("default".into()));
+        assert_eq!(tenant_header_names(Some(&[])), Err("the list of tenant headers is empty (leave it out for X-Agent-Id, X-User-Id)".into()));
+        assert_eq!(tenant_header_names(Some(&["bad header".to_string()])), Err("\"bad header\" is not an HTTP header name".into()));
+        assert_eq!(tenant_header_names(None).unwrap(), vec!["x-agent-id".to_string(), "x-user-id".to_string()]);
+    }
+
+    #[test]
     fn defaults_and_errors() {
         let h = HeaderMap::new();
         let p = prepare_request(Api::ChatCompletions, &h, br#"{"messages":[],"logprobs":true,"stream":true}"#, &RewriteOptions { request_token_ids: true, ..opts() }).unwrap();
-        assert_eq!(p.meta, TurnMeta { session_id: None, turn_type: TurnType::Main, session_done: false, turn_index: None });
+        assert_eq!(p.meta, TurnMeta { session_id: None, turn_type: TurnType::Main, session_done: false, turn_index: None, tenant: "default".into() });
         assert!(p.client_wants_logprobs && p.stream);
         let up: Value = serde_json::from_slice(&p.upstream_body).unwrap();
         assert_eq!(up["return_token_ids"], json!(true));

@@ -58,7 +58,12 @@ impl Proxy {
         }
         let producer = bus.producer_with_timeout(opts.emitter.send_timeout, Duration::ZERO)?;
         let emitter = Emitter::start(producer, bus.clone(), vec![Interaction::NAME, DeadLetter::NAME], spool, metrics.clone(), opts.emitter.clone());
-        let rewrite = RewriteOptions { default_turn_type: opts.default_turn_type, request_token_ids: opts.request_token_ids, logprobs_mode: opts.logprobs_mode.clone() };
+        let rewrite = RewriteOptions {
+            default_turn_type: opts.default_turn_type,
+            request_token_ids: opts.request_token_ids,
+            logprobs_mode: opts.logprobs_mode.clone(),
+            tenant_headers: opts.tenant_headers.clone(),
+        };
         let shared = Arc::new(Shared {
             sessions: Mutex::new(Sessions::new(opts.session_capacity)),
             base,

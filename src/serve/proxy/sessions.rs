@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn explicit_sessions_count_turns_and_honour_explicit_indices() {
         let mut s = Sessions::new(100);
-        let meta = |idx| TurnMeta { session_id: Some("s".into()), turn_type: TurnType::Main, session_done: false, turn_index: idx };
+        let meta = |idx| TurnMeta { session_id: Some("s".into()), turn_type: TurnType::Main, session_done: false, turn_index: idx, tenant: "default".into() };
         let r = vec![m("user", "a")];
         assert_eq!(s.assign(&meta(None), &r, &m("assistant", "b")), ("s".into(), false, 0));
         assert_eq!(s.assign(&meta(None), &r, &m("assistant", "b")), ("s".into(), false, 1));
@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(texts, ["a", "b", "c", "d"]);
         assert_eq!((c.session.as_str(), c.inferred, c.turn, c.missing.as_deref()), ("inferred-x", true, 1, None));
         // Without a session header the chained request is the session's next turn, inferred as before.
-        let none = TurnMeta { session_id: None, turn_type: TurnType::Main, session_done: false, turn_index: None };
+        let none = TurnMeta { session_id: None, turn_type: TurnType::Main, session_done: false, turn_index: None, tenant: "default".into() };
         assert_eq!(s.assign_chained(&none, Some(&c), &[m("user", "e")], &m("assistant", "f")), ("inferred-x".into(), true, 2));
         // A branch from the same response is a further turn, not the same one.
         assert_eq!(s.assign_chained(&none, Some(&c), &[m("user", "e2")], &m("assistant", "f2")), ("inferred-x".into(), true, 3));

@@ -109,6 +109,7 @@ pub(super) async fn start_proxy(cfg: &PipelineConfig, upstream: Option<String>, 
         popts.api_key = Some(std::env::var(env).map_err(|_| Error::Config(format!("proxy.api_key_env: ${env} is not set")))?);
     }
     popts.health_requires_key = cfg.proxy.health_requires_key;
+    popts.tenant_headers = cfg.proxy.tenant_header_names()?;
     popts.limits = cfg.proxy.limits()?;
     let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port, cfg.proxy.tls.as_ref()).await?;
     tracing::info!(%url, "capture proxy listening");
