@@ -1,8 +1,11 @@
 //! Pipeline configuration: `pipelines/<name>.toml`.
 //!
-//! Layers (Arroyo's pattern): built-in defaults → the pipeline file → environment variables
-//! (`NEXTSTATE_BROKERS`, `NEXTSTATE_LAKE`, ...; see the flags of each command) → command-line flags.
-//! Every table is `deny_unknown_fields`, so a typo is an error naming the key.
+//! Layers, later ones win: built-in defaults → the pipeline file → environment variables naming any
+//! key of a table, `NEXTSTATE_<TABLE>__<KEY>[__<KEY>…]` (e.g. `NEXTSTATE_TRAINER__LR=1e-4`,
+//! `NEXTSTATE_TRAINER__LORA__RANK=16`; [`ENV_PREFIX`], layered with figment) → the command-line flags
+//! and their own variables (`--brokers` / `NEXTSTATE_BROKERS`, `--lake` / `NEXTSTATE_LAKE`, ...; see
+//! each command). Every table is `deny_unknown_fields`, so a typo, in the file or in a variable, is an
+//! error naming the key.
 
 use std::path::{Path, PathBuf};
 
@@ -168,6 +171,37 @@ pub struct PipelineConfig {
     pub stage_batch: usize,
 }
 
+/// The built-in pipeline file.
+const EMBEDDED: &str = "name = \"combined\"\nmethod = \"combined\"\n";
+
+/// Prefix of the environment variables that override pipeline keys: `NEXTSTATE_`, then the key path
+/// with its parts joined by `__` (at least one `__`, so top-level names such as `NEXTSTATE_LAKE` stay
+/// the flags' own variables). Names are case-insensitive; values are read as TOML-like values
+/// (`1.0e-4`: a float needs its decimal point, `1e-4` is text; `true`, `[1, 2]`, text).
+pub const ENV_PREFIX: &str = "NEXTSTATE_";
+
+/// The `NEXTSTATE_<TABLE>__<KEY>` variables of this process, as figment's environment provider.
+fn env_overrides() -> figment::providers::Env {
+    env_overrides_with(ENV_PREFIX)
+}
+
+fn env_overrides_with(prefix: &str) -> figment::providers::Env {
+    figment::providers::Env::prefixed(prefix).filter(|k| k.as_str().contains("__")).split("__")
+}
+
+/// `table` (a pipeline file, already parsed, `origin` naming it in errors) with `env` layered on top,
+/// as a [`PipelineConfig`].
+///
+/// # Errors
+/// [`Error::Config`] with figment's message (key, expected type, and which layer gave the value).
+fn layered(table: toml::Table, origin: &str, env: figment::providers::Env) -> Result<PipelineConfig> {
+    use figment::providers::Serialized;
+    figment::Figment::from(Serialized::defaults(table))
+        .merge(env)
+        .extract()
+        .map_err(|e| Error::Config(format!("{origin}: {}", e.into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))))
+}
+
 fn default_stage_batch() -> usize {
     64
 }
@@ -199,14 +233,27 @@ impl PipelineConfig {
         for warning in resolve_file_paths(&mut table, path, cwd)? {
             tracing::warn!("{warning}");
         }
-        let cfg: PipelineConfig = toml::Value::Table(table).try_into().map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let cfg = layered(table, &path.display().to_string(), env_overrides())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The built-in default pipeline ([`PipelineConfig::embedded_default`]) with the environment's
+    /// `NEXTSTATE_<TABLE>__<KEY>` variables layered on top (what a command without `--pipeline` runs).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the variable's key when a variable names an unknown key or holds a
+    /// value of the wrong type, or when the result fails [`PipelineConfig::validate`].
+    pub fn embedded_layered() -> Result<PipelineConfig> {
+        let table: toml::Table = toml::from_str(EMBEDDED).expect("built-in pipeline parses");
+        let cfg = layered(table, "built-in pipeline", env_overrides())?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// The built-in default pipeline (combined method, embedded everything).
     pub fn embedded_default() -> PipelineConfig {
-        toml::from_str("name = \"combined\"\nmethod = \"combined\"\n").expect("built-in pipeline parses")
+        toml::from_str(EMBEDDED).expect("built-in pipeline parses")
     }
 
     /// Checks cross-field constraints.
@@ -413,6 +460,31 @@ pub fn resolve_file_paths(table: &mut toml::Table, file: &Path, cwd: &Path) -> R
 #[cfg(test)]
 mod tests {
     use super::PipelineConfig;
+
+    /// `NEXTSTATE_<TABLE>__<KEY>` variables override nested keys of the file; names without `__` are
+    /// not keys (they are the flags' own variables); a typo or a wrong type is an error naming the key.
+    /// A prefix of its own per case keeps other tests' pipelines free of these variables.
+    #[test]
+    fn environment_variables_override_pipeline_keys() {
+        let file = || -> toml::Table { toml::from_str("name = \"t\"\nmethod = \"combined\"\n[trainer]\nlr = 0.001\n").unwrap() };
+        for (k, v) in [("NS41A_TRAINER__LR", "1.0e-4"), ("NS41A_trainer__lora__rank", "4"), ("NS41A_JUDGE__M", "5"), ("NS41A_LAKE", "elsewhere"), ("NS41A_PROXY__TENANT_HEADERS", "[\"X-Team\"]")] {
+            std::env::set_var(k, v);
+        }
+        let cfg = super::layered(file(), "p.toml", super::env_overrides_with("NS41A_")).unwrap();
+        assert_eq!(cfg.trainer.lr, 1e-4, "the variable wins over the file's 0.001");
+        assert_eq!(cfg.trainer.lora.rank, 4, "nested, case-insensitive");
+        assert_eq!(cfg.judge.m, 5);
+        assert_eq!(cfg.lake, std::path::PathBuf::from("lake"), "no __: not a key");
+        assert_eq!(cfg.proxy.tenant_headers, Some(vec!["X-Team".to_string()]));
+        assert_eq!(super::layered(file(), "p.toml", super::env_overrides_with("NS41-NONE_")).unwrap().trainer.lr, 0.001);
+
+        std::env::set_var("NS41B_TRAINER__LRR", "1");
+        let e = super::layered(file(), "p.toml", super::env_overrides_with("NS41B_")).unwrap_err().to_string();
+        assert!(e.starts_with("config: p.toml: unknown field: found `lrr`"), "{e}");
+        std::env::set_var("NS41C_JUDGE__M", "many");
+        let e = super::layered(file(), "p.toml", super::env_overrides_with("NS41C_")).unwrap_err().to_string();
+        assert_eq!(e, "config: p.toml: invalid type: found string \"many\", expected u32 for key \"JUDGE.M\" in `NS41C_` environment variable(s)");
+    }
 
     fn parse(extra: &str) -> PipelineConfig {
         toml::from_str(&format!("name = \"t\"\nmethod = \"combined\"\n{extra}")).unwrap()

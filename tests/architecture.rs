@@ -6,6 +6,8 @@
 //! - every edge between top-level modules is one the table in `docs/ARCHITECTURE.md` allows, and that
 //!   table names every module of `src/lib.rs` and allows no cycle itself.
 mod common;
+#[path = "architecture/config_reference.rs"]
+mod config_reference;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
