@@ -249,3 +249,36 @@ fn ingest_tenant_marks_every_turn_and_an_invalid_one_is_refused() {
     on_broker(&["ingest"], &format!("{prefix}-2"), &lake2, &[log.to_str().unwrap()]);
     assert_eq!(sql(&lake2, "SELECT tenant, count(*) AS n FROM interactions GROUP BY tenant"), "tenant,n\ndefault,10\n");
 }
+
+/// `NEXTSTATE_<TABLE>__<KEY>` variables reach the pipeline a command loads, with `--pipeline` and
+/// without (the built-in one): a key the variable names is parsed and checked like one in the file
+/// (issue 42; the override itself is checked with hand values in `config::tests`).
+#[test]
+fn environment_variables_override_pipeline_keys_of_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, empty) = (dir.path().join("lake"), dir.path().join("empty"));
+    std::fs::create_dir_all(&empty).unwrap();
+    let pipeline = common::root().join("pipelines/combined.toml");
+    // `ingest` of an empty folder on the embedded bus: it loads the pipeline and reads nothing.
+    let run = |vars: &[(&str, &str)], with_pipeline: bool| {
+        let mut args = vec!["ingest", "--lake", lake.to_str().unwrap()];
+        if with_pipeline {
+            args.extend(["--pipeline", pipeline.to_str().unwrap()]);
+        }
+        args.push(empty.to_str().unwrap());
+        let out = std::process::Command::new(common::bin()).args(&args).envs(vars.iter().copied()).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for with_pipeline in [false, true] {
+        let (ok, out, err) = run(&[("NEXTSTATE_TRAINER__LR", "0.0005"), ("NEXTSTATE_JUDGE__M", "5")], with_pipeline);
+        assert!(ok, "{err}");
+        assert!(out.starts_with("ingest: files=0 read=0"), "{out}");
+        let (ok, _, err) = run(&[("NEXTSTATE_JUDGE__M", "many")], with_pipeline);
+        assert!(!ok);
+        assert!(err.contains("invalid type: found string \"many\", expected u32 for key \"JUDGE.M\""), "{err}");
+        let (ok, _, err) = run(&[("NEXTSTATE_TRAINER__LRR", "1")], with_pipeline);
+        assert!(!ok);
+        assert!(err.contains("unknown field: found `lrr`"), "{err}");
+        assert!(!err.to_lowercase().contains("stack backtrace"), "{err}");
+    }
+}

@@ -108,7 +108,7 @@ impl MetricsArgs {
 pub fn load_pipeline(path: &Option<PathBuf>, data: &DataArgs) -> Result<PipelineConfig> {
     let mut cfg = match path {
         Some(p) => PipelineConfig::load(p)?,
-        None => PipelineConfig::embedded_default(),
+        None => PipelineConfig::embedded_layered()?,
     };
     data.apply(&mut cfg);
     cfg.validate()?;
