@@ -20,7 +20,8 @@ pub struct IngestArgs {
     #[arg(long, default_value = "main")]
     default_turn_type: String,
     /// Tenant (agent or user of a fleet) of every turn read: 1-64 characters from
-    /// [A-Za-z0-9_.-], beginning with a letter or digit. Default: `default`.
+    /// [A-Za-z0-9_.@-], beginning with a letter or digit. Default: the tenant the log names
+    /// (OpenAI `user` / `safety_identifier`, Anthropic `metadata.user_id`), else `default`.
     #[arg(long)]
     tenant: Option<String>,
     /// Only produce to Kafka; do not run the lake sinks in this process.

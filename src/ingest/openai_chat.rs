@@ -182,6 +182,7 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> 
     t.notes = notes;
     t.event_time = event_time;
     t.source_line = Some(n);
+    t.tenant = super::sink::request_tenant(line, req);
     sessions.place_and_emit(sink, n, text, line, req, t)
 }
 

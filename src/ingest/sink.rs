@@ -196,7 +196,8 @@ impl<'a> Sink<'a> {
     }
 
     /// Emits a built interaction; a second row of the same session and turn index in this file
-    /// becomes a `duplicate_turn` dead letter instead (the first one wins).
+    /// becomes a `duplicate_turn` dead letter instead (the first one wins), and a row whose tenant (as
+    /// the log named it) is not a valid tenant id an `invalid_tenant` one.
     pub fn emit(&mut self, row: Interaction) -> Result<()> {
         self.opts.check_stop()?;
         let fresh = match self.turns.get_mut(&row.session_id) {
@@ -210,6 +211,12 @@ impl<'a> Sink<'a> {
             let reason = format!("turn {} of session {:?} already read from this file", row.turn_index, row.session_id);
             let payload = serde_json::to_vec(&row)?;
             return self.dead_in_session(row.source_line, &row.session_id.clone(), "duplicate_turn", reason, &payload);
+        }
+        if let Some(Err(e)) = row.tenant.as_deref().map(crate::schema::validate_tenant) {
+            // The log named it (e.g. OpenAI's `user`); `--tenant` would have replaced it.
+            let reason = format!("turn {} of session {:?}: the log's {e}; `ingest --tenant NAME` sets the tenant of every turn instead", row.turn_index, row.session_id);
+            let payload = serde_json::to_vec(&row)?;
+            return self.dead_in_session(row.source_line, &row.session_id.clone(), "invalid_tenant", reason, &payload);
         }
         self.summary.interactions += 1;
         (self.out)(IngestItem::Interaction(Box::new(row)))
@@ -239,7 +246,7 @@ impl<'a> Sink<'a> {
             schema_version: <Interaction as crate::schema::Table>::SCHEMA_VERSION,
             interaction_id,
             session_id: t.session_id,
-            tenant: Some(self.opts.tenant.clone().unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string())),
+            tenant: Some(self.opts.tenant.clone().or(t.tenant).unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string())),
             session_inferred: t.session_inferred,
             turn_index: t.turn_index,
             turn_type: t.turn_type,
@@ -323,6 +330,26 @@ pub(crate) struct Turn<'m> {
     pub notes: Vec<String>,
     pub event_time: Option<i64>,
     pub source_line: Option<i64>,
+    /// The tenant the log names for this turn ([`request_tenant`]); `IngestOptions::tenant` wins over it.
+    pub tenant: Option<String>,
+}
+
+/// The tenant a logged request names: its `headers`' `X-Agent-Id`, else `X-User-Id` (any case; what
+/// the capture proxy reads, [`crate::schema::TENANT_HEADERS`]), else the body's OpenAI end-user id
+/// `user`, else its successor `safety_identifier`, else Anthropic's `metadata.user_id` (trimmed; blank
+/// counts as none). Not checked here: [`Sink::emit`] dead-letters a turn whose tenant is not valid.
+pub(crate) fn request_tenant(line: &Map<String, Value>, req: &Map<String, Value>) -> Option<String> {
+    let headers = line.get("headers").and_then(Value::as_object);
+    let header = |name: &str| headers.and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v));
+    crate::schema::TENANT_HEADERS
+        .iter()
+        .map(|h| header(h))
+        .chain([req.get("user"), req.get("safety_identifier"), req.get("metadata").and_then(|m| m.get("user_id"))])
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::trim)
+        .find(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 impl<'m> Turn<'m> {
@@ -349,6 +376,7 @@ impl<'m> Turn<'m> {
             notes: vec![],
             event_time: None,
             source_line: None,
+            tenant: None,
         }
     }
 }

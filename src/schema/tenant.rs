@@ -7,10 +7,14 @@
 //! `"default"`, and a null is only found in rows written before the column existed, where it means
 //! the same ([`tenant_or_default`]).
 //!
-//! A tenant id is 1–[`MAX_TENANT_LEN`] ASCII characters from `[A-Za-z0-9_.-]`, beginning with a letter
-//! or digit ([`validate_tenant`]): it becomes a Kafka message key, a Prometheus label value and a
-//! folder name (`checkpoints/<run>/<tenant>/<version>`), so it can hold nothing that needs escaping
-//! in any of them.
+//! A tenant id is 1–[`MAX_TENANT_LEN`] ASCII characters from `[A-Za-z0-9_.@-]`, beginning with a
+//! letter or digit ([`validate_tenant`]): it becomes a Kafka message key, a Prometheus label value and
+//! a folder name (`checkpoints/<run>/<tenant>/<version>`), so it can hold nothing that needs escaping
+//! in any of them. `@` is allowed because logs name users by e-mail address (OpenAI's `user`).
+
+/// Request headers naming the tenant, lower-case, in order of preference (the first present wins): the
+/// capture proxy's default list, also read from the `headers` of logged requests at ingest.
+pub const TENANT_HEADERS: [&str; 2] = ["x-agent-id", "x-user-id"];
 
 /// The tenant of a record that names none: `"default"`.
 pub const DEFAULT_TENANT: &str = "default";
@@ -32,8 +36,8 @@ pub enum TenantError {
         /// [`MAX_TENANT_LEN`].
         max: usize,
     },
-    /// The id holds a character outside `[A-Za-z0-9_.-]`, or begins with `_`, `.` or `-`.
-    #[error("tenant id {id:?} has {what} {ch:?} at byte {at}; use letters, digits, '_', '.' and '-', beginning with a letter or digit")]
+    /// The id holds a character outside `[A-Za-z0-9_.@-]`, or begins with another than a letter or digit.
+    #[error("tenant id {id:?} has {what} {ch:?} at byte {at}; use letters, digits, '_', '.', '@' and '-', beginning with a letter or digit")]
     BadChar {
         /// The refused id, cut to [`MAX_TENANT_LEN`] characters.
         id: String,
@@ -46,7 +50,7 @@ pub enum TenantError {
     },
 }
 
-/// Checks a tenant id: 1–64 characters from `[A-Za-z0-9_.-]`, the first a letter or digit.
+/// Checks a tenant id: 1–64 characters from `[A-Za-z0-9_.@-]`, the first a letter or digit.
 ///
 /// # Errors
 /// [`TenantError`] saying what is wrong (empty, too long, which character where).
@@ -55,7 +59,7 @@ pub fn validate_tenant(id: &str) -> Result<(), TenantError> {
         return Err(TenantError::Empty);
     }
     for (at, ch) in id.char_indices() {
-        let ok = if at == 0 { ch.is_ascii_alphanumeric() } else { ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '-') };
+        let ok = if at == 0 { ch.is_ascii_alphanumeric() } else { ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '@' | '-') };
         if !ok {
             let what = if at == 0 { "the first character" } else { "the character" };
             return Err(TenantError::BadChar { id: id.chars().take(MAX_TENANT_LEN).collect(), what, ch, at });
@@ -78,17 +82,18 @@ mod tests {
 
     #[test]
     fn tenant_ids_are_checked_for_charset_first_character_and_length() {
-        for ok in ["default", "alice", "agent-7", "team_a.bot-2", "0", &"a".repeat(64)] {
+        for ok in ["default", "alice", "agent-7", "team_a.bot-2", "0", "ann@example.com", &"a".repeat(64)] {
             assert_eq!(validate_tenant(ok), Ok(()), "{ok}");
         }
         assert_eq!(validate_tenant(""), Err(TenantError::Empty));
         assert_eq!(validate_tenant(&"a".repeat(65)), Err(TenantError::TooLong { len: 65, max: 64 }));
+        assert!(matches!(validate_tenant("@x"), Err(TenantError::BadChar { at: 0, .. })));
         assert_eq!(validate_tenant("-x"), Err(TenantError::BadChar { id: "-x".into(), what: "the first character", ch: '-', at: 0 }));
         assert_eq!(validate_tenant("a b"), Err(TenantError::BadChar { id: "a b".into(), what: "the character", ch: ' ', at: 1 }));
         assert_eq!(validate_tenant("ali/ce"), Err(TenantError::BadChar { id: "ali/ce".into(), what: "the character", ch: '/', at: 3 }));
         assert_eq!(validate_tenant("zoë"), Err(TenantError::BadChar { id: "zoë".into(), what: "the character", ch: 'ë', at: 2 }));
         let msg = validate_tenant("a\"b").unwrap_err().to_string();
-        assert_eq!(msg, "tenant id \"a\\\"b\" has the character '\"' at byte 1; use letters, digits, '_', '.' and '-', beginning with a letter or digit");
+        assert_eq!(msg, "tenant id \"a\\\"b\" has the character '\"' at byte 1; use letters, digits, '_', '.', '@' and '-', beginning with a letter or digit");
         assert_eq!(tenant_or_default(None), "default");
         assert_eq!(tenant_or_default(Some("bob")), "bob");
     }

@@ -9,5 +9,6 @@ mod pairing;
 mod real_logs;
 mod robustness;
 mod synthetic;
+mod tenants;
 #[path = "../common/mod.rs"]
 mod test_env;

@@ -20,7 +20,7 @@ pub const SESSION_DONE_HEADER: &str = "x-session-done";
 pub const TURN_INDEX_HEADER: &str = "x-turn-index";
 /// Headers naming the tenant of a request, in order of preference: the first one present wins
 /// (`[proxy] tenant_headers` replaces the list).
-pub const TENANT_HEADERS: [&str; 2] = ["x-agent-id", "x-user-id"];
+pub use crate::schema::TENANT_HEADERS;
 /// Body keys the proxy reads and removes before forwarding (same meaning as the headers).
 pub const BODY_KEYS: [&str; 4] = ["session_id", "turn_type", "session_done", "turn_index"];
 
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(tenant(&[("x-agent-id", "  "), ("x-user-id", "bob")], &opts()), Ok("bob".into()), "a blank header counts as none");
         assert_eq!(
             tenant(&[("x-agent-id", "team/a")], &opts()),
-            Err((400, "invalid_tenant", "header x-agent-id: tenant id \"team/a\" has the character '/' at byte 4; use letters, digits, '_', '.' and '-', beginning with a letter or digit".into()))
+            Err((400, "invalid_tenant", "header x-agent-id: tenant id \"team/a\" has the character '/' at byte 4; use letters, digits, '_', '.', '@' and '-', beginning with a letter or digit".into()))
         );
         let custom = RewriteOptions { tenant_headers: tenant_header_names(Some(&["X-Team".to_string()])).unwrap(), ..opts() };
         assert_eq!(tenant(&[("x-agent-id", "agent-7"), ("x-team", "blue")], &custom), Ok("blue".into()), "only the configured header is read");

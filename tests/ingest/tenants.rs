@@ -1,0 +1,83 @@
+//! The tenant a log names (issue 41): a logged request's `X-Agent-Id` / `X-User-Id` header, else the
+//! body's OpenAI `user` / `safety_identifier` or Anthropic `metadata.user_id`; `--tenant` replaces it;
+//! a turn whose log names an invalid tenant is an `invalid_tenant` dead letter and the rest is read.
+
+use nextstate::ingest::{read_file, Format, IngestItem, IngestOptions};
+use nextstate::schema::{DeadLetter, Interaction};
+
+use crate::common::INGEST_MS;
+
+/// Reads `lines` written to a temporary `.jsonl` file as `format`, with `--tenant` = `tenant`.
+fn read(format: Format, lines: &[serde_json::Value], tenant: Option<&str>) -> (Vec<Interaction>, Vec<DeadLetter>) {
+    let f = tempfile::Builder::new().suffix(".jsonl").tempfile().unwrap();
+    std::fs::write(f.path(), lines.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
+    let mut opts = IngestOptions::new(INGEST_MS);
+    opts.tenant = tenant.map(str::to_string);
+    let (mut rows, mut dead) = (vec![], vec![]);
+    read_file(f.path(), format, &opts, &mut |_| {}, &mut |item| {
+        match item {
+            IngestItem::Interaction(i) => rows.push(*i),
+            IngestItem::DeadLetter(d) => dead.push(*d),
+        }
+        Ok(())
+    })
+    .unwrap();
+    (rows, dead)
+}
+
+fn chat(session: &str, headers: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    let mut request = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": format!("question of {session}")}]});
+    request.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let mut h = serde_json::json!({"X-Session-Id": session});
+    h.as_object_mut().unwrap().extend(headers.as_object().unwrap().clone());
+    serde_json::json!({"headers": h, "request": request,
+        "response": {"id": "c", "object": "chat.completion", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "an answer"}, "finish_reason": "stop"}]}})
+}
+
+fn tenants(rows: &[Interaction]) -> Vec<(String, String)> {
+    rows.iter().map(|r| (r.session_id.clone(), r.tenant.clone().unwrap_or_default())).collect()
+}
+
+#[test]
+fn the_tenant_the_log_names_is_read_and_an_invalid_one_is_a_dead_letter() {
+    let lines = [
+        chat("s1", serde_json::json!({"X-Agent-Id": "agent-7", "x-user-id": "bob"}), serde_json::json!({"user": "ann@example.com"})),
+        chat("s2", serde_json::json!({"x-user-id": "bob"}), serde_json::json!({"user": "ann@example.com"})),
+        chat("s3", serde_json::json!({}), serde_json::json!({"user": "  ", "safety_identifier": "hash-9f2"})),
+        chat("s4", serde_json::json!({}), serde_json::json!({"user": "ann@example.com"})),
+        chat("s5", serde_json::json!({}), serde_json::json!({"user": "Ann Smith"})),
+        chat("s6", serde_json::json!({}), serde_json::json!({})),
+    ];
+    let (rows, dead) = read(Format::OpenAiChat, &lines, None);
+    let want = [("s1", "agent-7"), ("s2", "bob"), ("s3", "hash-9f2"), ("s4", "ann@example.com"), ("s6", "default")];
+    assert_eq!(tenants(&rows), want.map(|(s, t)| (s.to_string(), t.to_string())).to_vec(), "headers first, then user, then safety_identifier");
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].reason_code.as_str(), dead[0].session_id.as_str(), dead[0].source_line), ("invalid_tenant", "s5", Some(5)));
+    assert_eq!(
+        dead[0].reason,
+        "turn 0 of session \"s5\": the log's tenant id \"Ann Smith\" has the character ' ' at byte 3; use letters, digits, '_', '.', '@' and '-', beginning with a letter or digit; `ingest --tenant NAME` sets the tenant of every turn instead"
+    );
+    // `--tenant` replaces whatever the log names, the invalid one included.
+    let (rows, dead) = read(Format::OpenAiChat, &lines, Some("team-a"));
+    assert_eq!((rows.len(), dead.len()), (6, 0));
+    assert!(rows.iter().all(|r| r.tenant.as_deref() == Some("team-a")));
+}
+
+#[test]
+fn anthropic_metadata_user_id_and_responses_user_name_the_tenant() {
+    let messages = serde_json::json!({
+        "request": {"model": "claude", "max_tokens": 64, "metadata": {"user_id": "u-42"}, "messages": [{"role": "user", "content": "hello"}]},
+        "response": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude", "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"}
+    });
+    let (rows, dead) = read(Format::AnthropicMessages, &[messages], None);
+    assert_eq!((rows.len(), dead.len()), (1, 0), "{dead:?}");
+    assert_eq!(rows[0].tenant.as_deref(), Some("u-42"));
+    let responses = serde_json::json!({
+        "request": {"model": "m", "user": "agent.blue", "input": "hello"},
+        "response": {"id": "resp_1", "object": "response", "model": "m", "status": "completed",
+            "output": [{"type": "message", "id": "m1", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}]}
+    });
+    let (rows, dead) = read(Format::OpenAiResponses, &[responses], None);
+    assert_eq!((rows.len(), dead.len()), (1, 0), "{dead:?}");
+    assert_eq!(rows[0].tenant.as_deref(), Some("agent.blue"));
+}
