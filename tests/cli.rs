@@ -282,3 +282,21 @@ fn environment_variables_override_pipeline_keys_of_every_command() {
         assert!(!err.to_lowercase().contains("stack backtrace"), "{err}");
     }
 }
+
+/// `replay --sql` sets the tenant with a SQL expression (issue 41): the replayed rows and the signals
+/// built from them in the fresh lake carry the query's `tenant` (embedded bus, no broker needed).
+#[test]
+fn replay_sets_the_tenant_with_a_sql_expression() {
+    let log = common::root().join("tests/fixtures/agent-logs/mini-swe-agent__claude-sonnet-4__test_output.json");
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, out) = (dir.path().join("lake"), dir.path().join("replayed"));
+    let (ok, _, err) = common::run_bin(&["ingest", "--lake", lake.to_str().unwrap(), log.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let query = "SELECT * EXCLUDE (tenant), 'alice' AS tenant FROM interactions";
+    let (ok, stdout, err) = common::run_bin(&["replay", "--sql", query, "--lake", lake.to_str().unwrap(), "--lake-out", out.to_str().unwrap(), "--only", "signals"]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("rows=10 "), "{stdout}");
+    let q = "SELECT 'interactions' AS t, tenant, count(*) AS n FROM interactions GROUP BY tenant UNION ALL SELECT 'signals', tenant, count(*) FROM signals GROUP BY tenant ORDER BY t";
+    assert_eq!(sql(&out, q), "t,tenant,n\ninteractions,alice,10\nsignals,alice,10\n");
+    assert_eq!(sql(&lake, "SELECT tenant, count(*) AS n FROM interactions GROUP BY tenant"), "tenant,n\ndefault,10\n", "the source lake is unchanged");
+}
