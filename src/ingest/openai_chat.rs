@@ -267,7 +267,9 @@ impl Sessions {
                 (id, false, turn)
             }
             (None, None) => {
-                let inf = inferrer.assign(request, response);
+                // Scoped by the turn's tenant: two users' alike conversations stay apart.
+                let tenant = sink.opts.tenant.as_deref().or(t.tenant.as_deref()).filter(|t| *t != crate::schema::DEFAULT_TENANT).unwrap_or("");
+                let inf = inferrer.assign_in(tenant, request, response);
                 (inf.session_id, true, inf.turn_index)
             }
         };

@@ -81,10 +81,21 @@ impl SessionInferrer {
     /// The session of a request with these (normalised) messages. Does not remember the request:
     /// call [`SessionInferrer::record`] once its response is known.
     pub fn lookup(&mut self, messages: &[Message]) -> Inferred {
-        self.lookup_keyed(messages, &prefix_keys(messages))
+        self.lookup_keyed(messages, &prefix_keys(messages), "")
     }
 
-    fn lookup_keyed(&mut self, messages: &[Message], keys: &[Key]) -> Inferred {
+    /// `keys` (continuation keys of a conversation) moved into `scope`'s own key space: conversations
+    /// of different scopes (tenants) never continue each other's sessions, even when their messages
+    /// are the same. The empty scope leaves the keys as they are.
+    fn scoped(keys: Vec<Key>, scope: &str) -> Vec<Key> {
+        if scope.is_empty() {
+            return keys;
+        }
+        let s = message_key(&Message::text("scope", scope));
+        keys.iter().map(|k| chain(&s, k)).collect()
+    }
+
+    fn lookup_keyed(&mut self, messages: &[Message], keys: &[Key], scope: &str) -> Inferred {
         let turn_index = messages.iter().filter(|m| m.role == "assistant").count() as i32;
         for k in (0..messages.len()).rev() {
             if messages[k].role != "assistant" {
@@ -97,6 +108,9 @@ impl SessionInferrer {
         // New session: hash the opening (up to and including the first user message).
         let end = messages.iter().position(|m| m.role == "user").map(|i| i + 1).unwrap_or(messages.len());
         let mut p = chain(&EMPTY_PREFIX, &message_key(&Message::text("salt", self.salt.clone())));
+        if !scope.is_empty() {
+            p = chain(&p, &message_key(&Message::text("scope", scope)));
+        }
         for m in &messages[..end] {
             p = chain(&p, &message_key(m));
         }
@@ -110,14 +124,29 @@ impl SessionInferrer {
     /// Remembers that `messages` followed by `response` belongs to `session_id`, so the next request
     /// of the conversation continues it.
     pub fn record(&mut self, session_id: &str, messages: &[Message], response: &Message) {
-        self.continuations.put(continuation_key(messages, response), session_id.to_string());
+        self.record_in("", session_id, messages, response);
+    }
+
+    /// [`SessionInferrer::record`] within `scope` (a tenant; `""`: none).
+    pub fn record_in(&mut self, scope: &str, session_id: &str, messages: &[Message], response: &Message) {
+        let key = Self::scoped(vec![continuation_key(messages, response)], scope).remove(0);
+        self.continuations.put(key, session_id.to_string());
     }
 
     /// [`SessionInferrer::lookup`] then [`SessionInferrer::record`].
     pub fn assign(&mut self, messages: &[Message], response: &Message) -> Inferred {
+        self.assign_in("", messages, response)
+    }
+
+    /// [`SessionInferrer::assign`] within `scope`: a tenant's conversations continue only sessions of
+    /// the same scope, and a new session's id is hashed with the scope too (`""`: no scope, the ids
+    /// of [`SessionInferrer::assign`]).
+    pub fn assign_in(&mut self, scope: &str, messages: &[Message], response: &Message) -> Inferred {
         let keys = prefix_keys(messages);
-        let inf = self.lookup_keyed(messages, &keys);
         let cont = chain(keys.last().unwrap_or(&EMPTY_PREFIX), &message_key(response));
+        let keys = Self::scoped(keys, scope);
+        let inf = self.lookup_keyed(messages, &keys, scope);
+        let cont = Self::scoped(vec![cont], scope).remove(0);
         self.continuations.put(cont, inf.session_id.clone());
         inf
     }
@@ -146,6 +175,23 @@ mod tests {
         let r2 = vec![m("system", "sys"), m("user", "hi"), echoed, m("user", "more")];
         let i2 = s.assign(&r2, &m("assistant", "sure"));
         assert_eq!(i2, Inferred { session_id: i1.session_id.clone(), turn_index: 1, continued: true });
+    }
+
+    #[test]
+    fn scopes_keep_alike_conversations_apart() {
+        let (r1, a1) = (vec![m("user", "hi")], m("assistant", "hello"));
+        let r2 = vec![m("user", "hi"), m("assistant", "hello"), m("user", "more")];
+        let mut s = SessionInferrer::new(10);
+        let unscoped = SessionInferrer::new(10).assign(&r1, &a1);
+        assert_eq!(s.assign_in("", &r1, &a1), unscoped, "the empty scope is no scope");
+        let alice = s.assign_in("alice", &r1, &a1);
+        assert!(!alice.continued && alice.session_id != unscoped.session_id, "{alice:?}");
+        assert_eq!(s.assign_in("alice", &r2, &m("assistant", "x")), Inferred { session_id: alice.session_id.clone(), turn_index: 1, continued: true });
+        assert_eq!(s.assign_in("", &r2, &m("assistant", "x")), Inferred { session_id: unscoped.session_id, turn_index: 1, continued: true });
+        // A recorded explicit session is found in its scope only.
+        s.record_in("bob", "s-bob", &r1, &a1);
+        assert_eq!(s.assign_in("bob", &r2, &m("assistant", "y")).session_id, "s-bob");
+        assert_ne!(s.assign_in("carol", &r2, &m("assistant", "y")).session_id, "s-bob");
     }
 
     #[test]

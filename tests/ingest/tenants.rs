@@ -81,3 +81,22 @@ fn anthropic_metadata_user_id_and_responses_user_name_the_tenant() {
     assert_eq!((rows.len(), dead.len()), (1, 0), "{dead:?}");
     assert_eq!(rows[0].tenant.as_deref(), Some("agent.blue"));
 }
+
+/// Two users of one log whose conversations are alike (the same opener, the same greedy answer) get
+/// two inferred sessions; each user's next request continues their own (issue 41).
+#[test]
+fn inferred_sessions_never_join_two_tenants() {
+    let turn = |user: &str, messages: serde_json::Value, answer: &str| {
+        serde_json::json!({"request": {"model": "m", "user": user, "messages": messages},
+            "response": {"id": "c", "object": "chat.completion", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}})
+    };
+    let first = serde_json::json!([{"role": "user", "content": "hi"}]);
+    let second = serde_json::json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]);
+    let lines = [turn("alice", first.clone(), "hello"), turn("bob", first, "hello"), turn("bob", second.clone(), "b2"), turn("alice", second, "a2")];
+    let (rows, dead) = read(Format::OpenAiChat, &lines, None);
+    assert!(dead.is_empty(), "{dead:?}");
+    let got: Vec<(String, String, i32)> = rows.iter().map(|r| (r.tenant.clone().unwrap(), r.session_id.clone(), r.turn_index)).collect();
+    let (a, b) = (&got[0].1, &got[1].1);
+    assert_ne!(a, b, "alike openings of two users are two sessions");
+    assert_eq!(got, vec![("alice".into(), a.clone(), 0), ("bob".into(), b.clone(), 0), ("bob".into(), b.clone(), 1), ("alice".into(), a.clone(), 1)]);
+}

@@ -161,12 +161,17 @@ impl Sessions {
     /// [`Sessions::assign`] for a request that continues response `chain` (Responses API): without
     /// an explicit session it joins the chain's session (keeping its inferred flag) as its next turn
     /// — the count of that session's turns seen, at least the previous response's index + 1.
+    ///
+    /// Inference is scoped by tenant: a conversation of one tenant never continues another tenant's
+    /// inferred session, however alike their messages (the `default` tenant's ids are those of an
+    /// unscoped inferrer). Explicit session ids are taken as given, whatever the tenant.
     pub fn assign_chained(&mut self, meta: &TurnMeta, chain: Option<&Chain>, request: &[Message], response: &Message) -> (String, bool, i32) {
+        let scope = if meta.tenant == crate::schema::DEFAULT_TENANT { "" } else { meta.tenant.as_str() };
         if let (None, Some(c)) = (&meta.session_id, chain) {
             let seen = self.counters.get(&c.session).copied().unwrap_or(0).max(c.turn.saturating_add(1));
             let index = meta.turn_index.unwrap_or(seen);
             self.counters.put(c.session.clone(), seen.max(index.saturating_add(1)));
-            self.inferrer.record(&c.session, request, response);
+            self.inferrer.record_in(scope, &c.session, request, response);
             return (c.session.clone(), c.inferred, index);
         }
         match &meta.session_id {
@@ -175,11 +180,11 @@ impl Sessions {
                 let index = meta.turn_index.unwrap_or(seen);
                 self.counters.put(id.clone(), seen.max(index.saturating_add(1)));
                 // A later request of this conversation without the header still finds the session.
-                self.inferrer.record(id, request, response);
+                self.inferrer.record_in(scope, id, request, response);
                 (id.clone(), false, index)
             }
             None => {
-                let inf = self.inferrer.assign(request, response);
+                let inf = self.inferrer.assign_in(scope, request, response);
                 let index = meta.turn_index.unwrap_or(inf.turn_index);
                 let seen = self.counters.get(&inf.session_id).copied().unwrap_or(0);
                 self.counters.put(inf.session_id.clone(), seen.max(index.saturating_add(1)));
@@ -233,6 +238,25 @@ mod tests {
         let none = TurnMeta { session_id: None, ..meta(None) };
         let r2 = vec![m("user", "a"), m("assistant", "b"), m("user", "c")];
         assert_eq!(s.assign(&none, &r2, &m("assistant", "d")), ("s".into(), true, 1));
+    }
+
+    /// Issue 41: two tenants whose conversations are alike (greedy answers to the same opener) get two
+    /// inferred sessions, and each continuation joins its own tenant's; the `default` tenant's ids
+    /// are those of an unscoped inferrer.
+    #[test]
+    fn inference_never_joins_two_tenants_conversations() {
+        let mut s = Sessions::new(100);
+        let as_tenant = |t: &str| TurnMeta { session_id: None, turn_type: TurnType::Main, session_done: false, turn_index: None, tenant: t.into() };
+        let (r1, a1) = (vec![m("user", "hi")], m("assistant", "hello"));
+        let (alice, _, _) = s.assign(&as_tenant("alice"), &r1, &a1);
+        let (bob, _, _) = s.assign(&as_tenant("bob"), &r1, &a1);
+        let (default, _, _) = s.assign(&as_tenant("default"), &r1, &a1);
+        assert_ne!(alice, bob);
+        assert_eq!(default, crate::ingest::sessions::SessionInferrer::new(10).assign(&r1, &a1).session_id);
+        let r2 = vec![m("user", "hi"), m("assistant", "hello"), m("user", "more")];
+        assert_eq!(s.assign(&as_tenant("bob"), &r2, &m("assistant", "x")), (bob, true, 1));
+        assert_eq!(s.assign(&as_tenant("alice"), &r2, &m("assistant", "x")), (alice, true, 1));
+        assert_eq!(s.assign(&as_tenant("default"), &r2, &m("assistant", "x")), (default, true, 1));
     }
 
     #[test]
