@@ -12,8 +12,10 @@
 //! | combined | no | yes | [`SampleType::CombinedScoreOnly`], r = score, teacher log-probs := rollout log-probs |
 //! | combined | no | no | no sample ([`NoSampleReason::NoSignal`]) |
 //!
-//! The reference keeps a binary score-0 turn with loss mask 0 when it would be the session's first
-//! sample; we emit nothing (docs/method.md §5). The loss mask is all ones over the response.
+//! The reference submits a binary score-0 turn with loss mask 0 (it fills a batch slot), except the
+//! first such turn with a next state of a session that has no trained sample yet, which it trains
+//! with mask 1 and reward 0 (zero advantage); we emit nothing (docs/method.md §5). The loss mask is all
+//! ones over the response.
 
 use serde::{Deserialize, Serialize};
 
