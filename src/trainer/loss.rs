@@ -30,10 +30,12 @@
 //! ([`mean_of_sample_means`], docs/method.md §6: the reference's effective loss).
 //!
 //! Where we differ from the reference (docs/method.md §6), and where it is implemented:
-//! - **Temperature**: the reference divides the training logits by the rollout temperature (0.6) but
-//!   scores its teacher at T = 1; we train, score rollouts and score the teacher at T = 1 (the trainer's
-//!   log-softmax in `trainer::evaluate` and `model::score::score` apply no temperature), so the OPD
-//!   advantage `teacher − student` compares two log-probs of one distribution family.
+//! - **Temperature**: the reference divides the training logits by the rollout temperature (0.6); its
+//!   combined launcher's default ("megatron") teacher goes through the same code, so teacher and student
+//!   meet at 0.6, while its "inference" teacher source scores at T = 1 (docs/method.md §4). We train,
+//!   score rollouts and score the teacher at T = 1 (the trainer's log-softmax in `trainer::evaluate` and
+//!   `model::score::score` apply no temperature), so the OPD advantage `teacher − student` compares two
+//!   log-probs at one temperature, as the reference's default does, but not at its temperature.
 //! - **Old log-probs in the PPO ratio**: the reference recomputes `old` with the current weights just
 //!   before the step (ratio exactly 1 on the first pass); by default we use the rollout log-probs (the
 //!   true importance ratio for samples of an older policy version); `TrainerConfig::recompute_old_logprobs`
