@@ -28,6 +28,7 @@
 //! | object with `resourceSpans`, or `spans` of span objects (`context`/`traceId` + `attributes`); array of such spans | otel |
 //! | object with `post`/`patch` run lists, or a run (`run_type` + `trace_id`/`dotted_order`); array of runs | langsmith |
 //! | array whose first element has `role` and `ts` (ms); object `{version, messages}` of such messages | cline |
+//! | first record `[method, payload]` with a Managed Agents event payload (or `{data/events: [...]}`), or an event `{id, type: user.*/agent.*/session.*/span.*, processed_at}` without `data` | anthropic-managed-agents |
 //! | first record `{role: "_system_prompt" / "_checkpoint" / "_usage"}` | kimi-cli |
 //! | object `{id, sessionID, role, time: {created}}` (an OpenCode message file; a `message/<session id>` folder is OpenCode too) | opencode |
 //! | first record `{working_dir, description, message_count}` without `role` (session metadata), or `{role, created, content}` with typed parts and no `timestamp` | goose |
@@ -227,6 +228,9 @@ fn detect_value(head: &[u8]) -> Result<Detection> {
     let first: Option<serde_json::Value> = serde_json::Deserializer::from_slice(head).into_iter::<serde_json::Value>().next().and_then(|v| v.ok());
     let first_str = |k: &str| first.as_ref().and_then(|v| v.get(k)).and_then(serde_json::Value::as_str);
     let ty = first_str("type");
+    if let Some(why) = first.as_ref().and_then(super::anthropic_managed_agents::detect_record) {
+        return found(Format::AnthropicManagedAgents, why.into());
+    }
     if is_array {
         if (has("[].context") || has("[].traceId")) && has("[].attributes") {
             return found(Format::Otel, "array of spans with keys context/traceId, attributes".into());

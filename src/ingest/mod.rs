@@ -20,6 +20,7 @@ mod stream;
 
 mod agentbench;
 pub(crate) mod anthropic_messages;
+mod anthropic_managed_agents;
 mod claude_code;
 mod codex;
 pub(crate) mod items;
@@ -127,11 +128,14 @@ pub enum Format {
     /// OpenCode session storage (`storage/message/<session id>/<message id>.json` with the parts in
     /// `storage/part/<message id>/`): a folder per session.
     OpenCode,
+    /// Anthropic Managed Agents session event logs (`client.beta.sessions.events.*`: one event, or a
+    /// `[method, payload]` pair, a line; `user.*`/`agent.*`/`session.*`/`span.*` events).
+    AnthropicManagedAgents,
 }
 
 impl Format {
     /// Every format, in documentation order.
-    pub const ALL: [Format; 26] = [
+    pub const ALL: [Format; 27] = [
         Format::OpenClaw,
         Format::OpenAiChat,
         Format::TauBench,
@@ -158,6 +162,7 @@ impl Format {
         Format::Aider,
         Format::Goose,
         Format::OpenCode,
+        Format::AnthropicManagedAgents,
     ];
 
     /// The name used on the command line and in `interactions.source_format`.
@@ -189,6 +194,7 @@ impl Format {
             Format::Aider => "aider",
             Format::Goose => "goose",
             Format::OpenCode => "opencode",
+            Format::AnthropicManagedAgents => "anthropic-managed-agents",
         }
     }
 }
@@ -374,6 +380,7 @@ pub fn read_file(path: &Path, format: Format, opts: &IngestOptions, progress: &m
         Format::Aider => aider::read(path, &mut sink, progress)?,
         Format::Goose => goose::read(path, &mut sink, progress)?,
         Format::OpenCode => opencode::read(path, &mut sink, progress)?,
+        Format::AnthropicManagedAgents => anthropic_managed_agents::read(path, &mut sink, progress)?,
     }
     Ok(sink.finish())
 }

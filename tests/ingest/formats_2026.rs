@@ -72,6 +72,8 @@ fn every_2026_file_is_detected() {
         ("synthetic__aider__chat-history.md", Format::Aider),
         ("synthetic__aider__llm-history.txt", Format::Aider),
         ("synthetic__goose__session.jsonl", Format::Goose),
+        ("synthetic__anthropic-managed-agents__session.jsonl", Format::AnthropicManagedAgents),
+        ("synthetic__anthropic-managed-agents__events-list.jsonl", Format::AnthropicManagedAgents),
         ("synthetic__opencode__storage/message/ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk", Format::OpenCode),
         ("synthetic__opencode__storage/message/ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk/msg_7a3c9e1d3002Hq2Wd5Zp9Ys.json", Format::OpenCode),
     ];
@@ -1187,4 +1189,92 @@ fn opencode_storage_one_turn_per_step() {
     assert_eq!(c.get("compaction summaries (context, not turns)"), Some(&1));
     // Turns 0, 1, 3 and 5 see tool output; turn 2 the next user message, turn 4 the compaction request.
     assert_eq!(kinds(&got.rows), map(&[("tool", 4), ("user", 2)]));
+}
+
+/// Anthropic Managed Agents session events, built from anthropic-sdk-python
+/// `types/beta/sessions/` (module doc of the adapter): `[method, payload]` lines with `events.send`
+/// responses echoed on the stream, model-request spans, a built-in and a custom tool round trip,
+/// stream previews, and a terminated session.
+#[test]
+fn anthropic_managed_agents_one_turn_per_model_request_and_echoes_read_once() {
+    let path = log2026("synthetic__anthropic-managed-agents__session.jsonl");
+    let got = ingest(&path, Format::AnthropicManagedAgents);
+    // Hand count: four model-request spans (lines 4-8, 10-12, 16-20, 23-25), each one turn; the
+    // first opens at its agent.message on line 6.
+    assert!(got.dead.is_empty(), "{:?}", got.dead);
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [6, 11, 19, 24]);
+    assert!(got.rows.iter().all(|r| r.session_id == "anthropic-managed-agents:synthetic__anthropic-managed-agents__session"));
+    assert_eq!(got.rows.iter().map(|r| calls(r).len()).collect::<Vec<_>>(), [1, 1, 0, 0]);
+    assert_eq!(got.rows.iter().map(|r| r.response_text.as_str()).collect::<Vec<_>>(), ["I'll count the lines first.", "", "Done: 42 lines, ticket T-7.", "You're welcome."]);
+    // Tool use ids are the event ids.
+    let c0 = &calls(&got.rows[0])[0];
+    assert_eq!((c0.id.as_deref(), c0.name.as_str(), &c0.arguments["command"]), (Some("sevt_011t1"), "bash", &serde_json::json!("wc -l notes.txt")));
+    let c1 = &calls(&got.rows[1])[0];
+    assert_eq!((c1.id.as_deref(), c1.name.as_str()), (Some("sevt_011c1"), "file_ticket"));
+    assert_eq!(got.rows[0].event_time, 1_775_811_601_000);
+    // The echoed user message and custom tool result appear once.
+    let req = request(&got.rows[3]);
+    assert_eq!(req.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(","), "user,assistant,tool,assistant,tool,assistant,user");
+    assert_eq!((req[2].content.as_str(), req[2].tool_call_id.as_deref()), ("42 notes.txt", Some("sevt_011t1")));
+    assert_eq!((req[4].content.as_str(), req[4].tool_call_id.as_deref()), ("ticket T-7 filed", Some("sevt_011c1")));
+    assert_eq!(req[6].content, "Thanks, that's all.");
+    assert_eq!(got.rows.iter().map(|r| r.session_done).collect::<Vec<_>>(), [false, false, false, true]);
+    let c = &got.summary.counters;
+    assert_eq!(c.get("echoed or replayed events (id read before)"), Some(&2));
+    assert_eq!(c.get("[method, payload] lines"), Some(&26));
+    assert_eq!(c.get("stream previews (event_start/event_delta; the final event is read)"), Some(&2));
+    assert_eq!(c.get("agent.thinking events (progress signals without content)"), Some(&1));
+    // Turns 0 and 1 see their tools' output, turn 2 the user; the last ends the session.
+    let k = kinds(&got.rows);
+    assert_eq!((k.get("tool"), k.get("user")), (Some(&2), Some(&1)), "{k:?}");
+    assert_eq!(k.values().sum::<usize>(), 4, "{k:?}");
+
+    // A later `events.list` page replaying the whole history adds nothing.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let events: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()[1].clone()).filter(|p| p.get("id").is_some()).collect();
+    let replay = format!("{text}{}\n", serde_json::json!(["events.list", {"data": events}]));
+    let (_d, p) = tmp("sesn_011replay.jsonl", &replay);
+    assert_eq!(detect(&p, DEFAULT_HEAD_BYTES).unwrap().format, Format::AnthropicManagedAgents);
+    let again = ingest(&p, Format::AnthropicManagedAgents);
+    assert_eq!(again.rows.iter().map(|r| (r.response_text.clone(), r.request_messages.clone())).collect::<Vec<_>>(), got.rows.iter().map(|r| (r.response_text.clone(), r.request_messages.clone())).collect::<Vec<_>>());
+    // 22 stream events with an id (26 lines less 2 send responses and 2 previews), on top of the 2 echoes.
+    assert_eq!(again.summary.counters.get("echoed or replayed events (id read before)"), Some(&(2 + 22)));
+}
+
+/// Bare Managed Agents events, one a line (what `events.list` yields), without spans: a bad first
+/// line, consecutive agent events of one response (a built-in and an MCP call), an orphan result, an
+/// event cross-posted from a subagent thread, and replayed events.
+#[test]
+fn anthropic_managed_agents_bare_events_a_bad_line_and_replays() {
+    let path = log2026("synthetic__anthropic-managed-agents__events-list.jsonl");
+    let got = ingest(&path, Format::AnthropicManagedAgents);
+    assert_eq!(got.dead.iter().map(|d| (d.reason_code.as_str(), d.source_line)).collect::<Vec<_>>(), [("malformed_json", Some(1))]);
+    assert!(got.dead[0].source_file.as_deref().is_some_and(|f| f.ends_with("synthetic__anthropic-managed-agents__events-list.jsonl")));
+    // Hand count: agent events on lines 5-7 are one response (2 calls), line 12 another.
+    assert_eq!(got.rows.iter().map(|r| r.source_line.unwrap()).collect::<Vec<_>>(), [5, 12]);
+    assert_eq!(got.rows.iter().map(|r| calls(r).iter().map(|c| (c.id.clone().unwrap(), c.name.clone())).collect::<Vec<_>>()).collect::<Vec<_>>(), [
+        vec![("sevt_021t1".to_string(), "read".to_string()), ("sevt_021p1".to_string(), "list_issues".to_string())],
+        vec![]
+    ]);
+    assert_eq!(got.rows[0].event_time, 1_775_901_602_000);
+    let req = request(&got.rows[1]);
+    assert_eq!(req.iter().map(|m| (m.role.as_str(), m.tool_call_id.as_deref())).collect::<Vec<_>>(), [
+        ("user", None),
+        ("assistant", None),
+        ("tool", Some("sevt_021t1")),
+        ("tool", Some("sevt_021p1"))
+    ]);
+    assert_eq!(req[3].content, "3 open issues");
+    assert!(got.rows.iter().all(|r| !r.session_done));
+    let c = &got.summary.counters;
+    assert_eq!(c.get("echoed or replayed events (id read before)"), Some(&2));
+    assert_eq!(c.get("orphan tool results (their call is not in the file)"), Some(&1));
+    assert_eq!(c.get("events cross-posted from a subagent thread (left out)"), Some(&1));
+    assert_eq!(kinds(&got.rows).get("tool"), Some(&1));
+
+    // Garbage in any shape never panics: each line a dead letter or counted.
+    let (_d, p) = tmp("odd.jsonl", "[1, 2]\n[\"m\", 3]\n42\n{\"type\": \"agent.tool_result\"}\n[\"m\", {\"data\": [7, {\"id\": 1}]}]\n{\"id\": \"x\", \"type\": \"agent.message\", \"content\": \"text\"}\n{\"id\": \"y\", \"type\": \"agent.tool_use\"}\n");
+    let odd = ingest(&p, Format::AnthropicManagedAgents);
+    assert_eq!(odd.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>(), ["wrong_type", "wrong_type", "tool_call_without_name", "no_assistant_turn"]);
+    assert!(odd.rows.is_empty());
 }

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use crate::common::INGEST_MS;
 use nextstate::ingest::{detect, is_log_file_name, read_path, FormatChoice, IngestOptions, DEFAULT_HEAD_BYTES};
 
-/// Distinct formats among the fixture files when this test was written (8 in agent-logs, 13 in
+/// Distinct formats among the fixture files when this test was written (8 in agent-logs, 14 in
 /// agent-logs-2026): fewer seen means a file is no longer detected as its own format.
-const FORMATS_AT_LEAST: usize = 21;
+const FORMATS_AT_LEAST: usize = 22;
 
 /// The log files of the fixture folders (what `ingest DIR` would read there), sorted.
 fn fixture_files() -> Vec<PathBuf> {
