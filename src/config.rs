@@ -182,6 +182,12 @@ pub const ENV_PREFIX: &str = "NEXTSTATE_";
 
 /// The `NEXTSTATE_<TABLE>__<KEY>` variables of this process, as figment's environment provider.
 fn env_overrides() -> figment::providers::Env {
+    // Say which keys the environment set: a variable left over from another shell changes a run silently otherwise.
+    for (name, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
+        if let Some(key) = name.strip_prefix(ENV_PREFIX).filter(|k| k.contains("__")) {
+            tracing::info!(variable = %name, key = %key.to_ascii_lowercase().replace("__", "."), "pipeline key set by the environment");
+        }
+    }
     env_overrides_with(ENV_PREFIX)
 }
 

@@ -168,6 +168,6 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> 
     t.notes = notes;
     t.event_time = line.get("timestamp").or_else(|| line.get("time")).and_then(parse_timestamp);
     t.source_line = Some(n);
-    t.tenant = super::sink::request_tenant(line, req);
+    t.tenant = super::sink::request_tenant(line, req, &mut t.notes);
     sessions.place_and_emit(sink, n, text, line, req, t)
 }

@@ -698,3 +698,21 @@ mod tests {
         assert_eq!((a.message.content.as_str(), a.message.reasoning.as_deref(), a.notes.len()), ("42", Some("count first"), 0));
     }
 }
+
+/// The tenant a request body of the OpenAI or Anthropic APIs names: OpenAI's end-user id `user`, else
+/// its successor `safety_identifier`, else Anthropic's `metadata.user_id` — the first that is a valid
+/// tenant id ([`crate::schema::validate_tenant`]). A value that is not (Claude Code sends a 120-character
+/// account-and-session id in `metadata.user_id`; an e-mail with `+`) is skipped with a note in `notes`,
+/// so the turn falls back to the `default` tenant instead of being refused: a body field is the client
+/// library's, not a tenant the user chose. Blank values count as none. Read by ingest and the proxy alike.
+pub fn body_tenant(req: &Map<String, Value>, notes: &mut Vec<String>) -> Option<String> {
+    let fields = [("user", req.get("user")), ("safety_identifier", req.get("safety_identifier")), ("metadata.user_id", req.get("metadata").and_then(|m| m.get("user_id")))];
+    for (name, v) in fields {
+        let Some(v) = v.and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty()) else { continue };
+        match crate::schema::validate_tenant(v) {
+            Ok(()) => return Some(v.to_string()),
+            Err(e) => notes.push(format!("the request's {name} is not a tenant: {e}")),
+        }
+    }
+    None
+}

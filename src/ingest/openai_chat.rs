@@ -182,7 +182,7 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions) -> 
     t.notes = notes;
     t.event_time = event_time;
     t.source_line = Some(n);
-    t.tenant = super::sink::request_tenant(line, req);
+    t.tenant = super::sink::request_tenant(line, req, &mut t.notes);
     sessions.place_and_emit(sink, n, text, line, req, t)
 }
 
@@ -255,8 +255,11 @@ impl Sessions {
             (None, Some(c)) => c,
             (Some(id), _) => {
                 // The same request and response logged twice in a session is one turn logged twice.
+                // Counted per tenant: two tenants' sessions of one id number their turns apart.
                 let content = content_key(request, response)?;
-                let seen = counters.entry(id.clone()).or_default();
+                let tenant = sink.opts.tenant.as_deref().or(t.tenant.as_deref()).unwrap_or(crate::schema::DEFAULT_TENANT);
+                let counter_key = if tenant == crate::schema::DEFAULT_TENANT { id.clone() } else { format!("{tenant}\u{1f}{id}") };
+                let seen = counters.entry(counter_key).or_default();
                 if let Some(&turn) = seen.content.get(&content) {
                     let reason = format!("line {n}: the request and response of turn {turn} of session {id:?} logged again");
                     return sink.dead_in_session(Some(n), &id, "duplicate_turn", reason, text).map(|_| None);

@@ -203,7 +203,7 @@ fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], sessions: &mut Sessions, cha
     t.notes = notes;
     t.event_time = line.get("timestamp").or_else(|| line.get("time")).and_then(parse_timestamp).or_else(|| resp.get("created_at").and_then(parse_timestamp));
     t.source_line = Some(n);
-    t.tenant = super::sink::request_tenant(line, req);
+    t.tenant = super::sink::request_tenant(line, req, &mut t.notes);
     let Some(row) = sessions.place(sink, n, text, line, req, t, chained)? else {
         return Ok(());
     };

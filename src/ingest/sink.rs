@@ -200,10 +200,15 @@ impl<'a> Sink<'a> {
     /// the log named it) is not a valid tenant id an `invalid_tenant` one.
     pub fn emit(&mut self, row: Interaction) -> Result<()> {
         self.opts.check_stop()?;
-        let fresh = match self.turns.get_mut(&row.session_id) {
+        // Per tenant: two tenants' sessions of one id are two sessions (as the signals stage pairs them).
+        let key = match row.tenant.as_deref() {
+            Some(t) if t != crate::schema::DEFAULT_TENANT => format!("{t}\u{1f}{}", row.session_id),
+            _ => row.session_id.clone(),
+        };
+        let fresh = match self.turns.get_mut(&key) {
             Some(t) => t.insert(row.turn_index),
             None => {
-                self.turns.insert(row.session_id.clone(), HashSet::from([row.turn_index]));
+                self.turns.insert(key, HashSet::from([row.turn_index]));
                 true
             }
         };
@@ -234,7 +239,8 @@ impl<'a> Sink<'a> {
             Some(ns) => Some(serde_json::to_string(ns)?),
             None => None,
         };
-        let interaction_id = Interaction::compute_id(&t.session_id, t.turn_index, &request_messages, &t.response.content, tool_calls.as_deref());
+        let tenant = self.opts.tenant.clone().or(t.tenant).unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string());
+        let interaction_id = Interaction::compute_id_for(&tenant, &t.session_id, t.turn_index, &request_messages, &t.response.content, tool_calls.as_deref());
         let truncated = t.truncated || t.finish_reason.as_deref() == Some("length");
         let mut notes: Vec<String> = Vec::with_capacity(t.notes.len());
         for n in t.notes {
@@ -246,7 +252,7 @@ impl<'a> Sink<'a> {
             schema_version: <Interaction as crate::schema::Table>::SCHEMA_VERSION,
             interaction_id,
             session_id: t.session_id,
-            tenant: Some(self.opts.tenant.clone().or(t.tenant).unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string())),
+            tenant: Some(tenant),
             session_inferred: t.session_inferred,
             turn_index: t.turn_index,
             turn_type: t.turn_type,
@@ -335,21 +341,20 @@ pub(crate) struct Turn<'m> {
 }
 
 /// The tenant a logged request names: its `headers`' `X-Agent-Id`, else `X-User-Id` (any case; what
-/// the capture proxy reads, [`crate::schema::TENANT_HEADERS`]), else the body's OpenAI end-user id
-/// `user`, else its successor `safety_identifier`, else Anthropic's `metadata.user_id` (trimmed; blank
-/// counts as none). Not checked here: [`Sink::emit`] dead-letters a turn whose tenant is not valid.
-pub(crate) fn request_tenant(line: &Map<String, Value>, req: &Map<String, Value>) -> Option<String> {
+/// the capture proxy reads, [`crate::schema::TENANT_HEADERS`]; not checked here: [`Sink::emit`]
+/// dead-letters a turn whose header names an invalid tenant), else the tenant its body names
+/// ([`super::normalize::body_tenant`], valid ids only; an invalid one is a note in `notes`).
+pub(crate) fn request_tenant(line: &Map<String, Value>, req: &Map<String, Value>, notes: &mut Vec<String>) -> Option<String> {
     let headers = line.get("headers").and_then(Value::as_object);
     let header = |name: &str| headers.and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v));
     crate::schema::TENANT_HEADERS
         .iter()
-        .map(|h| header(h))
-        .chain([req.get("user"), req.get("safety_identifier"), req.get("metadata").and_then(|m| m.get("user_id"))])
-        .flatten()
+        .filter_map(|h| header(h))
         .filter_map(Value::as_str)
         .map(str::trim)
         .find(|s| !s.is_empty())
         .map(str::to_string)
+        .or_else(|| super::normalize::body_tenant(req, notes))
 }
 
 impl<'m> Turn<'m> {

@@ -259,6 +259,24 @@ impl Interaction {
             tool_calls.unwrap_or("").as_bytes(),
         ])
     }
+
+    /// [`Interaction::compute_id`] of `tenant`'s turn: the same id for the default tenant, and for any
+    /// other the tenant hashed in too, so two tenants' identical turns under one session id are two
+    /// rows, not one.
+    pub fn compute_id_for(tenant: &str, session_id: &str, turn_index: i32, request_messages: &str, response_text: &str, tool_calls: Option<&str>) -> String {
+        if tenant == super::DEFAULT_TENANT {
+            return Interaction::compute_id(session_id, turn_index, request_messages, response_text, tool_calls);
+        }
+        content_hash(&[
+            b"tenant",
+            tenant.as_bytes(),
+            session_id.as_bytes(),
+            &turn_index.to_le_bytes(),
+            request_messages.as_bytes(),
+            response_text.as_bytes(),
+            tool_calls.unwrap_or("").as_bytes(),
+        ])
+    }
 }
 
 impl Table for Interaction {

@@ -516,3 +516,19 @@ fn config_defaults_and_rejects_unknown_fields() {
     assert_eq!(c, SignalConfig::default());
     assert!(serde_json::from_str::<SignalConfig>(r#"{"idle_gap": 1}"#).is_err());
 }
+
+/// Issue 41: two tenants that send the same session id are two sessions: each turn's next state is its
+/// own tenant's reply, never the other tenant's request that follows it in the stream.
+#[test]
+fn two_tenants_with_one_session_id_are_paired_apart() {
+    let mut p = pairer();
+    let q = msg("user", "hi");
+    let of = |tenant: &str, turn: i32, req: &[Message], resp: &str, t: i64| Interaction { tenant: Some(tenant.into()), ..row("s", turn, req, &msg("assistant", resp), t) };
+    let mut out = vec![];
+    out.extend(p.push(of("alice", 0, &[q.clone()], "hello alice", T0), lin(0, 0)));
+    out.extend(p.push(of("bob", 0, &[q.clone()], "hello bob", T0 + 1), lin(0, 1)));
+    out.extend(p.push(of("bob", 1, &[q.clone(), msg("assistant", "hello bob"), msg("user", "thanks, bob here")], "welcome", T0 + 2), lin(0, 2)));
+    out.extend(p.push(of("alice", 1, &[q.clone(), msg("assistant", "hello alice"), msg("user", "no, wrong")], "sorry", T0 + 3), lin(0, 3)));
+    let turn0: Vec<(String, String)> = out.iter().filter(|s| s.turn_index == 0).map(|s| (s.tenant.clone().unwrap(), s.next_state_text.clone())).collect();
+    assert_eq!(turn0, vec![("bob".to_string(), "[user] thanks, bob here".to_string()), ("alice".to_string(), "[user] no, wrong".to_string())]);
+}

@@ -13,8 +13,10 @@ fn structs(src: &Path) -> BTreeMap<String, syn::ItemStruct> {
     let mut out: BTreeMap<String, syn::ItemStruct> = BTreeMap::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap().flatten() {
-            let p = e.path();
+        // Sorted: the choice between two structs of one name must not depend on the file system's order.
+        let mut entries: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
             if p.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|x| x == "rs") {
@@ -143,8 +145,9 @@ fn reference(root: &Path) -> String {
          `tests/architecture/config_reference.rs` (`NEXTSTATE_WRITE_CONFIG_REFERENCE=1 cargo test --test architecture\n\
          config_reference` rewrites it; the test fails when it is stale). Every key can be set in a pipeline file\n\
          (`[table]` then `key = value`), and every key inside a table also by an environment variable\n\
-         `NEXTSTATE_<TABLE>__<KEY>` (e.g. `NEXTSTATE_TRAINER__LR=1.0e-4`, `NEXTSTATE_TRAINER__LORA__RANK=16`), which\n\
-         wins over the file; command-line flags win over both ([configuration](configuration.md)). \"unset\":\n\
+         `NEXTSTATE_<TABLE>__<KEY>` (e.g. `NEXTSTATE_TRAINER__LR=1.0e-4`, `NEXTSTATE_TRAINER__LORA__RANK=16`; not the\n\
+         entries of `[bus.properties]` / `[bus.secret_env]`), which wins over the file; command-line flags win over\n\
+         both ([configuration](configuration.md)). \"unset\":\n\
          no value unless given (the meaning says what happens then); \"required\": the file must give it.\n",
     );
     // One section per table, in the order the tables first appear.

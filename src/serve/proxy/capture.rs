@@ -94,11 +94,11 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
         let mut s = sessions.lock().unwrap_or_else(|p| p.into_inner());
         let chain = req.previous.as_ref().and_then(|(_, c)| c.as_ref());
         let (id, inferred, turn) = s.assign_chained(&req.meta, chain, messages, msg);
-        let fresh = s.record(&id, turn);
+        let fresh = s.record(&req.meta.tenant, &id, turn);
         if let (true, true, Some(rid)) = (fresh, req.remember, &resp.response_id) {
             let mut added: Vec<Message> = messages[req.input_start.min(messages.len())..].to_vec();
             added.push(msg.clone());
-            s.remember_response(rid, req.previous.as_ref().map(|(p, _)| p.clone()), added, &id, inferred, turn);
+            s.remember_response(&req.meta.tenant, rid, req.previous.as_ref().map(|(p, _)| p.clone()), added, &id, inferred, turn);
         }
         (id, inferred, turn, fresh)
     };
@@ -108,7 +108,7 @@ pub fn build_interaction(req: &TurnRequest, resp: &Completed, header_version: Op
     }
     let request_messages = serde_json::to_string(messages).unwrap_or_else(|_| "[]".into());
     let tool_calls = if msg.tool_calls.is_empty() { None } else { serde_json::to_string(&msg.tool_calls).ok() };
-    let interaction_id = Interaction::compute_id(&session_id, turn_index, &request_messages, &msg.content, tool_calls.as_deref());
+    let interaction_id = Interaction::compute_id_for(&req.meta.tenant, &session_id, turn_index, &request_messages, &msg.content, tool_calls.as_deref());
     let now = now_ms();
     let row = Interaction {
         schema_version: Interaction::SCHEMA_VERSION,

@@ -186,7 +186,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     };
     // An explicit session and turn index that this proxy already captured: a duplicate turn.
     if let (Some(id), Some(turn)) = (&prepared.meta.session_id, prepared.meta.turn_index) {
-        if s.sessions.lock().unwrap_or_else(|p| p.into_inner()).is_recorded(id, turn) {
+        if s.sessions.lock().unwrap_or_else(|p| p.into_inner()).is_recorded(&prepared.meta.tenant, id, turn) {
             let message = format!("turn {turn} of session {id:?} was already captured by this proxy");
             return rejected(&s, api, &Rejected { status: 409, code: "duplicate_turn", message });
         }

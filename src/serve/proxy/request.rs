@@ -123,13 +123,14 @@ pub fn tenant_header_names(names: Option<&[String]>) -> std::result::Result<Vec<
         .collect()
 }
 
-/// The tenant a request names: the value of the first header of `names` (case-insensitive) that is
-/// present and not blank, else [`crate::schema::DEFAULT_TENANT`].
+/// The tenant a request's headers name: the value of the first header of `names` (case-insensitive)
+/// that is present and not blank (None: no such header; [`prepare_request`] then reads the body, as
+/// ingest does: [`crate::ingest::normalize::body_tenant`], else [`crate::schema::DEFAULT_TENANT`]).
 ///
 /// # Errors
 /// The reason, naming the header, when its value is not visible ASCII or not a valid tenant id
 /// ([`crate::schema::validate_tenant`]).
-pub fn take_tenant(headers: &HeaderMap, names: &[String]) -> std::result::Result<String, String> {
+pub fn take_tenant(headers: &HeaderMap, names: &[String]) -> std::result::Result<Option<String>, String> {
     for name in names {
         let Some(v) = headers.get(name.as_str()) else { continue };
         let v = v.to_str().map_err(|_| format!("header {name} is not visible ASCII"))?.trim();
@@ -137,9 +138,9 @@ pub fn take_tenant(headers: &HeaderMap, names: &[String]) -> std::result::Result
             continue;
         }
         crate::schema::validate_tenant(v).map_err(|e| format!("header {name}: {e}"))?;
-        return Ok(v.to_string());
+        return Ok(Some(v.to_string()));
     }
-    Ok(crate::schema::DEFAULT_TENANT.to_string())
+    Ok(None)
 }
 
 /// How the proxy rewrites requests.
@@ -234,8 +235,9 @@ pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &Rewrite
         return Err(Rejected::bad("wrong_type", format!("request body is a JSON {}, expected an object", crate::ingest::normalize::json_type(&v))));
     };
     let mut meta = take_turn_meta(headers, &mut body, opts.default_turn_type).map_err(|e| Rejected::bad("invalid_turn_metadata", e.to_string()))?;
-    meta.tenant = take_tenant(headers, &opts.tenant_headers).map_err(|e| Rejected::bad("invalid_tenant", e))?;
+    let header_tenant = take_tenant(headers, &opts.tenant_headers).map_err(|e| Rejected::bad("invalid_tenant", e))?;
     let mut notes = vec![];
+    meta.tenant = header_tenant.or_else(|| crate::ingest::normalize::body_tenant(&body, &mut notes)).unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string());
     let instructions = usize::from(api == Api::Responses && crate::ingest::openai_responses::instructions(&body).is_some());
     let messages = apis::conversation(api, &body, &mut notes).map_err(|(code, reason)| Rejected::bad(code, reason))?;
     // Dead letters of the Responses and Messages APIs keep the whole body (instructions, system,
@@ -326,6 +328,15 @@ mod tests {
             prepare_request(Api::ChatCompletions, &h, raw, o).map(|p| p.meta.tenant).map_err(|r| (r.status, r.code, r.message))
         };
         assert_eq!(tenant(&[], &opts()), Ok("default".into()));
+        // Without a tenant header, the body's OpenAI `user` (a valid id only), as ingest reads it.
+        let with_user = |user: &str| {
+            let raw = serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "user": user}).to_string();
+            let p = prepare_request(Api::ChatCompletions, &HeaderMap::new(), raw.as_bytes(), &opts()).unwrap();
+            (p.meta.tenant, p.notes)
+        };
+        assert_eq!(with_user("ann@example.com"), ("ann@example.com".into(), vec![]));
+        assert_eq!(with_user("Ann Smith").0, "default", "not a tenant id: the default tenant, with a note");
+        assert_eq!(with_user("Ann Smith").1.last().unwrap(), "the request's user is not a tenant: tenant id \"Ann Smith\" has the character ' ' at byte 3; use letters, digits, '_', '.', '@' and '-', beginning with a letter or digit");
         assert_eq!(tenant(&[("x-user-id", "bob")], &opts()), Ok("bob".into()));
         assert_eq!(tenant(&[("X-Agent-Id", "agent-7"), ("x-user-id", "bob")], &opts()), Ok("agent-7".into()), "X-Agent-Id first");
         assert_eq!(tenant(&[("x-agent-id", "  "), ("x-user-id", "bob")], &opts()), Ok("bob".into()), "a blank header counts as none");

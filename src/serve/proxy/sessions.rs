@@ -25,6 +25,8 @@ pub struct Sessions {
 /// One captured response of a `previous_response_id` chain.
 #[derive(Debug, Clone)]
 struct ResponseLink {
+    /// The tenant whose request produced it: only its own requests chain on it.
+    tenant: String,
     previous: Option<String>,
     added: Vec<Message>,
     session: String,
@@ -55,6 +57,16 @@ pub struct Chain {
 /// Most responses remembered for `previous_response_id` chains (each holds what its turn added to the
 /// conversation; a request with `store: false` is not remembered: it cannot be chained on).
 pub const MAX_CHAINED_RESPONSES: usize = 10_000;
+
+/// The bookkeeping key of `tenant`'s session `session`: the id itself for the default tenant, else
+/// the two joined by U+001F, so two tenants' sessions of one id count and record their turns apart.
+fn scoped(tenant: &str, session: &str) -> String {
+    if tenant == crate::schema::DEFAULT_TENANT {
+        session.to_string()
+    } else {
+        format!("{tenant}\u{1f}{session}")
+    }
+}
 
 /// Adds `turn` to sorted disjoint half-open `ranges`; false when it was already there.
 fn insert_turn(ranges: &mut Vec<(i32, i32)>, turn: i32) -> bool {
@@ -95,9 +107,11 @@ impl Sessions {
     /// The conversation response `previous` ends, when this process captured it (None otherwise):
     /// the chain is walked back through [`Sessions::remember_response`]'s links until a response that
     /// continued none, one no longer remembered ([`Chain::missing`]) or one already visited (an
-    /// upstream that reused an id: [`Chain::cycle`]).
-    pub fn chain(&mut self, previous: &str) -> Option<Chain> {
-        let first = self.responses.get(&previous.to_string())?.clone();
+    /// upstream that reused an id: [`Chain::cycle`]). A response of another tenant than `tenant` is
+    /// never chained on (None, as for a response this process did not capture): one tenant's
+    /// conversation never enters another's request or session.
+    pub fn chain(&mut self, previous: &str, tenant: &str) -> Option<Chain> {
+        let first = self.responses.get(&previous.to_string()).filter(|l| l.tenant == tenant)?.clone();
         let mut parts = vec![first.added.clone()];
         let (mut missing, mut cycle) = (None, None);
         let mut seen: std::collections::HashSet<String> = std::iter::once(previous.to_string()).collect();
@@ -125,24 +139,26 @@ impl Sessions {
     /// Remembers a captured response `id` for requests that chain on it: the response it continued,
     /// what its turn added (input after the chained history, without instructions, then the
     /// response), and where it was placed.
-    /// A response that names itself as its previous one is not remembered.
-    pub fn remember_response(&mut self, id: &str, previous: Option<String>, added: Vec<Message>, session: &str, inferred: bool, turn: i32) {
+    /// A response that names itself as its previous one is not remembered. `tenant`: the request's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn remember_response(&mut self, tenant: &str, id: &str, previous: Option<String>, added: Vec<Message>, session: &str, inferred: bool, turn: i32) {
         if previous.as_deref() == Some(id) {
             return;
         }
-        self.responses.put(id.to_string(), ResponseLink { previous, added, session: session.to_string(), inferred, turn });
+        self.responses.put(id.to_string(), ResponseLink { tenant: tenant.to_string(), previous, added, session: session.to_string(), inferred, turn });
     }
 
-    /// True when turn `turn` of `session` was already captured (recorded with [`Sessions::record`])
-    /// by this process (forgotten once the session falls out of the LRU or the proxy restarts).
-    pub fn is_recorded(&mut self, session: &str, turn: i32) -> bool {
-        let key = session.to_string();
+    /// True when turn `turn` of `tenant`'s `session` was already captured (recorded with
+    /// [`Sessions::record`]) by this process (forgotten once the session falls out of the LRU or the
+    /// proxy restarts).
+    pub fn is_recorded(&mut self, tenant: &str, session: &str, turn: i32) -> bool {
+        let key = scoped(tenant, session);
         self.recorded.get(&key).is_some_and(|r| r.iter().any(|&(a, b)| a <= turn && turn < b))
     }
 
-    /// Marks turn `turn` of `session` captured; false when it already was (a duplicate turn).
-    pub fn record(&mut self, session: &str, turn: i32) -> bool {
-        let key = session.to_string();
+    /// Marks turn `turn` of `tenant`'s `session` captured; false when it already was (a duplicate turn).
+    pub fn record(&mut self, tenant: &str, session: &str, turn: i32) -> bool {
+        let key = scoped(tenant, session);
         let mut ranges = self.recorded.get(&key).cloned().unwrap_or_default();
         let fresh = insert_turn(&mut ranges, turn);
         if fresh {
@@ -168,17 +184,19 @@ impl Sessions {
     pub fn assign_chained(&mut self, meta: &TurnMeta, chain: Option<&Chain>, request: &[Message], response: &Message) -> (String, bool, i32) {
         let scope = if meta.tenant == crate::schema::DEFAULT_TENANT { "" } else { meta.tenant.as_str() };
         if let (None, Some(c)) = (&meta.session_id, chain) {
-            let seen = self.counters.get(&c.session).copied().unwrap_or(0).max(c.turn.saturating_add(1));
+            let key = scoped(&meta.tenant, &c.session);
+            let seen = self.counters.get(&key).copied().unwrap_or(0).max(c.turn.saturating_add(1));
             let index = meta.turn_index.unwrap_or(seen);
-            self.counters.put(c.session.clone(), seen.max(index.saturating_add(1)));
+            self.counters.put(key, seen.max(index.saturating_add(1)));
             self.inferrer.record_in(scope, &c.session, request, response);
             return (c.session.clone(), c.inferred, index);
         }
         match &meta.session_id {
             Some(id) => {
-                let seen = self.counters.get(id).copied().unwrap_or(0);
+                let key = scoped(&meta.tenant, id);
+                let seen = self.counters.get(&key).copied().unwrap_or(0);
                 let index = meta.turn_index.unwrap_or(seen);
-                self.counters.put(id.clone(), seen.max(index.saturating_add(1)));
+                self.counters.put(key, seen.max(index.saturating_add(1)));
                 // A later request of this conversation without the header still finds the session.
                 self.inferrer.record_in(scope, id, request, response);
                 (id.clone(), false, index)
@@ -186,8 +204,9 @@ impl Sessions {
             None => {
                 let inf = self.inferrer.assign_in(scope, request, response);
                 let index = meta.turn_index.unwrap_or(inf.turn_index);
-                let seen = self.counters.get(&inf.session_id).copied().unwrap_or(0);
-                self.counters.put(inf.session_id.clone(), seen.max(index.saturating_add(1)));
+                let key = scoped(&meta.tenant, &inf.session_id);
+                let seen = self.counters.get(&key).copied().unwrap_or(0);
+                self.counters.put(key, seen.max(index.saturating_add(1)));
                 (inf.session_id, true, index)
             }
         }
@@ -222,7 +241,8 @@ mod tests {
             assert_eq!(r, want, "after turn {turn}");
         }
         let mut s = Sessions::new(2);
-        assert!(s.record("a", 0) && !s.record("a", 0) && s.is_recorded("a", 0) && !s.is_recorded("a", 1) && !s.is_recorded("b", 0));
+        assert!(s.record("default", "a", 0) && !s.record("default", "a", 0) && s.is_recorded("default", "a", 0) && !s.is_recorded("default", "a", 1) && !s.is_recorded("default", "b", 0));
+        assert!(!s.is_recorded("alice", "a", 0) && s.record("alice", "a", 0), "another tenant's session of the same id");
     }
 
     #[test]
@@ -262,9 +282,10 @@ mod tests {
     #[test]
     fn response_chains_are_rebuilt_and_continue_their_session() {
         let mut s = Sessions::new(100);
-        s.remember_response("r1", None, vec![m("user", "a"), m("assistant", "b")], "inferred-x", true, 0);
-        s.remember_response("r2", Some("r1".into()), vec![m("user", "c"), m("assistant", "d")], "inferred-x", true, 1);
-        let c = s.chain("r2").unwrap();
+        s.remember_response("default", "r1", None, vec![m("user", "a"), m("assistant", "b")], "inferred-x", true, 0);
+        s.remember_response("default", "r2", Some("r1".into()), vec![m("user", "c"), m("assistant", "d")], "inferred-x", true, 1);
+        assert!(s.chain("r2", "bob").is_none(), "another tenant's response is never chained on");
+        let c = s.chain("r2", "default").unwrap();
         let texts: Vec<&str> = c.history.iter().map(|x| x.content.as_str()).collect();
         assert_eq!(texts, ["a", "b", "c", "d"]);
         assert_eq!((c.session.as_str(), c.inferred, c.turn, c.missing.as_deref()), ("inferred-x", true, 1, None));
@@ -274,16 +295,16 @@ mod tests {
         // A branch from the same response is a further turn, not the same one.
         assert_eq!(s.assign_chained(&none, Some(&c), &[m("user", "e2")], &m("assistant", "f2")), ("inferred-x".into(), true, 3));
         // A link this process never saw: the history starts after it.
-        s.remember_response("r9", Some("r-gone".into()), vec![m("user", "x"), m("assistant", "y")], "s", false, 4);
-        let c = s.chain("r9").unwrap();
+        s.remember_response("default", "r9", Some("r-gone".into()), vec![m("user", "x"), m("assistant", "y")], "s", false, 4);
+        let c = s.chain("r9", "default").unwrap();
         assert_eq!((c.history.len(), c.missing.as_deref()), (2, Some("r-gone")));
-        assert!(s.chain("r-unknown").is_none());
+        assert!(s.chain("r-unknown", "default").is_none());
         // Reused ids: a self-reference is not remembered, a loop ends the walk with a note's worth.
-        s.remember_response("r5", Some("r5".into()), vec![m("user", "z")], "s", false, 0);
-        assert!(s.chain("r5").is_none());
-        s.remember_response("ra", Some("rb".into()), vec![m("user", "a")], "s", false, 1);
-        s.remember_response("rb", Some("ra".into()), vec![m("user", "b")], "s", false, 0);
-        let c = s.chain("ra").unwrap();
+        s.remember_response("default", "r5", Some("r5".into()), vec![m("user", "z")], "s", false, 0);
+        assert!(s.chain("r5", "default").is_none());
+        s.remember_response("default", "ra", Some("rb".into()), vec![m("user", "a")], "s", false, 1);
+        s.remember_response("default", "rb", Some("ra".into()), vec![m("user", "b")], "s", false, 0);
+        let c = s.chain("ra", "default").unwrap();
         assert_eq!((c.history.len(), c.cycle.as_deref(), c.missing.as_deref()), (2, Some("ra"), None));
     }
 }

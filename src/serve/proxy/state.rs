@@ -72,7 +72,7 @@ pub(super) fn turn_request(s: &Shared, api: Api, prepared: &Prepared, received_m
     let mut messages = prepared.messages.clone();
     let mut input_start = prepared.instructions;
     let previous = prepared.previous_response_id.as_ref().map(|p| {
-        let chain = s.sessions.lock().unwrap_or_else(|e| e.into_inner()).chain(p);
+        let chain = s.sessions.lock().unwrap_or_else(|e| e.into_inner()).chain(p, &prepared.meta.tenant);
         if let Some(c) = &chain {
             let at = prepared.instructions.min(messages.len());
             messages.splice(at..at, c.history.iter().cloned());
