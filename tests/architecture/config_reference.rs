@@ -65,7 +65,9 @@ fn doc(attrs: &[syn::Attribute]) -> String {
             _ => None,
         })
         .collect();
-    lines.join(" ").split_whitespace().collect::<Vec<_>>().join(" ")
+    let text = lines.join(" ").split_whitespace().collect::<Vec<_>>().join(" ");
+    // A rustdoc link to an item (`[x](crate::a::B)`) is no link on a page: keep its text.
+    regex::Regex::new(r"\[([^\]]+)\]\((?:crate|super|self)::[^)]*\)").unwrap().replace_all(&text, "$1").into_owned()
 }
 
 /// `Option<crate::x::Y>` → `Option<Y>`.
