@@ -258,7 +258,7 @@ impl Sessions {
                 // Counted per tenant: two tenants' sessions of one id number their turns apart.
                 let content = content_key(request, response)?;
                 let tenant = sink.opts.tenant.as_deref().or(t.tenant.as_deref()).unwrap_or(crate::schema::DEFAULT_TENANT);
-                let counter_key = if tenant == crate::schema::DEFAULT_TENANT { id.clone() } else { format!("{tenant}\u{1f}{id}") };
+                let counter_key = crate::schema::tenant_session_key(Some(tenant), &id);
                 let seen = counters.entry(counter_key).or_default();
                 if let Some(&turn) = seen.content.get(&content) {
                     let reason = format!("line {n}: the request and response of turn {turn} of session {id:?} logged again");

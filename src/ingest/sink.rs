@@ -201,10 +201,7 @@ impl<'a> Sink<'a> {
     pub fn emit(&mut self, row: Interaction) -> Result<()> {
         self.opts.check_stop()?;
         // Per tenant: two tenants' sessions of one id are two sessions (as the signals stage pairs them).
-        let key = match row.tenant.as_deref() {
-            Some(t) if t != crate::schema::DEFAULT_TENANT => format!("{t}\u{1f}{}", row.session_id),
-            _ => row.session_id.clone(),
-        };
+        let key = crate::schema::tenant_session_key(row.tenant.as_deref(), &row.session_id);
         let fresh = match self.turns.get_mut(&key) {
             Some(t) => t.insert(row.turn_index),
             None => {

@@ -47,7 +47,7 @@ pub use judgments::{Judgment, Vote};
 pub use samples::{Sample, SampleType, TeacherCandidate};
 pub use signals::{NextStateKind, Signal};
 pub use teacher::TeacherLogprobs;
-pub use tenant::{tenant_or_default, validate_tenant, TenantError, DEFAULT_TENANT, MAX_TENANT_LEN, TENANT_HEADERS};
+pub use tenant::{tenant_or_default, tenant_session_key, validate_tenant, TenantError, DEFAULT_TENANT, MAX_TENANT_LEN, TENANT_HEADERS};
 pub use train_steps::TrainStep;
 
 use std::collections::HashMap;

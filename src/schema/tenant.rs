@@ -71,6 +71,16 @@ pub fn validate_tenant(id: &str) -> Result<(), TenantError> {
     Ok(())
 }
 
+/// The key under which per-session state of `tenant`'s session `session_id` is kept (turn counters,
+/// duplicate checks, pairing): the session id itself for the default tenant (or none), else the two
+/// joined by U+001F, so two tenants' sessions of one id are two sessions.
+pub fn tenant_session_key(tenant: Option<&str>, session_id: &str) -> String {
+    match tenant {
+        Some(t) if t != DEFAULT_TENANT => format!("{t}\u{1f}{session_id}"),
+        _ => session_id.to_string(),
+    }
+}
+
 /// The tenant a `tenant` column value stands for: the value itself, or [`DEFAULT_TENANT`] for null.
 pub fn tenant_or_default(tenant: Option<&str>) -> &str {
     tenant.unwrap_or(DEFAULT_TENANT)

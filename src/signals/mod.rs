@@ -220,10 +220,7 @@ impl SignalPairer {
         let mut out = Vec::new();
         // Sessions are a tenant's own: two tenants sending the same session id are two sessions, and one
         // tenant's turn never takes another's as its next state. The default tenant's key is the id.
-        let sid = match row.tenant.as_deref() {
-            Some(t) if t != crate::schema::DEFAULT_TENANT => format!("{t}\u{1f}{}", row.session_id),
-            _ => row.session_id.clone(),
-        };
+        let sid = crate::schema::tenant_session_key(row.tenant.as_deref(), &row.session_id);
         let (was_active, prev_time) = match self.sessions.get(&sid) {
             Some(s) => (true, s.last_event_time),
             None => (false, i64::MIN),

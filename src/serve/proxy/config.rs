@@ -70,7 +70,7 @@ impl ProxyOptions {
             max_body_bytes: 16 << 20,
             request_token_ids: true,
             logprobs_mode: None,
-            tenant_headers: super::request::TENANT_HEADERS.iter().map(|h| h.to_string()).collect(),
+            tenant_headers: super::request::default_tenant_headers(),
             upstream_idle_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(5),
             session_capacity: crate::ingest::sessions::DEFAULT_CAPACITY,

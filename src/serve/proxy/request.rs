@@ -106,13 +106,18 @@ pub fn take_turn_meta(headers: &HeaderMap, body: &mut Map<String, Value>, defaul
     Ok(TurnMeta { session_id, turn_type, session_done, turn_index, tenant: crate::schema::DEFAULT_TENANT.to_string() })
 }
 
+/// [`TENANT_HEADERS`] as owned names.
+pub fn default_tenant_headers() -> Vec<String> {
+    TENANT_HEADERS.iter().map(|h| h.to_string()).collect()
+}
+
 /// Header names for [`take_tenant`]: `names` lower-cased, or [`TENANT_HEADERS`] for `None`.
 ///
 /// # Errors
 /// The reason, for an empty list or a name that is not a valid HTTP header name.
 pub fn tenant_header_names(names: Option<&[String]>) -> std::result::Result<Vec<String>, String> {
     let Some(names) = names else {
-        return Ok(TENANT_HEADERS.iter().map(|h| h.to_string()).collect());
+        return Ok(default_tenant_headers());
     };
     if names.is_empty() {
         return Err("the list of tenant headers is empty (leave it out for X-Agent-Id, X-User-Id)".into());
@@ -161,7 +166,7 @@ impl RewriteOptions {
     /// Turn type `main`, token ids not requested, upstream log-prob mode left alone, the tenant from
     /// [`TENANT_HEADERS`].
     pub fn new(default_turn_type: TurnType) -> RewriteOptions {
-        RewriteOptions { default_turn_type, request_token_ids: false, logprobs_mode: None, tenant_headers: TENANT_HEADERS.iter().map(|h| h.to_string()).collect() }
+        RewriteOptions { default_turn_type, request_token_ids: false, logprobs_mode: None, tenant_headers: default_tenant_headers() }
     }
 }
 

@@ -61,11 +61,7 @@ pub const MAX_CHAINED_RESPONSES: usize = 10_000;
 /// The bookkeeping key of `tenant`'s session `session`: the id itself for the default tenant, else
 /// the two joined by U+001F, so two tenants' sessions of one id count and record their turns apart.
 fn scoped(tenant: &str, session: &str) -> String {
-    if tenant == crate::schema::DEFAULT_TENANT {
-        session.to_string()
-    } else {
-        format!("{tenant}\u{1f}{session}")
-    }
+    crate::schema::tenant_session_key(Some(tenant), session)
 }
 
 /// Adds `turn` to sorted disjoint half-open `ranges`; false when it was already there.
