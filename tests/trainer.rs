@@ -665,3 +665,160 @@ fn loss_json_reports_teacher_minus_the_current_policy() {
         assert!((d - 0.7).abs() < 1e-4, "ppo_kl {} vs {}", ra["ppo_kl"], rb["ppo_kl"]);
     }
 }
+
+/// A per-tenant pipeline file for `nextstate train` (`[trainer.tenants] mode = "per_tenant"`): batches of
+/// 2, `min_batch`, `max_tenants`, a checkpoint per step, LoRA rank 4, `partitions` partitions.
+fn write_per_tenant_pipeline(path: &std::path::Path, name: &str, model: &std::path::Path, partitions: i32, min_batch: usize, max_tenants: usize) {
+    std::fs::write(
+        path,
+        format!(
+            "name = \"{name}\"\nmethod = \"binary\"\n[bus]\npartitions = {partitions}\nmax_poll_interval_ms = 10000\n[policy]\nmodel = \"{}\"\nthreads = 1\n\
+             [trainer]\nbatch_size = 2\ncheckpoint_every = 1\nlr = 1e-4\n[trainer.lora]\nenabled = true\nrank = 4\nalpha = 8\n\
+             [trainer.tenants]\nmode = \"per_tenant\"\nmin_batch = {min_batch}\nmax_tenants = {max_tenants}\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+}
+
+/// [`Run`] for a per-tenant pipeline `name` ([`write_per_tenant_pipeline`]); `None` (reported as
+/// missing) without the model.
+fn per_tenant_run(name: &str, partitions: i32, min_batch: usize, max_tenants: usize) -> Option<Run> {
+    let Some(model) = common::smollm2() else {
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (lake, ck, pfile) = (dir.path().join("lake"), dir.path().join("ck"), dir.path().join("p.toml"));
+    write_per_tenant_pipeline(&pfile, name, &model, partitions, min_batch, max_tenants);
+    Some(Run { model, brokers: common::brokers(), prefix: common::prefix(), dir, lake, ck, pfile })
+}
+
+/// `samples` with tenant `tenants[i]` on sample i.
+fn with_tenants(mut s: Vec<Sample>, tenants: &[&str]) -> Vec<Sample> {
+    for (x, t) in s.iter_mut().zip(tenants) {
+        x.tenant = Some(t.to_string());
+    }
+    s
+}
+
+/// (version, sample ids of its lineage) of every complete checkpoint in `dir`, ascending.
+fn lineages(dir: &std::path::Path) -> Vec<(i64, Vec<String>)> {
+    nextstate::trainer::scan(dir).unwrap().complete.iter().map(|(_, m)| (m.version, m.lineage.iter().map(|l| l.sample_id.clone()).collect())).collect()
+}
+
+fn ids(s: &[Sample]) -> Vec<String> {
+    s.iter().map(|x| x.sample_id.clone()).collect()
+}
+
+/// Per-tenant training on the real broker (issue 41): interactions' samples of three tenants on a
+/// 2-partition `samples` topic train three LoRA adapters on one base. Each tenant's checkpoints hold
+/// only its own sample ids, in its own folder `<run>/<tenant>/<version>` with the tenant in the
+/// manifest; alice's adapter equals (to 1e-6) an adapter trained on alice's samples alone from the same
+/// seed, so nothing of another tenant reached it. carol's third sample is below `min_batch` = 2 at the
+/// end: it waits, uncommitted, and a resumed run trains it together with carol's next sample (carol
+/// v2) while alice's and bob's samples are skipped as consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_tenant_adapters_train_only_their_own_samples() {
+    let Some(Run { model, brokers, prefix, dir: _dir, lake, ck, pfile }) = per_tenant_run("fleet", 2, 2, 8) else {
+        return;
+    };
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let all = with_tenants(samples(&lm, 12, "fleet"), &["alice", "bob", "alice", "carol", "bob", "alice", "carol", "bob", "alice", "bob", "carol", "carol"]);
+    drop(lm);
+    let of = |t: &str, s: &[Sample]| -> Vec<Sample> { s.iter().filter(|x| x.tenant.as_deref() == Some(t)).cloned().collect() };
+    let (alice, bob, carol) = (of("alice", &all), of("bob", &all), of("carol", &all));
+    // first run: every sample but carol's last
+    publish_samples(&brokers, &prefix, 2, &all[..11]).await;
+    let out = train_until_idle(&pfile, &brokers, &prefix, &lake, &ck, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+    let run_dir = ck.join("fleet");
+    assert!(nextstate::trainer::latest_complete(&run_dir).unwrap().is_none(), "no shared checkpoint in a per-tenant run");
+    assert_eq!(lineages(&run_dir.join("alice")), vec![(1, ids(&alice[..2])), (2, ids(&alice[2..]))]);
+    assert_eq!(lineages(&run_dir.join("bob")), vec![(1, ids(&bob[..2])), (2, ids(&bob[2..]))]);
+    assert_eq!(lineages(&run_dir.join("carol")), vec![(1, ids(&carol[..2]))]);
+    assert!(stdout.contains("tenant carol: steps=1 samples_trained=2 version=Some(1) resumed_from=None waiting=1"), "{stdout}");
+    let m = nextstate::trainer::Manifest::read(&run_dir.join("alice").join("2")).unwrap();
+    assert_eq!((m.tenant.as_deref(), m.run_id.as_str(), m.to_row(&run_dir).unwrap().checkpoint_id), (Some("alice"), "fleet", "fleet/alice/2".to_string()));
+
+    // alice's adapter is what alice's samples alone train from the same seed
+    let cfg = nextstate::config::PipelineConfig::load(&pfile).unwrap();
+    nextstate::model::set_threads(1).unwrap();
+    tch::manual_seed(cfg.trainer.seed as i64);
+    let opts = nextstate::stages::train::policy_load_options(&cfg).unwrap();
+    let solo_dir = tempfile::tempdir().unwrap();
+    let mut solo = Trainer::new(LanguageModel::load(&model, &opts).unwrap(), Method::Binary, cfg.trainer.clone(), CheckpointWriter::new(solo_dir.path(), "solo")).unwrap();
+    for batch in alice.chunks(2) {
+        assert!(solo.train_step(batch).unwrap().train_step.is_some());
+    }
+    let frozen = LoadOptions { trainable: Trainable::Frozen, ..opts.clone() };
+    let served = LanguageModel::load_checkpoint(&run_dir.join("alice").join("2"), Some(&model), &frozen).unwrap();
+    let want: HashMap<String, tch::Tensor> = solo.policy().transformer().adapter_state().into_iter().collect();
+    let got = served.transformer().adapter_state();
+    assert_eq!(got.len(), want.len());
+    for (name, t) in &got {
+        let d = (t - &want[name]).abs().max().double_value(&[]);
+        assert!(d < 1e-6, "{name}: alice's per-tenant adapter differs from alice-only training by {d}");
+    }
+    let bob_adapter = LanguageModel::load_checkpoint(&run_dir.join("bob").join("2"), Some(&model), &frozen).unwrap().transformer().adapter_state();
+    let d: f64 = got.iter().zip(&bob_adapter).map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
+    assert!(d > 1e-6, "alice's and bob's adapters differ");
+
+    // second run: carol's waiting sample and her next one train v2; the rest is consumed already
+    publish_samples(&brokers, &prefix, 2, &all[11..]).await;
+    let out = train_until_idle(&pfile, &brokers, &prefix, &lake, &ck, &["--resume"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(lineages(&run_dir.join("carol")), vec![(1, ids(&carol[..2])), (2, ids(&carol[2..]))]);
+    assert_eq!(lineages(&run_dir.join("alice")).len(), 2, "alice unchanged");
+    assert_eq!(lineages(&run_dir.join("bob")).len(), 2, "bob unchanged");
+    assert!(stdout.contains("tenant carol: steps=1 samples_trained=2 version=Some(2) resumed_from=Some(1) waiting=0"), "{stdout}");
+}
+
+/// Bad tenants on the real broker (issue 41): with `max_tenants = 2`, a tenant whose adapter cannot be
+/// opened (its checkpoint was trained with another method) and a third tenant beyond the cap have
+/// their samples dead-lettered with the reason (`tenant_unavailable`, `tenant_cap`; each once, the
+/// sample in the payload), while alice trains her two versions and the run ends normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_beyond_the_cap_or_unopenable_are_dead_lettered_and_the_others_train() {
+    let Some(Run { model, brokers, prefix, dir: _dir, lake, ck, pfile }) = per_tenant_run("capped", 1, 2, 2) else {
+        return;
+    };
+    // bob's adapter: a complete checkpoint of another method, which cannot be resumed
+    let bob1 = ck.join("capped").join("bob").join("1");
+    std::fs::create_dir_all(&bob1).unwrap();
+    let manifest = serde_json::json!({
+        "format": 1, "run_id": "capped", "tenant": "bob", "version": 1, "parent_version": 0, "step": 1, "method": "opd",
+        "config_hash": "x", "weights_format": "lora", "weight_files": [],
+        "optimizer": {"kind": "adamw", "step": 1, "lr": 1e-4, "betas": [0.9, 0.98], "eps": 1e-8, "weight_decay": 0.1, "file": "optimizer/optimizer.safetensors"},
+        "metrics": [], "lineage": [], "created_time": 0
+    });
+    std::fs::write(bob1.join("manifest.json"), manifest.to_string()).unwrap();
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let all = with_tenants(samples(&lm, 7, "capped"), &["alice", "bob", "carol", "alice", "bob", "carol", "alice"]);
+    drop(lm);
+    publish_samples(&brokers, &prefix, 1, &all).await;
+    let out = train_until_idle(&pfile, &brokers, &prefix, &lake, &ck, &["--resume"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(r#"refused (dead-lettered): {"tenant_cap": 2, "tenant_unavailable": 2}"#), "{stdout}");
+    // alice: 3 samples, batches of 2, min_batch 2 → one step; the third waits
+    assert_eq!(lineages(&ck.join("capped").join("alice")).iter().map(|(v, i)| (*v, i.len())).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert!(!ck.join("capped").join("carol").exists(), "no adapter for a tenant beyond the cap");
+    let dead = nextstate::lake::Lake::open(&lake).unwrap().read_table::<nextstate::schema::DeadLetter>().unwrap();
+    let mut got: Vec<(String, String, Option<String>)> = dead.iter().filter(|d| d.stage == "train").map(|d| (d.reason_code.clone(), d.input_key.clone().unwrap_or_default(), d.tenant.clone())).collect();
+    got.sort();
+    let mut want: Vec<(String, String, Option<String>)> = all
+        .iter()
+        .filter_map(|s| match s.tenant.as_deref() {
+            Some("bob") => Some(("tenant_unavailable".to_string(), s.interaction_id.clone(), s.tenant.clone())),
+            Some("carol") => Some(("tenant_cap".to_string(), s.interaction_id.clone(), s.tenant.clone())),
+            _ => None,
+        })
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    let bob_reason = dead.iter().find(|d| d.reason_code == "tenant_unavailable").unwrap();
+    assert!(bob_reason.reason.contains("trained with method opd"), "{}", bob_reason.reason);
+}

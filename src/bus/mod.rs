@@ -577,7 +577,7 @@ impl ConsumerContext for BusContext {
     }
 }
 
-/// A producer of JSON envelopes keyed by session id.
+/// A producer of JSON envelopes keyed by [`Table::message_key`] (the session id; a sample's tenant).
 #[derive(Clone)]
 pub struct BusProducer {
     inner: FutureProducer,
@@ -586,7 +586,8 @@ pub struct BusProducer {
 }
 
 impl BusProducer {
-    /// Sends `row` (with optional carry) to the topic of table `T`, keyed by its session id; returns the
+    /// Sends `row` (with optional carry) to the topic of table `T`, keyed by [`Table::message_key`] (its
+    /// session id; a sample's tenant); returns the
     /// (partition, offset) once the broker acknowledged it.
     ///
     /// # Errors
@@ -594,7 +595,7 @@ impl BusProducer {
     pub async fn send<T: Table>(&self, row: &T, carry: Option<&Carry>) -> Result<(i32, i64)> {
         let env = EnvelopeRef { row, carry };
         let payload = serde_json::to_vec(&env)?;
-        self.send_raw(&self.bus.topic(T::NAME), row.session_id(), &payload).await
+        self.send_raw(&self.bus.topic(T::NAME), row.message_key(), &payload).await
     }
 
     /// The topic name of table `T` on this producer's bus.

@@ -62,6 +62,17 @@ pub async fn run(args: TrainArgs) -> Result<()> {
         "train: steps={} samples_trained={} skipped_already_trained={} skipped_duplicates={} skipped_other_pipeline={} dropped={:?} skipped_steps={} skipped_samples={:?} resumed_from={:?} last_loss={:?}",
         r.steps, r.samples_trained, r.skipped_already_trained, r.skipped_duplicates, r.skipped_other_pipeline, r.dropped, r.skipped_steps, r.skipped_samples, r.resumed_from, r.last_loss
     );
+    if !r.refused.is_empty() {
+        outln!("refused (dead-lettered): {:?}", r.refused);
+    }
+    if cfg.trainer.tenants.per_tenant() {
+        for (t, a) in &r.tenants {
+            outln!("tenant {t}: steps={} samples_trained={} version={:?} resumed_from={:?} waiting={}", a.steps, a.samples_trained, a.version, r.resumed.get(t), r.waiting.get(t).copied().unwrap_or(0));
+        }
+    }
+    for (t, n) in r.waiting.iter().filter(|(t, _)| !r.tenants.contains_key(*t)) {
+        outln!("tenant {t}: waiting={n} (below [trainer.tenants] min_batch; not trained)");
+    }
     for (v, p) in &r.checkpoints {
         outln!("checkpoint v{v}: {p}");
     }

@@ -71,8 +71,14 @@ pub trait Table: Serialize + DeserializeOwned + Clone + Send + Sync + std::fmt::
     fn fields() -> Vec<Field>;
     /// This row's primary key.
     fn key(&self) -> &str;
-    /// The session this row belongs to (Kafka message key).
+    /// The session this row belongs to.
     fn session_id(&self) -> &str;
+    /// The Kafka message key, which decides the partition: the session id (one session's rows stay in
+    /// order), except where a table says otherwise (`samples`: the tenant, so one tenant's samples stay
+    /// in order in one partition and trainer processes of one consumer group split the tenants).
+    fn message_key(&self) -> &str {
+        self.session_id()
+    }
     /// Event time in ms since the Unix epoch; decides the `date=` partition.
     fn event_time_ms(&self) -> i64;
 }

@@ -250,4 +250,9 @@ impl Table for Sample {
         ]
     }
     table_accessors!(sample_id, session_id, event_time);
+    /// The tenant ([`super::tenant_or_default`]): per-tenant training needs one tenant's samples in one
+    /// partition (docs/tenants.md).
+    fn message_key(&self) -> &str {
+        super::tenant_or_default(self.tenant.as_deref())
+    }
 }

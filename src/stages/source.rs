@@ -339,7 +339,7 @@ pub(crate) fn send_owned<T: crate::schema::Table>(
     source: Lineage,
 ) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = Result<Sent>> + Send>>> {
     let payload = serde_json::to_vec(&crate::bus::Envelope { row, carry: None })?;
-    let (p, topic, key) = (p.clone(), p.topic_of::<T>(), row.session_id().to_string());
+    let (p, topic, key) = (p.clone(), p.topic_of::<T>(), row.message_key().to_string());
     let is_dead_letter = T::NAME == <crate::schema::DeadLetter as crate::schema::Table>::NAME;
     let row_key = row.key().to_string();
     Ok(Box::pin(async move {

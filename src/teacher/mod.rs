@@ -264,6 +264,7 @@ mod tests {
         let m = Manifest {
             format: MANIFEST_FORMAT,
             run_id: "demo".into(),
+            tenant: None,
             version: 3,
             parent_version: 2,
             step: 12,

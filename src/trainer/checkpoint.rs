@@ -149,6 +149,10 @@ pub struct Manifest {
     pub format: u32,
     /// Training run id (the run folder's name).
     pub run_id: String,
+    /// Tenant whose adapter this is (per-tenant training: the folder `<run>/<tenant>/<version>`); absent
+    /// for the policy shared by all tenants (and in every manifest written before tenants existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// Policy version of these weights (1, 2, ...; 0 is the initial weights and has no checkpoint).
     pub version: i64,
     /// Version trained from.
@@ -184,6 +188,12 @@ impl Manifest {
         Ok(serde_json::from_str(&text)?)
     }
 
+    /// `<run id>` (shared policy) or `<run id>/<tenant>` (a tenant's adapter): the prefix of checkpoint
+    /// and step ids and the checkpoints' folder below the checkpoints directory.
+    pub fn key(&self) -> String {
+        run_key(&self.run_id, self.tenant.as_deref())
+    }
+
     /// The `checkpoints` table row for this manifest, stored at `path`: metrics and lineage as JSON text.
     ///
     /// # Errors
@@ -191,9 +201,9 @@ impl Manifest {
     pub fn to_row(&self, path: &Path) -> Result<Checkpoint> {
         Ok(Checkpoint {
             schema_version: Checkpoint::SCHEMA_VERSION,
-            checkpoint_id: format!("{}/{}", self.run_id, self.version),
+            checkpoint_id: format!("{}/{}", self.key(), self.version),
             run_id: self.run_id.clone(),
-            tenant: None,
+            tenant: self.tenant.clone(),
             version: self.version,
             parent_version: self.parent_version,
             step: self.step,
@@ -225,19 +235,48 @@ fn fsync_tree(dir: &Path) -> Result<()> {
     fsync_dir(dir)
 }
 
-/// Writes the checkpoints of one run into `<checkpoints dir>/<run id>/` (and, with a lake on object
+/// `<run id>` or `<run id>/<tenant>`: where a run's (or a tenant's) checkpoints live below the
+/// checkpoints directory and on object storage, and the prefix of their ids.
+pub fn run_key(run_id: &str, tenant: Option<&str>) -> String {
+    match tenant {
+        Some(t) => format!("{run_id}/{t}"),
+        None => run_id.to_string(),
+    }
+}
+
+/// Writes the checkpoints of one run into `<checkpoints dir>/<run id>/` (a tenant's adapter, per-tenant
+/// training: `<checkpoints dir>/<run id>/<tenant>/`) (and, with a lake on object
 /// storage, tells the trainer where to upload them: [`CheckpointWriter::remote`]).
 #[derive(Debug, Clone)]
 pub struct CheckpointWriter {
     run_dir: PathBuf,
     run_id: String,
+    tenant: Option<String>,
     lake: Option<Lake>,
 }
 
 impl CheckpointWriter {
     /// A writer for run `run_id` under `checkpoints_dir` (created on the first write).
     pub fn new(checkpoints_dir: &Path, run_id: &str) -> CheckpointWriter {
-        CheckpointWriter { run_dir: checkpoints_dir.join(run_id), run_id: run_id.to_string(), lake: None }
+        CheckpointWriter { run_dir: checkpoints_dir.join(run_id), run_id: run_id.to_string(), tenant: None, lake: None }
+    }
+
+    /// A writer for tenant `tenant`'s adapter in run `run_id`: `<checkpoints_dir>/<run_id>/<tenant>/`
+    /// (per-tenant training). `tenant` must be a valid tenant id ([`crate::schema::validate_tenant`]),
+    /// which is a safe folder name.
+    pub fn for_tenant(checkpoints_dir: &Path, run_id: &str, tenant: &str) -> CheckpointWriter {
+        CheckpointWriter { run_dir: checkpoints_dir.join(run_id).join(tenant), run_id: run_id.to_string(), tenant: Some(tenant.to_string()), lake: None }
+    }
+
+    /// The tenant whose adapter this writer writes (None: the shared policy).
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// [`run_key`]: `<run id>` or `<run id>/<tenant>`, the prefix of checkpoint and step ids and the
+    /// folder on object storage.
+    pub fn key(&self) -> String {
+        run_key(&self.run_id, self.tenant.as_deref())
     }
 
     /// This writer, with the run's checkpoints mirrored to `lake` when it is on object storage (see the
@@ -252,7 +291,7 @@ impl CheckpointWriter {
         self.lake.as_ref().and_then(Lake::remote)
     }
 
-    /// `<checkpoints dir>/<run id>`.
+    /// `<checkpoints dir>/<run id>` (`<checkpoints dir>/<run id>/<tenant>` for a tenant).
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
     }
@@ -570,6 +609,7 @@ mod tests {
         Manifest {
             format: MANIFEST_FORMAT,
             run_id: "run".into(),
+            tenant: None,
             version,
             parent_version: parent,
             step: version,

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::loss::{LossConfig, OpdLoss};
+use super::tenants::TenantSettings;
 use crate::method::Method;
 use crate::schema::content_hash;
 use crate::{config_err, Result};
@@ -363,6 +364,10 @@ pub struct TrainerConfig {
     /// Spike alarms ([`AlarmSettings`]). Left out of the serialised form when default.
     #[serde(skip_serializing_if = "AlarmSettings::is_default")]
     pub alarms: AlarmSettings,
+    /// Shared policy or one adapter per tenant ([`TenantSettings`], `[trainer.tenants]`). Left out of the
+    /// serialised form when default.
+    #[serde(skip_serializing_if = "TenantSettings::is_default")]
+    pub tenants: TenantSettings,
 }
 
 fn is_one(x: &f64) -> bool {
@@ -406,6 +411,7 @@ impl Default for TrainerConfig {
             temperature: 1.0,
             quarantine: QuarantineSettings::default(),
             alarms: AlarmSettings::default(),
+            tenants: TenantSettings::default(),
         }
     }
 }
@@ -426,6 +432,7 @@ impl TrainerConfig {
         if self.batch_size == 0 {
             return Err(config_err!("trainer.batch_size must be at least 1"));
         }
+        self.tenants.validate(self.batch_size, self.lora.enabled)?;
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(config_err!("trainer.lr = {} must be a positive number", self.lr));
         }

@@ -15,6 +15,8 @@
 //!   advantage-sign figures; `outcome.rs`: what a step returns ([`StepOutcome`], [`SkippedStep`]);
 //!   `recovery.rs`: a bad batch (non-finite loss or gradient, libtorch error) probed sample by sample,
 //!   retried without its offenders or skipped.
+//! - [`tenants`]: `[trainer.tenants]` — one shared policy or one LoRA adapter per tenant — and the
+//!   per-adapter [`Batcher`] (batches never mix tenants; a tenant below `min_batch` waits; a cap).
 //! - `loss_report.rs`: the [`loss_report`] (every loss component per sample, without updating weights).
 //!
 //! **Memory.** No `[B, T, V]` tensor is built. The trunk gives the hidden states that predict the
@@ -46,6 +48,7 @@ mod policy;
 mod recovery;
 mod step;
 mod step_figures;
+pub mod tenants;
 #[cfg(test)]
 mod test_util;
 
@@ -59,6 +62,7 @@ pub use optim::{AdamW, AdamWConfig};
 pub use policy::{load_trainable, save_trainable, Policy, WeightsFormat};
 pub use outcome::{SkipReason, SkippedStep, StepOutcome, WrittenCheckpoint};
 pub use step::{Resumed, Trainer};
+pub use tenants::{adapter_name, AdapterKey, Batcher, OverCap, TenantSettings, TrainingMode};
 
 pub use crate::model::score::{position_chunks, Gradients, HiddenPass, LOGIT_CHUNK_TOKENS};
 

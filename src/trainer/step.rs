@@ -76,15 +76,15 @@ impl<P: Policy> Trainer<P> {
     /// cannot be listed.
     pub fn new(policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<Trainer<P>> {
         if let Some((path, m)) = latest_complete(writer.run_dir())? {
-            return Err(config_err!("run {} already has checkpoints up to version {} ({}); resume it or choose another run id", writer.run_id(), m.version, path.display()));
+            return Err(config_err!("run {} already has checkpoints up to version {} ({}); resume it or choose another run id", writer.key(), m.version, path.display()));
         }
         if let Some(r) = writer.remote() {
-            if let Some(m) = checkpoint::remote_manifests(r, writer.run_id())?.pop() {
+            if let Some(m) = checkpoint::remote_manifests(r, &writer.key())?.pop() {
                 return Err(config_err!(
                     "run {} already has checkpoints up to version {} on object storage ({}); resume it or choose another run id",
-                    writer.run_id(),
+                    writer.key(),
                     m.version,
-                    r.path(&format!("{}/{}", checkpoint::REMOTE_FOLDER, writer.run_id()))
+                    r.path(&format!("{}/{}", checkpoint::REMOTE_FOLDER, writer.key()))
                 ));
             }
         }
@@ -134,9 +134,9 @@ impl<P: Policy> Trainer<P> {
     /// storage fails.
     pub fn resume(mut policy: P, method: Method, cfg: TrainerConfig, writer: CheckpointWriter) -> Result<(Trainer<P>, Resumed)> {
         if let Some(r) = writer.remote() {
-            checkpoint::fetch_latest(r, writer.run_id(), writer.run_dir())?;
-            for v in checkpoint::upload_missing(r, writer.run_id(), writer.run_dir())? {
-                tracing::info!(run = writer.run_id(), version = v, "checkpoint uploaded to object storage (missing there)");
+            checkpoint::fetch_latest(r, &writer.key(), writer.run_dir())?;
+            for v in checkpoint::upload_missing(r, &writer.key(), writer.run_dir())? {
+                tracing::info!(run = %writer.key(), version = v, "checkpoint uploaded to object storage (missing there)");
             }
         }
         let found = scan(writer.run_dir())?;
@@ -386,13 +386,13 @@ impl<P: Policy> Trainer<P> {
             seconds,
             advantage_parts: Some(parts),
         });
-        let run_id = self.writer.run_id().to_string();
+        let (run_id, key) = (self.writer.run_id().to_string(), self.writer.key());
         let f = step_figures(samples, &dropped, self.version, self.opt.config().lr, m.tokens, seconds, &advantage_signs, &parts);
         let row = TrainStep {
             schema_version: TrainStep::SCHEMA_VERSION,
-            step_id: format!("{run_id}/{step}"),
+            step_id: format!("{key}/{step}"),
             run_id,
-            tenant: None,
+            tenant: self.writer.tenant().map(str::to_string),
             step,
             version: self.version + 1,
             method: self.method.as_str().to_string(),
@@ -504,6 +504,7 @@ impl<P: Policy> Trainer<P> {
         let mut manifest = Manifest {
             format: checkpoint::MANIFEST_FORMAT,
             run_id: self.writer.run_id().to_string(),
+            tenant: self.writer.tenant().map(str::to_string),
             version: self.version + 1,
             parent_version: self.version,
             step: self.step,
@@ -540,13 +541,13 @@ impl<P: Policy> Trainer<P> {
         self.last_checkpoint_at = Instant::now();
         self.samples_since_checkpoint = 0;
         let row = manifest.to_row(&path)?;
-        tracing::info!(run = %manifest.run_id, version = manifest.version, step = manifest.step, samples = row.samples, path = %path.display(), "checkpoint written");
+        tracing::info!(run = %manifest.key(), version = manifest.version, step = manifest.step, samples = row.samples, path = %path.display(), "checkpoint written");
         if let Some(r) = self.writer.remote() {
-            if !checkpoint::upload(r, &manifest.run_id, manifest.version, &path)? {
+            if !checkpoint::upload(r, &manifest.key(), manifest.version, &path)? {
                 return Err(config_err!(
                     "checkpoint {} of run {} is already on object storage (another trainer of this run?); the local one is {}",
                     manifest.version,
-                    manifest.run_id,
+                    manifest.key(),
                     path.display()
                 ));
             }
