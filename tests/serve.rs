@@ -1,8 +1,13 @@
 //! Integration tests of the policy server: started in-process on a free loopback port with the imported
 //! SmolLM2-135M-Instruct, called over HTTP with reqwest. Skipped with a message when the model
 //! directory is missing (run scripts/setup.sh); a failure under `CI=true` or `NEXTSTATE_REQUIRE_ALL=1`.
+//! Per-tenant adapters: `serve/tenants.rs`; the measurement of docs/tenants.md: `serve/tenant_throughput.rs`.
 
 mod common;
+#[path = "serve/tenant_throughput.rs"]
+mod tenant_throughput;
+#[path = "serve/tenants.rs"]
+mod tenants;
 
 use std::path::PathBuf;
 use std::time::Duration;

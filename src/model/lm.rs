@@ -25,7 +25,9 @@ pub const ADAPTER_CONFIG: &str = peft::CONFIG_FILE;
 /// A causal LM ready for generation, scoring and training.
 pub struct LanguageModel {
     transformer: Transformer,
-    tokenizer: TextTokenizer,
+    /// Shared with the other models of the process loaded from the same files
+    /// ([`TextTokenizer::shared_from_dir`]).
+    tokenizer: std::sync::Arc<TextTokenizer>,
     chat: Option<ChatTemplate>,
     /// Directory holding config.json and the tokenizer files.
     dir: PathBuf,
@@ -68,7 +70,8 @@ impl LanguageModel {
     /// `tokenizer.json`, and `tokenizer_config.json` for the chat template. Frozen and LoRA loads
     /// share their base weights with every other live model of the process loaded from the same files
     /// with the same kind and device (one copy in memory, [`weights::read_checkpoint_shared`]); full
-    /// fine-tuning loads its own copy.
+    /// fine-tuning loads its own copy. Every load shares the tokenizer of the same `tokenizer.json`
+    /// ([`TextTokenizer::shared_from_dir`]).
     ///
     /// # Errors
     /// [`Error::Io`] / [`Error::Model`] for missing or invalid files, [`Error::Torch`] for device
@@ -80,7 +83,7 @@ impl LanguageModel {
     /// Loads weights from `weights_dir` and config/tokenizer from `meta_dir`.
     fn load_parts(weights_dir: &Path, meta_dir: &Path, opts: &LoadOptions) -> Result<LanguageModel> {
         let config = ModelConfig::from_dir(meta_dir)?;
-        let tokenizer = TextTokenizer::from_dir(meta_dir)?;
+        let tokenizer = TextTokenizer::shared_from_dir(meta_dir)?;
         let chat = ChatTemplate::from_dir(meta_dir)?;
         let eos_ids = collect_eos(meta_dir, &config, &tokenizer);
         let pad_id = config.pad_token_id.or(eos_ids.first().copied()).unwrap_or(0);

@@ -67,6 +67,29 @@ impl TextTokenizer {
         Ok(TextTokenizer { inner, byte_decoder: byte_level_decoder(), byte_level, special_ids })
     }
 
+    /// [`TextTokenizer::from_dir`], shared: while one is alive, every load of this process from the same
+    /// `tokenizer.json` (path, length, modification time) gets the same tokenizer instead of another copy
+    /// (about 13 MiB for SmolLM2's 49k-token BPE; the policy server holds one model per resident tenant
+    /// adapter). Loads are serialised, so concurrent loaders parse the file once.
+    ///
+    /// # Errors
+    /// As [`TextTokenizer::from_dir`]; [`Error::Io`] when the file's metadata cannot be read.
+    pub fn shared_from_dir(dir: &Path) -> Result<std::sync::Arc<TextTokenizer>> {
+        type Key = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
+        static SHARED: std::sync::LazyLock<std::sync::Mutex<HashMap<Key, std::sync::Weak<TextTokenizer>>>> = std::sync::LazyLock::new(Default::default);
+        let p = dir.join("tokenizer.json");
+        let meta = std::fs::metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
+        let key = (std::fs::canonicalize(&p).unwrap_or(p), meta.len(), meta.modified().ok());
+        let mut map = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, w| w.strong_count() > 0);
+        if let Some(t) = map.get(&key).and_then(std::sync::Weak::upgrade) {
+            return Ok(t);
+        }
+        let t = std::sync::Arc::new(TextTokenizer::from_dir(dir)?);
+        map.insert(key, std::sync::Arc::downgrade(&t));
+        Ok(t)
+    }
+
     /// Token ids of `text`; no BOS/EOS is added (the chat template writes what the model needs).
     /// Special-token strings in the text (e.g. `<|im_start|>`) become their ids.
     ///

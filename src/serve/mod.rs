@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 pub use config::ServeConfig;
-pub use server::{PolicyHandle, PolicyServer, ServerOptions, VERSION_HEADER};
+pub use server::{AdapterOptions, PolicyHandle, PolicyServer, ServerOptions, TenantAdapter, POLICY_TENANT_HEADER, VERSION_HEADER};
 
 use crate::model::{LanguageModel, LoadOptions, LogprobMode, Trainable};
 use crate::{Error, Result};
@@ -73,6 +73,17 @@ pub struct ServeArgs {
     /// Largest accepted request body, bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Most tenant LoRA adapters resident at once beside the shared policy (the least recently used is
+    /// evicted and loaded again on its tenant's next request).
+    #[arg(long, default_value_t = server::DEFAULT_MAX_ADAPTERS)]
+    pub max_adapters: usize,
+    /// Most MiB of tenant adapter tensors resident at once.
+    #[arg(long, default_value_t = server::DEFAULT_MAX_ADAPTER_BYTES >> 20)]
+    pub max_adapter_mib: u64,
+    /// Header naming a request's tenant, whose adapter then serves it (repeatable; the first present
+    /// wins). Default: X-Agent-Id, then X-User-Id, as the capture proxy.
+    #[arg(long = "tenant-header")]
+    pub tenant_headers: Vec<String>,
     /// https instead of http.
     #[command(flatten)]
     pub tls: crate::net::ListenTlsArgs,
@@ -124,7 +135,11 @@ impl ServeArgs {
             base_dir,
             threads: self.threads.map(|n| n.max(0) as usize).unwrap_or(0),
         };
-        let server = PolicyServer::start(lm, self.policy_version, opts)?;
+        let mut adapters = AdapterOptions { max_adapters: self.max_adapters, max_adapter_bytes: self.max_adapter_mib << 20, ..AdapterOptions::default() };
+        if !self.tenant_headers.is_empty() {
+            adapters.tenant_headers = self.tenant_headers.clone();
+        }
+        let server = PolicyServer::start_with_adapters(lm, self.policy_version, opts, adapters)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::io("tokio runtime", "-", e))?;
         let tls = self.tls.server_tls()?;
         let limits = self.limits.limits()?;

@@ -36,6 +36,14 @@
 //! their clients at the current adapter name (`GET /v1/models` of vLLM lists it); the previous adapter
 //! is unloaded once the new one loaded, so a request for it then fails with the engine's 404.
 //!
+//! **Per-tenant adapters** ([`Reloader::reload_tenant`]): a tenant's adapter checkpoint is loaded under the
+//! tenant id, which clients then request as `"model": "<tenant>"`: `nextstate` sends `POST /v1/reload
+//! {"path", "version", "tenant"}`; `vllm-lora` sends `POST /v1/load_lora_adapter {"lora_name": tenant,
+//! "lora_path", "load_inplace": true}` (vLLM replaces an adapter of that name in place; releases without
+//! `load_inplace` answer a second load of one name with a 400). `sglang-lora` has no documented in-place
+//! replacement (an unload then a load would fail the tenant's requests in between), and the disk kinds
+//! load full weights: these refuse a tenant's reload (`failed_unsupported`, nothing sent).
+//!
 //! **Confirmed versions** ([`LoadedVersions`]): after each successful reload the reloader records, per
 //! server URL, the version it loaded (and the adapter name for LoRA kinds); while a reload is in flight,
 //! and after a failed one, the server's version is unknown. The capture proxy of the same process reads
@@ -53,6 +61,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+mod tenant;
 
 use backon::{ExponentialBuilder, Retryable};
 use serde_json::{json, Value};
@@ -339,6 +349,8 @@ pub struct Reloader {
     urls: Vec<String>,
     client: reqwest::Client,
     loaded: LoadedVersions,
+    /// The newest version of each tenant's adapter each server confirmed ([`Reloader::reload_tenant`]).
+    tenants: Arc<Mutex<BTreeMap<(String, String), i64>>>,
 }
 
 impl Reloader {
@@ -358,7 +370,7 @@ impl Reloader {
                 bases.push(b);
             }
         }
-        Ok(Reloader { kind, urls: bases, client: crate::net::http_client(Some(timeout))?, loaded: LoadedVersions::default() })
+        Ok(Reloader { kind, urls: bases, client: crate::net::http_client(Some(timeout))?, loaded: LoadedVersions::default(), tenants: Arc::default() })
     }
 
     /// The reloader `[serve]` describes: its kind, [`reload_targets`] and `reload_timeout_s` (default

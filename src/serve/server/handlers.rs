@@ -1,158 +1,37 @@
-//! The HTTP request handlers of the policy server: auth and version middleware, `/v1/models`,
-//! `/health`, `/v1/reload`, `/v1/chat/completions` (plain and SSE-streamed) and `/v1/completions`.
+//! The inference handlers of the policy server: `/v1/chat/completions` (plain and SSE-streamed) and
+//! `/v1/completions`, each served by the policy [`pick_policy`] chooses (a tenant's adapter or the
+//! shared policy), which the response names (`model`, `policy_tenant`, `policy_version`, and the
+//! `X-Policy-Version` / `X-Policy-Tenant` headers).
 
 use std::convert::Infallible;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::Next;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 use serde_json::{json, Value};
-use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::{CompletionJob, InFlight, Job, JobEvent, PolicyHandle, PromptInput, Shared, TokenOut, WorkerMsg, VERSION_HEADER};
+use super::admin::{api_error, error_kind, set_policy};
+use super::tenants::{ensure_resident, pick_policy};
+use super::{CompletionJob, InFlight, Job, JobEvent, PromptInput, Shared, TokenOut, WorkerMsg};
 use crate::model::{FinishReason, Generation, LogprobMode, SamplingParams};
 use crate::serve::openai::{error_body, messages_from_openai, split_tool_calls, ChatCompletionRequest, CompletionRequest, PromptField, MAX_PROMPT_LOGPROBS};
-use crate::Error;
 
-fn api_error(status: StatusCode, message: &str, kind: &str) -> Response {
-    (status, Json(error_body(message, kind, None))).into_response()
-}
-
-fn error_kind(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 404 | 409 | 413 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        _ => "server_error",
+/// The tenant whose adapter serves a request (None: the shared policy; see [`pick_policy`]), counted
+/// in `server_tenant_requests_total`, its adapter loaded again first if it was evicted. The error
+/// answer: 400 `invalid_tenant` for an invalid tenant header, 503 `adapter_unavailable` when the
+/// evicted adapter's checkpoint cannot be loaded any more.
+async fn policy_for(s: &Arc<Shared>, model: Option<&str>, headers: &HeaderMap) -> std::result::Result<Option<String>, Response> {
+    let pick = pick_policy(s, model, headers).map_err(|m| (StatusCode::BAD_REQUEST, Json(error_body(&m, "invalid_request_error", Some("invalid_tenant")))).into_response())?;
+    crate::metrics::server_tenant_request(&pick.tenant, if pick.adapter.is_some() { "adapter" } else { "shared" });
+    if let Some(t) = &pick.adapter {
+        ensure_resident(s, t).await.map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, Json(error_body(&e.to_string(), "server_error", Some("adapter_unavailable")))).into_response())?;
     }
-}
-
-/// Bearer auth (constant-time; the scheme in any case) on every route but `/health` (and on `/health`
-/// too with [`super::ServerOptions::health_requires_key`]), a 408 for a body that missed the
-/// listener's deadline ([`crate::net::BodyTimedOut`]), and `X-Policy-Version` on every response that
-/// does not set it itself.
-pub(super) async fn auth_and_version(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let route = route_name(req.uri().path());
-    let r = authorized(s, req, next).await;
-    crate::metrics::server_request(route, r.status().as_u16());
-    r
-}
-
-/// The fixed route label of a request path (`other` for a path the server has no route for).
-fn route_name(path: &str) -> &'static str {
-    match path {
-        "/v1/chat/completions" => "chat_completions",
-        "/v1/completions" => "completions",
-        "/v1/models" => "models",
-        "/health" => "health",
-        "/v1/reload" => "reload",
-        "/metrics" => "metrics",
-        _ => "other",
-    }
-}
-
-async fn authorized(s: Arc<Shared>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.opts.api_key {
-        if req.uri().path() != "/health" || s.opts.health_requires_key {
-            let given = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(crate::net::bearer_token).unwrap_or("");
-            if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
-                let mut r = api_error(StatusCode::UNAUTHORIZED, "invalid or missing API key", "authentication_error");
-                set_version(&mut r, s.version.load(Ordering::SeqCst));
-                return r;
-            }
-        }
-    }
-    let timed_out = req.extensions().get::<crate::net::BodyTimedOut>().cloned();
-    let mut r = next.run(req).await;
-    if timed_out.is_some_and(|t| t.fired()) {
-        let limit = s.opts.limits.body_read_timeout.as_secs_f64();
-        r = (StatusCode::REQUEST_TIMEOUT, Json(error_body(&format!("request body not received within {limit:.1} s"), "invalid_request_error", Some("body_timeout")))).into_response();
-    }
-    if !r.headers().contains_key(VERSION_HEADER) {
-        set_version(&mut r, s.version.load(Ordering::SeqCst));
-    }
-    r
-}
-
-fn set_version(r: &mut Response, v: i64) {
-    if let Ok(h) = HeaderValue::from_str(&v.to_string()) {
-        r.headers_mut().insert(VERSION_HEADER, h);
-    }
-}
-
-/// Fallback of unknown paths: a JSON 404 naming the routes there are.
-pub(super) async fn not_found(req: Request) -> Response {
-    let message = format!(
-        "no route {} {}: the server serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /v1/reload, GET /metrics",
-        req.method(),
-        req.uri().path()
-    );
-    (StatusCode::NOT_FOUND, Json(error_body(&message, "invalid_request_error", Some("unknown_route")))).into_response()
-}
-
-/// Fallback of a known path asked with the wrong method: a JSON 405.
-pub(super) async fn method_not_allowed(req: Request) -> Response {
-    let message = format!("method {} not allowed on {}", req.method(), req.uri().path());
-    (StatusCode::METHOD_NOT_ALLOWED, Json(error_body(&message, "invalid_request_error", Some("method_not_allowed")))).into_response()
-}
-
-pub(super) async fn models(State(s): State<Arc<Shared>>) -> Response {
-    Json(json!({"object": "list", "data": [{"id": s.opts.model_name, "object": "model", "created": 0, "owned_by": "nextstate",
-        "policy_version": s.version.load(Ordering::SeqCst)}]}))
-    .into_response()
-}
-
-/// `GET /metrics`: the process-wide metrics ([`crate::metrics`]) in the OpenMetrics text format.
-pub(super) async fn metrics() -> Response {
-    ([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::encode()).into_response()
-}
-
-pub(super) async fn health(State(s): State<Arc<Shared>>) -> Response {
-    Json(json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "model": s.opts.model_name,
-        "policy_version": s.version.load(Ordering::SeqCst),
-        "requests_in_flight": s.in_flight.load(Ordering::SeqCst),
-        "requests_completed": s.completed.load(Ordering::Relaxed),
-        "requests_failed": s.failed.load(Ordering::Relaxed),
-    }))
-    .into_response()
-}
-
-/// The body of `POST /v1/reload`: a checkpoint directory and the version to serve it as.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ReloadRequest {
-    path: PathBuf,
-    version: i64,
-}
-
-pub(super) async fn reload(State(s): State<Arc<Shared>>, body: std::result::Result<Json<ReloadRequest>, JsonRejection>) -> Response {
-    let Json(req) = match body {
-        Ok(b) => b,
-        Err(e) => return api_error(StatusCode::BAD_REQUEST, &e.body_text(), "invalid_request_error"),
-    };
-    let handle = PolicyHandle { shared: s.clone() };
-    match handle.reload(req.path.clone(), req.version).await {
-        Ok(previous) => Json(json!({"policy_version": req.version, "previous_version": previous, "path": req.path})).into_response(),
-        Err(e) => {
-            let status = match &e {
-                Error::Config(_) => StatusCode::CONFLICT,
-                Error::Io { .. } | Error::Model(_) | Error::Json(_) => StatusCode::UNPROCESSABLE_ENTITY,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            api_error(status, &e.to_string(), error_kind(status))
-        }
-    }
+    Ok(pick.adapter)
 }
 
 fn lossy(bytes: &[u8]) -> String {
@@ -183,12 +62,16 @@ fn usage(prompt: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
-pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::result::Result<Json<ChatCompletionRequest>, JsonRejection>) -> Response {
+pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Json<ChatCompletionRequest>, JsonRejection>) -> Response {
     let Json(req) = match body {
         Ok(b) => b,
         Err(e) => return api_error(e.status(), &e.body_text(), error_kind(e.status())),
     };
     let mut timing = Timing::start();
+    let adapter = match policy_for(&s, req.model.as_deref(), &headers).await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
     if req.n.unwrap_or(1) != 1 {
         return api_error(StatusCode::BAD_REQUEST, "only n = 1 is supported", "invalid_request_error");
     }
@@ -218,6 +101,7 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
     };
     let (tx, mut rx) = unbounded_channel();
     let job = Job {
+        adapter,
         messages,
         tools: req.tools.clone(),
         template_kwargs: req.chat_template_kwargs.clone(),
@@ -229,21 +113,22 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
     if s.jobs.send(WorkerMsg::Job(Box::new(job))).is_err() {
         return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker stopped", "server_error");
     }
-    let (version, prompt_ids) = match rx.recv().await {
-        Some(JobEvent::Started { version, prompt_ids }) => (version, prompt_ids),
+    let (version, adapter, prompt_ids) = match rx.recv().await {
+        Some(JobEvent::Started { version, adapter, prompt_ids }) => (version, adapter, prompt_ids),
         Some(JobEvent::Failed { status, message }) => return api_error(status, &message, error_kind(status)),
         _ => return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker dropped the request", "server_error"),
     };
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let created = chrono::Utc::now().timestamp();
-    let model = s.opts.model_name.clone();
+    let model = adapter.clone().unwrap_or_else(|| s.opts.model_name.clone());
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().map(|o| o.include_usage).unwrap_or(false);
         let (etx, erx) = unbounded_channel::<std::result::Result<Event, Infallible>>();
-        tokio::spawn(stream_events(rx, etx, StreamCtx { id, created, model, version, prompt_ids, want_logprobs, include_usage, timing, _guard: guard }));
+        let ctx = StreamCtx { id, created, model, version, adapter: adapter.clone(), prompt_ids, want_logprobs, include_usage, timing, _guard: guard };
+        tokio::spawn(stream_events(rx, etx, ctx));
         let sse = Sse::new(tokio_stream::wrappers::UnboundedReceiverStream::new(erx)).keep_alive(KeepAlive::default());
         let mut r = sse.into_response();
-        set_version(&mut r, version);
+        set_policy(&mut r, version, adapter.as_deref());
         return r;
     }
     let mut tokens: Vec<TokenOut> = Vec::new();
@@ -283,10 +168,11 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
         }],
         "usage": usage(prompt_ids.len(), generation.token_ids.len()),
         "policy_version": version,
+        "policy_tenant": adapter,
         "prompt_token_ids": prompt_ids,
     });
     let mut r = Json(body).into_response();
-    set_version(&mut r, version);
+    set_policy(&mut r, version, adapter.as_deref());
     r
 }
 
@@ -300,10 +186,14 @@ pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, body: std::re
 /// 16; 0 = none) are generated with the request's sampling parameters (the chat route's generator), as
 /// `text`. `choices[0].prompt_token_ids` and `token_ids` give the ids. Not supported (400): `n` > 1,
 /// `stream`, `echo`, `logprobs` of generated tokens, several prompts.
-pub(super) async fn completions(State(s): State<Arc<Shared>>, body: std::result::Result<Json<CompletionRequest>, JsonRejection>) -> Response {
+pub(super) async fn completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Json<CompletionRequest>, JsonRejection>) -> Response {
     let Json(req) = match body {
         Ok(b) => b,
         Err(e) => return api_error(e.status(), &e.body_text(), error_kind(e.status())),
+    };
+    let adapter = match policy_for(&s, req.model.as_deref(), &headers).await {
+        Ok(a) => a,
+        Err(r) => return r,
     };
     let refuse = |m: &str| api_error(StatusCode::BAD_REQUEST, m, "invalid_request_error");
     if req.n.unwrap_or(1) != 1 {
@@ -343,7 +233,7 @@ pub(super) async fn completions(State(s): State<Arc<Shared>>, body: std::result:
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let _guard = InFlight::new(&s);
-    if s.jobs.send(WorkerMsg::Complete(Box::new(CompletionJob { prompt, prompt_logprobs, params, reply: tx }))).is_err() {
+    if s.jobs.send(WorkerMsg::Complete(Box::new(CompletionJob { adapter, prompt, prompt_logprobs, params, reply: tx }))).is_err() {
         return api_error(StatusCode::INTERNAL_SERVER_ERROR, "inference worker stopped", "server_error");
     }
     let out = match rx.await {
@@ -362,7 +252,7 @@ pub(super) async fn completions(State(s): State<Arc<Shared>>, body: std::result:
         "id": format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
         "object": "text_completion",
         "created": chrono::Utc::now().timestamp(),
-        "model": s.opts.model_name,
+        "model": out.adapter.clone().unwrap_or_else(|| s.opts.model_name.clone()),
         "choices": [{
             "index": 0,
             "text": text,
@@ -375,9 +265,10 @@ pub(super) async fn completions(State(s): State<Arc<Shared>>, body: std::result:
         }],
         "usage": usage(out.prompt_ids.len(), token_ids.len()),
         "policy_version": out.version,
+        "policy_tenant": out.adapter,
     });
     let mut r = Json(body).into_response();
-    set_version(&mut r, out.version);
+    set_policy(&mut r, out.version, out.adapter.as_deref());
     r
 }
 
@@ -386,6 +277,7 @@ struct StreamCtx {
     created: i64,
     model: String,
     version: i64,
+    adapter: Option<String>,
     prompt_ids: Vec<u32>,
     want_logprobs: bool,
     include_usage: bool,
@@ -422,7 +314,7 @@ impl Timing {
 impl StreamCtx {
     fn chunk(&self, choices: Value) -> Value {
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "policy_version": self.version, "choices": choices})
+            "policy_version": self.version, "policy_tenant": self.adapter, "choices": choices})
     }
 }
 

@@ -1,23 +1,41 @@
-//! The policy server: an OpenAI-compatible chat-completions endpoint over one [`LanguageModel`], with
-//! weight hot-swap, and a vLLM-compatible `/v1/completions` that scores prompts (`prompt_logprobs`), so
-//! a pipeline can use the server as its remote teacher (`[teacher] backend = "vllm"`).
+//! The policy server: an OpenAI-compatible chat-completions endpoint over one shared [`LanguageModel`]
+//! and any number of per-tenant LoRA adapters on its base, with weight hot-swap, and a vLLM-compatible
+//! `/v1/completions` that scores prompts (`prompt_logprobs`), so a pipeline can use the server as its
+//! remote teacher (`[teacher] backend = "vllm"`).
 //!
 //! Inference runs on one dedicated worker thread that owns the model (tch tensors are not `Sync`);
 //! HTTP handlers send it jobs over a channel and receive token events back, so the tokio runtime never
 //! blocks on CPU work. The worker drains every job queued when it becomes free (up to `max_batch`)
-//! into one batched generation.
+//! into batched generations, one per policy: a batch never mixes adapters.
+//!
+//! **Tenants** (`tenants`, `adapters`): [`PolicyHandle::reload_tenant`] (or `POST /v1/reload` with a
+//! `"tenant"`) gives a tenant its own LoRA adapter, kept unmerged beside the shared base (the base
+//! tensors and the tokenizer are the process's one copy, so a resident tenant costs its adapter
+//! tensors). A request is
+//! served by the adapter its body's `model` names, else by the adapter of the tenant its first tenant
+//! header names ([`AdapterOptions::tenant_headers`]), else by the shared policy. At most
+//! [`AdapterOptions::max_adapters`] adapters ([`AdapterOptions::max_adapter_bytes`] bytes) stay
+//! resident; the least recently used one is dropped, and loaded again from its newest checkpoint on its
+//! tenant's next request.
 //!
 //! **Reload** (`POST /v1/reload` or [`PolicyHandle::reload`]): the new weights are loaded on a
 //! blocking thread while the worker keeps serving; then a swap message is queued behind the jobs
 //! already received. Jobs received before the swap finish on the old weights, later ones use the new
-//! weights; nothing is rejected. Every response names the version that produced it (`policy_version`
-//! in the body, `X-Policy-Version` header).
+//! weights; nothing is rejected. A tenant's reload swaps its adapter the same way. Every response
+//! names the policy that produced it: `policy_version` in the body and the `X-Policy-Version` header
+//! (the adapter's own version when one served), and `policy_tenant` / `X-Policy-Tenant` (the tenant
+//! whose adapter served; null / absent for the shared policy).
 //!
 //! This module holds the settings, the messages between handlers and worker, and start-up
-//! ([`PolicyServer::start`], [`PolicyServer::router`]); `worker` is the batching inference worker and
-//! `handlers` the HTTP request handlers.
+//! ([`PolicyServer::start`], [`PolicyServer::router`]); `worker` is the batching inference worker,
+//! `adapters` its resident tenant adapters, `tenants` the registry of tenant adapters, which policy
+//! serves a request and the per-tenant reload, `handlers` the inference request handlers and `admin`
+//! the other routes.
 
+mod adapters;
+mod admin;
 mod handlers;
+mod tenants;
 mod worker;
 
 use std::path::PathBuf;
@@ -34,11 +52,18 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::model::{Generation, LanguageModel, LoadOptions, LogprobMode, SamplingParams};
 use crate::schema::Message;
 use crate::{Error, Result};
-use handlers::{auth_and_version, chat_completions, completions, health, method_not_allowed, metrics, models, not_found, reload};
+use admin::{auth_and_version, health, method_not_allowed, metrics, models, not_found, reload};
+use handlers::{chat_completions, completions};
+pub use tenants::{AdapterOptions, TenantAdapter, DEFAULT_MAX_ADAPTERS, DEFAULT_MAX_ADAPTER_BYTES};
+use tenants::TenantRegistry;
 use worker::worker_loop;
 
-/// Response header carrying the policy version.
+/// Response header carrying the policy version (of the tenant's adapter when one served the request).
 pub const VERSION_HEADER: &str = "x-policy-version";
+
+/// Response header naming the tenant whose adapter served the request; absent when the shared policy
+/// served it.
+pub const POLICY_TENANT_HEADER: &str = "x-policy-tenant";
 
 /// Policy-server settings.
 #[derive(Debug, Clone)]
@@ -86,13 +111,17 @@ struct TokenOut {
 }
 
 enum JobEvent {
-    Started { version: i64, prompt_ids: Vec<u32> },
+    /// `adapter`: the tenant whose adapter serves the job (None: the shared policy); `version`: that
+    /// policy's version.
+    Started { version: i64, adapter: Option<String>, prompt_ids: Vec<u32> },
     Token(TokenOut),
     Done(Generation),
     Failed { status: StatusCode, message: String },
 }
 
 struct Job {
+    /// The tenant whose adapter serves the job (None: the shared policy).
+    adapter: Option<String>,
     messages: Vec<Message>,
     tools: Option<Value>,
     template_kwargs: Option<serde_json::Map<String, Value>>,
@@ -110,6 +139,8 @@ enum PromptInput {
 /// One `/v1/completions` request: prompt log-probs (when asked) and then, when `params.max_new_tokens`
 /// > 0, a generated continuation.
 struct CompletionJob {
+    /// The tenant whose adapter serves the job (None: the shared policy).
+    adapter: Option<String>,
     prompt: PromptInput,
     /// K of `prompt_logprobs`, when asked.
     prompt_logprobs: Option<usize>,
@@ -120,6 +151,7 @@ struct CompletionJob {
 /// What the worker answers a [`CompletionJob`].
 struct CompletionOut {
     version: i64,
+    adapter: Option<String>,
     prompt_ids: Vec<u32>,
     /// vLLM's `prompt_logprobs` list (first element null), when asked.
     prompt_logprobs: Option<Vec<Value>>,
@@ -130,11 +162,18 @@ enum WorkerMsg {
     Job(Box<Job>),
     Complete(Box<CompletionJob>),
     Swap { model: Box<LanguageModel>, version: i64, ack: tokio::sync::oneshot::Sender<i64> },
+    /// A tenant's adapter, loaded from `path` as `version`, made resident (the least recently used
+    /// others evicted past the bounds). The ack is the tenant's previous version, or `Err(newer)` when
+    /// the tenant already has a newer one (the model is then dropped).
+    Install { tenant: String, path: PathBuf, model: Box<LanguageModel>, version: i64, ack: tokio::sync::oneshot::Sender<std::result::Result<Option<i64>, i64>> },
     Shutdown,
 }
 
 struct Shared {
     opts: ServerOptions,
+    adapters: AdapterOptions,
+    /// Every tenant with an adapter: its newest checkpoint, version and whether it is resident.
+    tenants: TenantRegistry,
     version: AtomicI64,
     in_flight: AtomicUsize,
     completed: AtomicU64,
@@ -172,7 +211,8 @@ impl std::fmt::Debug for PolicyHandle {
 }
 
 impl PolicyHandle {
-    /// The version new requests are served with.
+    /// The version of the shared policy new requests are served with (a tenant's adapter has its own:
+    /// [`PolicyHandle::tenant_adapters`]).
     pub fn version(&self) -> i64 {
         self.shared.version.load(Ordering::SeqCst)
     }
@@ -182,9 +222,10 @@ impl PolicyHandle {
         self.shared.in_flight.load(Ordering::SeqCst)
     }
 
-    /// Loads a checkpoint directory (full weights or adapters on the base, see
+    /// Loads a checkpoint directory as the shared policy (full weights or adapters on the base, see
     /// [`LanguageModel::load_checkpoint`]; adapters are merged) on a blocking thread, then swaps it in
-    /// behind the requests already received. Returns the previous version.
+    /// behind the requests already received. Returns the previous version. Tenant adapters are not
+    /// touched (they stay on the base model; [`PolicyHandle::reload_tenant`] moves one).
     ///
     /// # Errors
     /// [`Error::Config`] when `version` is lower than the current one; load errors as
@@ -227,14 +268,27 @@ impl std::fmt::Debug for PolicyServer {
 }
 
 impl PolicyServer {
-    /// Starts the inference worker with `lm` as weights version `version`.
+    /// Starts the inference worker with `lm` as the shared policy's weights version `version`, and the
+    /// default [`AdapterOptions`] for tenant adapters.
     ///
     /// # Errors
     /// [`Error::Internal`] when the worker thread cannot be spawned.
     pub fn start(lm: LanguageModel, version: i64, opts: ServerOptions) -> Result<PolicyServer> {
+        Self::start_with_adapters(lm, version, opts, AdapterOptions::default())
+    }
+
+    /// [`PolicyServer::start`] with the bounds and tenant headers of `adapters`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty `tenant_headers` list or a name that is not an HTTP header name;
+    /// [`Error::Internal`] when the worker thread cannot be spawned.
+    pub fn start_with_adapters(lm: LanguageModel, version: i64, opts: ServerOptions, adapters: AdapterOptions) -> Result<PolicyServer> {
+        let adapters = adapters.checked()?;
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared {
             opts,
+            adapters,
+            tenants: TenantRegistry::default(),
             version: AtomicI64::new(version),
             in_flight: AtomicUsize::new(0),
             completed: AtomicU64::new(0),
@@ -244,14 +298,14 @@ impl PolicyServer {
         });
         crate::metrics::get().server_policy_version.set(version);
         let s2 = shared.clone();
-        let lm = Box::new(lm);
+        let policies = adapters::Policies::new(Box::new(lm), version);
         let worker = std::thread::Builder::new()
             .name("nextstate-inference".into())
             .spawn(move || {
                 if s2.opts.threads > 0 {
                     let _ = crate::model::set_threads(s2.opts.threads as i32);
                 }
-                worker_loop(lm, version, rx, s2)
+                worker_loop(policies, rx, s2)
             })
             .map_err(|e| Error::Internal(format!("spawn inference worker: {e}")))?;
         Ok(PolicyServer { shared, worker: Some(worker) })
@@ -263,7 +317,8 @@ impl PolicyServer {
     }
 
     /// The HTTP routes: `POST /v1/chat/completions`, `POST /v1/completions` (prompt log-probs, vLLM style),
-    /// `GET /v1/models`, `GET /health`, `POST /v1/reload`, `GET /metrics` (the process-wide
+    /// `GET /v1/models` (the shared model and every tenant adapter), `GET /health`, `POST /v1/reload`
+    /// (`{"path", "version"}`, and `"tenant"` for a tenant's adapter), `GET /metrics` (the process-wide
     /// [`crate::metrics`], OpenMetrics text); any other path is a JSON 404 and another method on a
     /// route a JSON 405 (OpenAI error shape).
     pub fn router(&self) -> Router {

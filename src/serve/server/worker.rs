@@ -1,6 +1,7 @@
-//! The batching inference worker: one thread that owns the model, drains queued jobs into batched
-//! generation ([`run_batch`]) or scoring-then-generation ([`run_completions`]) calls, and swaps in
-//! reloaded weights between batches.
+//! The batching inference worker: one thread that owns the models ([`Policies`]: the shared policy and
+//! the resident tenant adapters), drains queued jobs into batched generation ([`run_batch`]) or
+//! scoring-then-generation ([`run_completions`]) calls, one call per policy (a batch never mixes
+//! adapters), and swaps in reloaded weights and installs tenant adapters between batches.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
+use super::adapters::Policies;
 use super::{CompletionJob, CompletionOut, Job, JobEvent, PromptInput, Shared, TokenOut, WorkerMsg};
 use crate::model::generate::check_request;
 use crate::model::{GenerationRequest, LanguageModel};
@@ -31,13 +33,14 @@ fn prepare(lm: &LanguageModel, job: &Job) -> std::result::Result<GenerationReque
     Ok(req)
 }
 
-/// Runs a batch of chat jobs as one streamed generation; each job gets its own events.
-fn run_batch(lm: &LanguageModel, version: i64, jobs: Vec<Job>, shared: &Shared) {
+/// Runs a batch of chat jobs of one policy (`adapter`'s, or the shared one) as one streamed
+/// generation; each job gets its own events.
+fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<Job>, shared: &Shared) {
     let mut ready: Vec<(Job, GenerationRequest)> = Vec::with_capacity(jobs.len());
     for job in jobs {
         match prepare(lm, &job) {
             Ok(req) => {
-                let _ = job.events.send(JobEvent::Started { version, prompt_ids: req.prompt_ids.clone() });
+                let _ = job.events.send(JobEvent::Started { version, adapter: adapter.map(str::to_string), prompt_ids: req.prompt_ids.clone() });
                 ready.push((job, req));
             }
             Err((status, message)) => {
@@ -85,9 +88,32 @@ fn run_batch(lm: &LanguageModel, version: i64, jobs: Vec<Job>, shared: &Shared) 
     }
 }
 
-/// The worker thread's loop: serves `lm` as `version` until a shutdown message or until every sender
-/// is gone; a swap message replaces the weights between batches.
-pub(super) fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std::sync::mpsc::Receiver<WorkerMsg>, shared: Arc<Shared>) {
+/// `jobs` grouped by the adapter that serves them (`adapter_of`), groups in the order of their first
+/// job, jobs in their order.
+fn by_adapter<T>(jobs: Vec<T>, adapter_of: impl Fn(&T) -> Option<String>) -> Vec<(Option<String>, Vec<T>)> {
+    let mut groups: Vec<(Option<String>, Vec<T>)> = Vec::new();
+    for job in jobs {
+        let key = adapter_of(&job);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(job),
+            None => groups.push((key, vec![job])),
+        }
+    }
+    groups
+}
+
+/// Fails every job of a group whose policy could not be loaded.
+fn fail_chat(jobs: Vec<Job>, status: StatusCode, message: &str, shared: &Shared) {
+    for job in jobs {
+        shared.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.send(JobEvent::Failed { status, message: message.to_string() });
+    }
+}
+
+/// The worker thread's loop: serves `policies` until a shutdown message or until every sender is
+/// gone; a swap message replaces the shared weights and an install message a tenant's adapter, between
+/// batches.
+pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<WorkerMsg>, shared: Arc<Shared>) {
     let max_batch = shared.opts.max_batch.max(1);
     let mut pending: VecDeque<WorkerMsg> = VecDeque::new();
     loop {
@@ -101,27 +127,43 @@ pub(super) fn worker_loop(mut lm: Box<LanguageModel>, mut version: i64, rx: std:
         match msg {
             WorkerMsg::Shutdown => return,
             WorkerMsg::Swap { model, version: v, ack } => {
-                let old = version;
-                lm = model;
-                version = v;
+                let old = policies.swap_shared(model, v);
                 shared.version.store(v, Ordering::SeqCst);
                 crate::metrics::get().server_policy_version.set(v);
                 tracing::info!("policy weights swapped: version {old} -> {v}");
                 let _ = ack.send(old);
+            }
+            WorkerMsg::Install { tenant, path, model, version, ack } => {
+                let _ = ack.send(policies.install(&tenant, path, model, version, &shared));
             }
             WorkerMsg::Job(job) => {
                 let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
                     WorkerMsg::Job(j) => Ok(*j),
                     other => Err(other),
                 });
-                run_batch(&lm, version, batch, &shared);
+                for (adapter, jobs) in by_adapter(batch, |j| j.adapter.clone()) {
+                    match policies.resolve(adapter.as_deref(), &shared) {
+                        Ok((lm, version)) => run_batch(lm, version, adapter.as_deref(), jobs, &shared),
+                        Err((status, message)) => fail_chat(jobs, status, &message, &shared),
+                    }
+                }
             }
             WorkerMsg::Complete(job) => {
                 let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
                     WorkerMsg::Complete(j) => Ok(*j),
                     other => Err(other),
                 });
-                run_completions(&lm, version, batch, &shared);
+                for (adapter, jobs) in by_adapter(batch, |j| j.adapter.clone()) {
+                    match policies.resolve(adapter.as_deref(), &shared) {
+                        Ok((lm, version)) => run_completions(lm, version, adapter.as_deref(), jobs, &shared),
+                        Err((status, message)) => {
+                            for job in jobs {
+                                shared.failed.fetch_add(1, Ordering::Relaxed);
+                                let _ = job.reply.send(Err((status, message.clone())));
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -228,11 +270,11 @@ fn batch_outcome<T>(outcome: std::thread::Result<Result<T>>, what: &str, jobs: &
     None
 }
 
-/// Runs a batch of completion jobs: one scoring call ([`LanguageModel::score_ranked`], the code the
+/// Runs a batch of completion jobs of one policy (`adapter`'s, or the shared one): one scoring call ([`LanguageModel::score_ranked`], the code the
 /// local teacher scores with) for the prompts that ask for log-probs, then one generation call for
 /// those with tokens to generate. A job that fails alone gets its own error; a failed call fails the
 /// jobs in it.
-fn run_completions(lm: &LanguageModel, version: i64, jobs: Vec<CompletionJob>, shared: &Shared) {
+fn run_completions(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<CompletionJob>, shared: &Shared) {
     let fail = |job: CompletionJob, status: StatusCode, message: String| {
         shared.failed.fetch_add(1, Ordering::Relaxed);
         let _ = job.reply.send(Err((status, message)));
@@ -240,7 +282,7 @@ fn run_completions(lm: &LanguageModel, version: i64, jobs: Vec<CompletionJob>, s
     let mut ready: Vec<(CompletionJob, CompletionOut)> = Vec::with_capacity(jobs.len());
     for job in jobs {
         match completion_prompt(lm, &job) {
-            Ok(prompt_ids) => ready.push((job, CompletionOut { version, prompt_ids, prompt_logprobs: None, generation: None })),
+            Ok(prompt_ids) => ready.push((job, CompletionOut { version, adapter: adapter.map(str::to_string), prompt_ids, prompt_logprobs: None, generation: None })),
             Err((status, message)) => fail(job, status, message),
         }
     }
@@ -299,5 +341,18 @@ fn run_completions(lm: &LanguageModel, version: i64, jobs: Vec<CompletionJob>, s
                 let _ = job.reply.send(Ok(out));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_are_grouped_by_adapter_in_order_of_first_appearance() {
+        let jobs = vec![(1, None), (2, Some("a")), (3, None), (4, Some("b")), (5, Some("a"))];
+        let groups = by_adapter(jobs, |j| j.1.map(str::to_string));
+        let got: Vec<(Option<String>, Vec<i32>)> = groups.into_iter().map(|(k, g)| (k, g.into_iter().map(|j| j.0).collect())).collect();
+        assert_eq!(got, vec![(None, vec![1, 3]), (Some("a".into()), vec![2, 5]), (Some("b".into()), vec![4])]);
     }
 }
