@@ -13,6 +13,9 @@
 //! - Failures are counted per server with their reason (`failed: unreachable`, `failed: http_4xx`,
 //!   `failed: http_5xx`, `failed: refused`) and logged with the engine's answer; the follower goes on
 //!   with the next checkpoint (a server that missed version 3 gets 4).
+//! - A row with a tenant (per-tenant training) is that tenant's adapter: loaded beside the shared
+//!   policy under the tenant's name (`PolicyHandle::reload_tenant`, `Reloader::reload_tenant`), counted
+//!   `loaded_tenant` in process; its versions are the tenant's own.
 //! - The consumer group is `nextstate.<pipeline>.reload.<hash of the kind and servers>`
 //!   ([`follower_group`]): followers of different servers never share a group, so any number of them
 //!   each see every checkpoint; two copies of one follower share it (and one of them does the work).
@@ -90,6 +93,25 @@ pub async fn follow_checkpoints(bus: &Bus, f: &Follower, ctl: &TaskCtl) -> Resul
                     counts.add("bad_record", 1);
                 }
                 Ok(env) if env.row.run_id != run_id => counts.add("other_run", 1),
+                Ok(env) if env.row.tenant.is_some() => {
+                    // A tenant's adapter (per-tenant training): loaded beside the shared policy under the
+                    // tenant's name; versions are the tenant's own.
+                    let row = env.row;
+                    let tenant = row.tenant.as_deref().unwrap_or_default();
+                    if let Some(h) = &f.local {
+                        match h.reload_tenant(tenant, PathBuf::from(&row.path), row.version).await {
+                            Ok(_) => counts.add("loaded_tenant", 1),
+                            Err(e) => {
+                                tracing::error!(tenant, version = row.version, error = %e, "reload: the in-process server could not load the tenant's adapter");
+                                crate::metrics::reload("in_process", "failed_in_process", None);
+                                counts.add("failed: in_process", 1);
+                            }
+                        }
+                    }
+                    for o in &reloader.reload_tenant(tenant, Path::new(&row.path), row.version).await {
+                        counts.add(&o.count_key(), 1);
+                    }
+                }
                 Ok(env) => {
                     let row = env.row;
                     let mut any_loaded = false;
