@@ -64,6 +64,7 @@ pub fn oracle_hint(prefs: &Preferences) -> String {
             Preference::PlainSentences => "Write casual plain sentences without labels such as \"Step 1:\" or \"Answer:\".".to_string(),
             Preference::AnswerAtEnd => "State the final number in the last sentence.".to_string(),
             Preference::CorrectAnswer => "Check the arithmetic so that the final number is the correct answer.".to_string(),
+            Preference::LabeledSteps => "Show the work as lines labeled \"Step 1:\", \"Step 2:\" and so on, numbered in order.".to_string(),
         })
         .collect::<Vec<_>>()
         .join(" ")

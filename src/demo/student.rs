@@ -2,7 +2,7 @@
 //! person's casual voice ([`Student`]). Rule-based and deterministic given a seed; a fixed, documented
 //! environment (docs/method.md §7), not tuned to any result.
 //!
-//! # Preferences (all on by default)
+//! # Preferences (all but `labeled_steps` on by default)
 //!
 //! | name | the response must | violations |
 //! |---|---|---|
@@ -11,6 +11,18 @@
 //! | `plain_sentences` | read as casual sentences | a label (`Step 1:` / `Step 1)` anywhere; `Solution:`, `Answer:`, `Final answer:`, `Explanation:`, `Given:`, `Result:`, `Calculation(s):`, `Conclusion:`, `Summary:`, `Therefore:`, `Note:`, `Problem:`, `Question:`, `Reasoning:`, `Total:`, `Verification:`, `Check:` at the start of a line or sentence); a bullet-like line start (`•`, `·`, `▪`, `◦`, `→`, `->`, `=>`, `>`, `–`, `—`, `✓`, `✔`, `a)`, `(a)`) |
 //! | `answer_at_end` | end with its final number | there is no number, or the last number is not in the last sentence |
 //! | `correct_answer` | get the answer right | the last number differs from the answer, or there is no number |
+//! | `labeled_steps` (off by default; conflicts with `plain_sentences`) | show the work as steps labeled `Step 1:`, `Step 2:`, … | fewer than 2 step labels (missing steps), or labels not numbered 1, 2, 3, … in the order they appear (misnumbered steps: a skipped, repeated or out-of-order number) |
+//!
+//! A **step label** (`labeled_steps`) is `step`, any case, optional spaces or tabs, 1–3 digits and a colon right
+//! after them (`Step 1:`, `step 2:`, `Step3:`), at the start of a line or of a sentence (after `.`, `!` or `?`
+//! and spaces or tabs, so `Step 1: add. Step 2: subtract.` in one paragraph counts), possibly after leading
+//! `>`, `#`, `*`, `-`, spaces or tabs: the check sees through markdown, so `**Step 1:**`, `## Step 1:` and
+//! `- Step 1:` count (they break `no_markdown`, which is that preference's business). `Step 1)`,
+//! `**Step 1**:`, `__Step 1:__` and a label in the middle of a sentence ("after step 1: we add") do not
+//! count. Every step label counts toward the order. `labeled_steps` asks nothing about the answer: with it,
+//! `answer_at_end` asks for the final number in the last sentence (after the last step or in it). Every step
+//! label is also a label of `plain_sentences`, so no response meets both, and [`Preferences::validate`]
+//! (hence [`Student::new`]) refuses preferences that enable both.
 //!
 //! Together `answer_at_end` and `correct_answer` are "the correct final number stated at the end". They are
 //! two preferences so that each has its own rate, and so that a demo whose policy is too small to solve
@@ -65,20 +77,24 @@ pub enum Preference {
     AnswerAtEnd,
     /// The last number is the correct answer.
     CorrectAnswer,
+    /// The work shown as steps labeled `Step 1:`, `Step 2:`, … (the module doc's step labels).
+    LabeledSteps,
 }
 
 impl Preference {
-    /// Every preference, in check and reply order.
-    pub const ALL: [Preference; 5] = [
+    /// Every preference, in check and reply order (`labeled_steps`, added last, keeps the columns of
+    /// earlier reports in their order).
+    pub const ALL: [Preference; 6] = [
         Preference::NoMarkdown,
         Preference::Concise,
         Preference::PlainSentences,
         Preference::AnswerAtEnd,
         Preference::CorrectAnswer,
+        Preference::LabeledSteps,
     ];
 
     /// The name used in reports and `eval_scores` rows (`no_markdown`, `concise`, `plain_sentences`,
-    /// `answer_at_end`, `correct_answer`).
+    /// `answer_at_end`, `correct_answer`, `labeled_steps`).
     pub fn name(self) -> &'static str {
         match self {
             Preference::NoMarkdown => "no_markdown",
@@ -86,6 +102,7 @@ impl Preference {
             Preference::PlainSentences => "plain_sentences",
             Preference::AnswerAtEnd => "answer_at_end",
             Preference::CorrectAnswer => "correct_answer",
+            Preference::LabeledSteps => "labeled_steps",
         }
     }
 
@@ -101,8 +118,8 @@ impl fmt::Display for Preference {
     }
 }
 
-/// Which preferences the student holds (the default: all of them, 80 words). The student reacts to the
-/// enabled ones only.
+/// Which preferences the student holds (the default: all but `labeled_steps`, 80 words; the second named
+/// profile: [`Preferences::worked_steps`]). The student reacts to the enabled ones only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Preferences {
@@ -114,6 +131,11 @@ pub struct Preferences {
     pub max_words: usize,
     /// Plain casual sentences.
     pub plain_sentences: bool,
+    /// The work as `Step 1:`, `Step 2:`, … steps (conflicts with `plain_sentences`). Not serialised when
+    /// off, so the serialised default (and every hash of a configuration that holds it) is what it was
+    /// before this preference existed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub labeled_steps: bool,
     /// The final number at the end.
     pub answer_at_end: bool,
     /// The correct answer.
@@ -122,11 +144,48 @@ pub struct Preferences {
 
 impl Default for Preferences {
     fn default() -> Self {
-        Preferences { no_markdown: true, concise: true, max_words: 80, plain_sentences: true, answer_at_end: true, correct_answer: true }
+        Preferences {
+            no_markdown: true,
+            concise: true,
+            max_words: 80,
+            plain_sentences: true,
+            labeled_steps: false,
+            answer_at_end: true,
+            correct_answer: true,
+        }
     }
 }
 
 impl Preferences {
+    /// The second named student, whose style conflicts with the default's: no markdown, the work as
+    /// labeled steps (`Step 1:`, `Step 2:`, …), the final number at the end and (as in
+    /// [`Preferences::default`]) the correct answer; no word limit and no plain sentences. No response
+    /// meets both this and the default (module doc).
+    pub fn worked_steps() -> Preferences {
+        Preferences {
+            no_markdown: true,
+            concise: false,
+            max_words: 80,
+            plain_sentences: false,
+            labeled_steps: true,
+            answer_at_end: true,
+            correct_answer: true,
+        }
+    }
+
+    /// Checks that the preferences can all be met by one response.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when both `plain_sentences` and `labeled_steps` are enabled.
+    pub fn validate(&self) -> Result<()> {
+        if self.plain_sentences && self.labeled_steps {
+            return Err(Error::Config(
+                "the student's preferences plain_sentences and labeled_steps conflict (plain_sentences forbids `Step 1:` labels, labeled_steps asks for them): enable at most one".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The enabled preferences, in [`Preference::ALL`] order.
     pub fn enabled(&self) -> Vec<Preference> {
         Preference::ALL.into_iter().filter(|p| self.holds(*p)).collect()
@@ -140,6 +199,7 @@ impl Preferences {
             Preference::PlainSentences => self.plain_sentences,
             Preference::AnswerAtEnd => self.answer_at_end,
             Preference::CorrectAnswer => self.correct_answer,
+            Preference::LabeledSteps => self.labeled_steps,
         }
     }
 
@@ -155,6 +215,9 @@ impl Preferences {
                 }
                 Preference::AnswerAtEnd => "answer_at_end: the final number is stated in the last sentence".to_string(),
                 Preference::CorrectAnswer => "correct_answer: the last number is the correct answer".to_string(),
+                Preference::LabeledSteps => {
+                    "labeled_steps: the work as at least 2 lines or sentences starting `Step 1:`, `Step 2:`, … in order".to_string()
+                }
             })
             .collect()
     }
@@ -188,6 +251,10 @@ pub enum ViolationKind {
     NoNumber,
     /// The last number is not in the last sentence.
     AnswerNotAtEnd,
+    /// Fewer than 2 step labels.
+    MissingSteps,
+    /// Step labels not numbered 1, 2, 3, … in order.
+    MisnumberedSteps,
 }
 
 impl ViolationKind {
@@ -200,6 +267,7 @@ impl ViolationKind {
             Label | BulletLike => Preference::PlainSentences,
             NoNumber | AnswerNotAtEnd => Preference::AnswerAtEnd,
             WrongAnswer => Preference::CorrectAnswer,
+            MissingSteps | MisnumberedSteps => Preference::LabeledSteps,
         }
     }
 
@@ -219,6 +287,8 @@ impl ViolationKind {
             WrongAnswer => "wrong answer",
             NoNumber => "no number",
             AnswerNotAtEnd => "final number not at the end",
+            MissingSteps => "missing steps",
+            MisnumberedSteps => "misnumbered steps",
         }
     }
 }
@@ -231,7 +301,8 @@ pub struct Violation {
     /// What is wrong.
     pub kind: ViolationKind,
     /// Evidence: the offending text in backticks (at most 40 characters of its first line), or a count
-    /// ("93 words, limit 80"), or the numbers ("last number is 40, expected 36").
+    /// ("93 words, limit 80", "found 1 step label, need at least 2"), or the numbers ("last number is 40,
+    /// expected 36", "steps numbered 2, 1, expected 1, 2").
     pub evidence: String,
 }
 
@@ -291,6 +362,8 @@ static STEP_LABEL: LazyLock<Regex> = LazyLock::new(|| re(r"(?i)\bstep\s*\d+\s*[:
 static WORD_LABEL: LazyLock<Regex> = LazyLock::new(|| {
     re(r"(?im)(?:^|[.!?][ \t]+)[ \t>#*_-]*((?:final answer|solution|answer|explanation|given|result|calculations?|conclusion|summary|therefore|note|problem|question|reasoning|total|verification|check)[ \t]*[*_]*[ \t]*:)")
 });
+// `\b` before `step` as in STEP_LABEL, so every step label is also a plain_sentences label.
+static STEP_START: LazyLock<Regex> = LazyLock::new(|| re(r"(?im)(?:^|[.!?][ \t]+)[ \t>#*-]*\bstep[ \t]*(\d{1,3}):"));
 static BULLET_LIKE: LazyLock<Regex> = LazyLock::new(|| re(r"(?m)^[ \t]*(?:[•·▪◦→>–—✓✔]|->|=>|\(?[a-z]\)[ \t]).*$"));
 static NUMBER: LazyLock<Regex> = LazyLock::new(|| re(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"));
 
@@ -329,6 +402,34 @@ pub fn numbers(text: &str) -> Vec<(usize, String)> {
             }
         })
         .collect()
+}
+
+/// The numbers of the step labels of `text` (module doc), in order of appearance.
+pub fn step_numbers(text: &str) -> Vec<u32> {
+    STEP_START.captures_iter(text).filter_map(|c| c.get(1)?.as_str().parse().ok()).collect()
+}
+
+/// The `labeled_steps` violation of `text`, if any: fewer than 2 step labels, or labels not numbered 1, 2, …
+fn steps_violation(text: &str) -> Option<(ViolationKind, String)> {
+    let steps = step_numbers(text);
+    let n = steps.len();
+    if n < 2 {
+        let s = if n == 1 { "" } else { "s" };
+        return Some((ViolationKind::MissingSteps, format!("found {n} step label{s}, need at least 2")));
+    }
+    if steps.iter().zip(1..).all(|(&got, want)| got == want) {
+        return None;
+    }
+    // At most 10 numbers of each list in the evidence.
+    let list = |v: Vec<u32>| {
+        let mut shown: Vec<String> = v.iter().take(10).map(u32::to_string).collect();
+        if n > 10 {
+            shown.push("…".into());
+        }
+        shown.join(", ")
+    };
+    let expected = (1..).take(n).collect();
+    Some((ViolationKind::MisnumberedSteps, format!("steps numbered {}, expected {}", list(steps), list(expected))))
 }
 
 /// Byte spans `[start, end)` of the sentences of `text` (module doc), skipping those with no letter or digit.
@@ -420,6 +521,9 @@ pub fn check(response: &str, problem: &Problem, prefs: &Preferences) -> Verdict 
             }
         }
     }
+    if let Some((kind, ev)) = steps_violation(&text) {
+        push(kind, ev);
+    }
     let satisfied = v.is_empty();
     Verdict { violations: v, satisfied, correct, words, last_number: last.map(|(_, s)| s) }
 }
@@ -502,6 +606,15 @@ fn corrections(kind: ViolationKind) -> &'static [&'static str] {
             "you forgot the final number, can you say it at the end?",
             "you forgot to tell me the actual number at the end.",
         ],
+        MissingSteps => &[
+            "can you show the work as numbered lines like Step 1: and Step 2: instead?",
+            "you forgot to number the steps, write it again with Step 1: and Step 2: lines ending with the answer.",
+            "I can't follow it like this, write it as steps like Step 1: and Step 2: instead.",
+        ],
+        MisnumberedSteps => &[
+            "can you number the steps in order starting from Step 1: instead?",
+            "the step numbers jump around, write the steps again in order as Step 1: then Step 2: and so on.",
+        ],
     }
 }
 
@@ -543,11 +656,12 @@ impl Student {
     /// A student with these preferences who gives up on a problem after `max_turns` replies.
     ///
     /// # Errors
-    /// [`Error::Config`] when `max_turns` is 0.
+    /// [`Error::Config`] when `max_turns` is 0 or the preferences conflict ([`Preferences::validate`]).
     pub fn new(seed: u64, prefs: Preferences, max_turns: u32) -> Result<Student> {
         if max_turns == 0 {
             return Err(Error::Config("the student's max_turns must be at least 1, got 0".into()));
         }
+        prefs.validate()?;
         Ok(Student { seed, prefs, max_turns, turns: BTreeMap::new() })
     }
 

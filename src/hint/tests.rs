@@ -109,6 +109,14 @@ fn instruction_hints_rewrite_corrections_into_what_to_do() {
         ("can you put the final number at the very end instead?", Some("Put the final number at the very end.")),
         ("no code blocks, just plain text instead.", Some("Do not use code blocks. Use plain text.")),
         ("can you not use the bold and starred stuff and just write it normally instead?", Some("Do not use the bold and starred stuff. Write it normally.")),
+        // The worked-steps student's (labeled_steps).
+        ("can you show the work as numbered lines like Step 1: and Step 2: instead?", Some("Show the work as numbered lines like Step 1: and Step 2.")),
+        ("ok but you forgot to number the steps, write it again with Step 1: and Step 2: lines ending with the answer.",
+            Some("Remember to number the steps. Write it with Step 1: and Step 2: lines ending with the answer.")),
+        ("I can't follow it like this, write it as steps like Step 1: and Step 2: instead.", Some("Write it as steps like Step 1: and Step 2.")),
+        ("hmm, can you number the steps in order starting from Step 1: instead?", Some("Number the steps in order starting from Step 1.")),
+        ("the step numbers jump around, write the steps again in order as Step 1: then Step 2: and so on.",
+            Some("Write the steps in order as Step 1: then Step 2: and so on.")),
         // ... and other users' words.
         ("Please answer in French.", Some("Answer in French.")),
         ("No, that's wrong. I said 9am.\nFix it now. Thanks.", Some("Check the work and make sure the final answer is correct.")),

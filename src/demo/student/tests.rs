@@ -22,7 +22,7 @@ fn shown(v: &Verdict) -> Vec<String> {
 
 #[test]
 fn all_patterns_compile() {
-    for r in [&*THINK, &*BOLD, &*ITALICS, &*HEADER, &*LIST, &*LATEX, &*FENCE, &*STEP_LABEL, &*WORD_LABEL, &*BULLET_LIKE, &*NUMBER] {
+    for r in [&*THINK, &*BOLD, &*ITALICS, &*HEADER, &*LIST, &*LATEX, &*FENCE, &*STEP_LABEL, &*WORD_LABEL, &*STEP_START, &*BULLET_LIKE, &*NUMBER] {
         assert!(!r.as_str().is_empty());
     }
 }
@@ -263,7 +263,7 @@ fn pipeline_view(request: &str, response: &str, reply: &str) -> (NextStateKind, 
 fn every_correction_is_read_as_a_correction_with_the_reply_as_hint() {
     use ViolationKind::*;
     let ask = student(0).first_message(&carol());
-    let all = [Bold, Italics, Header, List, Latex, CodeFence, TooLong, Label, BulletLike, WrongAnswer, NoNumber, AnswerNotAtEnd];
+    let all = [Bold, Italics, Header, List, Latex, CodeFence, TooLong, Label, BulletLike, WrongAnswer, NoNumber, AnswerNotAtEnd, MissingSteps, MisnumberedSteps];
     let mut checked = 0;
     for k1 in all {
         for t1 in corrections(k1) {
@@ -294,7 +294,7 @@ fn every_correction_is_read_as_a_correction_with_the_reply_as_hint() {
 #[test]
 fn every_correction_becomes_an_instruction_hint() {
     use ViolationKind::*;
-    let all = [Bold, Italics, Header, List, Latex, CodeFence, TooLong, Label, BulletLike, WrongAnswer, NoNumber, AnswerNotAtEnd];
+    let all = [Bold, Italics, Header, List, Latex, CodeFence, TooLong, Label, BulletLike, WrongAnswer, NoNumber, AnswerNotAtEnd, MissingSteps, MisnumberedSteps];
     let mut checked = 0;
     for k in all {
         for t in corrections(k) {
@@ -353,3 +353,154 @@ fn real_replies_on_real_problems_are_read_as_intended() {
 }
 
 
+
+// ---- the second student: labeled steps ----
+
+const PLAIN: &str = "Carol has 20 and Jennifer has 44, so they have 64 together. They need 100 - 64 = 36 more signatures, so the answer is 36.";
+const STEPS: &str = "Step 1: Carol and Jennifer have 20 + 44 = 64 signatures.\nStep 2: They need 100 - 64 = 36 more, so the answer is 36.";
+
+fn worked(seed: u64) -> Student {
+    Student::new(seed, Preferences::worked_steps(), 3).unwrap()
+}
+
+#[test]
+fn labeled_steps_on_lines_or_in_one_paragraph() {
+    let p = Preferences::worked_steps();
+    let answer42 = Problem { id: 5, question: "q".into(), answer: "42".into() };
+    let v = check("Step 1: Add 20 and 22 to get 42. Step 2: Nothing else is left. The answer is 42.", &answer42, &p);
+    assert!(v.satisfied, "{v:?}");
+    assert!(check(STEPS, &carol(), &p).satisfied);
+    // Any case, spaces or none after "step", a line before the steps, the answer in the last step.
+    let v = check("Let's work it out.\nstep 1: 20 + 44 = 64\nSTEP2: 100 - 64 = 36, so they need 36.", &carol(), &p);
+    assert!(v.satisfied, "{v:?}");
+    assert_eq!(step_numbers("Step 1: a. Step 2: b! step 3: c? Step 4: d\n  Step 5: e"), vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn missing_and_misnumbered_steps() {
+    let p = Preferences::worked_steps();
+    let shown_for = |r: &str| shown(&check(r, &carol(), &p));
+    assert_eq!(shown_for(PLAIN), vec!["missing steps: found 0 step labels, need at least 2"]);
+    assert_eq!(shown_for("Step 1: 100 - 64 = 36."), vec!["missing steps: found 1 step label, need at least 2"]);
+    assert_eq!(shown_for("Step 2: 100 - 64 = 36.\nStep 1: so the answer is 36."), vec!["misnumbered steps: steps numbered 2, 1, expected 1, 2"]);
+    assert_eq!(shown_for("Step 1: 20 + 44 = 64. Step 3: 100 - 64 = 36."), vec!["misnumbered steps: steps numbered 1, 3, expected 1, 2"]);
+    assert_eq!(shown_for("Step 1: 64. Step 2: 36. Step 2: 36."), vec!["misnumbered steps: steps numbered 1, 2, 2, expected 1, 2, 3"]);
+    let many: String = (0..12).map(|i| format!("Step {}: 36.\n", 12 - i)).collect();
+    assert_eq!(
+        shown_for(&many),
+        vec!["misnumbered steps: steps numbered 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, …, expected 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, …"]
+    );
+    // Not step labels: in the middle of a sentence, `Step 1)`, the colon after markdown, hidden reasoning.
+    for r in [
+        "After step 1: we add 20 and 44, and in step 2: we take 64 from 100 to get 36.",
+        "Step 1) add.\nStep 2) subtract to get 36.",
+        "**Step 1**: add.\n**Step 2**: subtract to get 36.",
+        "__Step 1:__ add.\n__Step 2:__ subtract to get 36.",
+        "<think>Step 1: a. Step 2: b.</think>They need 36.",
+    ] {
+        let v = check(r, &carol(), &p);
+        assert_eq!(v.violations.iter().filter(|x| x.kind == ViolationKind::MissingSteps).count(), 1, "{r}: {v:?}");
+    }
+}
+
+#[test]
+fn step_labels_are_seen_through_markdown() {
+    let p = Preferences::worked_steps();
+    // `**Step 1:**` shows the steps; the bold is no_markdown's complaint, not a missing step.
+    let v = check("**Step 1:** 20 + 44 = 64.\n**Step 2:** 100 - 64 = 36.", &carol(), &p);
+    assert_eq!(kinds(&v), vec![ViolationKind::Bold]);
+    assert!(v.meets(Preference::LabeledSteps));
+    let v = check("- Step 1: 20 + 44 = 64.\n- Step 2: 100 - 64 = 36.", &carol(), &p);
+    assert_eq!(kinds(&v), vec![ViolationKind::List]);
+    let v = check("### Step 1: add\n### Step 2: subtract, 36", &carol(), &p);
+    assert_eq!(kinds(&v), vec![ViolationKind::Header]);
+}
+
+#[test]
+fn the_two_students_never_agree_on_style() {
+    let (default, steps) = (Preferences::default(), Preferences::worked_steps());
+    let responses = [
+        PLAIN,
+        STEPS,
+        "Step 1: Add 20 and 44. Step 2: Take 64 from 100. They need 36.",
+        "**Step 1:** 20 + 44 = 64.\n**Step 2:** 100 - 64 = 36.",
+        "__Step 1:__ 64.\n__Step 2:__ 36.",
+        "Step1: 64\nStep2: 36",
+        "Answer: 36",
+        "Step 2: 100 - 64 = 36.\nStep 1: so the answer is 36.",
+    ];
+    for r in responses {
+        let (d, w) = (check(r, &carol(), &default), check(r, &carol(), &steps));
+        assert!(!(d.meets(Preference::PlainSentences) && w.meets(Preference::LabeledSteps)), "{r}");
+    }
+    assert!(check(PLAIN, &carol(), &default).satisfied && !check(PLAIN, &carol(), &steps).satisfied);
+    assert!(check(STEPS, &carol(), &steps).satisfied && !check(STEPS, &carol(), &default).satisfied);
+    // The default student still hears about labels, in its own words.
+    assert_eq!(student(1).reply_at(STEPS, &carol(), 1).mentioned, vec![ViolationKind::Label]);
+}
+
+#[test]
+fn conflicting_preferences_are_refused() {
+    assert!(Preferences::default().validate().is_ok());
+    assert!(Preferences::worked_steps().validate().is_ok());
+    let both = Preferences { labeled_steps: true, ..Preferences::default() };
+    let e = both.validate().unwrap_err();
+    assert!(e.to_string().contains("plain_sentences and labeled_steps conflict"), "{e}");
+    let e = Student::new(1, both, 3).unwrap_err();
+    assert!(e.to_string().contains("plain_sentences and labeled_steps conflict"), "{e}");
+}
+
+#[test]
+fn labeled_steps_is_named_last_and_serialised_only_when_on() {
+    assert_eq!(Preference::ALL.map(Preference::name), ["no_markdown", "concise", "plain_sentences", "answer_at_end", "correct_answer", "labeled_steps"]);
+    assert_eq!(Preference::from_name("labeled_steps"), Some(Preference::LabeledSteps));
+    let w = Preferences::worked_steps();
+    assert_eq!(w.enabled(), vec![Preference::NoMarkdown, Preference::AnswerAtEnd, Preference::CorrectAnswer, Preference::LabeledSteps]);
+    assert_eq!(w.describe().last().map(String::as_str), Some("labeled_steps: the work as at least 2 lines or sentences starting `Step 1:`, `Step 2:`, … in order"));
+    assert_eq!(Preferences::default().enabled().len(), 5);
+    // The default serialises as before labeled_steps existed (configurations that hold it keep their hashes).
+    assert_eq!(
+        serde_json::to_string(&Preferences::default()).unwrap(),
+        r#"{"no_markdown":true,"concise":true,"max_words":80,"plain_sentences":true,"answer_at_end":true,"correct_answer":true}"#
+    );
+    let json = serde_json::to_string(&w).unwrap();
+    assert_eq!(json, r#"{"no_markdown":true,"concise":false,"max_words":80,"plain_sentences":false,"labeled_steps":true,"answer_at_end":true,"correct_answer":true}"#);
+    assert_eq!(serde_json::from_str::<Preferences>(&json).unwrap(), w);
+    assert_eq!(toml::from_str::<Preferences>("").unwrap(), Preferences::default());
+    assert_eq!(toml::from_str::<Preferences>("concise = false\nplain_sentences = false\nlabeled_steps = true").unwrap(), w);
+    assert!(toml::from_str::<Preferences>("labelled_steps = true").is_err());
+}
+
+/// The worked-steps student's complaints, as generated for several seeds, are corrections to the rule
+/// judge (−1), the whole reply to the verbatim hint judge, and an instruction naming the steps to the
+/// default (instruction) hint judge.
+#[test]
+fn worked_steps_complaints_are_read_as_corrections_with_step_hints() {
+    let cases = [
+        (PLAIN, ViolationKind::MissingSteps),
+        ("Step 1: 100 - 64 = 36.", ViolationKind::MissingSteps),
+        ("Step 2: 100 - 64 = 36.\nStep 1: so the answer is 36.", ViolationKind::MisnumberedSteps),
+    ];
+    let mut texts = std::collections::BTreeSet::new();
+    for seed in 0..12 {
+        let s = worked(seed);
+        let ask = s.first_message(&carol());
+        for (r, kind) in cases {
+            let reply = s.reply_at(r, &carol(), 1);
+            assert_eq!(reply.mentioned, vec![kind], "{r}");
+            assert!(!reply.satisfied && reply.correct && !reply.session_done);
+            let (next, vote, rule, hint) = pipeline_view(&ask, r, &reply.text);
+            assert_eq!((next, vote, rule), (NextStateKind::User, -1, "correction_cue"), "{}", reply.text);
+            assert_eq!(hint.as_deref(), Some(reply.text.as_str()));
+            let instruction = crate::hint::instruction_from(&reply.text).unwrap_or_else(|| panic!("no instruction from {:?}", reply.text));
+            assert!(instruction.contains("Step 1") && instruction != reply.text, "{:?} -> {instruction:?}", reply.text);
+            texts.insert(reply.text);
+        }
+        // A second complaint joins the first, as for the default student.
+        let reply = s.reply_at("**Step 1:** 64. They need 36.", &carol(), 1);
+        assert_eq!(reply.mentioned, vec![ViolationKind::Bold, ViolationKind::MissingSteps]);
+        assert_eq!(pipeline_view(&ask, "x", &reply.text).1, -1);
+        assert!(THANKS.contains(&s.reply_at(STEPS, &carol(), 1).text.as_str()));
+    }
+    assert!(texts.len() >= 4, "{texts:?}");
+}
