@@ -717,7 +717,8 @@ fn ids(s: &[Sample]) -> Vec<String> {
 /// manifest; alice's adapter equals (to 1e-6) an adapter trained on alice's samples alone from the same
 /// seed, so nothing of another tenant reached it. carol's third sample is below `min_batch` = 2 at the
 /// end: it waits, uncommitted, and a resumed run trains it together with carol's next sample (carol
-/// v2) while alice's and bob's samples are skipped as consumed.
+/// v2) while alice's and bob's samples are skipped as consumed. One policy server then serves the three
+/// adapters side by side, each tenant's request answered with its own adapter's log-probs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_tenant_adapters_train_only_their_own_samples() {
     let Some(Run { model, brokers, prefix, dir: _dir, lake, ck, pfile }) = per_tenant_run("fleet", 2, 2, 8) else {
@@ -764,6 +765,11 @@ async fn per_tenant_adapters_train_only_their_own_samples() {
     let bob_adapter = LanguageModel::load_checkpoint(&run_dir.join("bob").join("2"), Some(&model), &frozen).unwrap().transformer().adapter_state();
     let d: f64 = got.iter().zip(&bob_adapter).map(|((_, a), (_, b))| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
     assert!(d > 1e-6, "alice's and bob's adapters differ");
+    drop((served, solo));
+
+    // One server, the three adapters side by side (what the reload hook of `nextstate run` does with
+    // each tenant's checkpoint): each tenant's answer carries its own adapter's log-probs.
+    serve_tenants_side_by_side(&model, &[("alice", run_dir.join("alice/2"), 2), ("bob", run_dir.join("bob/2"), 2), ("carol", run_dir.join("carol/1"), 1)]).await;
 
     // second run: carol's waiting sample and her next one train v2; the rest is consumed already
     publish_samples(&brokers, &prefix, 2, &all[11..]).await;
@@ -774,6 +780,52 @@ async fn per_tenant_adapters_train_only_their_own_samples() {
     assert_eq!(lineages(&run_dir.join("alice")).len(), 2, "alice unchanged");
     assert_eq!(lineages(&run_dir.join("bob")).len(), 2, "bob unchanged");
     assert!(stdout.contains("tenant carol: steps=1 samples_trained=2 version=Some(2) resumed_from=Some(1) waiting=0"), "{stdout}");
+}
+
+/// Starts one policy server on `model` (the shared policy, version 0), loads each `(tenant, checkpoint,
+/// version)` as that tenant's adapter, and checks that a greedy request naming the tenant in
+/// `X-Agent-Id` is answered by that adapter: its reported log-probs equal a direct scoring of the same
+/// tokens by the checkpoint loaded on its own (1e-5), and differ from the shared policy's.
+async fn serve_tenants_side_by_side(model: &std::path::Path, tenants: &[(&str, std::path::PathBuf, i64)]) {
+    let opts = nextstate::serve::ServerOptions {
+        model_name: "m".into(),
+        api_key: None,
+        health_requires_key: false,
+        limits: Default::default(),
+        max_body_bytes: 1 << 20,
+        max_batch: 4,
+        batch_window: Duration::from_millis(5),
+        default_max_tokens: 16,
+        logprobs_mode: nextstate::model::LogprobMode::Raw,
+        load: LoadOptions::default(),
+        base_dir: model.to_path_buf(),
+        threads: 0,
+    };
+    let server = nextstate::serve::PolicyServer::start(LanguageModel::load(model, &LoadOptions::default()).unwrap(), 0, opts).unwrap();
+    let handle = server.handle();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    for (t, path, v) in tenants {
+        handle.reload_tenant(t, path.clone(), *v).await.unwrap();
+    }
+    let base = LanguageModel::load(model, &LoadOptions::default()).unwrap();
+    let client = nextstate::net::http_client(None).unwrap();
+    for (t, path, v) in tenants {
+        let body = serde_json::json!({"messages": [{"role": "user", "content": "What is 3 plus 3? Answer briefly."}], "max_tokens": 8, "temperature": 0.0, "logprobs": true});
+        let r: serde_json::Value = client.post(format!("{url}/v1/chat/completions")).header("x-agent-id", *t).json(&body).send().await.unwrap().json().await.unwrap();
+        assert_eq!((r["policy_tenant"].as_str(), r["policy_version"].as_i64()), (Some(*t), Some(*v)), "{r}");
+        let prompt: Vec<u32> = serde_json::from_value(r["prompt_token_ids"].clone()).unwrap();
+        let toks: Vec<u32> = serde_json::from_value(r["choices"][0]["token_ids"].clone()).unwrap();
+        let served: Vec<f32> = r["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|c| c["logprob"].as_f64().unwrap() as f32).collect();
+        let own = LanguageModel::load_checkpoint(path, Some(model), &LoadOptions::default()).unwrap();
+        let direct = own.score(&[(prompt.clone(), toks.clone())], 0).unwrap().remove(0).logprobs;
+        let shared = base.score(&[(prompt, toks)], 0).unwrap().remove(0).logprobs;
+        let (d_own, d_shared) = (max_abs_diff(&[served.clone()], &[direct]), max_abs_diff(&[served], &[shared]));
+        eprintln!("tenant {t}: served vs its own adapter {d_own:e}, vs the shared policy {d_shared:e}");
+        assert!(d_own < 1e-5, "tenant {t}: served log-probs differ from its adapter's by {d_own}");
+        assert!(d_shared > 1e-5, "tenant {t}: served log-probs equal the shared policy's ({d_shared})");
+    }
 }
 
 /// Bad tenants on the real broker (issue 41): with `max_tenants = 2`, a tenant whose adapter cannot be
