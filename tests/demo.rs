@@ -44,6 +44,7 @@ async fn short_demo_against_the_real_broker() {
         eval_last_only: false,
         context: nextstate::demo::run::AgentContext::None,
         train: true,
+        fleet: vec![],
     };
     let s = nextstate::demo::run::run_demo(opts, nextstate::runtime::Stop::default()).await.unwrap();
     eprintln!("versions seen by the students: {:?}; reloads: {:?}; evaluations: {:?}", s.versions_seen, s.run.reloads, s.evaluations.iter().map(|e| e.version).collect::<Vec<_>>());

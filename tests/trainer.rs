@@ -121,26 +121,7 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     assert!((got - expected).abs() < 1e-6, "pg_loss {got} vs mean of sample means {expected}");
 
     // `nextstate serve`: start on the initial weights, reload the checkpoint, score the greedy answer.
-    let base = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
-    let opts = nextstate::serve::ServerOptions {
-        model_name: "m".into(),
-        api_key: None,
-        health_requires_key: false,
-        limits: Default::default(),
-        max_body_bytes: 1 << 20,
-        max_batch: 4,
-        batch_window: Duration::from_millis(5),
-        default_max_tokens: 16,
-        logprobs_mode: nextstate::model::LogprobMode::Raw,
-        load: LoadOptions::default(),
-        base_dir: model.clone(),
-        threads: 0,
-    };
-    let server = nextstate::serve::PolicyServer::start(base, 0, opts).unwrap();
-    let handle = server.handle();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(server.serve(listener, std::future::pending()));
+    let (url, handle) = start_server(&model).await;
     handle.reload(ck.path.clone(), 1).await.unwrap();
     let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "What is 1 plus 1? Answer briefly."}],
         "max_tokens": 12, "temperature": 0.0, "logprobs": true});
@@ -153,6 +134,31 @@ async fn overfits_a_fixed_batch_and_the_checkpoint_serves_the_trained_weights() 
     let d = max_abs_diff(&[served], &[trained]);
     eprintln!("server (KV-cache decoding) vs trainer: max |Δ log-prob| = {d:e}");
     assert!(d < 1e-5, "server vs trainer: {d}");
+}
+
+/// A policy server on `model` (the shared policy, version 0; raw log-probs, batches of 4), serving until
+/// the test ends: (URL, handle).
+async fn start_server(model: &std::path::Path) -> (String, nextstate::serve::PolicyHandle) {
+    let opts = nextstate::serve::ServerOptions {
+        model_name: "m".into(),
+        api_key: None,
+        health_requires_key: false,
+        limits: Default::default(),
+        max_body_bytes: 1 << 20,
+        max_batch: 4,
+        batch_window: Duration::from_millis(5),
+        default_max_tokens: 16,
+        logprobs_mode: nextstate::model::LogprobMode::Raw,
+        load: LoadOptions::default(),
+        base_dir: model.to_path_buf(),
+        threads: 0,
+    };
+    let server = nextstate::serve::PolicyServer::start(LanguageModel::load(model, &LoadOptions::default()).unwrap(), 0, opts).unwrap();
+    let handle = server.handle();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    (url, handle)
 }
 
 /// Publishes `samples` into the `samples` topic of the broker at `brokers` (topics created with
@@ -787,25 +793,7 @@ async fn per_tenant_adapters_train_only_their_own_samples() {
 /// `X-Agent-Id` is answered by that adapter: its reported log-probs equal a direct scoring of the same
 /// tokens by the checkpoint loaded on its own (1e-5), and differ from the shared policy's.
 async fn serve_tenants_side_by_side(model: &std::path::Path, tenants: &[(&str, std::path::PathBuf, i64)]) {
-    let opts = nextstate::serve::ServerOptions {
-        model_name: "m".into(),
-        api_key: None,
-        health_requires_key: false,
-        limits: Default::default(),
-        max_body_bytes: 1 << 20,
-        max_batch: 4,
-        batch_window: Duration::from_millis(5),
-        default_max_tokens: 16,
-        logprobs_mode: nextstate::model::LogprobMode::Raw,
-        load: LoadOptions::default(),
-        base_dir: model.to_path_buf(),
-        threads: 0,
-    };
-    let server = nextstate::serve::PolicyServer::start(LanguageModel::load(model, &LoadOptions::default()).unwrap(), 0, opts).unwrap();
-    let handle = server.handle();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(server.serve(listener, std::future::pending()));
+    let (url, handle) = start_server(model).await;
     for (t, path, v) in tenants {
         handle.reload_tenant(t, path.clone(), *v).await.unwrap();
     }

@@ -172,6 +172,7 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         eval_last_only: cfg.eval.versions == super::config::EvalVersions::Last,
         context,
         train: arm.baseline.is_none(),
+        fleet: vec![],
     };
     let started = Instant::now();
     // The demo ends with a stop request of its own: a child stop, so the ablation goes on.

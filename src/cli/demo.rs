@@ -56,12 +56,17 @@ pub struct DemoArgs {
     /// The student also requires the right answer (SmolLM2-135M almost never has it).
     #[arg(long)]
     require_correct: bool,
+    /// 2: the fleet demo — two students with conflicting preferences (alice: short plain sentences;
+    /// bob: `Step 1:` lines), each its own tenant, run once with a shared policy and once with
+    /// per-tenant adapters; each tenant scored by its own checker (docs/tenants.md). 1: one student.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    tenants: u8,
     #[command(flatten)]
     data: DataArgs,
 }
 
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let DemoArgs { pipeline, out, gsm8k, interactions, min_versions_served, max_interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, data } = args;
+    let DemoArgs { pipeline, out, gsm8k, interactions, min_versions_served, max_interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, tenants, data } = args;
     let pipeline = pipeline.or_else(|| Some(PathBuf::from("pipelines/demo.toml")).filter(|p| p.exists()));
     let cfg = load_pipeline(&pipeline, &data)?;
     let prefs = nextstate::demo::Preferences { max_words, correct_answer: require_correct, ..Default::default() };
@@ -83,9 +88,23 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         eval_last_only: false,
         context: nextstate::demo::run::AgentContext::None,
         train: true,
+        fleet: if tenants == 2 { nextstate::demo::fleet::two_tenants(max_words, require_correct) } else { vec![] },
     };
     let stop = Stop::default();
     stop.on_signals();
+    if !opts.fleet.is_empty() {
+        let s = nextstate::demo::fleet::run_fleet_demo(opts, stop).await.context("fleet demo failed")?;
+        outln!("\nnextstate demo --tenants 2 — {:.0} s ({} held-out problems per tenant)", s.seconds, s.problems);
+        for t in &s.tenants {
+            let cells: Vec<String> = t.policies.iter().map(|p| format!("{} v{} {:.3} [{:.3}, {:.3}]", p.policy, p.version, p.score.fraction_all_satisfied, p.interval.0, p.interval.1)).collect();
+            outln!("  {}: {}", t.tenant, cells.join("   "));
+        }
+        for c in &s.comparisons {
+            outln!("  {}: {} − {} = {:+.3} (p {:.4}, Holm {:.4})", c.tenant, c.a, c.b, c.difference, c.p, c.p_holm);
+        }
+        outln!("report: {}", s.report.display());
+        return Ok(());
+    }
     let s = nextstate::demo::run::run_demo(opts, stop).await.context("demo failed")?;
     outln!("\nnextstate demo — {} interactions in {} sessions, {:.0} s, {} failed requests", s.interactions, s.sessions, s.seconds, s.failed_requests);
     outln!("personalization score (held-out problems, all preferences met):");

@@ -14,6 +14,7 @@
 //!   rates) and the `eval_scores` rows ([`crate::schema::EvalScore`]).
 //! - [`report`]: `report.md` and PNG plots, plus generic [`report::line_chart`] / [`report::histogram`].
 
+pub mod fleet;
 pub mod heldout;
 pub mod memory;
 pub mod prm_eval;

@@ -69,6 +69,11 @@ pub struct DemoOptions {
     /// Run the teacher and trainer (the demo); `false` runs only serving, signals, judge, hint and the
     /// lake sinks, so the weights never change (the online ablation's baselines).
     pub train: bool,
+    /// Tenants of a fleet demo (`demo --tenants 2`, [`super::fleet`]): each a student with its own
+    /// preferences who sends its tenant id in `X-Agent-Id`; student worker `w` works for tenant
+    /// `w mod n`. Empty: one student (`preferences`) and no tenant header (the demo). A fleet run
+    /// evaluates nothing itself: [`super::fleet::run_fleet_demo`] evaluates every tenant after both modes.
+    pub fleet: Vec<(String, Preferences)>,
 }
 
 /// What the agent writes as the system prompt of each student session.
@@ -174,7 +179,8 @@ pub struct DemoSummary {
 struct Shared {
     client: reqwest::Client,
     proxy: String,
-    student: Student,
+    /// The students, with the tenant each sends (None: no tenant header).
+    students: Vec<(Option<String>, Student)>,
     problems: Mutex<std::vec::IntoIter<Problem>>,
     answered: AtomicU64,
     sessions: AtomicU64,
@@ -220,6 +226,8 @@ impl Shared {
 /// One student's work: sessions on training problems until the demo's interaction budget is used
 /// ([`Shared::budget_used`]).
 async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
+    let (tenant, student) = &sh.students[worker % sh.students.len()];
+    let tenant_header: Vec<(&str, String)> = tenant.iter().map(|t| ("X-Agent-Id", t.clone())).collect();
     loop {
         if sh.budget_used() {
             return Ok(());
@@ -239,7 +247,7 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
         if let Some(s) = system {
             messages.push(json!({"role": "system", "content": s}));
         }
-        messages.push(json!({"role": "user", "content": sh.student.first_message(&problem)}));
+        messages.push(json!({"role": "user", "content": student.first_message(&problem)}));
         let (mut first_answer_satisfied, mut first_version) = (false, -1);
         for turn in 1..=sh.opts.max_turns {
             let body = json!({
@@ -249,7 +257,8 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
                 "temperature": sh.opts.temperature,
                 "seed": sh.opts.seed.wrapping_add(worker as u64 * 1000 + turn as u64 + problem.id as u64 * 7),
             });
-            let headers = [("X-Session-Id", session.clone()), ("X-Turn-Type", "main".to_string())];
+            let mut headers = vec![("X-Session-Id", session.clone()), ("X-Turn-Type", "main".to_string())];
+            headers.extend(tenant_header.iter().cloned());
             let (text, version) = match chat(&sh.client, &sh.proxy, body, &headers).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -267,7 +276,7 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
             if let Ok(mut v) = sh.versions.lock() {
                 v.insert(version);
             }
-            let reply = sh.student.reply_at(&text, &problem, turn);
+            let reply = student.reply_at(&text, &problem, turn);
             if turn == 1 {
                 (first_answer_satisfied, first_version) = (reply.satisfied, version);
             }
@@ -282,7 +291,8 @@ async fn student_loop(sh: Arc<Shared>, worker: usize) -> Result<()> {
                 // The student's last reply is the next state of the last answer: it reaches the pipeline
                 // in a closing side turn (not trained; one token) that also marks the session done.
                 let body = json!({"model": "policy", "messages": messages, "max_tokens": 1, "temperature": 0.0});
-                let headers = [("X-Session-Id", session.clone()), ("X-Turn-Type", "side".to_string()), ("X-Session-Done", "true".to_string())];
+                let mut headers = vec![("X-Session-Id", session.clone()), ("X-Turn-Type", "side".to_string()), ("X-Session-Done", "true".to_string())];
+                headers.extend(tenant_header.iter().cloned());
                 if let Err(e) = chat(&sh.client, &sh.proxy, body, &headers).await {
                     sh.failed.fetch_add(1, Ordering::SeqCst);
                     tracing::error!(session, error = %e, "closing request failed");
@@ -422,7 +432,11 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         use rand::SeedableRng;
         split.train.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
     }
-    let student = Student::new(opts.seed, opts.preferences.clone(), opts.max_turns)?;
+    let students: Vec<(Option<String>, Student)> = if opts.fleet.is_empty() {
+        vec![(None, Student::new(opts.seed, opts.preferences.clone(), opts.max_turns)?)]
+    } else {
+        opts.fleet.iter().map(|(t, p)| Ok((Some(t.clone()), Student::new(opts.seed, p.clone(), opts.max_turns)?))).collect::<Result<_>>()?
+    };
     let eval_student = heldout_student(&opts)?;
     let run_id = format!("{}-{}", opts.pipeline.name, chrono::Utc::now().format("%Y%m%dT%H%M%S"));
     let only = (!opts.train).then(|| SERVE_ONLY.iter().map(|s| s.to_string()).collect());
@@ -441,7 +455,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let sh = Arc::new(Shared {
         client: client.clone(),
         proxy,
-        student,
+        students,
         problems: Mutex::new(split.train.clone().into_iter()),
         answered: AtomicU64::new(0),
         sessions: AtomicU64::new(0),
@@ -500,7 +514,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             eprintln!("[demo] the server now serves version {v} ({seen} student turns answered)");
             loaded.push((v, seen));
         }
-        if students_done && idle.is_set() && policy.version() == last_checkpoint(&ck_dir.join("demo")) {
+        if students_done && idle.is_set() && policy.version() == last_checkpoint(&ck_dir.join("demo")) && tenants_caught_up(&policy, &ck_dir.join("demo")) {
             break;
         }
     }
@@ -512,7 +526,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
 
     // Evaluation: v0 and the first, middle and last versions the server loaded, greedy on the held-out
     // problems, plus each version's drift on v0's answers (skipped when the user interrupted the demo).
-    let (checkpoints, rows) = if interrupted {
+    let (checkpoints, rows) = if interrupted || !opts.fleet.is_empty() {
         (vec![], vec![])
     } else {
         let eval = EvalPlan {
@@ -619,6 +633,13 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
 /// [`Student::new`]'s (preferences that enable nothing).
 pub fn heldout_student(opts: &DemoOptions) -> Result<Student> {
     Student::new(opts.split_seed.unwrap_or(opts.seed), opts.preferences.clone(), opts.max_turns)
+}
+
+/// Whether the server serves every tenant's newest checkpoint under `run_dir` (per-tenant training:
+/// `<run_dir>/<tenant>/<version>`; true when there are none).
+fn tenants_caught_up(policy: &crate::serve::PolicyHandle, run_dir: &std::path::Path) -> bool {
+    let served: BTreeMap<String, i64> = policy.tenant_adapters().into_iter().map(|a| (a.tenant, a.version)).collect();
+    crate::trainer::tenants::tenant_folders(run_dir).unwrap_or_default().iter().all(|t| served.get(t).copied().unwrap_or(0) == last_checkpoint(&run_dir.join(t)))
 }
 
 fn last_checkpoint(run_dir: &std::path::Path) -> i64 {

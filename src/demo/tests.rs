@@ -111,6 +111,7 @@ fn runs_that_share_a_split_get_the_same_heldout_prompts() {
         eval_last_only: false,
         context: run::AgentContext::None,
         train: true,
+        fleet: vec![],
     };
     let prompts = |o: &run::DemoOptions| {
         let split = split_problems(&problems, o.eval_problems, o.split_seed.unwrap_or(o.seed)).unwrap();

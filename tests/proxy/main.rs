@@ -40,6 +40,8 @@ struct Fake {
     stream_done: Mutex<Option<Instant>>,
     /// Delay between stream chunks.
     chunk_delay: Duration,
+    /// The `X-Agent-Id` header of each chat request (the turn's tenant, passed on by the proxy).
+    agent_ids: Mutex<Vec<Option<String>>>,
 }
 
 pub(crate) const LEAKY_HEADERS: [&str; 4] = ["x-session-id", "x-turn-type", "x-session-done", "x-turn-index"];
@@ -70,6 +72,7 @@ async fn fake_chat(State(f): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) 
         return (StatusCode::INTERNAL_SERVER_ERROR, format!("fake: turn metadata leaked upstream: {leaked:?}")).into_response();
     }
     f.bodies.lock().unwrap().push(body.clone());
+    f.agent_ids.lock().unwrap().push(headers.get("x-agent-id").and_then(|v| v.to_str().ok()).map(str::to_string));
     let model = body["model"].as_str().unwrap_or("fake").to_string();
     if model == "fail" {
         return (StatusCode::SERVICE_UNAVAILABLE, [("content-type", "application/json")], r#"{"error":{"message":"fake overloaded","type":"server_error"}}"#).into_response();
@@ -239,6 +242,27 @@ async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 // ---------------------------------------------------------------- tests
+
+/// Issue 41: the turn's tenant goes upstream as `X-Agent-Id`, so a policy server with per-tenant adapters
+/// answers with the tenant's own (docs/tenants.md); a turn of the default tenant sends none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turns_tenant_goes_upstream_as_x_agent_id() {
+    let (up, fake) = start_fake(Duration::ZERO).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
+    let c = nextstate::net::http_client(None).unwrap();
+    for (session, tenant_header) in [("t1", Some(("X-User-Id", "alice"))), ("t2", None)] {
+        let mut rb = c.post(format!("{}/v1/chat/completions", p.url)).header("X-Session-Id", session);
+        if let Some((k, v)) = tenant_header {
+            rb = rb.header(k, v);
+        }
+        assert_eq!(rb.json(&chat("fake", "hello", json!({}))).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(*fake.agent_ids.lock().unwrap(), vec![Some("alice".to_string()), None]);
+    let rows = consume(&mut input, 2, Duration::from_secs(20), Duration::from_millis(500)).await;
+    let tenants: Vec<Option<&str>> = rows.iter().map(|r| r.tenant.as_deref()).collect();
+    assert_eq!(tenants, vec![Some("alice"), Some("default")]);
+    p.shutdown().await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_stream_returns_the_upstream_bytes_and_emits_one_event_per_turn() {

@@ -30,6 +30,9 @@ use crate::net::redact_url;
 use crate::schema::now_ms;
 use crate::serve::VERSION_HEADER;
 
+/// The header that carries a turn's tenant to the upstream (when not the default tenant).
+const TENANT_UPSTREAM_HEADER: &str = "x-agent-id";
+
 /// A JSON error answer of the proxy itself, in `api`'s error shape.
 fn api_error(api: Api, status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> Response {
     (status, Json(api.error_body(status.as_u16(), message, kind, code))).into_response()
@@ -198,6 +201,11 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
         rb = rb.header(header::ACCEPT, "text/event-stream");
     }
     rb = with_auth(&s.opts, api, &headers, rb);
+    // The turn's tenant goes upstream as `X-Agent-Id`, so a policy server holding per-tenant adapters
+    // (`nextstate serve`, docs/tenants.md) answers with the tenant's own; other servers ignore it.
+    if prepared.meta.tenant != crate::schema::DEFAULT_TENANT {
+        rb = rb.header(TENANT_UPSTREAM_HEADER, prepared.meta.tenant.as_str());
+    }
     let resp = match rb.send().await {
         Ok(r) => r,
         Err(e) => return unreachable_error(&s, api, &e),
