@@ -6,6 +6,21 @@ mod common;
 use nextstate::config::PipelineConfig;
 use nextstate::lake::Lake;
 
+/// `pipelines/demo.toml` on the real broker (fresh topics, 2 partitions), batches of 2, one libtorch thread.
+fn tiny_pipeline(model: &std::path::Path, dir: &std::path::Path) -> PipelineConfig {
+    let mut cfg = PipelineConfig::load(&common::root().join("pipelines/demo.toml")).unwrap();
+    cfg.bus.brokers = Some(common::brokers());
+    cfg.bus.topic_prefix = common::prefix();
+    cfg.bus.partitions = 2;
+    cfg.bus.max_poll_interval_ms = 10_000;
+    cfg.policy.model = model.to_path_buf();
+    cfg.policy.threads = 1;
+    cfg.proxy.spool_dir = dir.join("spool");
+    cfg.trainer.batch_size = 2;
+    cfg.sink.roll_ms = 500;
+    cfg
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_demo_against_the_real_broker() {
     let model = common::root().join("models/smollm2-135m-instruct");
@@ -15,16 +30,7 @@ async fn short_demo_against_the_real_broker() {
     }
     let _ = nextstate::model::set_threads(1);
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = PipelineConfig::load(&common::root().join("pipelines/demo.toml")).unwrap();
-    cfg.bus.brokers = Some(common::brokers());
-    cfg.bus.topic_prefix = common::prefix();
-    cfg.bus.partitions = 2;
-    cfg.bus.max_poll_interval_ms = 10_000;
-    cfg.policy.model = model;
-    cfg.policy.threads = 1;
-    cfg.proxy.spool_dir = dir.path().join("spool");
-    cfg.trainer.batch_size = 2;
-    cfg.sink.roll_ms = 500;
+    let cfg = tiny_pipeline(&model, dir.path());
     let opts = nextstate::demo::run::DemoOptions {
         pipeline: cfg,
         out: dir.path().join("out"),
@@ -81,4 +87,65 @@ async fn short_demo_against_the_real_broker() {
     assert_eq!(s.sessions_summary.sessions, s.sessions_log.len());
     assert!(md.contains("## The student's sessions") && md.contains("consecutive sessions"), "{md}");
     assert!(md.contains("## Where the advantage came from, per step") && md.contains("| step | samples | mean r | reward part | teacher part | teacher share |"), "{md}");
+}
+
+/// `demo --tenants 2` in miniature on the real broker (issue 41; mechanics, not learning): both modes run,
+/// every turn carries its student's tenant, the per-tenant run trains one adapter per tenant, each
+/// checkpoint's lineage holds only its own tenant's samples, and the report scores each tenant's three
+/// policies with its own checker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenant_demo_trains_and_scores_each_tenant() {
+    let model = common::root().join("models/smollm2-135m-instruct");
+    if !model.join("model.safetensors").exists() {
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return;
+    }
+    let _ = nextstate::model::set_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = nextstate::demo::run::DemoOptions {
+        pipeline: tiny_pipeline(&model, dir.path()),
+        out: dir.path().join("out"),
+        gsm8k: common::root().join("data/gsm8k_test.json"),
+        interactions: 8,
+        min_versions_served: 1,
+        max_interactions: 8,
+        students: 2,
+        max_turns: 1,
+        eval_problems: 2,
+        max_tokens: 24,
+        temperature: 0.6,
+        seed: 11,
+        split_seed: None,
+        preferences: nextstate::demo::Preferences::default(),
+        eval_last_only: true,
+        context: nextstate::demo::run::AgentContext::None,
+        train: true,
+        fleet: nextstate::demo::fleet::two_tenants(80, false),
+    };
+    let s = nextstate::demo::fleet::run_fleet_demo(opts, nextstate::runtime::Stop::default()).await.unwrap();
+    assert_eq!(s.runs.iter().map(|r| (r.mode.as_str(), r.failed_requests)).collect::<Vec<_>>(), vec![("shared", 0), ("per_tenant", 0)]);
+    let per_tenant = Lake::open(dir.path().join("out/per_tenant/lake")).unwrap();
+    let turns = nextstate::sql::query(&per_tenant, "SELECT tenant, count(*) AS n FROM interactions WHERE turn_type = 'main' GROUP BY tenant ORDER BY tenant").await.unwrap();
+    let turns = nextstate::sql::render(&turns, nextstate::sql::OutputFormat::Csv).unwrap();
+    assert!(turns.starts_with("tenant,n\nalice,") && turns.contains("\nbob,"), "every turn is alice's or bob's: {turns}");
+    let samples: Vec<nextstate::schema::Sample> = per_tenant.read_table().unwrap();
+    for t in ["alice", "bob"] {
+        let run_dir = dir.path().join("out/per_tenant/checkpoints/demo").join(t);
+        let scan = nextstate::trainer::scan(&run_dir).unwrap();
+        assert!(!scan.complete.is_empty(), "{t} has an adapter");
+        for (_, m) in &scan.complete {
+            assert_eq!(m.tenant.as_deref(), Some(t));
+            for l in &m.lineage {
+                let s = samples.iter().find(|s| s.sample_id == l.sample_id).unwrap();
+                assert_eq!(s.tenant.as_deref(), Some(t), "{t}'s adapter trained only {t}'s samples");
+            }
+        }
+    }
+    assert!(nextstate::trainer::latest_complete(&dir.path().join("out/per_tenant/checkpoints/demo")).unwrap().is_none(), "no shared checkpoint in the per-tenant run");
+    assert!(nextstate::trainer::latest_complete(&dir.path().join("out/shared/checkpoints/demo")).unwrap().is_some(), "the shared run trained the shared policy");
+    assert_eq!(s.tenants.iter().map(|t| (t.tenant.as_str(), t.policies.iter().map(|p| p.policy.as_str()).collect::<Vec<_>>())).collect::<Vec<_>>(), vec![("alice", vec!["v0", "shared", "per_tenant"]), ("bob", vec!["v0", "shared", "per_tenant"])]);
+    assert!(s.tenants.iter().all(|t| t.policies.iter().all(|p| p.satisfied.len() == 2)));
+    assert_eq!(s.comparisons.len(), 6);
+    let md = std::fs::read_to_string(&s.report).unwrap();
+    assert!(md.contains("| alice | ") && md.contains("| bob | ") && md.contains("labeled_steps"), "{md}");
 }
