@@ -6,8 +6,20 @@ mod common;
 use nextstate::config::PipelineConfig;
 use nextstate::lake::Lake;
 
-/// `pipelines/demo.toml` on the real broker (fresh topics, 2 partitions), batches of 2, one libtorch thread.
-fn tiny_pipeline(model: &std::path::Path, dir: &std::path::Path) -> PipelineConfig {
+/// The test model, or `None` (reported as missing).
+fn model() -> Option<std::path::PathBuf> {
+    let model = common::root().join("models/smollm2-135m-instruct");
+    if !model.join("model.safetensors").exists() {
+        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
+        return None;
+    }
+    let _ = nextstate::model::set_threads(1);
+    Some(model)
+}
+
+/// A tiny demo under `dir`: `pipelines/demo.toml` on the real broker (fresh topics, 2 partitions), batches
+/// of 2, one libtorch thread; 8 student turns by 2 students, 2 held-out problems, answers of 24 tokens.
+fn tiny_demo(model: &std::path::Path, dir: &std::path::Path) -> nextstate::demo::run::DemoOptions {
     let mut cfg = PipelineConfig::load(&common::root().join("pipelines/demo.toml")).unwrap();
     cfg.bus.brokers = Some(common::brokers());
     cfg.bus.topic_prefix = common::prefix();
@@ -18,29 +30,15 @@ fn tiny_pipeline(model: &std::path::Path, dir: &std::path::Path) -> PipelineConf
     cfg.proxy.spool_dir = dir.join("spool");
     cfg.trainer.batch_size = 2;
     cfg.sink.roll_ms = 500;
-    cfg
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn short_demo_against_the_real_broker() {
-    let model = common::root().join("models/smollm2-135m-instruct");
-    if !model.join("model.safetensors").exists() {
-        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
-        return;
-    }
-    let _ = nextstate::model::set_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = tiny_pipeline(&model, dir.path());
-    let opts = nextstate::demo::run::DemoOptions {
+    nextstate::demo::run::DemoOptions {
         pipeline: cfg,
-        out: dir.path().join("out"),
+        out: dir.join("out"),
         gsm8k: common::root().join("data/gsm8k_test.json"),
         interactions: 8,
-        // the first checkpoint must reach the students (CI once answered all 8 before it loaded)
-        min_versions_served: 2,
-        max_interactions: 40,
+        min_versions_served: 1,
+        max_interactions: 8,
         students: 2,
-        max_turns: 2,
+        max_turns: 1,
         eval_problems: 2,
         max_tokens: 24,
         temperature: 0.6,
@@ -51,6 +49,19 @@ async fn short_demo_against_the_real_broker() {
         context: nextstate::demo::run::AgentContext::None,
         train: true,
         fleet: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_demo_against_the_real_broker() {
+    let Some(model) = model() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let opts = nextstate::demo::run::DemoOptions {
+        // the first checkpoint must reach the students (CI once answered all 8 before it loaded)
+        min_versions_served: 2,
+        max_interactions: 40,
+        max_turns: 2,
+        ..tiny_demo(&model, dir.path())
     };
     let s = nextstate::demo::run::run_demo(opts, nextstate::runtime::Stop::default()).await.unwrap();
     eprintln!("versions seen by the students: {:?}; reloads: {:?}; evaluations: {:?}", s.versions_seen, s.run.reloads, s.evaluations.iter().map(|e| e.version).collect::<Vec<_>>());
@@ -95,32 +106,13 @@ async fn short_demo_against_the_real_broker() {
 /// policies with its own checker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenant_demo_trains_and_scores_each_tenant() {
-    let model = common::root().join("models/smollm2-135m-instruct");
-    if !model.join("model.safetensors").exists() {
-        common::missing("models/smollm2-135m-instruct missing (run scripts/setup.sh)");
-        return;
-    }
-    let _ = nextstate::model::set_threads(1);
+    let Some(model) = model() else { return };
     let dir = tempfile::tempdir().unwrap();
     let opts = nextstate::demo::run::DemoOptions {
-        pipeline: tiny_pipeline(&model, dir.path()),
-        out: dir.path().join("out"),
-        gsm8k: common::root().join("data/gsm8k_test.json"),
-        interactions: 8,
-        min_versions_served: 1,
-        max_interactions: 8,
-        students: 2,
-        max_turns: 1,
-        eval_problems: 2,
-        max_tokens: 24,
-        temperature: 0.6,
-        seed: 11,
-        split_seed: None,
         preferences: nextstate::demo::Preferences::default(),
         eval_last_only: true,
-        context: nextstate::demo::run::AgentContext::None,
-        train: true,
         fleet: nextstate::demo::fleet::two_tenants(80, false),
+        ..tiny_demo(&model, dir.path())
     };
     let s = nextstate::demo::fleet::run_fleet_demo(opts, nextstate::runtime::Stop::default()).await.unwrap();
     assert_eq!(s.runs.iter().map(|r| (r.mode.as_str(), r.failed_requests)).collect::<Vec<_>>(), vec![("shared", 0), ("per_tenant", 0)]);
