@@ -129,12 +129,16 @@ fn mode_name(m: TrainingMode) -> &'static str {
 /// `<out>/fleet.json`. `opts.fleet` names the tenants (at least 2); `opts.pipeline` must train LoRA.
 ///
 /// # Errors
-/// [`Error::Config`] for fewer than 2 tenants or a pipeline without LoRA; the errors of
+/// [`Error::Config`] for fewer than 2 tenants, a number of students that is not a multiple of the
+/// tenants', or a pipeline without LoRA; the errors of
 /// [`run_demo`]; model and file errors of the evaluation; [`Error::Cancelled`] when stopped.
 pub async fn run_fleet_demo(opts: DemoOptions, stop: Stop) -> Result<FleetSummary> {
     let started = Instant::now();
     if opts.fleet.len() < 2 {
         return Err(crate::config_err!("a fleet demo needs at least 2 tenants, got {}", opts.fleet.len()));
+    }
+    if opts.students < opts.fleet.len() || opts.students % opts.fleet.len() != 0 {
+        return Err(crate::config_err!("a fleet demo of {} tenants needs a multiple of {} students (student w works for tenant w mod {}), got {}", opts.fleet.len(), opts.fleet.len(), opts.fleet.len(), opts.students));
     }
     if !opts.pipeline.trainer.lora.enabled {
         return Err(crate::config_err!("a fleet demo trains per-tenant LoRA adapters: the pipeline needs [trainer.lora] enabled = true"));

@@ -466,7 +466,8 @@ pub fn upload(remote: &Remote, run_id: &str, version: i64, dir: &Path) -> Result
 }
 
 /// The manifests of run `run_id`'s complete checkpoints on object storage (a `manifest.json` of its
-/// version), ascending by version.
+/// version), ascending by version. `run_id` is a [`run_key`]: `run` or `run/tenant` (a tenant's
+/// adapter); a shared run's listing never includes its tenants' checkpoints (one level deeper).
 ///
 /// # Errors
 /// [`Error::Unreachable`] when listing or reading fails; [`Error::Json`] for a malformed manifest.
@@ -474,8 +475,10 @@ pub fn remote_manifests(remote: &Remote, run_id: &str) -> Result<Vec<Manifest>> 
     let mut out = vec![];
     for meta in remote.list(&format!("{REMOTE_FOLDER}/{run_id}"))? {
         let rel = remote.rel(meta.location.as_ref());
-        let parts: Vec<&str> = rel.split('/').collect();
-        let [_, _, v, name] = parts.as_slice() else { continue };
+        // `<folder>/<run>[/<tenant>]/<version>/<file>`: what follows the key (`run_id` may be `run/tenant`)
+        let Some(tail) = rel.strip_prefix(&format!("{REMOTE_FOLDER}/{run_id}/")) else { continue };
+        let parts: Vec<&str> = tail.split('/').collect();
+        let [v, name] = parts.as_slice() else { continue };
         let Ok(version) = v.parse::<i64>() else { continue };
         if *name != MANIFEST_FILE {
             continue;

@@ -24,7 +24,8 @@
 //! tenant refused (beyond `max_tenants`, or its adapter cannot be opened) has its samples dead-lettered
 //! with the reason and counted (`dead_letters_total{stage="train"}`); the other tenants keep training.
 //! Several trainer processes in one consumer group split the tenants by partition (`samples` is keyed by
-//! session and tenant); a tenant that moves to another process resumes there from its newest checkpoint.
+//! tenant); a tenant that moves to another process resumes there from its newest checkpoint (rebalance
+//! handling is not built: see docs/tenants.md).
 //!
 //! `nextstate loss` lives in `loss_command.rs`.
 
@@ -297,6 +298,8 @@ impl Run<'_> {
             }
             Err(e) => match key {
                 None => Err(e),
+                // the model thread is gone: nothing can train, not a tenant's fault
+                Some(_) if matches!(e, Error::Internal(_)) => Err(e),
                 Some(t) => {
                     tracing::error!(tenant = %t, error = %e, "a tenant's adapter cannot be opened: its samples are dead-lettered, the other tenants keep training");
                     self.failed.insert(t.clone(), e.to_string());
@@ -399,11 +402,24 @@ impl Run<'_> {
 
     /// At the end: checkpoint every adapter with steps since its last checkpoint; report what waits.
     async fn finish(&mut self, input: Option<&InputLoop>) -> Result<()> {
+        // Every adapter's checkpoint is written by now: publish each written one even if another failed.
+        let mut first_error = None;
         for (key, r) in self.worker.flush().await? {
-            let Some(ck) = r? else { continue };
-            if let Some(row) = publish_checkpoint(&self.out, Some(&ck), &mut self.report).await? {
-                self.checkpointed(&key, &row, input);
+            match r {
+                Ok(Some(ck)) => {
+                    if let Some(row) = publish_checkpoint(&self.out, Some(&ck), &mut self.report).await? {
+                        self.checkpointed(&key, &row, input);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(adapter = adapter_name(&key), error = %e, "checkpoint failed");
+                    first_error.get_or_insert(e);
+                }
             }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         for (key, n) in self.batcher.waiting() {
             tracing::info!(adapter = adapter_name(&key), samples = n, min_batch = self.cfg.trainer.tenants.min_batch_for(self.cfg.trainer.batch_size), "samples wait for a batch (below min_batch); not trained in this run");
@@ -594,13 +610,17 @@ pub async fn train_command(cfg: &PipelineConfig, opts: &TrainOptions, until_idle
     result
 }
 
-/// Publishes the pipeline's samples in the lake that no complete checkpoint under `run_dir` consumed.
+/// Publishes the pipeline's samples in the lake that no complete checkpoint under `run_dir` consumed (the
+/// shared policy's, or any tenant's adapter's in `<run_dir>/<tenant>/`).
 ///
 /// # Errors
 /// Lake and Kafka errors.
 pub async fn republish_untrained(lake: &crate::lake::Lake, producer: &crate::bus::BusProducer, cfg: &PipelineConfig, run_dir: &std::path::Path) -> Result<u64> {
-    let scan = crate::trainer::scan(run_dir)?;
-    let manifests: Vec<crate::trainer::Manifest> = scan.complete.into_iter().map(|(_, m)| m).collect();
+    // the shared policy's checkpoints, and each tenant's (per-tenant training: `<run>/<tenant>/<version>`)
+    let mut manifests: Vec<crate::trainer::Manifest> = crate::trainer::scan(run_dir)?.complete.into_iter().map(|(_, m)| m).collect();
+    for t in crate::trainer::tenants::tenant_folders(run_dir)? {
+        manifests.extend(crate::trainer::scan(&run_dir.join(t))?.complete.into_iter().map(|(_, m)| m));
+    }
     let consumed = crate::trainer::consumed_sample_ids(&manifests);
     let mut rows: Vec<Sample> = lake.read_table::<Sample>()?.into_iter().filter(|s| s.pipeline == cfg.name && !consumed.contains(&s.sample_id)).collect();
     rows.sort_by(|a, b| (a.event_time, &a.sample_id).cmp(&(b.event_time, &b.sample_id)));
