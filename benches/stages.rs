@@ -148,6 +148,7 @@ fn main() {
                 pipeline: pipeline.into(),
                 interaction_id: interaction.interaction_id.clone(),
                 session_id: interaction.session_id.clone(),
+                tenant: interaction.tenant.clone(),
                 turn_index: interaction.turn_index,
                 teacher_model: teacher_model.into(),
                 teacher_version: 0,

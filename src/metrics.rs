@@ -91,6 +91,16 @@ pub struct Metrics {
     /// `trainer_alarms_total{kind}`: steps whose gradient norm or log-prob gap spiked against the
     /// running median (`grad_norm`, `logprob_gap`; `trainer.alarms`).
     pub trainer_alarms: Family<Labels, Counter>,
+    /// `trainer_tenant_steps_total{tenant}`: optimizer steps of each adapter (per-tenant training: the
+    /// tenant, [`tenant_label`]; shared training: `shared`).
+    pub trainer_tenant_steps: Family<Labels, Counter>,
+    /// `trainer_tenant_samples_total{tenant}`: samples trained, by adapter.
+    pub trainer_tenant_samples: Family<Labels, Counter>,
+    /// `trainer_tenant_version{tenant}`: the newest checkpoint version written, by adapter.
+    pub trainer_tenant_version: Family<Labels, IntGauge>,
+    /// `trainer_tenant_handed_over_total{tenant}`: samples handed over at rebalances (per-tenant
+    /// training; read again by their partition's new owner).
+    pub trainer_tenant_handed_over: Family<Labels, Counter>,
     /// `server_requests_total{route, status}`: policy server HTTP requests.
     pub server_requests: Family<Labels, Counter>,
     /// `server_request_duration_seconds`: chat completion latency, arrival to the last token.
@@ -194,6 +204,10 @@ impl Metrics {
             trainer_skipped_samples: Family::default(),
             trainer_skipped_steps: Family::default(),
             trainer_alarms: Family::default(),
+            trainer_tenant_steps: Family::default(),
+            trainer_tenant_samples: Family::default(),
+            trainer_tenant_version: Family::default(),
+            trainer_tenant_handed_over: Family::default(),
             server_requests: Family::default(),
             server_request_duration: Histogram::new(latency_buckets()),
             server_time_to_first_token: Histogram::new(latency_buckets()),
@@ -232,6 +246,10 @@ impl Metrics {
         r.add("trainer_skipped_samples", "Samples not trained on, by reason", None, &m.trainer_skipped_samples);
         r.add("trainer_skipped_steps", "Steps that left the weights unchanged, by reason", None, &m.trainer_skipped_steps);
         r.add("trainer_alarms", "Steps whose gradient norm or log-prob gap spiked against the running median, by kind", None, &m.trainer_alarms);
+        r.add("trainer_tenant_steps", "Optimizer steps by adapter: the tenant (capped) or shared", None, &m.trainer_tenant_steps);
+        r.add("trainer_tenant_samples", "Samples trained by adapter: the tenant (capped) or shared", None, &m.trainer_tenant_samples);
+        r.add("trainer_tenant_version", "Newest checkpoint version written by adapter: the tenant (capped) or shared", None, &m.trainer_tenant_version);
+        r.add("trainer_tenant_handed_over", "Samples handed over at rebalances by tenant (capped): read again by the partition's new owner", None, &m.trainer_tenant_handed_over);
         r.add("server_requests", "Policy server HTTP requests by route and status", None, &m.server_requests);
         r.add("server_request_duration", "Chat completion latency, arrival to the last token", Some(Unit::Seconds), &m.server_request_duration);
         r.add("server_time_to_first_token", "Chat completion arrival to its first generated token", Some(Unit::Seconds), &m.server_time_to_first_token);
@@ -470,6 +488,36 @@ pub fn server_adapter_load(tenant: &str, trigger: &'static str, outcome: &'stati
     get().server_adapter_loads.get_or_create(&labels(&[("tenant", &tenant_label(tenant)), ("trigger", trigger), ("outcome", outcome)])).inc();
 }
 
+/// Counts adapter `adapter`'s optimizer step (`stepped`) and its `samples` trained (`adapter`: a tenant id,
+/// labelled by [`tenant_label`], or `shared`).
+pub fn trainer_tenant_step(adapter: &str, stepped: bool, samples: u64) {
+    let m = get();
+    let l = labels(&[("tenant", &adapter_label(adapter))]);
+    if stepped {
+        m.trainer_tenant_steps.get_or_create(&l).inc();
+    }
+    m.trainer_tenant_samples.get_or_create(&l).inc_by(samples);
+}
+
+/// Sets adapter `adapter`'s newest checkpoint version written.
+pub fn trainer_tenant_version(adapter: &str, version: i64) {
+    get().trainer_tenant_version.get_or_create(&labels(&[("tenant", &adapter_label(adapter))])).set(version);
+}
+
+/// Counts `samples` of `tenant` handed over at a rebalance.
+pub fn trainer_tenant_handed_over(tenant: &str, samples: u64) {
+    get().trainer_tenant_handed_over.get_or_create(&labels(&[("tenant", &tenant_label(tenant))])).inc_by(samples);
+}
+
+/// The `tenant` label of a trainer adapter: `shared` for the shared policy, else [`tenant_label`].
+fn adapter_label(adapter: &str) -> String {
+    if adapter == "shared" {
+        adapter.to_string()
+    } else {
+        tenant_label(adapter)
+    }
+}
+
 /// Counts one eviction of `tenant`'s resident adapter.
 pub fn server_adapter_evicted(tenant: &str) {
     get().server_adapter_evictions.get_or_create(&labels(&[("tenant", &tenant_label(tenant))])).inc();
@@ -511,6 +559,11 @@ mod tests {
         assert_eq!(text.matches("# TYPE nextstate_reloads counter\n").count(), 1, "{text}");
         assert_eq!(text.matches("# TYPE nextstate_records_in counter\n").count(), 1, "{text}");
         assert!(text.trim_end().ends_with("# EOF"));
+        trainer_tenant_step("shared", true, 2);
+        trainer_tenant_version("shared", 3);
+        let text = encode();
+        assert!(text.contains("nextstate_trainer_tenant_steps_total{tenant=\"shared\"}"), "{text}");
+        assert!(text.contains("nextstate_trainer_tenant_version{tenant=\"shared\"}"), "{text}");
         let joined = join(&[text.clone(), "# HELP a_b x\n# TYPE a_b counter\na_b_total 1\n# EOF\n".into()]);
         assert!(text.contains("# TYPE nextstate_server_adapter_resident_bytes gauge"), "{text}");
         assert_eq!(joined.matches("# EOF").count(), 1);

@@ -10,7 +10,7 @@ use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
-use crate::bus::{Bus, BusContext, RebalanceFlag};
+use crate::bus::{Bus, BusContext, RebalanceFlag, Revoked};
 use crate::error::{Error, Result};
 
 /// A flag a task raises when it has finished (until-idle mode) — downstream tasks wait for it.
@@ -337,6 +337,31 @@ impl InputLoop {
         self.generation
     }
 
+    /// The partitions this consumer lost since the last call: revoked by a rebalance (eager: all it
+    /// had; cooperative: those that move), or all of them after a rebalance error or after the consumer
+    /// was replaced. None when none was. What this loop read of them is forgotten (a partition assigned
+    /// again is read again from the group's committed offset). A caller that holds state for records of
+    /// a revoked partition drops it: their new owner reads them again from the committed offset.
+    pub fn take_revoked(&mut self) -> Option<Revoked> {
+        let r = self.flag.take_revoked()?;
+        match &r {
+            Revoked::All => self.consumed_next.clear(),
+            Revoked::Partitions(ps) => self.consumed_next.retain(|p, _| !ps.contains(p)),
+        }
+        Some(r)
+    }
+
+    /// Moves the read position of `partition` (assigned to this consumer) back or forward to `offset`:
+    /// the next records of that partition start there.
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] when librdkafka refuses the seek (e.g. the partition is not assigned).
+    pub fn seek(&mut self, partition: i32, offset: i64) -> Result<()> {
+        self.consumer.seek(&self.topic, partition, Offset::Offset(offset), Duration::from_secs(10))?;
+        self.consumed_next.insert(partition, offset);
+        Ok(())
+    }
+
     /// The partitions currently assigned to this consumer.
     pub fn assigned(&self) -> Vec<i32> {
         self.consumer
@@ -437,17 +462,28 @@ impl InputLoop {
     ///
     /// # Errors
     /// [`Error::Kafka`] when the commit fails (e.g. the partition was revoked, or the consumer was
-    /// fenced); `ConsumerCommit(AssignmentLost)` when no partition is assigned.
+    /// fenced); `ConsumerCommit(AssignmentLost)` when no partition is assigned. Partitions of `next`
+    /// not assigned to this consumer now are left out, not committed: after a rebalance their new owner
+    /// commits them, and a commit from here could move its committed offset back or past what it has
+    /// not read.
     pub fn commit(&self, next: &HashMap<i32, i64>) -> Result<()> {
         if next.is_empty() {
             return Ok(());
         }
-        if self.assigned().is_empty() {
+        let assigned = self.assigned();
+        if assigned.is_empty() {
             return Err(Error::Kafka(rdkafka::error::KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::AssignmentLost)));
         }
         let mut tpl = TopicPartitionList::new();
         for (p, o) in next {
-            tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o))?;
+            if assigned.contains(p) {
+                tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o))?;
+            } else {
+                tracing::debug!(topic = %self.topic, partition = p, offset = o, "not committed: the partition is not assigned to this consumer");
+            }
+        }
+        if tpl.count() == 0 {
+            return Ok(());
         }
         self.consumer.commit(&tpl, CommitMode::Sync)?;
         Ok(())
@@ -475,6 +511,7 @@ impl InputLoop {
         let old = std::mem::replace(&mut *self.consumer, consumer);
         close_consumer(old, &self.topic, &self.group);
         flag.raise();
+        flag.revoke(None);
         self.flag = flag;
         self.consumed_next.clear();
         self.generation += 1;

@@ -862,3 +862,127 @@ async fn tenants_beyond_the_cap_or_unopenable_are_dead_lettered_and_the_others_t
     let bob_reason = dead.iter().find(|d| d.reason_code == "tenant_unavailable").unwrap();
     assert!(bob_reason.reason.contains("trained with method opd"), "{}", bob_reason.reason);
 }
+
+/// The `tenant T: steps=N ...` lines of a `nextstate train` report, as (tenant, steps, resumed_from).
+fn tenant_lines(log: &str) -> Vec<(String, i64, String)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("tenant ")?;
+            let (t, rest) = rest.split_once(": steps=")?;
+            let steps = rest.split_whitespace().next()?.parse().ok()?;
+            let resumed = rest.split_whitespace().find_map(|w| w.strip_prefix("resumed_from="))?.to_string();
+            Some((t.to_string(), steps, resumed))
+        })
+        .collect()
+}
+
+/// Waits up to `limit` for `done()`; false when it never held.
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    done()
+}
+
+/// Scale-out of per-tenant training on the real broker (issue 41): two `nextstate train` processes in
+/// one consumer group split four tenants, each tenant in its own partition of a 4-partition `samples`
+/// topic (keyed by tenant); batches of 2, a checkpoint every 2 steps. Trainer A starts alone and trains
+/// every tenant's v1 (4 samples), then one more step per tenant that no checkpoint holds yet, when
+/// trainer B joins the group. At that rebalance A hands over every tenant of a partition it lost: the
+/// adapter is closed without a checkpoint (the step is dropped) and nothing of the lost partition is
+/// committed from A. B reads the handed-over samples again from the committed offsets and trains those
+/// tenants from A's v1. After two more samples per tenant, every tenant has exactly v1 (its first four
+/// samples) and v2 (its next four, parent v1), trained by whichever process owned its partition: no
+/// sample lost, none in two checkpoints, and both processes trained. Without the hand-over A would
+/// write, at its stop, a v2 of B's tenants from its own diverging step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_trainer_processes_split_the_tenants_and_hand_over_at_a_rebalance() {
+    let Some(Run { model, brokers, prefix, dir, lake, ck, pfile }) = per_tenant_run("split", 4, 2, 8) else {
+        return;
+    };
+    let toml = std::fs::read_to_string(&pfile).unwrap().replace("checkpoint_every = 1", "checkpoint_every = 2");
+    std::fs::write(&pfile, toml).unwrap();
+    const TENANTS: [&str; 4] = ["alice", "bob", "erin", "frank"];
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let phase = |n: usize| -> Vec<&str> { TENANTS.iter().copied().cycle().take(n * TENANTS.len()).collect() };
+    let tenants: Vec<&str> = [phase(4), phase(2), phase(2)].concat();
+    let all = with_tenants(samples(&lm, tenants.len(), "split"), &tenants);
+    drop(lm);
+    let (first, second, third) = (&all[..16], &all[16..24], &all[24..]);
+    let bus = nextstate::bus::Bus::connect(nextstate::bus::BusConfig { brokers: Some(brokers.clone()), topic_prefix: prefix.clone(), partitions: 4, ..Default::default() }).await.unwrap();
+    bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await.unwrap();
+    let producer = bus.producer().unwrap();
+    let mut partition_of: HashMap<String, i32> = HashMap::new();
+    let publish = async |batch: &[Sample]| -> Vec<(String, i32)> {
+        let mut out = vec![];
+        for s in batch {
+            out.push((s.tenant.clone().unwrap(), producer.send(s, None).await.unwrap().0));
+        }
+        producer.flush().unwrap();
+        out
+    };
+    let mut keyed = |sent: Vec<(String, i32)>| {
+        for (t, p) in sent {
+            assert_eq!(*partition_of.entry(t).or_insert(p), p, "a tenant's samples stay in one partition");
+        }
+    };
+    let sent = publish(first).await;
+    let mut parts: Vec<i32> = sent.iter().map(|(_, p)| *p).collect();
+    parts.sort();
+    parts.dedup();
+    assert_eq!(parts, vec![0, 1, 2, 3], "the four tenants are keyed into four partitions: {sent:?}");
+    keyed(sent);
+
+    let spawn = |id: &str| {
+        let mut a = common::args(&["train", "--resume", "--group-instance-id", id, "--pipeline", &pfile.display().to_string(), "--brokers", &brokers, "--topic-prefix", &prefix]);
+        a.extend(common::args(&["--lake", &lake.display().to_string(), "--checkpoints", &ck.display().to_string()]));
+        common::Proc::spawn_with_env(id, &a, &[("RUST_LOG", "info,rdkafka=warn,nextstate::bus=debug")], &dir.path().join(format!("{id}.log")))
+    };
+    let log = |p: &common::Proc| std::fs::read_to_string(&p.log).unwrap_or_default();
+    let steps_logged = |p: &common::Proc| log(p).lines().filter(|l| l.contains("train step")).count();
+    let run_dir = ck.join("split");
+    let versions = |t: &str| lineages(&run_dir.join(t)).len();
+    let mut a = spawn("trainer-a");
+    assert!(wait_until(Duration::from_secs(300), || TENANTS.iter().all(|t| versions(t) >= 1)), "trainer A trains every tenant's v1:\n{}", a.log_tail(40));
+    // one more step per tenant, which no checkpoint holds yet, when B joins
+    keyed(publish(second).await);
+    assert!(wait_until(Duration::from_secs(300), || steps_logged(&a) >= 12), "trainer A takes a third step per tenant:\n{}", a.log_tail(40));
+    let mut b = spawn("trainer-b");
+    assert!(
+        wait_until(Duration::from_secs(120), || log(&b).lines().any(|l| l.contains("assigned") && l.contains("samples\"")) && log(&a).contains("tenant handed over")),
+        "B is assigned partitions and A hands over tenants:\n--- A\n{}\n--- B\n{}",
+        a.log_tail(30),
+        b.log_tail(30)
+    );
+    keyed(publish(third).await);
+    assert!(wait_until(Duration::from_secs(300), || TENANTS.iter().all(|t| versions(t) >= 2)), "every tenant's v2 is trained:\n--- A\n{}\n--- B\n{}", a.log_tail(40), b.log_tail(40));
+    a.term();
+    b.term();
+    for p in [&mut a, &mut b] {
+        let status = p.wait_for(Duration::from_secs(120)).expect("the trainer stops after SIGTERM");
+        assert!(status.success(), "{} failed ({status}):\n{}", p.name, p.log_tail(40));
+    }
+    let (la, lb) = (log(&a), log(&b));
+    for t in TENANTS {
+        let mine = |s: &[Sample]| -> Vec<String> { s.iter().filter(|x| x.tenant.as_deref() == Some(t)).map(|x| x.sample_id.clone()).collect() };
+        let mut v2 = mine(second);
+        v2.extend(mine(third));
+        assert_eq!(lineages(&run_dir.join(t)), vec![(1, mine(first)), (2, v2)], "tenant {t}: v1 from its first four samples, v2 from its next four, each once");
+        assert_eq!(nextstate::trainer::Manifest::read(&run_dir.join(t).join("2")).unwrap().parent_version, 1, "tenant {t}: v2 continues v1");
+        // A: 2 steps to v1 and the handed-over one; the owner of its partition: 2 more to v2
+        let steps: i64 = tenant_lines(&la).iter().chain(&tenant_lines(&lb)).filter(|(n, _, _)| n == t).map(|(_, s, _)| s).sum();
+        assert_eq!(steps, 5, "tenant {t}: 2 + 1 handed over + 2\n--- A\n{la}\n--- B\n{lb}");
+    }
+    let b_tenants: Vec<(String, i64, String)> = tenant_lines(&lb).into_iter().filter(|(_, s, _)| *s > 0).collect();
+    let handed = la.lines().find(|l| l.starts_with("handed over at rebalances")).unwrap_or_else(|| panic!("A reports what it handed over:\n{la}"));
+    eprintln!("A: {handed}; B trained {b_tenants:?}");
+    assert!(!b_tenants.is_empty() && b_tenants.len() < TENANTS.len(), "each process trained some tenants' v2: B {b_tenants:?}");
+    assert!(b_tenants.iter().all(|(_, s, r)| *s == 2 && r == "Some(1)"), "B trained v2 of its tenants from A's v1: {b_tenants:?}");
+    for (t, _, _) in &b_tenants {
+        assert!(handed.contains(&format!("\"{t}\": 2")), "A handed over {t}'s two samples trained since v1: {handed}");
+    }
+}

@@ -501,20 +501,55 @@ impl ContextTopic for Error {
     }
 }
 
-/// Set by the consumer context whenever partitions are assigned or revoked.
+/// Set by the consumer context whenever partitions are assigned or revoked; also keeps which partitions
+/// were revoked since the caller last asked ([`RebalanceFlag::take_revoked`]).
 #[derive(Debug, Clone, Default)]
-pub struct RebalanceFlag(Arc<std::sync::atomic::AtomicBool>);
+pub struct RebalanceFlag {
+    raised: Arc<std::sync::atomic::AtomicBool>,
+    revoked: Arc<std::sync::Mutex<Option<Revoked>>>,
+}
+
+/// Partitions a consumer lost since the caller last asked: the revoked ones of an eager rebalance (every
+/// partition it had) or of a cooperative one (only those that move), or all of them after a rebalance
+/// error (librdkafka unassigns then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revoked {
+    /// These partitions (of the consumer's topics; one topic per `runtime::InputLoop`).
+    Partitions(std::collections::BTreeSet<i32>),
+    /// Every partition the consumer had.
+    All,
+}
 
 impl RebalanceFlag {
     /// Returns true (once) if a rebalance happened since the last call.
     pub fn take(&self) -> bool {
-        self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
+        self.raised.swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Marks a rebalance (the consumer context does on every assign and revoke; a consumer loop does
     /// when it replaced its consumer, `runtime::InputLoop`).
     pub fn raise(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.raised.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The partitions revoked since the last call (None: none).
+    pub fn take_revoked(&self) -> Option<Revoked> {
+        self.revoked.lock().ok().and_then(|mut g| g.take())
+    }
+
+    /// Records revoked partitions (`None`: all of them).
+    pub(crate) fn revoke(&self, partitions: Option<&[i32]>) {
+        let Ok(mut g) = self.revoked.lock() else {
+            return;
+        };
+        *g = match (g.take(), partitions) {
+            (Some(Revoked::All), _) | (_, None) => Some(Revoked::All),
+            (Some(Revoked::Partitions(mut s)), Some(p)) => {
+                s.extend(p);
+                Some(Revoked::Partitions(s))
+            }
+            (None, Some(p)) => Some(Revoked::Partitions(p.iter().copied().collect())),
+        };
     }
 }
 
@@ -569,9 +604,18 @@ impl ClientContext for ConnectContext {
 impl ConsumerContext for BusContext {
     fn post_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
         match r {
-            Rebalance::Assign(tpl) => tracing::debug!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition(), e.offset())).collect::<Vec<_>>(), "assigned"),
-            Rebalance::Revoke(tpl) => tracing::debug!(partitions = tpl.count(), "revoked"),
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+            Rebalance::Assign(tpl) => {
+                tracing::debug!(partitions = ?tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition(), e.offset())).collect::<Vec<_>>(), "assigned")
+            }
+            Rebalance::Revoke(tpl) => {
+                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                tracing::debug!(?partitions, "revoked");
+                self.flag.revoke(Some(&partitions));
+            }
+            Rebalance::Error(e) => {
+                tracing::warn!(error = %e, "rebalance error");
+                self.flag.revoke(None);
+            }
         }
         self.flag.raise();
     }
@@ -673,6 +717,20 @@ fn count_dead_letter(envelope: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revoked_partitions_accumulate_until_taken_and_an_error_revokes_all() {
+        let f = RebalanceFlag::default();
+        assert_eq!(f.take_revoked(), None);
+        f.revoke(Some(&[2, 0]));
+        f.revoke(Some(&[1, 2]));
+        assert_eq!(f.take_revoked(), Some(Revoked::Partitions([0, 1, 2].into_iter().collect())));
+        assert_eq!(f.take_revoked(), None, "taken once");
+        f.revoke(Some(&[3]));
+        f.revoke(None);
+        f.revoke(Some(&[1]));
+        assert_eq!(f.take_revoked(), Some(Revoked::All), "all stays all");
+    }
 
     #[test]
     fn properties_pass_through_to_a_real_cluster_only_and_reserved_keys_are_refused() {

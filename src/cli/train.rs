@@ -70,6 +70,9 @@ pub async fn run(args: TrainArgs) -> Result<()> {
             outln!("tenant {t}: steps={} samples_trained={} version={:?} resumed_from={:?} waiting={}", a.steps, a.samples_trained, a.version, r.resumed.get(t), r.waiting.get(t).copied().unwrap_or(0));
         }
     }
+    if !r.handed_over.is_empty() || r.skipped_not_assigned > 0 {
+        outln!("handed over at rebalances (read again by the partitions' owners): {:?} skipped_not_assigned={}", r.handed_over, r.skipped_not_assigned);
+    }
     for (t, n) in r.waiting.iter().filter(|(t, _)| !r.tenants.contains_key(*t)) {
         outln!("tenant {t}: waiting={n} (below [trainer.tenants] min_batch; not trained)");
     }

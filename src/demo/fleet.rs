@@ -118,13 +118,6 @@ pub struct FleetSummary {
     pub report: PathBuf,
 }
 
-fn mode_name(m: TrainingMode) -> &'static str {
-    match m {
-        TrainingMode::Shared => "shared",
-        TrainingMode::PerTenant => "per_tenant",
-    }
-}
-
 /// Runs both modes (`<out>/shared`, `<out>/per_tenant`), evaluates, writes `<out>/report.md` and
 /// `<out>/fleet.json`. `opts.fleet` names the tenants (at least 2); `opts.pipeline` must train LoRA.
 ///
@@ -137,7 +130,7 @@ pub async fn run_fleet_demo(opts: DemoOptions, stop: Stop) -> Result<FleetSummar
     if opts.fleet.len() < 2 {
         return Err(crate::config_err!("a fleet demo needs at least 2 tenants, got {}", opts.fleet.len()));
     }
-    if opts.students < opts.fleet.len() || opts.students % opts.fleet.len() != 0 {
+    if opts.students < opts.fleet.len() || !opts.students.is_multiple_of(opts.fleet.len()) {
         return Err(crate::config_err!("a fleet demo of {} tenants needs a multiple of {} students (student w works for tenant w mod {}), got {}", opts.fleet.len(), opts.fleet.len(), opts.fleet.len(), opts.students));
     }
     if !opts.pipeline.trainer.lora.enabled {
@@ -146,15 +139,15 @@ pub async fn run_fleet_demo(opts: DemoOptions, stop: Stop) -> Result<FleetSummar
     let mut runs = vec![];
     for mode in [TrainingMode::Shared, TrainingMode::PerTenant] {
         let mut o = opts.clone();
-        o.out = opts.out.join(mode_name(mode));
+        o.out = opts.out.join(mode.as_str());
         o.pipeline.trainer.tenants.mode = mode;
-        eprintln!("[demo] fleet: mode {} ({} tenants)", mode_name(mode), opts.fleet.len());
+        eprintln!("[demo] fleet: mode {} ({} tenants)", mode.as_str(), opts.fleet.len());
         // run_demo stops its own pipeline through the stop it is given: a child, so the next mode runs.
         let s = run_demo(o.clone(), stop.child()).await?;
         if stop.requested() {
             return Err(Error::Cancelled);
         }
-        runs.push(ModeRun { mode: mode_name(mode).into(), interactions: s.interactions, failed_requests: s.failed_requests, steps: s.run.train.as_ref().map_or(0, |t| t.steps), seconds: s.seconds, out: o.out });
+        runs.push(ModeRun { mode: mode.as_str().into(), interactions: s.interactions, failed_requests: s.failed_requests, steps: s.run.train.as_ref().map_or(0, |t| t.steps), seconds: s.seconds, out: o.out });
     }
     let t = Instant::now();
     let (o2, runs2) = (opts.clone(), runs.clone());

@@ -519,7 +519,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             eprintln!("[demo] the server now serves version {v} ({seen} student turns answered)");
             loaded.push((v, seen));
         }
-        if students_done && idle.is_set() && policy.version() == last_checkpoint(&ck_dir.join("demo")) && tenants_caught_up(policy.tenant_adapters().into_iter().map(|a| (a.tenant, a.version)).collect(), &ck_dir.join("demo")) {
+        if students_done && idle.is_set() && policy.version() == last_checkpoint(&ck_dir.join("demo")) && tenants_caught_up(policy.tenant_versions(), &ck_dir.join("demo")) {
             break;
         }
         // A checkpoint the server failed to load (the reload hook only logs it) must not hang the demo.

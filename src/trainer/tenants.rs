@@ -35,6 +35,16 @@ pub enum TrainingMode {
     PerTenant,
 }
 
+impl TrainingMode {
+    /// The configuration's name of the mode (`shared`, `per_tenant`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrainingMode::Shared => "shared",
+            TrainingMode::PerTenant => "per_tenant",
+        }
+    }
+}
+
 /// `[trainer.tenants]`: the training mode and its per-tenant limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -214,6 +224,12 @@ impl<T> Batcher<T> {
         Some((key, batch))
     }
 
+    /// Forgets adapter `key`: returns its buffered items (oldest first) and frees its place under
+    /// `max_tenants`; a later [`Batcher::admit`] registers it again.
+    pub fn release(&mut self, key: &AdapterKey) -> Vec<T> {
+        self.pending.remove(key).map(|q| q.into_iter().map(|(_, x)| x).collect()).unwrap_or_default()
+    }
+
     /// Items buffered per adapter (adapters with none left out).
     pub fn waiting(&self) -> BTreeMap<AdapterKey, usize> {
         self.pending.iter().filter(|(_, q)| !q.is_empty()).map(|(k, q)| (k.clone(), q.len())).collect()
@@ -283,6 +299,9 @@ mod tests {
         assert_eq!(shared.adapter_of(Some("alice")), None);
         assert_eq!(pt.adapter_of(Some("alice")), k("alice"));
         assert_eq!(pt.adapter_of(None), k("default"));
+        for m in [TrainingMode::Shared, TrainingMode::PerTenant] {
+            assert_eq!(serde_json::to_value(m).unwrap(), serde_json::json!(m.as_str()), "as_str is the configuration's name");
+        }
     }
 
     #[test]
@@ -357,6 +376,20 @@ mod tests {
         b.push(k("a"), 4).unwrap();
         let keys: Vec<AdapterKey> = std::iter::from_fn(|| b.next_full().map(|(k, _)| k)).collect();
         assert_eq!(keys, vec![k("a"), k("b"), k("a")]);
+    }
+
+    #[test]
+    fn a_released_tenant_gives_back_its_items_and_its_place_under_the_cap() {
+        let mut b = per_tenant(4, None, 2);
+        for (t, x) in [("a", 1), ("b", 2), ("a", 3)] {
+            b.push(k(t), x).unwrap();
+        }
+        assert!(b.push(k("c"), 4).is_err(), "two tenants admitted: c is over the cap");
+        assert_eq!(b.release(&k("a")), vec![1, 3]);
+        assert_eq!(b.release(&k("a")), Vec::<u32>::new(), "released once");
+        b.push(k("c"), 5).unwrap();
+        assert_eq!(b.waiting(), BTreeMap::from([(k("b"), 1), (k("c"), 1)]));
+        assert_eq!(b.adapters().cloned().collect::<Vec<_>>(), vec![k("b"), k("c")]);
     }
 
     #[test]

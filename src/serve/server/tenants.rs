@@ -235,6 +235,11 @@ impl PolicyHandle {
     pub fn tenant_adapters(&self) -> Vec<TenantAdapter> {
         self.shared.tenants.snapshot()
     }
+
+    /// The adapter version served for each tenant with an adapter (tenant id → checkpoint version).
+    pub fn tenant_versions(&self) -> std::collections::BTreeMap<String, i64> {
+        self.tenant_adapters().into_iter().map(|a| (a.tenant, a.version)).collect()
+    }
 }
 
 #[cfg(test)]

@@ -24,8 +24,12 @@
 //! tenant refused (beyond `max_tenants`, or its adapter cannot be opened) has its samples dead-lettered
 //! with the reason and counted (`dead_letters_total{stage="train"}`); the other tenants keep training.
 //! Several trainer processes in one consumer group split the tenants by partition (`samples` is keyed by
-//! tenant); a tenant that moves to another process resumes there from its newest checkpoint (rebalance
-//! handling is not built: see docs/tenants.md).
+//! tenant). At a rebalance a process hands over every tenant with samples in a partition it lost: the
+//! tenant's buffered samples are dropped, its adapter is closed without a checkpoint (steps since its
+//! last checkpoint are lost, never published) and nothing more of that partition is committed here; the
+//! partition's new owner reads those samples again from the committed offset and opens the tenant's
+//! adapter from its newest checkpoint ([`TrainReport::handed_over`]). Two processes therefore never
+//! write checkpoints of one tenant from diverging weights.
 //!
 //! `nextstate loss` lives in `loss_command.rs`.
 
@@ -36,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 
 use super::Output;
-use crate::bus::{Bus, Envelope};
+use crate::bus::{Bus, Envelope, Revoked};
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::lake::sink::start_sinks;
@@ -133,6 +137,14 @@ pub struct TrainReport {
     /// Samples left buffered at the end, by adapter: fewer than `[trainer.tenants] min_batch` (not
     /// trained; read from the topic, their offsets are not committed).
     pub waiting: BTreeMap<String, u64>,
+    /// Per-tenant training read from the topic: samples handed over at a rebalance, by tenant (buffered,
+    /// or trained since the tenant's last checkpoint, when a partition holding some of the tenant's
+    /// samples was revoked). Not lost: uncommitted, they are read again by the partition's new owner
+    /// (or by this process when the partition comes back) and trained from the tenant's newest checkpoint.
+    pub handed_over: BTreeMap<String, u64>,
+    /// Records received from a partition that was no longer assigned to this process when they were
+    /// handled (revoked while they arrived): not taken, read again by the partition's owner.
+    pub skipped_not_assigned: u64,
 }
 
 /// One adapter's part of a [`TrainReport`].
@@ -255,8 +267,8 @@ struct Run<'a> {
     failed: HashMap<String, String>,
     /// Sample ids consumed by the opened adapters' checkpoint ancestries.
     consumed: HashSet<String>,
-    /// Sample ids taken in this run (the topic is at-least-once).
-    taken: HashSet<String>,
+    /// Sample ids taken in this run (the topic is at-least-once), with their adapter.
+    taken: HashMap<String, AdapterKey>,
     /// Set when reading the `samples` topic.
     offsets: Option<Offsets>,
     /// The `samples` topic's name (lineage).
@@ -331,12 +343,13 @@ impl Run<'_> {
         }
         if self.consumed.contains(&s.sample_id) {
             self.report.skipped_already_trained += 1;
-        } else if !self.taken.insert(s.sample_id.clone()) {
+        } else if self.taken.contains_key(&s.sample_id) {
             self.report.skipped_duplicates += 1;
         } else {
             if let (Some(off), Some(p)) = (self.offsets.as_mut(), pos) {
                 off.held.insert(p, key.clone());
             }
+            self.taken.insert(s.sample_id.clone(), key.clone());
             // admitted above, so this cannot be over the cap
             let _ = self.batcher.push(key, (s, pos));
         }
@@ -353,14 +366,13 @@ impl Run<'_> {
             let samples: Vec<Sample> = chunk.into_iter().map(|(s, _)| s).collect();
             let outcome = self.worker.step(key.clone(), samples.clone(), positions).await?;
             append_jsonl(&mut self.jsonl, &self.opts.metrics_jsonl_extra, &outcome)?;
-            let tenant_report = self.report.tenants.entry(adapter_name(&key).to_string()).or_default();
-            if outcome.train_step.is_some() {
-                tenant_report.steps += 1;
-            }
             let before = self.report.samples_trained;
             let checkpoint = publish(&self.out, &outcome, &mut self.report, &samples).await?;
             let trained = self.report.samples_trained - before;
-            self.report.tenants.entry(adapter_name(&key).to_string()).or_default().samples_trained += trained;
+            crate::metrics::trainer_tenant_step(adapter_name(&key), outcome.train_step.is_some(), trained);
+            let adapter = self.report.tenants.entry(adapter_name(&key).to_string()).or_default();
+            adapter.steps += i64::from(outcome.train_step.is_some());
+            adapter.samples_trained += trained;
             if let Some(k) = &outcome.skipped {
                 // The skipped samples are dead-lettered and will never be trained: their offsets need no
                 // checkpoint, so the commit moves past them now.
@@ -381,6 +393,69 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// After a rebalance in per-tenant training (module docs): hands over every tenant holding samples
+    /// (buffered, or trained since its last checkpoint) of a partition this consumer lost. Its buffered
+    /// samples are dropped, its adapter closed without a checkpoint, its sample ids forgotten, and its
+    /// samples in partitions still assigned here are read again from the first of them. Nothing of a
+    /// lost partition is committed from here any more. The shared policy (one trainer process) keeps its
+    /// state: a partition assigned again is read again and what was taken is skipped as a duplicate.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the model thread is gone; [`Error::Kafka`] when a partition still
+    /// assigned cannot be read again from a tenant's first sample (the process stops; its restart reads
+    /// from the committed offsets).
+    async fn hand_over(&mut self, revoked: Revoked, input: &mut InputLoop) -> Result<()> {
+        let Some(off) = self.offsets.as_mut() else {
+            return Ok(());
+        };
+        let lost: BTreeSet<i32> = match revoked {
+            Revoked::Partitions(p) => p,
+            Revoked::All => off.read_next.keys().copied().chain(off.held.keys().map(|(p, _)| *p)).collect(),
+        };
+        tracing::info!(partitions = ?lost, "samples partitions revoked");
+        for p in &lost {
+            off.read_next.remove(p);
+        }
+        if !self.cfg.trainer.tenants.per_tenant() {
+            return Ok(());
+        }
+        let hit: BTreeSet<AdapterKey> = off.held.iter().filter(|((p, _), _)| lost.contains(p)).map(|(_, k)| k.clone()).collect();
+        for key in hit {
+            let mut rewind: BTreeMap<i32, i64> = BTreeMap::new();
+            let mut n = 0u64;
+            off.held.retain(|&(p, o), k| {
+                if k != &key {
+                    return true;
+                }
+                n += 1;
+                if !lost.contains(&p) {
+                    let e = rewind.entry(p).or_insert(o);
+                    *e = (*e).min(o);
+                }
+                false
+            });
+            let buffered = self.batcher.release(&key).len();
+            self.taken.retain(|_, k| k != &key);
+            self.opened.remove(&key);
+            self.worker.close(key.clone()).await?;
+            *self.report.handed_over.entry(adapter_name(&key).to_string()).or_default() += n;
+            crate::metrics::trainer_tenant_handed_over(adapter_name(&key), n);
+            tracing::info!(
+                tenant = adapter_name(&key),
+                samples = n,
+                buffered,
+                trained_since_checkpoint = n as usize - buffered.min(n as usize),
+                "tenant handed over at a rebalance: adapter closed without a checkpoint; its samples are read again by the partition's owner"
+            );
+            for (p, o) in rewind {
+                input.seek(p, o)?;
+                let e = off.read_next.entry(p).or_insert(o);
+                *e = (*e).min(o);
+            }
+        }
+        Ok(())
+    }
+
     fn commit(&self, input: Option<&InputLoop>) {
         if let (Some(off), Some(input)) = (self.offsets.as_ref(), input) {
             off.commit(input);
@@ -395,6 +470,7 @@ impl Run<'_> {
         }
         self.commit(input);
         self.report.tenants.entry(adapter_name(key).to_string()).or_default().version = Some(row.version);
+        crate::metrics::trainer_tenant_version(adapter_name(key), row.version);
         if let Some(f) = &self.on_checkpoint {
             f(row);
         }
@@ -489,7 +565,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
         opened: HashSet::new(),
         failed: HashMap::new(),
         consumed: HashSet::new(),
-        taken: HashSet::new(),
+        taken: HashMap::new(),
         offsets: None,
         topic: bus.topic("samples"),
         max_steps: opts.max_steps.unwrap_or(i64::MAX),
@@ -522,7 +598,16 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                 }
                 let msgs = input.next_batch(256, input.poll_wait(ctl, std::time::Duration::from_millis(300), 0)).await?;
                 input.rebalanced();
+                if let Some(r) = input.take_revoked() {
+                    run.hand_over(r, &mut input).await?;
+                }
+                let assigned: HashSet<i32> = if msgs.is_empty() { HashSet::new() } else { input.assigned().into_iter().collect() };
                 for m in &msgs {
+                    if !assigned.contains(&m.partition) {
+                        // revoked while it arrived: its owner reads it again from the committed offset
+                        run.report.skipped_not_assigned += 1;
+                        continue;
+                    }
                     if let Some(off) = run.offsets.as_mut() {
                         off.read_next.insert(m.partition, m.offset + 1);
                     }
@@ -554,6 +639,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
     ctl.done.set();
     Ok(run.report)
 }
+
 
 /// Runs `q` over the lake and returns its rows as samples (the query must return every column of
 /// `samples`).
@@ -629,4 +715,3 @@ pub async fn republish_untrained(lake: &crate::lake::Lake, producer: &crate::bus
     }
     Ok(rows.len() as u64)
 }
-

@@ -53,6 +53,7 @@ enum Cmd {
     Open(AdapterKey, oneshot::Sender<Result<Opened>>),
     Step(AdapterKey, Vec<Sample>, Vec<Position>, oneshot::Sender<Result<StepOutcome>>),
     Flush(oneshot::Sender<Vec<(AdapterKey, Result<Option<WrittenCheckpoint>>)>>),
+    Close(AdapterKey, oneshot::Sender<bool>),
 }
 
 /// The async side's handle to the model thread.
@@ -146,6 +147,11 @@ pub fn start(cfg: &PipelineConfig, opts: &TrainOptions) -> Result<Worker> {
                         });
                         let _ = reply.send(out.collect());
                     }
+                    Cmd::Close(key, reply) => {
+                        let was_open = trainers.remove(&key).is_some();
+                        tracing::info!(adapter = adapter_name(&key), was_open, "trainer adapter closed (steps since its last checkpoint are dropped)");
+                        let _ = reply.send(was_open);
+                    }
                 }
             }
         })
@@ -176,6 +182,17 @@ impl Worker {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Cmd::Step(key, samples, positions, tx)).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
+    }
+
+    /// Drops adapter `key`'s trainer without a checkpoint (its steps since the last checkpoint are
+    /// lost; [`Worker::open`] loads it again from its newest checkpoint). True when it was open.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the thread is gone.
+    pub async fn close(&self, key: AdapterKey) -> Result<bool> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Cmd::Close(key, tx)).map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
     }
 
     /// Checkpoints every open adapter with steps since its last checkpoint, in key order.
