@@ -41,8 +41,10 @@
 //! {"path", "version", "tenant"}`; `vllm-lora` sends `POST /v1/load_lora_adapter {"lora_name": tenant,
 //! "lora_path", "load_inplace": true}` (vLLM replaces an adapter of that name in place; releases without
 //! `load_inplace` answer a second load of one name with a 400). `sglang-lora` has no documented in-place
-//! replacement (an unload then a load would fail the tenant's requests in between), and the disk kinds
-//! load full weights: these refuse a tenant's reload (`failed_unsupported`, nothing sent).
+//! replacement (an unload then a load would fail the tenant's requests in between), so it loads version N
+//! under `<tenant>-v<N>` ([`tenant::tenant_adapter_name`]) and then unloads the tenant's previous version,
+//! as it does `policy-v<N>` for the shared policy; clients request `"model": "<served>:<tenant>-v<N>"`.
+//! The disk kinds load full weights: they refuse a tenant's reload (`failed_unsupported`, nothing sent).
 //!
 //! **Confirmed versions** ([`LoadedVersions`]): after each successful reload the reloader records, per
 //! server URL, the version it loaded (and the adapter name for LoRA kinds); while a reload is in flight,

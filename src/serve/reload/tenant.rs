@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{server_base, ReloadFailure, ReloadKind, ReloadOutcome, Reloader};
+use super::{server_base, sglang_success, ReloadFailure, ReloadKind, ReloadOutcome, Reloader};
 use crate::net::redact_url;
 use crate::Error;
 
@@ -16,8 +16,13 @@ impl Reloader {
     /// this tenant's `version` or a newer one is skipped. Neither other tenants nor the shared policy's
     /// record ([`Reloader::loaded`]) are touched. Nothing is sent for kind `none`.
     ///
-    /// Failures (per server, nothing sent): `unsupported` for a kind that cannot replace a named adapter
-    /// in place (`sglang-lora`, `sglang-disk`, `vllm-disk`), `bad_tenant` for an invalid tenant id
+    /// `sglang-lora` has no in-place replacement: version N of the tenant's adapter is loaded under
+    /// [`tenant_adapter_name`] `<tenant>-v<N>` and the tenant's previous version on that server is then
+    /// unloaded (as the shared policy's `policy-v<N>`); clients request `"model": "<served>:<tenant>-v<N>"`.
+    /// A failed unload is reported in the outcome's `unload_error`, the new version serving.
+    ///
+    /// Failures (per server, nothing sent): `unsupported` for a kind that loads full weights
+    /// (`sglang-disk`, `vllm-disk`), `bad_tenant` for an invalid tenant id
     /// ([`crate::schema::validate_tenant`]), `bad_path` for a path that is not UTF-8; then the reasons of
     /// [`ReloadFailure`].
     pub async fn reload_tenant(&self, tenant: &str, path: &Path, version: i64) -> Vec<ReloadOutcome> {
@@ -50,22 +55,43 @@ impl Reloader {
         let Some(path_str) = path.to_str() else {
             return failed(url, "bad_path", Error::Config(format!("checkpoint path {} is not UTF-8", path.display())));
         };
+        let previous = self.tenant_version(&url, tenant);
         let sent = match self.kind {
             ReloadKind::Nextstate => self.post(&url, "/v1/reload", json!({"path": path_str, "version": version, "tenant": tenant})).await,
             ReloadKind::VllmLora => self.post(&url, "/v1/load_lora_adapter", json!({"lora_name": tenant, "lora_path": path_str, "load_inplace": true})).await,
+            ReloadKind::SglangLora => {
+                let name = tenant_adapter_name(tenant, version);
+                match self.post(&url, "/load_lora_adapter", json!({"lora_name": name, "lora_path": path_str})).await {
+                    Ok(body) => sglang_success(&url, "/load_lora_adapter", &body).map(|()| body),
+                    Err(e) => Err(e),
+                }
+            }
             other => {
-                let error = Error::Config(format!("reload kind {} cannot replace a tenant's adapter in place (nextstate and vllm-lora can)", other.as_str()));
+                let error = Error::Config(format!("reload kind {} loads full weights, not a tenant's adapter (nextstate, vllm-lora and sglang-lora can)", other.as_str()));
                 return failed(url, "unsupported", error);
             }
         };
         match sent {
             Ok(_) => {
-                let mut m = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-                let v = m.entry((url.clone(), tenant.to_string())).or_insert(version);
-                *v = (*v).max(version);
-                drop(m);
+                {
+                    let mut m = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+                    let v = m.entry((url.clone(), tenant.to_string())).or_insert(version);
+                    *v = (*v).max(version);
+                }
                 tracing::info!(url = %redact_url(&url), tenant, version, kind = self.kind.as_str(), "reload: server confirmed the tenant's adapter");
-                ReloadOutcome::Loaded { url, version, unload_error: None }
+                // SGLang keeps every loaded name: unload the tenant's previous version so its slots
+                // (`--max-loaded-loras`) do not fill up.
+                let unload_error = match previous {
+                    Some(prev) if self.kind == ReloadKind::SglangLora && prev != version => {
+                        let old = tenant_adapter_name(tenant, prev);
+                        self.unload(&url, &old).await.err().map(|e| {
+                            tracing::warn!(url = %redact_url(&url), adapter = %old, error = %redact_url(&e.to_string()), "reload: the tenant's previous adapter could not be unloaded (the new one serves)");
+                            e.to_string()
+                        })
+                    }
+                    _ => None,
+                };
+                ReloadOutcome::Loaded { url, version, unload_error }
             }
             Err((reason, error)) => {
                 tracing::error!(url = %redact_url(&url), tenant, version, kind = self.kind.as_str(), reason, error = %redact_url(&error.to_string()), "tenant reload failed");
@@ -73,6 +99,13 @@ impl Reloader {
             }
         }
     }
+}
+
+/// The name `sglang-lora` loads version `version` of tenant `tenant`'s adapter under: `<tenant>-v<version>`
+/// (a tenant id has no `:`, so `<served>:<tenant>-v<N>` names it unambiguously in SGLang's `base:adapter`
+/// syntax).
+pub fn tenant_adapter_name(tenant: &str, version: i64) -> String {
+    format!("{tenant}-v{version}")
 }
 
 #[cfg(test)]
@@ -144,12 +177,35 @@ mod tests {
         assert_eq!(loaded(&ours.reload_tenant("alice", Path::new("/a/2"), 2).await), vec!["loaded"]);
         assert_eq!(calls.lock().unwrap()[0], ("/v1/reload".to_string(), json!({"path": "/a/2", "version": 2, "tenant": "alice"})));
         assert_eq!(loaded(&ours.reload_tenant("no/such", Path::new("/a/2"), 3).await), vec!["bad_tenant"]);
-        for kind in [ReloadKind::SglangLora, ReloadKind::SglangDisk, ReloadKind::VllmDisk] {
+        for kind in [ReloadKind::SglangDisk, ReloadKind::VllmDisk] {
             let r = Reloader::new(kind, std::slice::from_ref(&url), Duration::from_secs(5)).unwrap();
             assert_eq!(loaded(&r.reload_tenant("alice", Path::new("/a/2"), 2).await), vec!["unsupported"], "{kind:?}");
         }
         assert_eq!(calls.lock().unwrap().len(), 1, "nothing sent but the one good reload");
         let none = Reloader::new(ReloadKind::None, std::slice::from_ref(&url), Duration::from_secs(5)).unwrap();
         assert!(none.reload_tenant("alice", Path::new("/a/2"), 2).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn sglang_loads_versioned_names_per_tenant_and_unloads_the_tenants_previous_one() {
+        let (url, calls) = fake(Arc::default()).await;
+        let r = Reloader::new(ReloadKind::SglangLora, std::slice::from_ref(&url), Duration::from_secs(5)).unwrap();
+        assert_eq!(loaded(&r.reload_tenant("alice", Path::new("/ck/alice/1"), 1).await), vec!["loaded"]);
+        assert_eq!(loaded(&r.reload_tenant("bob", Path::new("/ck/bob/1"), 1).await), vec!["loaded"]);
+        assert_eq!(loaded(&r.reload_tenant("alice", Path::new("/ck/alice/2"), 2).await), vec!["loaded"]);
+        assert_eq!(loaded(&r.reload_tenant("alice", Path::new("/ck/alice/2"), 2).await), vec!["skipped"]);
+        let got = calls.lock().unwrap().clone();
+        let want = vec![
+            ("/load_lora_adapter".to_string(), json!({"lora_name": "alice-v1", "lora_path": "/ck/alice/1"})),
+            ("/load_lora_adapter".to_string(), json!({"lora_name": "bob-v1", "lora_path": "/ck/bob/1"})),
+            ("/load_lora_adapter".to_string(), json!({"lora_name": "alice-v2", "lora_path": "/ck/alice/2"})),
+            ("/unload_lora_adapter".to_string(), json!({"lora_name": "alice-v1"})),
+        ];
+        assert_eq!(got, want, "bob's adapter stays; alice's v1 goes once v2 serves");
+        let before = calls.lock().unwrap().len();
+        let o = r.reload_tenant("bob", Path::new("/ck/bob/2"), 2).await;
+        assert_eq!(loaded(&o), vec!["loaded"]);
+        assert_eq!(calls.lock().unwrap()[before..].iter().map(|(p, b)| format!("{p} {}", b["lora_name"])).collect::<Vec<_>>(), vec!["/load_lora_adapter \"bob-v2\"", "/unload_lora_adapter \"bob-v1\""]);
+        assert_eq!((r.tenant_version(&url, "alice"), r.tenant_version(&url, "bob")), (Some(2), Some(2)));
     }
 }
