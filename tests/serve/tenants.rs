@@ -133,8 +133,11 @@ async fn each_tenant_is_served_by_its_own_adapter_and_the_rest_by_the_shared_pol
     assert_eq!((s.0, s.1, s.2.as_str(), s.3["policy_tenant"].clone()), (200, None, "7", Value::Null));
     assert_eq!(ids(&s.3), want_shared);
 
-    // `model` naming an adapter wins over the header; a tenant without an adapter gets the shared policy.
-    let by_model = ask(&f.url, &[("x-agent-id", "bob")], Some("alice")).await;
+    // The header decides: `model` cannot name another tenant's adapter; without a header it can. A tenant
+    // without an adapter gets the shared policy.
+    let by_header = ask(&f.url, &[("x-agent-id", "bob")], Some("alice")).await;
+    assert_eq!((by_header.1.as_deref(), ids(&by_header.3)), (Some("bob"), want_bob.clone()));
+    let by_model = ask(&f.url, &[], Some("alice")).await;
     assert_eq!((by_model.1.as_deref(), ids(&by_model.3)), (Some("alice"), want_alice.clone()));
     let carol = ask(&f.url, &[("x-agent-id", "carol")], Some("smollm2")).await;
     assert_eq!((carol.0, carol.1, carol.2.as_str(), carol.3["model"].as_str()), (200, None, "7", Some("smollm2")));

@@ -122,8 +122,10 @@ pub(super) struct Pick {
     pub adapter: Option<String>,
 }
 
-/// The policy of a request: the adapter its body's `model` names, else the adapter of the tenant its
-/// first tenant header names, else the shared policy (also for a tenant without an adapter).
+/// The policy of a request: with a tenant header, the adapter of the tenant its first tenant header
+/// names (the shared policy when that tenant has none; the body's `model` cannot name another tenant's
+/// adapter, so a gateway's tenant header is what decides); without one, the adapter the body's `model`
+/// names, else the shared policy.
 ///
 /// # Errors
 /// The reason (naming the header) when a tenant header is not a valid tenant id: a 400
@@ -136,10 +138,11 @@ pub(super) fn pick_policy(s: &Shared, model: Option<&str>, headers: &HeaderMap) 
 /// [`pick_policy`] once the header is read: `header` the tenant it names, `has_adapter` whether a
 /// tenant has one.
 fn pick(model: Option<&str>, header: Option<String>, has_adapter: impl Fn(&str) -> bool) -> Pick {
-    if let Some(m) = model.filter(|m| has_adapter(m)) {
-        return Pick { tenant: m.to_string(), adapter: Some(m.to_string()) };
-    }
-    let tenant = header.unwrap_or_else(|| crate::schema::DEFAULT_TENANT.to_string());
+    let tenant = match (header, model.filter(|m| has_adapter(m))) {
+        (Some(h), _) => h,
+        (None, Some(m)) => m.to_string(),
+        (None, None) => crate::schema::DEFAULT_TENANT.to_string(),
+    };
     let adapter = has_adapter(&tenant).then(|| tenant.clone());
     Pick { tenant, adapter }
 }
@@ -247,7 +250,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_model_field_names_an_adapter_else_the_header_tenant_else_the_shared_policy() {
+    fn the_header_tenant_decides_else_the_model_field_names_an_adapter_else_the_shared_policy() {
         let known = |t: &str| matches!(t, "alice" | "bob");
         let p = |model: Option<&str>, header: Option<&str>| {
             let p = pick(model, header.map(str::to_string), known);
@@ -255,7 +258,8 @@ mod tests {
         };
         let s = |x: &str| Some(x.to_string());
         assert_eq!(p(Some("alice"), None), ("alice".into(), s("alice")));
-        assert_eq!(p(Some("alice"), Some("bob")), ("alice".into(), s("alice")), "the model field first");
+        assert_eq!(p(Some("alice"), Some("bob")), ("bob".into(), s("bob")), "the header decides: no other tenant's adapter by model");
+        assert_eq!(p(Some("alice"), Some("carol")), ("carol".into(), None), "carol has no adapter: the shared policy, not alice's");
         assert_eq!(p(Some("smollm2"), Some("bob")), ("bob".into(), s("bob")), "a model that is no adapter: the header");
         assert_eq!(p(None, Some("carol")), ("carol".into(), None), "a tenant without an adapter: shared");
         assert_eq!(p(Some("smollm2"), None), ("default".into(), None));
