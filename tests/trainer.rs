@@ -775,7 +775,7 @@ async fn per_tenant_adapters_train_only_their_own_samples() {
 
     // One server, the three adapters side by side (what the reload hook of `nextstate run` does with
     // each tenant's checkpoint): each tenant's answer carries its own adapter's log-probs.
-    serve_tenants_side_by_side(&model, &[("alice", run_dir.join("alice/2"), 2), ("bob", run_dir.join("bob/2"), 2), ("carol", run_dir.join("carol/1"), 1)]).await;
+    serve_tenants_side_by_side(&model, &run_dir, &[("alice", run_dir.join("alice/2"), 2), ("bob", run_dir.join("bob/2"), 2), ("carol", run_dir.join("carol/1"), 1)]).await;
 
     // second run: carol's waiting sample and her next one train v2; the rest is consumed already
     publish_samples(&brokers, &prefix, 2, &all[11..]).await;
@@ -788,15 +788,16 @@ async fn per_tenant_adapters_train_only_their_own_samples() {
     assert!(stdout.contains("tenant carol: steps=1 samples_trained=2 version=Some(2) resumed_from=Some(1) waiting=0"), "{stdout}");
 }
 
-/// Starts one policy server on `model` (the shared policy, version 0), loads each `(tenant, checkpoint,
-/// version)` as that tenant's adapter, and checks that a greedy request naming the tenant in
+/// Starts one policy server on `model` (the shared policy, version 0), loads the newest checkpoint of each
+/// tenant of the per-tenant run folder `run_dir` as a resumed `nextstate run` does
+/// (`stages::run::resume_tenants`: they must be the `(tenant, checkpoint, version)`s of `tenants`), and
+/// checks that a greedy request naming the tenant in
 /// `X-Agent-Id` is answered by that adapter: its reported log-probs equal a direct scoring of the same
 /// tokens by the checkpoint loaded on its own (1e-5), and differ from the shared policy's.
-async fn serve_tenants_side_by_side(model: &std::path::Path, tenants: &[(&str, std::path::PathBuf, i64)]) {
+async fn serve_tenants_side_by_side(model: &std::path::Path, run_dir: &std::path::Path, tenants: &[(&str, std::path::PathBuf, i64)]) {
     let (url, handle) = start_server(model).await;
-    for (t, path, v) in tenants {
-        handle.reload_tenant(t, path.clone(), *v).await.unwrap();
-    }
+    let loaded = nextstate::stages::run::resume_tenants(&handle, run_dir).await.unwrap();
+    assert_eq!(loaded, tenants.iter().map(|(t, _, v)| (t.to_string(), *v)).collect(), "each tenant's newest checkpoint is loaded");
     let base = LanguageModel::load(model, &LoadOptions::default()).unwrap();
     let client = nextstate::net::http_client(None).unwrap();
     for (t, path, v) in tenants {

@@ -34,6 +34,7 @@ use crate::stages::train::{self, TrainOptions, TrainSource};
 
 pub use chain::{build, chain, stage_group, stage_input, StageTask};
 pub use running::{IdleHandle, RunReport, RunningPipeline};
+pub use server::resume_tenants;
 pub use sinks::SINK_TABLES;
 
 use running::Done;

@@ -80,11 +80,45 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
     };
     let server = crate::serve::PolicyServer::start(lm, version, opts)?;
     let handle = server.handle();
+    if let Some(dir) = resume_run.as_deref().filter(|_| cfg.trainer.tenants.per_tenant()) {
+        resume_tenants(&handle, dir).await?;
+    }
     let (listener, url) = bind(&cfg.serve.host, cfg.serve.port, cfg.serve.tls.as_ref()).await?;
     tracing::info!(%url, version, "policy server listening");
     let mut s = stop;
     let fut = Box::pin(async move { server.serve(listener, async move { s.wait().await }).await });
     Ok((handle, url, fut))
+}
+
+/// A resumed per-tenant run (`nextstate run --resume`): loads each tenant's newest complete checkpoint
+/// under `run_dir` (`<run_dir>/<tenant>/<version>`) as that tenant's adapter into the server of
+/// `handle`, so every tenant is served by its trained weights from the start, not only from its next
+/// checkpoint. Returns the versions loaded, by tenant. A tenant whose adapter fails to load is logged and
+/// left out (served by the shared policy until its next checkpoint loads); the others are not held back.
+///
+/// # Errors
+/// [`Error::Io`] when the run folder cannot be listed.
+pub async fn resume_tenants(handle: &PolicyHandle, run_dir: &std::path::Path) -> Result<std::collections::BTreeMap<String, i64>> {
+    let mut loaded = std::collections::BTreeMap::new();
+    for tenant in crate::trainer::tenants::tenant_folders(run_dir)? {
+        let latest = match crate::trainer::latest_complete(&run_dir.join(&tenant)) {
+            Ok(Some(l)) => l,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(%tenant, error = %e, "resume: the tenant's checkpoints cannot be read; it is served by the shared policy until its next checkpoint");
+                continue;
+            }
+        };
+        let (path, m) = latest;
+        match handle.reload_tenant(&tenant, path.clone(), m.version).await {
+            Ok(_) => {
+                tracing::info!(%tenant, version = m.version, path = %path.display(), "resume: the tenant's adapter serves");
+                loaded.insert(tenant, m.version);
+            }
+            Err(e) => tracing::warn!(%tenant, version = m.version, error = %e, "resume: the tenant's adapter cannot be loaded; it is served by the shared policy until its next checkpoint"),
+        }
+    }
+    Ok(loaded)
 }
 
 /// The capture proxy's task: serves until the sources are closed, then returns its counters.
