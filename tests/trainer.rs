@@ -987,3 +987,31 @@ async fn two_trainer_processes_split_the_tenants_and_hand_over_at_a_rebalance() 
         assert!(handed.contains(&format!("\"{t}\": 2")), "A handed over {t}'s two samples trained since v1: {handed}");
     }
 }
+
+/// Continuous per-tenant training on the real broker with `max_wait_s = 2`, `min_batch = 1`, batches
+/// of 2: alice's three samples train one full batch at once (v1), and her third, alone, trains as a
+/// partial batch once it has waited 2 s (v2) while the trainer keeps reading; bob's single sample with
+/// `min_batch` 1 likewise (v1). Without the maximum wait both would wait for more samples forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_per_tenant_training_trains_a_partial_batch_past_max_wait() {
+    let Some(Run { model, brokers, prefix, dir, lake, ck, pfile }) = per_tenant_run("waited", 1, 1, 8) else {
+        return;
+    };
+    let toml = std::fs::read_to_string(&pfile).unwrap() + "max_wait_s = 2\n";
+    std::fs::write(&pfile, toml).unwrap();
+    let lm = LanguageModel::load(&model, &LoadOptions::default()).unwrap();
+    let all = with_tenants(samples(&lm, 4, "waited"), &["alice", "alice", "bob", "alice"]);
+    drop(lm);
+    publish_samples(&brokers, &prefix, 1, &all).await;
+    let mut a = common::args(&["train", "--group-instance-id", "trainer-w", "--pipeline", &pfile.display().to_string(), "--brokers", &brokers, "--topic-prefix", &prefix]);
+    a.extend(common::args(&["--lake", &lake.display().to_string(), "--checkpoints", &ck.display().to_string()]));
+    let mut p = common::Proc::spawn("trainer-w", &a, &dir.path().join("w.log"));
+    let run_dir = ck.join("waited");
+    let done = || lineages(&run_dir.join("alice")).len() == 2 && lineages(&run_dir.join("bob")).len() == 1;
+    assert!(wait_until(Duration::from_secs(240), done), "alice's and bob's partial batches train past the wait:\n{}", p.log_tail(40));
+    p.term();
+    let status = p.wait_for(Duration::from_secs(120)).expect("stops after SIGTERM");
+    assert!(status.success(), "{}", p.log_tail(40));
+    assert_eq!(lineages(&run_dir.join("alice")), vec![(1, ids(&all[..2])), (2, ids(&all[3..]))]);
+    assert_eq!(lineages(&run_dir.join("bob")), vec![(1, ids(&all[2..3]))]);
+}

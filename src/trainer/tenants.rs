@@ -58,11 +58,17 @@ pub struct TenantSettings {
     /// Most tenants one trainer process trains (`per_tenant`; 64). Samples of a tenant beyond the cap are
     /// dead-lettered with reason `tenant_cap`; the admitted tenants keep training.
     pub max_tenants: usize,
+    /// Seconds an adapter's oldest buffered sample may wait for a full batch while the input goes on
+    /// (continuous training, not only at its end): past it, an adapter holding at least `min_batch`
+    /// samples trains them as a partial batch, so a tenant with little traffic still learns and its
+    /// partition's commit moves on. Fewer than `min_batch` keep waiting. Default: 600 in `per_tenant`
+    /// mode, none in `shared` mode (its batches fill from every tenant); 0: no maximum. Must be ≥ 0.
+    pub max_wait_s: Option<f64>,
 }
 
 impl Default for TenantSettings {
     fn default() -> Self {
-        TenantSettings { mode: TrainingMode::Shared, min_batch: None, max_tenants: 64 }
+        TenantSettings { mode: TrainingMode::Shared, min_batch: None, max_tenants: 64, max_wait_s: None }
     }
 }
 
@@ -88,10 +94,20 @@ impl TenantSettings {
         }
     }
 
+    /// The effective `max_wait_s` (see [`TenantSettings::max_wait_s`]); None: no maximum.
+    pub fn max_wait(&self) -> Option<std::time::Duration> {
+        match (self.max_wait_s, self.mode) {
+            (Some(s), _) if s > 0.0 && s.is_finite() => Some(std::time::Duration::from_secs_f64(s)),
+            (Some(_), _) | (None, TrainingMode::Shared) => None,
+            (None, TrainingMode::PerTenant) => Some(std::time::Duration::from_secs(600)),
+        }
+    }
+
     /// Checks the settings against `batch_size` and whether LoRA is on.
     ///
     /// # Errors
-    /// [`crate::Error::Config`] for `min_batch` outside 1..=batch_size, `max_tenants = 0`, or
+    /// [`crate::Error::Config`] for `min_batch` outside 1..=batch_size, `max_tenants = 0`, a negative or
+    /// not finite `max_wait_s`, or
     /// `per_tenant` without `[trainer.lora] enabled = true` (a full copy of the weights per tenant is
     /// not what this mode is for).
     pub fn validate(&self, batch_size: usize, lora: bool) -> Result<()> {
@@ -99,6 +115,9 @@ impl TenantSettings {
             if m == 0 || m > batch_size {
                 return Err(config_err!("trainer.tenants.min_batch = {m} must be in 1..={batch_size} (trainer.batch_size)"));
             }
+        }
+        if let Some(w) = self.max_wait_s.filter(|w| !(w.is_finite() && *w >= 0.0)) {
+            return Err(config_err!("trainer.tenants.max_wait_s = {w} must be a number of seconds ≥ 0 (0: no maximum)"));
         }
         if self.max_tenants == 0 {
             return Err(config_err!("trainer.tenants.max_tenants must be at least 1"));
@@ -146,8 +165,9 @@ pub struct Batcher<T> {
     batch_size: usize,
     min_batch: usize,
     max_tenants: usize,
+    max_wait: Option<std::time::Duration>,
     next_seq: u64,
-    pending: BTreeMap<AdapterKey, VecDeque<(u64, T)>>,
+    pending: BTreeMap<AdapterKey, VecDeque<(u64, std::time::Instant, T)>>,
 }
 
 impl<T> Batcher<T> {
@@ -157,6 +177,7 @@ impl<T> Batcher<T> {
             batch_size: batch_size.max(1),
             min_batch: settings.min_batch_for(batch_size),
             max_tenants: settings.max_tenants.max(1),
+            max_wait: settings.max_wait(),
             next_seq: 0,
             pending: BTreeMap::new(),
         }
@@ -185,11 +206,40 @@ impl<T> Batcher<T> {
     /// # Errors
     /// [`OverCap`] as [`Batcher::admit`] (the item is not buffered).
     pub fn push(&mut self, key: AdapterKey, item: T) -> std::result::Result<(), OverCap> {
+        self.push_at(key, item, std::time::Instant::now())
+    }
+
+    /// [`Batcher::push`] of an item that arrived at `at` (its wait for [`Batcher::next_due`] starts there).
+    ///
+    /// # Errors
+    /// [`OverCap`] as [`Batcher::admit`].
+    pub fn push_at(&mut self, key: AdapterKey, item: T, at: std::time::Instant) -> std::result::Result<(), OverCap> {
         self.admit(&key)?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.pending.entry(key).or_default().push_back((seq, item));
+        self.pending.entry(key).or_default().push_back((seq, at, item));
         Ok(())
+    }
+
+    /// While the input goes on: the next full batch ([`Batcher::next_full`]), else the partial batch of
+    /// the adapter whose oldest item has waited longest, once that is at least the settings' maximum
+    /// wait (`max_wait_s`) at `now` and the adapter holds at least `min_batch` items; None otherwise (and
+    /// always without a maximum wait).
+    pub fn next_due(&mut self, now: std::time::Instant) -> Option<(AdapterKey, Vec<T>)> {
+        if let Some(b) = self.next_full() {
+            return Some(b);
+        }
+        let max_wait = self.max_wait?;
+        let key = self
+            .pending
+            .iter()
+            .filter(|(_, q)| !q.is_empty() && q.len() >= self.min_batch)
+            .filter(|(_, q)| q.front().is_some_and(|(_, at, _)| now.saturating_duration_since(*at) >= max_wait))
+            .min_by_key(|(_, q)| q.front().map(|(s, _, _)| *s))
+            .map(|(k, _)| k.clone())?;
+        let q = self.pending.get_mut(&key)?;
+        let batch = q.drain(..).map(|(_, _, x)| x).collect();
+        Some((key, batch))
     }
 
     /// The next full batch: `batch_size` items of the adapter whose oldest buffered item arrived first
@@ -199,10 +249,10 @@ impl<T> Batcher<T> {
             .pending
             .iter()
             .filter(|(_, q)| q.len() >= self.batch_size)
-            .min_by_key(|(_, q)| q.front().map(|(s, _)| *s))
+            .min_by_key(|(_, q)| q.front().map(|(s, _, _)| *s))
             .map(|(k, _)| k.clone())?;
         let q = self.pending.get_mut(&key)?;
-        let batch = q.drain(..self.batch_size).map(|(_, x)| x).collect();
+        let batch = q.drain(..self.batch_size).map(|(_, _, x)| x).collect();
         Some((key, batch))
     }
 
@@ -217,17 +267,17 @@ impl<T> Batcher<T> {
             .pending
             .iter()
             .filter(|(_, q)| !q.is_empty() && q.len() >= self.min_batch)
-            .min_by_key(|(_, q)| q.front().map(|(s, _)| *s))
+            .min_by_key(|(_, q)| q.front().map(|(s, _, _)| *s))
             .map(|(k, _)| k.clone())?;
         let q = self.pending.get_mut(&key)?;
-        let batch = q.drain(..).map(|(_, x)| x).collect();
+        let batch = q.drain(..).map(|(_, _, x)| x).collect();
         Some((key, batch))
     }
 
     /// Forgets adapter `key`: returns its buffered items (oldest first) and frees its place under
     /// `max_tenants`; a later [`Batcher::admit`] registers it again.
     pub fn release(&mut self, key: &AdapterKey) -> Vec<T> {
-        self.pending.remove(key).map(|q| q.into_iter().map(|(_, x)| x).collect()).unwrap_or_default()
+        self.pending.remove(key).map(|q| q.into_iter().map(|(_, _, x)| x).collect()).unwrap_or_default()
     }
 
     /// Items buffered per adapter (adapters with none left out).
@@ -237,7 +287,7 @@ impl<T> Batcher<T> {
 
     /// Every buffered item, any adapter.
     pub fn buffered(&self) -> impl Iterator<Item = &T> {
-        self.pending.values().flat_map(|q| q.iter().map(|(_, x)| x))
+        self.pending.values().flat_map(|q| q.iter().map(|(_, _, x)| x))
     }
 
     /// Whether nothing is buffered.
@@ -285,7 +335,7 @@ mod tests {
     use super::*;
 
     fn per_tenant(batch_size: usize, min_batch: Option<usize>, max_tenants: usize) -> Batcher<u32> {
-        Batcher::new(&TenantSettings { mode: TrainingMode::PerTenant, min_batch, max_tenants }, batch_size)
+        Batcher::new(&TenantSettings { mode: TrainingMode::PerTenant, min_batch, max_tenants, max_wait_s: None }, batch_size)
     }
 
     fn k(t: &str) -> AdapterKey {
@@ -376,6 +426,35 @@ mod tests {
         b.push(k("a"), 4).unwrap();
         let keys: Vec<AdapterKey> = std::iter::from_fn(|| b.next_full().map(|(k, _)| k)).collect();
         assert_eq!(keys, vec![k("a"), k("b"), k("a")]);
+    }
+
+    #[test]
+    fn past_the_maximum_wait_an_adapter_with_min_batch_trains_a_partial_batch() {
+        use std::time::{Duration, Instant};
+        let settings = TenantSettings { mode: TrainingMode::PerTenant, min_batch: Some(2), max_tenants: 8, max_wait_s: Some(60.0) };
+        let mut b: Batcher<u32> = Batcher::new(&settings, 4);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // a: 2 items from t0; b: 2 items from t0+10 s; c: 1 item from t0 (below min_batch)
+        b.push_at(k("a"), 1, t0).unwrap();
+        b.push_at(k("c"), 2, t0).unwrap();
+        b.push_at(k("a"), 3, t0 + s(5)).unwrap();
+        b.push_at(k("b"), 4, t0 + s(10)).unwrap();
+        b.push_at(k("b"), 5, t0 + s(20)).unwrap();
+        assert_eq!(b.next_due(t0 + s(59)), None, "nobody has waited 60 s");
+        assert_eq!(b.next_due(t0 + s(60)), Some((k("a"), vec![1, 3])), "a's oldest waited 60 s");
+        assert_eq!(b.next_due(t0 + s(65)), None, "b's oldest waited 55 s; c is below min_batch");
+        assert_eq!(b.next_due(t0 + s(70)), Some((k("b"), vec![4, 5])));
+        assert_eq!(b.next_due(t0 + s(10_000)), None, "c waits for its second sample");
+        // no maximum: never a partial batch while the input goes on
+        let mut n: Batcher<u32> = Batcher::new(&TenantSettings { max_wait_s: Some(0.0), ..settings.clone() }, 4);
+        n.push_at(k("a"), 1, t0).unwrap();
+        n.push_at(k("a"), 2, t0).unwrap();
+        assert_eq!(n.next_due(t0 + s(10_000)), None);
+        assert_eq!(TenantSettings { mode: TrainingMode::PerTenant, ..Default::default() }.max_wait(), Some(s(600)));
+        assert_eq!(TenantSettings::default().max_wait(), None);
+        assert!(TenantSettings { max_wait_s: Some(-1.0), ..settings.clone() }.validate(4, true).unwrap_err().to_string().contains("max_wait_s"));
+        assert!(TenantSettings { max_wait_s: Some(f64::NAN), ..settings }.validate(4, true).is_err());
     }
 
     #[test]

@@ -356,10 +356,17 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Trains every full batch (and, `at_end`, every adapter's remainder of at least `min_batch`).
+    /// Trains every full batch (reading the topic, also an adapter's partial batch of at least `min_batch`
+    /// once its oldest sample waited `[trainer.tenants] max_wait_s`; `at_end`, every adapter's remainder of
+    /// at least `min_batch`).
     async fn train_ready(&mut self, at_end: bool, ctl: &TaskCtl, input: Option<&InputLoop>) -> Result<()> {
         while !self.stopped(ctl) {
-            let next = if at_end { self.batcher.next_at_end() } else { self.batcher.next_full() };
+            // The maximum wait applies to the topic only: a SQL replay's batches must not depend on wall time.
+            let next = match (at_end, input) {
+                (true, _) => self.batcher.next_at_end(),
+                (false, Some(_)) => self.batcher.next_due(std::time::Instant::now()),
+                (false, None) => self.batcher.next_full(),
+            };
             let Some((key, chunk)) = next else { break };
             let positions: Vec<worker::Position> = chunk.iter().filter_map(|(s, p)| p.map(|(p, o)| (s.sample_id.clone(), (self.topic.clone(), p, o)))).collect();
             let pos_of: HashMap<String, (i32, i64)> = chunk.iter().filter_map(|(s, p)| p.map(|p| (s.sample_id.clone(), p))).collect();
