@@ -51,9 +51,45 @@ pub struct ServeConfig {
     /// (default 512).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+    /// Most per-tenant LoRA adapters resident in the in-process server at once (default 8); past it
+    /// the least recently used is dropped and loaded again when its tenant asks (docs/tenants.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_adapters: Option<usize>,
+    /// Most MiB of per-tenant adapter tensors resident at once (default 512).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_adapter_mib: Option<u64>,
+    /// Request headers naming the tenant whose adapter answers, first present wins (case-insensitive;
+    /// default `["X-Agent-Id", "X-User-Id"]`; the capture proxy forwards a turn's tenant as
+    /// `X-Agent-Id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_headers: Option<Vec<String>>,
 }
 
 impl ServeConfig {
+    /// The in-process server's per-tenant adapter bounds and tenant headers ([`crate::serve::AdapterOptions`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for `max_adapters = 0`, `max_adapter_mib = 0` or an invalid header name.
+    pub fn adapter_options(&self) -> crate::Result<crate::serve::AdapterOptions> {
+        let mut o = crate::serve::AdapterOptions::default();
+        if let Some(n) = self.max_adapters {
+            if n == 0 {
+                return Err(crate::config_err!("serve.max_adapters must be at least 1"));
+            }
+            o.max_adapters = n;
+        }
+        if let Some(m) = self.max_adapter_mib {
+            if m == 0 {
+                return Err(crate::config_err!("serve.max_adapter_mib must be at least 1"));
+            }
+            o.max_adapter_bytes = m << 20;
+        }
+        if let Some(h) = &self.tenant_headers {
+            o.tenant_headers = crate::serve::proxy::request::tenant_header_names(Some(h)).map_err(|e| crate::config_err!("serve.tenant_headers: {e}"))?;
+        }
+        Ok(o)
+    }
+
     /// The listener limits of `header_timeout_s`, `body_timeout_s` and `max_connections`.
     ///
     /// # Errors
@@ -80,6 +116,25 @@ impl Default for ServeConfig {
             header_timeout_s: None,
             body_timeout_s: None,
             max_connections: None,
+            max_adapters: None,
+            max_adapter_mib: None,
+            tenant_headers: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adapter_options_default_and_are_checked() {
+        let d = ServeConfig::default().adapter_options().unwrap();
+        assert_eq!((d.max_adapters, d.max_adapter_bytes, d.tenant_headers), (8, 512 << 20, vec!["x-agent-id".to_string(), "x-user-id".to_string()]));
+        let c: ServeConfig = toml::from_str("max_adapters = 2\nmax_adapter_mib = 64\ntenant_headers = [\"X-Team\"]\n").unwrap();
+        let o = c.adapter_options().unwrap();
+        assert_eq!((o.max_adapters, o.max_adapter_bytes, o.tenant_headers), (2, 64 << 20, vec!["x-team".to_string()]));
+        assert!(ServeConfig { max_adapters: Some(0), ..ServeConfig::default() }.adapter_options().unwrap_err().to_string().contains("serve.max_adapters"));
+        assert!(ServeConfig { tenant_headers: Some(vec!["bad header".into()]), ..ServeConfig::default() }.adapter_options().unwrap_err().to_string().contains("serve.tenant_headers"));
     }
 }

@@ -78,7 +78,7 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
         base_dir: cfg.policy.model.clone(),
         threads: cfg.policy.threads,
     };
-    let server = crate::serve::PolicyServer::start(lm, version, opts)?;
+    let server = crate::serve::PolicyServer::start_with_adapters(lm, version, opts, cfg.serve.adapter_options()?)?;
     let handle = server.handle();
     if let Some(dir) = resume_run.as_deref().filter(|_| cfg.trainer.tenants.per_tenant()) {
         resume_tenants(&handle, dir).await?;
