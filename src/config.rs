@@ -78,6 +78,11 @@ pub struct ProxyConfig {
     /// invalid id is refused with 400 `invalid_tenant`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_headers: Option<Vec<String>>,
+    /// Whether a turn's non-default tenant goes upstream as the `X-Agent-Id` header (default true: a
+    /// `nextstate serve` upstream then answers with the tenant's adapter). Set false when the upstream
+    /// is a third-party API that should not see your tenant ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_tenant: Option<bool>,
 }
 
 impl ProxyConfig {
@@ -113,6 +118,7 @@ impl Default for ProxyConfig {
             body_timeout_s: None,
             max_connections: None,
             tenant_headers: None,
+            forward_tenant: None,
         }
     }
 }

@@ -262,6 +262,16 @@ async fn the_turns_tenant_goes_upstream_as_x_agent_id() {
     let tenants: Vec<Option<&str>> = rows.iter().map(|r| r.tenant.as_deref()).collect();
     assert_eq!(tenants, vec![Some("alice"), Some("default")]);
     p.shutdown().await;
+
+    // `forward_tenant = false`: the tenant is still recorded, but not sent upstream.
+    let (up, fake) = start_fake(Duration::ZERO).await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |o| o.forward_tenant = false).await;
+    let r = c.post(format!("{}/v1/chat/completions", p.url)).header("X-Session-Id", "t3").header("X-Agent-Id", "bob").json(&chat("fake", "hello", json!({}))).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(*fake.agent_ids.lock().unwrap(), vec![None]);
+    let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::from_millis(500)).await;
+    assert_eq!(rows[0].tenant.as_deref(), Some("bob"));
+    p.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

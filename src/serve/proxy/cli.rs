@@ -43,6 +43,9 @@ pub struct ProxyArgs {
     /// then X-User-Id. A request naming none belongs to the `default` tenant.
     #[arg(long = "tenant-header")]
     pub tenant_headers: Vec<String>,
+    /// Do not send a turn's tenant upstream as `X-Agent-Id` (e.g. the upstream is a third-party API).
+    #[arg(long)]
+    pub no_forward_tenant: bool,
     /// Turn type of requests that do not mark it (main = trainable; docs/method.md §1).
     #[arg(long, default_value = "main")]
     pub default_turn_type: String,
@@ -113,6 +116,7 @@ impl ProxyArgs {
         if !self.tenant_headers.is_empty() {
             o.tenant_headers = super::request::tenant_header_names(Some(&self.tenant_headers)).map_err(|e| crate::config_err!("--tenant-header: {e}"))?;
         }
+        o.forward_tenant = !self.no_forward_tenant;
         o.spool = SpoolConfig::new(self.spool_dir.clone(), self.spool_max_bytes);
         o.emitter.send_timeout = Duration::from_millis(self.send_timeout_ms.max(1));
         o.max_body_bytes = self.max_body_bytes;

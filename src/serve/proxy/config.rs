@@ -38,6 +38,8 @@ pub struct ProxyOptions {
     /// `x-user-id`); a request with none belongs to the `default` tenant, one with an invalid id is
     /// refused with 400 `invalid_tenant` ([`crate::schema::validate_tenant`]).
     pub tenant_headers: Vec<String>,
+    /// Send a turn's tenant upstream as `X-Agent-Id` when it is not the default tenant (default true).
+    pub forward_tenant: bool,
     /// Longest silence from the upstream (waiting for headers or between chunks) before the request
     /// fails.
     pub upstream_idle_timeout: Duration,
@@ -71,6 +73,7 @@ impl ProxyOptions {
             request_token_ids: true,
             logprobs_mode: None,
             tenant_headers: super::request::default_tenant_headers(),
+            forward_tenant: true,
             upstream_idle_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(5),
             session_capacity: crate::ingest::sessions::DEFAULT_CAPACITY,

@@ -202,8 +202,9 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     }
     rb = with_auth(&s.opts, api, &headers, rb);
     // The turn's tenant goes upstream as `X-Agent-Id`, so a policy server holding per-tenant adapters
-    // (`nextstate serve`, docs/tenants.md) answers with the tenant's own; other servers ignore it.
-    if prepared.meta.tenant != crate::schema::DEFAULT_TENANT {
+    // (`nextstate serve`, docs/tenants.md) answers with the tenant's own; other servers ignore it
+    // (`forward_tenant = false` keeps it from a third-party API).
+    if s.opts.forward_tenant && prepared.meta.tenant != crate::schema::DEFAULT_TENANT {
         rb = rb.header(TENANT_UPSTREAM_HEADER, prepared.meta.tenant.as_str());
     }
     let resp = match rb.send().await {

@@ -144,6 +144,7 @@ pub(super) async fn start_proxy(cfg: &PipelineConfig, upstream: Option<String>, 
     }
     popts.health_requires_key = cfg.proxy.health_requires_key;
     popts.tenant_headers = cfg.proxy.tenant_header_names()?;
+    popts.forward_tenant = cfg.proxy.forward_tenant.unwrap_or(true);
     popts.limits = cfg.proxy.limits()?;
     let (listener, url) = bind(&cfg.proxy.host, cfg.proxy.port, cfg.proxy.tls.as_ref()).await?;
     tracing::info!(%url, "capture proxy listening");
