@@ -12,7 +12,8 @@
 //!   `generations[0][0]` (`message` or `text`); a run with an `error` and no outputs is an
 //!   `api_error` dead letter, one without outputs `no_outputs`;
 //! - session = `trace_id` (the runs of one trace, in `dotted_order`, are one session's turns);
-//!   model = `extra.metadata.ls_model_name`, else the request's or response's `model`.
+//!   model = `extra.metadata.ls_model_name`, else the request's or response's `model`; tenant =
+//!   `extra.metadata.agent_id`, else `extra.metadata.user_id` (else the default tenant).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -165,6 +166,10 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
             .or_else(|| outputs.get("model"))
             .and_then(Value::as_str)
             .map(str::to_string);
+        // The tenant the run's metadata names (`extra.metadata.agent_id`, else `user_id`, as users tag
+        // runs for filtering); an invalid id dead-letters the turn (`Sink::turn`).
+        let metadata = r.get("extra").and_then(|e| e.get("metadata"));
+        t.tenant = ["agent_id", "user_id"].into_iter().find_map(|k| metadata.and_then(|m| m.get(k)).and_then(Value::as_str).map(str::trim).filter(|v| !v.is_empty()).map(str::to_string));
         t.tools = r.get("inputs").and_then(|i| i.get("tools")).filter(|v| !v.is_null()).map(Value::to_string);
         t.truncated = finish.as_deref() == Some("length");
         t.finish_reason = finish;

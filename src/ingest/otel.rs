@@ -533,6 +533,11 @@ fn conversation(sink: &mut Sink<'_>, trace: &str, spans: &[Span], next_turn: &mu
         None if !trace.is_empty() => format!("otel:{trace}"),
         None => format!("otel:{}", sink.stem),
     };
+    // The tenant the trace names: the agent (`gen_ai.agent.id`), else the user (`user.id`, older
+    // `enduser.id`), the first span carrying one; an invalid id dead-letters the turns (`Sink::turn`).
+    let tenant = ["gen_ai.agent.id", "user.id", "enduser.id"]
+        .into_iter()
+        .find_map(|k| spans.iter().find_map(|s| s.attrs.get(k).and_then(Value::as_str).map(str::trim).filter(|v| !v.is_empty()).map(str::to_string)));
     let done = spans.iter().any(|s| kind(s) == Kind::Agent && !s.has_parent);
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     // Turns are emitted one behind: the last one's next state is what follows it.
@@ -542,6 +547,7 @@ fn conversation(sink: &mut Sink<'_>, trace: &str, spans: &[Span], next_turn: &mu
     let emit = |sink: &mut Sink<'_>, p: Call, turn: i32, next: Option<Vec<Message>>, last: bool| -> Result<()> {
         let Call { request, response, finish, model, notes, record, start_ms } = p;
         let mut t = Turn::new(session.clone(), turn, &request, &response);
+        t.tenant = tenant.clone();
         t.model = model;
         t.truncated = finish.as_deref() == Some("length");
         t.finish_reason = finish;

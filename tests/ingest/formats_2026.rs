@@ -328,6 +328,21 @@ fn langsmith_post_and_patch_merge_into_one_turn() {
     assert_eq!(r.summary.counters.get("chain runs (not model calls)"), Some(&1));
     assert_eq!(r.dead.iter().map(|d| d.reason_code.as_str()).collect::<Vec<_>>(), vec!["no_outputs"]);
     assert_eq!(kinds(&r.rows), map(&[("tool", 1), ("none: session idle for 1800 s without next state", 1)]));
+    assert!(r.rows.iter().all(|i| i.tenant.as_deref() == Some("default")), "no metadata: the default tenant");
+
+    // The tenant from the run's metadata: agent_id over user_id.
+    let tagged = |trace: &str, meta: &str| {
+        format!(
+            r#"{{"id":"{trace}1","trace_id":"{trace}","dotted_order":"1","run_type":"llm","extra":{{"metadata":{meta}}},"inputs":{{"messages":[{{"role":"user","content":"hi"}}]}},"outputs":{{"choices":[{{"message":{{"role":"assistant","content":"hello"}},"finish_reason":"stop"}}]}}}}"#
+        )
+    };
+    let file = [tagged("A", r#"{"user_id":"u-7","agent_id":"agent-a"}"#), tagged("B", r#"{"user_id":"u-7"}"#), tagged("C", r#"{"ls_model_name":"m"}"#)].join("\n");
+    let (_d, p) = tmp("tagged.jsonl", &file);
+    let r = ingest(&p, Format::LangSmith);
+    let mut got: Vec<(String, Option<String>)> = r.rows.iter().map(|i| (i.session_id.clone(), i.tenant.clone())).collect();
+    got.sort();
+    let s = |x: &str| Some(x.to_string());
+    assert_eq!(got, vec![("langsmith:A".into(), s("agent-a")), ("langsmith:B".into(), s("u-7")), ("langsmith:C".into(), s("default"))]);
 }
 
 #[test]
@@ -393,6 +408,22 @@ fn otel_ids_and_spans_without_content() {
     assert_eq!(r.dead.len(), 1);
     assert_eq!(r.dead[0].reason_code, "no_message_content");
     assert!(r.dead[0].reason.contains("capture is opt-in"), "{}", r.dead[0].reason);
+    assert!(r.rows.iter().all(|i| i.tenant.as_deref() == Some("default")), "no agent or user id: the default tenant");
+
+    // The tenant: `gen_ai.agent.id` over `user.id`, from whichever span of the trace carries it.
+    let tenanted = format!(
+        "[{},{}]",
+        span("\"aa\"", 1, &format!(r#"{input},"user.id":"bob""#)),
+        span("\"aa\"", 2, &format!(r#"{},"gen_ai.agent.id":"support-bot""#, input.replace("hello", "hello again").replace("\"hi\"", "\"hi again\""))),
+    );
+    let (_d, p) = tmp("tenanted.json", &tenanted);
+    let r = ingest(&p, Format::Otel);
+    assert_eq!(r.rows.iter().map(|i| i.tenant.as_deref()).collect::<Vec<_>>(), vec![Some("support-bot"); 2]);
+    let (_d, p) = tmp("user.json", &format!("[{}]", span("\"bb\"", 1, &format!(r#"{input},"user.id":"bob""#))));
+    assert_eq!(ingest(&p, Format::Otel).rows[0].tenant.as_deref(), Some("bob"));
+    let (_d, p) = tmp("bad.json", &format!("[{}]", span("\"cc\"", 1, &format!(r#"{input},"user.id":"team/a""#))));
+    let r = ingest(&p, Format::Otel);
+    assert_eq!((r.rows.len(), r.dead.len(), r.dead[0].reason_code.as_str()), (0, 1, "invalid_tenant"));
 }
 
 #[test]
