@@ -284,6 +284,15 @@ fn close_consumer(consumer: StreamConsumer<BusContext>, topic: &str, group: &str
     }
 }
 
+/// Leaves out of `out` the records of the partitions `revoked` names.
+fn drop_revoked(out: &mut Vec<InMsg>, revoked: Option<Revoked>) {
+    match revoked {
+        Some(Revoked::All) => out.clear(),
+        Some(Revoked::Partitions(ps)) => out.retain(|x| !ps.contains(&x.partition)),
+        None => {}
+    }
+}
+
 impl InputLoop {
     /// Subscribes group `group` to `topic` (full name).
     ///
@@ -373,7 +382,10 @@ impl InputLoop {
     /// Receives up to `max` records, waiting at most `wait` for the first and returning what arrived.
     ///
     /// A consumer that hit a fatal error is replaced first (type docs); records received from it in
-    /// this call are left out (the replacement reads them again from the committed offsets).
+    /// this call are left out (the replacement reads them again from the committed offsets). Records
+    /// received before a revocation of their partition within this call are left out too: not yet
+    /// handled, they are uncommitted, and the partition's owner (this consumer again, when it gets the
+    /// partition back) reads them again from the committed offset.
     ///
     /// # Errors
     /// [`Error::Kafka`] on a fatal consumer error past [`CONSUMER_RECREATE_LIMIT`] or when the
@@ -382,7 +394,9 @@ impl InputLoop {
         if self.recover_if_fatal()? {
             return Ok(vec![]);
         }
-        let mut out = vec![];
+        let mut out: Vec<InMsg> = vec![];
+        // revocations before this call concern no record of it
+        let _ = self.flag.take_recent_revoked();
         let deadline = tokio::time::Instant::now() + wait;
         while out.len() < max {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -403,6 +417,9 @@ impl InputLoop {
                     break;
                 }
                 Ok(Ok(m)) => {
+                    // a rebalance callback ran inside this recv: what came before from a revoked
+                    // partition is read again from the committed offset
+                    drop_revoked(&mut out, self.flag.take_recent_revoked());
                     let msg = InMsg {
                         partition: m.partition(),
                         offset: m.offset(),
@@ -420,6 +437,7 @@ impl InputLoop {
                 }
             }
         }
+        drop_revoked(&mut out, self.flag.take_recent_revoked());
         if !out.is_empty() {
             self.last_msg = Instant::now();
             self.export_lag(&out);

@@ -507,6 +507,9 @@ impl ContextTopic for Error {
 pub struct RebalanceFlag {
     raised: Arc<std::sync::atomic::AtomicBool>,
     revoked: Arc<std::sync::Mutex<Option<Revoked>>>,
+    revokes: Arc<std::sync::atomic::AtomicU64>,
+    /// The same, for the consumer loop's own use ([`RebalanceFlag::take_recent_revoked`]).
+    recent: Arc<std::sync::Mutex<Option<Revoked>>>,
 }
 
 /// Partitions a consumer lost since the caller last asked: the revoked ones of an eager rebalance (every
@@ -537,19 +540,37 @@ impl RebalanceFlag {
         self.revoked.lock().ok().and_then(|mut g| g.take())
     }
 
+    /// The partitions revoked since the last call of this, kept apart from [`RebalanceFlag::take_revoked`]
+    /// (the consumer loop drops the records it holds of them; its caller takes the other).
+    pub fn take_recent_revoked(&self) -> Option<Revoked> {
+        self.recent.lock().ok().and_then(|mut g| g.take())
+    }
+
+    /// How many revocations were recorded so far (changes with every one).
+    pub fn revokes(&self) -> u64 {
+        self.revokes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Records revoked partitions (`None`: all of them).
     pub(crate) fn revoke(&self, partitions: Option<&[i32]>) {
-        let Ok(mut g) = self.revoked.lock() else {
-            return;
-        };
-        *g = match (g.take(), partitions) {
-            (Some(Revoked::All), _) | (_, None) => Some(Revoked::All),
-            (Some(Revoked::Partitions(mut s)), Some(p)) => {
-                s.extend(p);
-                Some(Revoked::Partitions(s))
+        self.revokes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        for slot in [&self.revoked, &self.recent] {
+            if let Ok(mut g) = slot.lock() {
+                *g = merge_revoked(g.take(), partitions);
             }
-            (None, Some(p)) => Some(Revoked::Partitions(p.iter().copied().collect())),
-        };
+        }
+    }
+}
+
+/// `before` with `partitions` (None: all) revoked too.
+fn merge_revoked(before: Option<Revoked>, partitions: Option<&[i32]>) -> Option<Revoked> {
+    match (before, partitions) {
+        (Some(Revoked::All), _) | (_, None) => Some(Revoked::All),
+        (Some(Revoked::Partitions(mut s)), Some(p)) => {
+            s.extend(p);
+            Some(Revoked::Partitions(s))
+        }
+        (None, Some(p)) => Some(Revoked::Partitions(p.iter().copied().collect())),
     }
 }
 
@@ -726,6 +747,7 @@ mod tests {
         f.revoke(Some(&[1, 2]));
         assert_eq!(f.take_revoked(), Some(Revoked::Partitions([0, 1, 2].into_iter().collect())));
         assert_eq!(f.take_revoked(), None, "taken once");
+        assert_eq!(f.revokes(), 2);
         f.revoke(Some(&[3]));
         f.revoke(None);
         f.revoke(Some(&[1]));

@@ -42,8 +42,9 @@
 //! "lora_path", "load_inplace": true}` (vLLM replaces an adapter of that name in place; releases without
 //! `load_inplace` answer a second load of one name with a 400). `sglang-lora` has no documented in-place
 //! replacement (an unload then a load would fail the tenant's requests in between), so it loads version N
-//! under `<tenant>-v<N>` ([`tenant::tenant_adapter_name`]) and then unloads the tenant's previous version,
-//! as it does `policy-v<N>` for the shared policy; clients request `"model": "<served>:<tenant>-v<N>"`.
+//! under `tenant-<tenant>-v<N>` ([`tenant::tenant_adapter_name`]) and then unloads the tenant's previous
+//! version, as it does `policy-v<N>` for the shared policy; clients request
+//! `"model": "<served>:tenant-<tenant>-v<N>"`.
 //! The disk kinds load full weights: they refuse a tenant's reload (`failed_unsupported`, nothing sent).
 //!
 //! **Confirmed versions** ([`LoadedVersions`]): after each successful reload the reloader records, per

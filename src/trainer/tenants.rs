@@ -60,8 +60,8 @@ pub struct TenantSettings {
     pub max_tenants: usize,
     /// Seconds an adapter's oldest buffered sample may wait for a full batch while the input goes on
     /// (continuous training, not only at its end): past it, an adapter holding at least `min_batch`
-    /// samples trains them as a partial batch, so a tenant with little traffic still learns and its
-    /// partition's commit moves on. Fewer than `min_batch` keep waiting. Default: 600 in `per_tenant`
+    /// samples trains them as a partial batch, so a tenant with little traffic still learns (its
+    /// partition's commit moves on at the tenant's next checkpoint). Fewer than `min_batch` keep waiting. Default: 600 in `per_tenant`
     /// mode, none in `shared` mode (its batches fill from every tenant); 0: no maximum. Must be ≥ 0.
     pub max_wait_s: Option<f64>,
 }
@@ -97,7 +97,7 @@ impl TenantSettings {
     /// The effective `max_wait_s` (see [`TenantSettings::max_wait_s`]); None: no maximum.
     pub fn max_wait(&self) -> Option<std::time::Duration> {
         match (self.max_wait_s, self.mode) {
-            (Some(s), _) if s > 0.0 && s.is_finite() => Some(std::time::Duration::from_secs_f64(s)),
+            (Some(s), _) if s > 0.0 => std::time::Duration::try_from_secs_f64(s).ok(),
             (Some(_), _) | (None, TrainingMode::Shared) => None,
             (None, TrainingMode::PerTenant) => Some(std::time::Duration::from_secs(600)),
         }
@@ -116,7 +116,7 @@ impl TenantSettings {
                 return Err(config_err!("trainer.tenants.min_batch = {m} must be in 1..={batch_size} (trainer.batch_size)"));
             }
         }
-        if let Some(w) = self.max_wait_s.filter(|w| !(w.is_finite() && *w >= 0.0)) {
+        if let Some(w) = self.max_wait_s.filter(|w| std::time::Duration::try_from_secs_f64(*w).is_err()) {
             return Err(config_err!("trainer.tenants.max_wait_s = {w} must be a number of seconds ≥ 0 (0: no maximum)"));
         }
         if self.max_tenants == 0 {
@@ -454,7 +454,8 @@ mod tests {
         assert_eq!(TenantSettings { mode: TrainingMode::PerTenant, ..Default::default() }.max_wait(), Some(s(600)));
         assert_eq!(TenantSettings::default().max_wait(), None);
         assert!(TenantSettings { max_wait_s: Some(-1.0), ..settings.clone() }.validate(4, true).unwrap_err().to_string().contains("max_wait_s"));
-        assert!(TenantSettings { max_wait_s: Some(f64::NAN), ..settings }.validate(4, true).is_err());
+        assert!(TenantSettings { max_wait_s: Some(f64::NAN), ..settings.clone() }.validate(4, true).is_err());
+        assert!(TenantSettings { max_wait_s: Some(1e20), ..settings }.validate(4, true).is_err(), "beyond a Duration: an error, not a panic");
     }
 
     #[test]

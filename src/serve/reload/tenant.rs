@@ -17,9 +17,11 @@ impl Reloader {
     /// record ([`Reloader::loaded`]) are touched. Nothing is sent for kind `none`.
     ///
     /// `sglang-lora` has no in-place replacement: version N of the tenant's adapter is loaded under
-    /// [`tenant_adapter_name`] `<tenant>-v<N>` and the tenant's previous version on that server is then
-    /// unloaded (as the shared policy's `policy-v<N>`); clients request `"model": "<served>:<tenant>-v<N>"`.
-    /// A failed unload is reported in the outcome's `unload_error`, the new version serving.
+    /// [`tenant_adapter_name`] `tenant-<tenant>-v<N>` and the tenant's previous version on that server is
+    /// then unloaded (as the shared policy's `policy-v<N>`); clients request
+    /// `"model": "<served>:tenant-<tenant>-v<N>"`. A failed unload is reported in the outcome's
+    /// `unload_error`, the new version serving. The previous version is what this reloader confirmed in
+    /// this process: after a restart the old names stay loaded (unload them by hand, or restart SGLang).
     ///
     /// Failures (per server, nothing sent): `unsupported` for a kind that loads full weights
     /// (`sglang-disk`, `vllm-disk`), `bad_tenant` for an invalid tenant id
@@ -101,11 +103,13 @@ impl Reloader {
     }
 }
 
-/// The name `sglang-lora` loads version `version` of tenant `tenant`'s adapter under: `<tenant>-v<version>`
-/// (a tenant id has no `:`, so `<served>:<tenant>-v<N>` names it unambiguously in SGLang's `base:adapter`
-/// syntax).
+/// The name `sglang-lora` loads version `version` of tenant `tenant`'s adapter under:
+/// `tenant-<tenant>-v<version>`. The prefix keeps it apart from the shared policy's `policy-v<N>` (a
+/// tenant may be called `policy`); a tenant id has no `:`, so `<served>:tenant-<tenant>-v<N>` names it
+/// unambiguously in SGLang's `base:adapter` syntax, and the trailing `-v<digits>` makes (tenant,
+/// version) → name one-to-one.
 pub fn tenant_adapter_name(tenant: &str, version: i64) -> String {
-    format!("{tenant}-v{version}")
+    format!("tenant-{tenant}-v{version}")
 }
 
 #[cfg(test)]
@@ -196,16 +200,16 @@ mod tests {
         assert_eq!(loaded(&r.reload_tenant("alice", Path::new("/ck/alice/2"), 2).await), vec!["skipped"]);
         let got = calls.lock().unwrap().clone();
         let want = vec![
-            ("/load_lora_adapter".to_string(), json!({"lora_name": "alice-v1", "lora_path": "/ck/alice/1"})),
-            ("/load_lora_adapter".to_string(), json!({"lora_name": "bob-v1", "lora_path": "/ck/bob/1"})),
-            ("/load_lora_adapter".to_string(), json!({"lora_name": "alice-v2", "lora_path": "/ck/alice/2"})),
-            ("/unload_lora_adapter".to_string(), json!({"lora_name": "alice-v1"})),
+            ("/load_lora_adapter".to_string(), json!({"lora_name": "tenant-alice-v1", "lora_path": "/ck/alice/1"})),
+            ("/load_lora_adapter".to_string(), json!({"lora_name": "tenant-bob-v1", "lora_path": "/ck/bob/1"})),
+            ("/load_lora_adapter".to_string(), json!({"lora_name": "tenant-alice-v2", "lora_path": "/ck/alice/2"})),
+            ("/unload_lora_adapter".to_string(), json!({"lora_name": "tenant-alice-v1"})),
         ];
         assert_eq!(got, want, "bob's adapter stays; alice's v1 goes once v2 serves");
         let before = calls.lock().unwrap().len();
         let o = r.reload_tenant("bob", Path::new("/ck/bob/2"), 2).await;
         assert_eq!(loaded(&o), vec!["loaded"]);
-        assert_eq!(calls.lock().unwrap()[before..].iter().map(|(p, b)| format!("{p} {}", b["lora_name"])).collect::<Vec<_>>(), vec!["/load_lora_adapter \"bob-v2\"", "/unload_lora_adapter \"bob-v1\""]);
+        assert_eq!(calls.lock().unwrap()[before..].iter().map(|(p, b)| format!("{p} {}", b["lora_name"])).collect::<Vec<_>>(), vec!["/load_lora_adapter \"tenant-bob-v2\"", "/unload_lora_adapter \"tenant-bob-v1\""]);
         assert_eq!((r.tenant_version(&url, "alice"), r.tenant_version(&url, "bob")), (Some(2), Some(2)));
     }
 }

@@ -12,8 +12,9 @@
 //! `"tenant"`) gives a tenant its own LoRA adapter, kept unmerged beside the shared base (the base
 //! tensors and the tokenizer are the process's one copy, so a resident tenant costs its adapter
 //! tensors). A request is
-//! served by the adapter its body's `model` names, else by the adapter of the tenant its first tenant
-//! header names ([`AdapterOptions::tenant_headers`]), else by the shared policy. At most
+//! served by the adapter of the tenant its first tenant header names
+//! ([`AdapterOptions::tenant_headers`]; the shared policy when that tenant has none), else, without a
+//! tenant header, by the adapter its body's `model` names, else by the shared policy. At most
 //! [`AdapterOptions::max_adapters`] adapters ([`AdapterOptions::max_adapter_bytes`] bytes) stay
 //! resident; the least recently used one is dropped, and loaded again from its newest checkpoint on its
 //! tenant's next request.

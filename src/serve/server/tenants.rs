@@ -115,8 +115,8 @@ impl TenantRegistry {
 /// Which policy serves one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Pick {
-    /// The tenant the request is for (its `model` when that names an adapter, else its tenant header,
-    /// else [`crate::schema::DEFAULT_TENANT`]).
+    /// The tenant the request is for (its tenant header; without one, its `model` when that names an
+    /// adapter; else [`crate::schema::DEFAULT_TENANT`]).
     pub tenant: String,
     /// The tenant whose adapter serves it; None: the shared policy.
     pub adapter: Option<String>,

@@ -57,6 +57,10 @@ pub use worker::policy_load_options;
 /// A crashed trainer is still detected by `session.timeout.ms` (heartbeats run on librdkafka's thread).
 pub const TRAINER_MAX_POLL_INTERVAL_MS: u32 = 3_600_000;
 
+/// Longest the trainer steps through ready batches before it polls `samples` again (continuous
+/// training): 5 min, well inside [`TRAINER_MAX_POLL_INTERVAL_MS`] even with one more long step.
+pub const TRAIN_READY_BUDGET: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Where the trainer reads samples.
 #[derive(Debug, Clone)]
 pub enum TrainSource {
@@ -269,6 +273,8 @@ struct Run<'a> {
     consumed: HashSet<String>,
     /// Sample ids taken in this run (the topic is at-least-once), with their adapter.
     taken: HashMap<String, AdapterKey>,
+    /// The `samples` partitions each adapter read samples from (per-tenant hand-over at rebalances).
+    partitions_of: HashMap<AdapterKey, BTreeSet<i32>>,
     /// Set when reading the `samples` topic.
     offsets: Option<Offsets>,
     /// The `samples` topic's name (lineage).
@@ -329,6 +335,9 @@ impl Run<'_> {
             return Ok(());
         }
         let key = self.cfg.trainer.tenants.adapter_of(s.tenant.as_deref());
+        if let Some((p, _)) = pos {
+            self.partitions_of.entry(key.clone()).or_default().insert(p);
+        }
         if let Err(r) = self.admit(&key).await? {
             *self.report.refused.entry(r.reason.to_string()).or_default() += 1;
             let lineage = match pos {
@@ -359,8 +368,16 @@ impl Run<'_> {
     /// Trains every full batch (reading the topic, also an adapter's partial batch of at least `min_batch`
     /// once its oldest sample waited `[trainer.tenants] max_wait_s`; `at_end`, every adapter's remainder of
     /// at least `min_batch`).
+    ///
+    /// Reading the topic (not at the end) it returns after [`TRAIN_READY_BUDGET`] of steps, so the loop
+    /// polls the consumer (and sees a rebalance) between long runs of steps: many tenants due at once
+    /// must not keep it from polling until `max.poll.interval.ms` fences it while it still trains them.
     async fn train_ready(&mut self, at_end: bool, ctl: &TaskCtl, input: Option<&InputLoop>) -> Result<()> {
+        let started = std::time::Instant::now();
         while !self.stopped(ctl) {
+            if !at_end && input.is_some() && started.elapsed() >= TRAIN_READY_BUDGET {
+                break;
+            }
             // The maximum wait applies to the topic only: a SQL replay's batches must not depend on wall time.
             let next = match (at_end, input) {
                 (true, _) => self.batcher.next_at_end(),
@@ -400,33 +417,38 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// After a rebalance in per-tenant training (module docs): hands over every tenant holding samples
-    /// (buffered, or trained since its last checkpoint) of a partition this consumer lost. Its buffered
-    /// samples are dropped, its adapter closed without a checkpoint, its sample ids forgotten, and its
-    /// samples in partitions still assigned here are read again from the first of them. Nothing of a
-    /// lost partition is committed from here any more. The shared policy (one trainer process) keeps its
-    /// state: a partition assigned again is read again and what was taken is skipped as a duplicate.
+    /// After a rebalance in per-tenant training (module docs): hands over every tenant that read samples
+    /// from a partition this consumer lost (held ones or not: a tenant whose samples are all checkpointed
+    /// goes too, so that when the partition comes back it is opened again from its newest checkpoint,
+    /// which another process may have written since). Its buffered samples are dropped, its adapter
+    /// closed without a checkpoint, its sample ids, refusal and place under `max_tenants` forgotten, and
+    /// its held samples in partitions still assigned here are read again from the first of them (a seek).
+    /// Nothing of a lost partition is committed from here any more. The shared policy (one trainer
+    /// process) keeps its state: a partition assigned again is read again and what was taken is skipped
+    /// as a duplicate. Returns the partitions sought back: the caller drops the records of the current
+    /// batch from them (they are read again).
     ///
     /// # Errors
     /// [`Error::Internal`] when the model thread is gone; [`Error::Kafka`] when a partition still
     /// assigned cannot be read again from a tenant's first sample (the process stops; its restart reads
     /// from the committed offsets).
-    async fn hand_over(&mut self, revoked: Revoked, input: &mut InputLoop) -> Result<()> {
+    async fn hand_over(&mut self, revoked: Revoked, input: &mut InputLoop) -> Result<BTreeSet<i32>> {
+        let mut sought = BTreeSet::new();
         let Some(off) = self.offsets.as_mut() else {
-            return Ok(());
+            return Ok(sought);
         };
         let lost: BTreeSet<i32> = match revoked {
             Revoked::Partitions(p) => p,
-            Revoked::All => off.read_next.keys().copied().chain(off.held.keys().map(|(p, _)| *p)).collect(),
+            Revoked::All => off.read_next.keys().copied().chain(off.held.keys().map(|(p, _)| *p)).chain(self.partitions_of.values().flatten().copied()).collect(),
         };
         tracing::info!(partitions = ?lost, "samples partitions revoked");
         for p in &lost {
             off.read_next.remove(p);
         }
         if !self.cfg.trainer.tenants.per_tenant() {
-            return Ok(());
+            return Ok(sought);
         }
-        let hit: BTreeSet<AdapterKey> = off.held.iter().filter(|((p, _), _)| lost.contains(p)).map(|(_, k)| k.clone()).collect();
+        let hit: BTreeSet<AdapterKey> = self.partitions_of.iter().filter(|(_, ps)| !ps.is_disjoint(&lost)).map(|(k, _)| k.clone()).collect();
         for key in hit {
             let mut rewind: BTreeMap<i32, i64> = BTreeMap::new();
             let mut n = 0u64;
@@ -441,10 +463,15 @@ impl Run<'_> {
                 }
                 false
             });
+            self.partitions_of.remove(&key);
             let buffered = self.batcher.release(&key).len();
             self.taken.retain(|_, k| k != &key);
-            self.opened.remove(&key);
-            self.worker.close(key.clone()).await?;
+            if let Some(t) = &key {
+                self.failed.remove(t);
+            }
+            if self.opened.remove(&key) {
+                self.worker.close(key.clone()).await?;
+            }
             *self.report.handed_over.entry(adapter_name(&key).to_string()).or_default() += n;
             crate::metrics::trainer_tenant_handed_over(adapter_name(&key), n);
             tracing::info!(
@@ -458,9 +485,10 @@ impl Run<'_> {
                 input.seek(p, o)?;
                 let e = off.read_next.entry(p).or_insert(o);
                 *e = (*e).min(o);
+                sought.insert(p);
             }
         }
-        Ok(())
+        Ok(sought)
     }
 
     fn commit(&self, input: Option<&InputLoop>) {
@@ -573,6 +601,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
         failed: HashMap::new(),
         consumed: HashSet::new(),
         taken: HashMap::new(),
+        partitions_of: HashMap::new(),
         offsets: None,
         topic: bus.topic("samples"),
         max_steps: opts.max_steps.unwrap_or(i64::MAX),
@@ -605,11 +634,16 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                 }
                 let msgs = input.next_batch(256, input.poll_wait(ctl, std::time::Duration::from_millis(300), 0)).await?;
                 input.rebalanced();
-                if let Some(r) = input.take_revoked() {
-                    run.hand_over(r, &mut input).await?;
-                }
+                let sought = match input.take_revoked() {
+                    Some(r) => run.hand_over(r, &mut input).await?,
+                    None => BTreeSet::new(),
+                };
                 let assigned: HashSet<i32> = if msgs.is_empty() { HashSet::new() } else { input.assigned().into_iter().collect() };
                 for m in &msgs {
+                    if sought.contains(&m.partition) {
+                        // read again from a handed-over tenant's first sample (the seek)
+                        continue;
+                    }
                     if !assigned.contains(&m.partition) {
                         // revoked while it arrived: its owner reads it again from the committed offset
                         run.report.skipped_not_assigned += 1;
