@@ -24,7 +24,7 @@
 //! tenant refused (beyond `max_tenants`, or its adapter cannot be opened) has its samples dead-lettered
 //! with the reason and counted (`dead_letters_total{stage="train"}`); the other tenants keep training.
 //! Several trainer processes in one consumer group split the tenants by partition (`samples` is keyed by
-//! tenant). At a rebalance a process hands over every tenant with samples in a partition it lost: the
+//! tenant). At a rebalance a process hands over every tenant that read from a partition it lost: the
 //! tenant's buffered samples are dropped, its adapter is closed without a checkpoint (steps since its
 //! last checkpoint are lost, never published) and nothing more of that partition is committed here; the
 //! partition's new owner reads those samples again from the committed offset and opens the tenant's
