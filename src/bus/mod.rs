@@ -507,7 +507,6 @@ impl ContextTopic for Error {
 pub struct RebalanceFlag {
     raised: Arc<std::sync::atomic::AtomicBool>,
     revoked: Arc<std::sync::Mutex<Option<Revoked>>>,
-    revokes: Arc<std::sync::atomic::AtomicU64>,
     /// The same, for the consumer loop's own use ([`RebalanceFlag::take_recent_revoked`]).
     recent: Arc<std::sync::Mutex<Option<Revoked>>>,
 }
@@ -546,14 +545,9 @@ impl RebalanceFlag {
         self.recent.lock().ok().and_then(|mut g| g.take())
     }
 
-    /// How many revocations were recorded so far (changes with every one).
-    pub fn revokes(&self) -> u64 {
-        self.revokes.load(std::sync::atomic::Ordering::SeqCst)
-    }
 
     /// Records revoked partitions (`None`: all of them).
     pub(crate) fn revoke(&self, partitions: Option<&[i32]>) {
-        self.revokes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         for slot in [&self.revoked, &self.recent] {
             if let Ok(mut g) = slot.lock() {
                 *g = merge_revoked(g.take(), partitions);
@@ -747,7 +741,6 @@ mod tests {
         f.revoke(Some(&[1, 2]));
         assert_eq!(f.take_revoked(), Some(Revoked::Partitions([0, 1, 2].into_iter().collect())));
         assert_eq!(f.take_revoked(), None, "taken once");
-        assert_eq!(f.revokes(), 2);
         f.revoke(Some(&[3]));
         f.revoke(None);
         f.revoke(Some(&[1]));
