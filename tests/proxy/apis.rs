@@ -32,6 +32,8 @@ struct FakeApis {
     created: Mutex<u32>,
     /// Every response created, by id (for `GET /v1/responses/{id}` and its cancel and input items).
     stored: Mutex<std::collections::HashMap<String, (Value, Value)>>,
+    /// Fetches of each background response so far (the first answers `in_progress`).
+    polls: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 fn leaked(headers: &HeaderMap, body: &Value) -> Vec<&'static str> {
@@ -53,11 +55,16 @@ fn sse_chunks(events: &[Value], with_done: bool) -> Vec<Bytes> {
 }
 
 async fn stream_response(f: Arc<FakeApis>, chunks: Vec<Bytes>) -> Response {
+    stream_paced(f, chunks, Duration::from_millis(2)).await
+}
+
+/// [`stream_response`] with `pace` between chunks.
+async fn stream_paced(f: Arc<FakeApis>, chunks: Vec<Bytes>, pace: Duration) -> Response {
     f.streams.lock().unwrap().push(chunks.concat());
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(4);
     tokio::spawn(async move {
         for c in chunks {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::time::sleep(pace).await;
             if tx.send(Ok(c)).await.is_err() {
                 return;
             }
@@ -76,7 +83,9 @@ fn json_response(v: &Value) -> Response {
 
 /// Responses API: the last input item decides. A `function_call_output` → the answer "It is
 /// {output}."; user text with `tools` → a reasoning summary and a `get_weather` call; other user text
-/// → "echo: {text}". Model `fail` → 503; model `cut` streams without a terminal event.
+/// → "echo: {text}". Model `fail` → 503; model `cut` streams without a terminal event; model `slow`
+/// streams 150 ms per chunk. `background: true` without a stream → the response `queued`, fetched
+/// later ([`fake_stored`]).
 async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap();
     if !leaked(&headers, &body).is_empty() {
@@ -120,9 +129,16 @@ async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body
         }
     };
     let done = json!({"id": id, "object": "response", "created_at": 1_764_000_000 + n, "status": "completed", "model": "fake-responses",
-        "output": output, "previous_response_id": body["previous_response_id"], "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}});
+        "output": output, "previous_response_id": body["previous_response_id"], "background": body["background"] == json!(true),
+        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}});
     f.stored.lock().unwrap().insert(id.clone(), (done.clone(), last.clone()));
     if body["stream"] != json!(true) {
+        if body["background"] == json!(true) {
+            let mut queued = done.clone();
+            queued["status"] = json!("queued");
+            queued["output"] = json!([]);
+            return json_response(&queued);
+        }
         return json_response(&done);
     }
     let mut created = done.clone();
@@ -144,7 +160,8 @@ async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body
     if model != "cut" {
         events.push(json!({"type": "response.completed", "response": done}));
     }
-    stream_response(f, sse_chunks(&events, false)).await
+    let pace = Duration::from_millis(if model == "slow" { 150 } else { 2 });
+    stream_paced(f, sse_chunks(&events, false), pace).await
 }
 
 /// Messages API: a user message carrying a `tool_result` → "The result is {content}."; user text
@@ -253,7 +270,9 @@ async fn fake_messages(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body:
 
 /// The Responses API's stored responses: `GET /v1/responses/{id}` (the response), `POST
 /// /v1/responses/{id}/cancel` (it, `status: cancelled`), `GET /v1/responses/{id}/input_items` (its last
-/// input item as a list); 404 for an unknown id.
+/// input item as a list); 404 for an unknown id. A background response's first fetch answers it
+/// `in_progress`, later ones finished; `?stream=true` streams `response.in_progress` then
+/// `response.completed`.
 async fn fake_stored(State(f): State<Arc<FakeApis>>, uri: axum::http::Uri, headers: HeaderMap) -> Response {
     let path = uri.path().to_string();
     f.requests.lock().unwrap().push((path.clone(), headers, Value::Null));
@@ -272,6 +291,22 @@ async fn fake_stored(State(f): State<Arc<FakeApis>>, uri: axum::http::Uri, heade
             let text = last["content"].as_str().unwrap_or_default();
             let item = json!({"type": "message", "id": "msg_in", "role": "user", "status": "completed", "content": [{"type": "input_text", "text": text}]});
             json_response(&json!({"object": "list", "data": [item], "first_id": "msg_in", "last_id": "msg_in", "has_more": false}))
+        }
+        _ if resp["background"] == json!(true) => {
+            let polls = {
+                let mut p = f.polls.lock().unwrap();
+                let n = p.entry(id.to_string()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            let mut running = resp.clone();
+            running["status"] = json!("in_progress");
+            running["output"] = json!([]);
+            if uri.query().is_some_and(|q| q.contains("stream=true")) {
+                let events = [json!({"type": "response.in_progress", "sequence_number": 5, "response": running}), json!({"type": "response.completed", "sequence_number": 9, "response": resp})];
+                return stream_response(f.clone(), sse_chunks(&events, false)).await;
+            }
+            json_response(if polls == 1 { &running } else { &resp })
         }
         _ => json_response(&resp),
     }
@@ -437,6 +472,72 @@ async fn responses_chained_by_previous_response_id_are_one_session() {
     assert!(rows[1].notes[0].contains("was not captured by this proxy process"), "{:?}", rows[1].notes);
     let st = p.shutdown().await;
     assert_eq!((st.turns_captured, st.dead_letters, st.events_emitted), (6, 0, 6));
+}
+
+/// Polls `GET /v1/responses/{id}` (at most 5 times) until the response is no longer running; its
+/// last body.
+async fn poll_response(c: &reqwest::Client, proxy: &str, id: &str) -> Value {
+    for _ in 0..5 {
+        let v: Value = c.get(format!("{proxy}/v1/responses/{id}")).send().await.unwrap().json().await.unwrap();
+        if v["status"] != "queued" && v["status"] != "in_progress" {
+            return v;
+        }
+    }
+    panic!("{id} still running after 5 fetches");
+}
+
+/// Background responses (`background: true`): the turn is recorded when a later fetch returns the
+/// response finished (plain or streamed), once; a cancelled one records nothing; a background stream
+/// the client leaves early is still read to its end and recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_responses_become_turns_when_fetched_finished() {
+    let (up, _fake) = start_fake_apis().await;
+    let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
+    let c = nextstate::net::http_client(None).unwrap();
+    let url = format!("{}/v1/responses", p.url);
+    let session = [("x-session-id", "s-bg")];
+
+    // Queued at once: no turn yet; the first fetch is still running, the second finished → the turn.
+    let (st, bytes, _) = post_json(&c, &url, &json!({"model": "gpt-x", "background": true, "input": "Paris?"}), &session).await;
+    let r: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!((st, r["id"].as_str(), r["status"].as_str()), (200, Some("resp_1"), Some("queued")));
+    assert!(consume(&mut input, 1, Duration::from_secs(1), Duration::from_millis(300)).await.is_empty(), "no turn while queued");
+    let fetched = poll_response(&c, &p.url, "resp_1").await;
+    assert_eq!(fetched["output"][0]["content"][0]["text"], "echo: Paris?", "the upstream's body, unchanged");
+    let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::from_millis(300)).await;
+    assert_eq!((rows[0].session_id.as_str(), rows[0].turn_index, rows[0].response_text.as_str()), ("s-bg", 0, "echo: Paris?"));
+    assert_eq!((roles(&rows[0]), rows[0].policy_version, rows[0].finish_reason.as_deref()), (vec!["user".to_string()], Some(5), Some("stop")));
+    // Fetched again: passed through, not recorded twice.
+    assert_eq!(poll_response(&c, &p.url, "resp_1").await["status"], "completed");
+
+    // Cancelled: no turn.
+    post_json(&c, &url, &json!({"model": "gpt-x", "background": true, "input": "never mind"}), &session).await;
+    let (st, bytes, _) = post_json(&c, &format!("{url}/resp_2/cancel"), &json!({}), &[]).await;
+    assert_eq!((st, serde_json::from_slice::<Value>(&bytes).unwrap()["status"].as_str()), (200, Some("cancelled")));
+
+    // Fetched as a stream: recorded from its terminal event.
+    post_json(&c, &url, &json!({"model": "gpt-x", "background": true, "input": "Rome?"}), &session).await;
+    let r = c.get(format!("{url}/resp_3?stream=true")).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    assert!(String::from_utf8(r.bytes().await.unwrap().to_vec()).unwrap().contains("response.completed"));
+
+    // A background stream the client leaves after its first bytes: read to its end, recorded, and a
+    // later fetch records nothing more.
+    let mut r = c.post(&url).json(&json!({"model": "slow", "background": true, "stream": true, "input": "Oslo?"})).header("x-session-id", "s-bg").send().await.unwrap();
+    assert!(r.chunk().await.unwrap().is_some());
+    drop(r);
+    assert_eq!(poll_response(&c, &p.url, "resp_4").await["status"], "completed");
+
+    let rows = consume(&mut input, 2, Duration::from_secs(20), Duration::from_millis(500)).await;
+    let got: Vec<(i32, &str)> = rows.iter().map(|r| (r.turn_index, r.response_text.as_str())).collect();
+    assert_eq!(got, [(1, "echo: Rome?"), (2, "echo: Oslo?")]);
+    assert!(consume(&mut input, 1, Duration::from_secs(1), Duration::from_millis(300)).await.is_empty(), "nothing else recorded");
+    let metrics = c.get(format!("{}/metrics", p.url)).send().await.unwrap().text().await.unwrap();
+    for (outcome, n) in [("background_pending", 3), ("background_cancelled", 1), ("captured", 3)] {
+        assert!(metrics.contains(&format!("nextstate_proxy_turns_total{{outcome=\"{outcome}\"}} {n}")), "{outcome} {n}: {metrics}");
+    }
+    let st = p.shutdown().await;
+    assert_eq!((st.turns_captured, st.dead_letters), (3, 0));
 }
 
 /// Messages, streamed and not, with an explicit session: tool use and its result, thinking, the

@@ -19,11 +19,12 @@ use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
 use super::apis::{self, Api};
-use super::capture;
+use super::background::{self, Pending};
+use super::capture::{self, TurnRequest};
 use super::metrics::ProxyStats;
 use super::relay::{pump_stream, StreamedTurn};
 use super::request::{prepare_request, strip_logprobs, Rejected};
-use super::state::{capture, reloaded_version, submit_dead, turn_request, Shared};
+use super::state::{capture, hold_background, reloaded_version, submit_dead, turn_request, Shared};
 use super::streams::Accumulator;
 use super::upstream::{respond, response_headers, with_auth, X_API_KEY};
 use crate::net::redact_url;
@@ -217,7 +218,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
     if (200..300).contains(&status) && is_sse {
         let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, reloads_before, t0 };
+        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, reloads_before, t0, background: prepared.background };
         tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
         return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
     }
@@ -230,26 +231,46 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
         s.metrics.latency.observe(t0.elapsed().as_secs_f64());
         return respond(status, out_headers, Body::from(body));
     }
-    let mut out = body.clone();
-    match serde_json::from_slice::<Value>(&body) {
-        Ok(mut v) => {
-            match apis::completed(api, &v) {
-                Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
-                Err(nt) => submit_dead(&s, &capture::dead_response(nt.code(), nt.reason(), &req, &body)),
-            }
-            if !prepared.client_wants_logprobs && strip_logprobs(&mut v) {
-                match serde_json::to_vec(&v) {
-                    Ok(b) => out = Bytes::from(b),
-                    Err(e) => tracing::error!(error = %e, "proxy: re-serialising the response failed; returned it with log-probs"),
-                }
-            }
+    let parsed = serde_json::from_slice::<Value>(&body);
+    // A background response answers at once, still running: its turn waits for a later fetch.
+    let running = parsed.as_ref().ok().filter(|_| prepared.background).and_then(background::running_id).map(str::to_string);
+    let out = match running {
+        Some(id) => {
+            hold_background(&s, &id, Pending { req, reloads_before });
+            body
         }
-        // Passed through unchanged (e.g. a `NaN` log-prob: clients whose parser accepts it still get
-        // their answer); the turn becomes a dead letter.
-        Err(e) => submit_dead(&s, &capture::dead_response("malformed_json", format!("upstream response of {} bytes is not JSON: {e}", body.len()), &req, &body)),
-    }
+        None => {
+            let version = header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req));
+            record(&s, api, &req, body, parsed, version, !prepared.client_wants_logprobs)
+        }
+    };
     s.metrics.latency.observe(t0.elapsed().as_secs_f64());
     respond(status, out_headers, Body::from(out))
+}
+
+/// Records the turn of a 2xx JSON answer `body` (`parsed`: it read as JSON) to `req`: its row, or
+/// its dead letter when it cannot be recorded (`malformed_json` for a body that is not JSON: passed
+/// through unchanged, e.g. a `NaN` log-prob that clients whose parser accepts it still read). Returns
+/// the bytes for the client: `body`, re-serialised without log-probs when `strip`.
+fn record(s: &Shared, api: Api, req: &TurnRequest, body: Bytes, parsed: serde_json::Result<Value>, version: Option<i64>, strip: bool) -> Bytes {
+    let mut v = match parsed {
+        Ok(v) => v,
+        Err(e) => {
+            submit_dead(s, &capture::dead_response("malformed_json", format!("upstream response of {} bytes is not JSON: {e}", body.len()), req, &body));
+            return body;
+        }
+    };
+    match apis::completed(api, &v) {
+        Ok(c) => capture(s, req, &c, version),
+        Err(nt) => submit_dead(s, &capture::dead_response(nt.code(), nt.reason(), req, &body)),
+    }
+    if strip && strip_logprobs(&mut v) {
+        match serde_json::to_vec(&v) {
+            Ok(b) => return Bytes::from(b),
+            Err(e) => tracing::error!(error = %e, "proxy: re-serialising the response failed; returned it with log-probs"),
+        }
+    }
+    body
 }
 
 /// The paths passed through without capture ([`pass_through`]), as axum routes.
@@ -260,7 +281,8 @@ pub(super) const PASS_THROUGH: [&str; 4] = ["/v1/messages/count_tokens", "/v1/re
 /// answer returned as it is: `POST /v1/messages/count_tokens` (Claude Code counts tokens before a
 /// turn), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` and `GET
 /// /v1/responses/{id}/input_items` (the Responses API's stored and background responses). Nothing is
-/// recorded: a stored response fetched later does not become a turn.
+/// recorded, except the turn of a background response this proxy holds ([`super::background`]): a
+/// fetch or cancel that returns it finished records it ([`fetch_background`]).
 pub(super) async fn pass_through(State(s): State<Arc<Shared>>, method: axum::http::Method, uri: axum::http::Uri, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
     let api = if uri.path().starts_with(Api::Messages.path()) { Api::Messages } else { Api::Responses };
     let raw = match body {
@@ -282,7 +304,65 @@ pub(super) async fn pass_through(State(s): State<Arc<Shared>>, method: axum::htt
         rb = rb.body(raw);
     }
     let rb = with_auth(&s.opts, api, &headers, rb);
+    if let Some((id, _)) = background::fetched_id(uri.path()) {
+        if s.background.lock().unwrap_or_else(|e| e.into_inner()).is_pending(id) {
+            return fetch_background(&s, id, rb).await;
+        }
+    }
     relay_whole(&s, api, rb, &format!("{}: ", uri.path())).await
+}
+
+/// A fetch (`GET /v1/responses/{id}`, plain or `?stream=true`) or cancel of background response `id`
+/// whose turn this proxy holds: the answer is returned as it came, and the turn is recorded once the
+/// response is finished — from the JSON response object, or from a stream's terminal event
+/// ([`pump_stream`]). A response still `queued` / `in_progress`, an error status or a failed call
+/// keeps the turn held; a `cancelled` response ends it, counted as outcome `background_cancelled`; a
+/// `failed` one becomes a dead letter (`api_error`), as when answered at once.
+async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder) -> Response {
+    let api = Api::Responses;
+    let t0 = Instant::now();
+    let resp = match rb.send().await {
+        Ok(r) => r,
+        Err(e) => return upstream_error(s, api, &e, &format!("/v1/responses/{id}: ")),
+    };
+    let status = resp.status().as_u16();
+    let header_version = resp.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok());
+    let out_headers = response_headers(resp.headers());
+    let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+    let ok = (200..300).contains(&status);
+    if ok && is_sse {
+        let taken = s.background.lock().unwrap_or_else(|e| e.into_inner()).take(id);
+        if let Some(Pending { req, reloads_before }) = taken {
+            let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
+            let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: false, header_version, reloads_before, t0, background: true };
+            tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
+            return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+        }
+    }
+    let body = match resp.bytes().await {
+        Ok(b) => b,
+        Err(e) => return upstream_error(s, api, &e, &format!("/v1/responses/{id}: ")),
+    };
+    if !ok {
+        return respond(status, out_headers, Body::from(body));
+    }
+    let parsed = serde_json::from_slice::<Value>(&body);
+    if parsed.as_ref().is_ok_and(|v| background::running_id(v).is_some()) {
+        return respond(status, out_headers, Body::from(body));
+    }
+    let Some(Pending { req, reloads_before }) = s.background.lock().unwrap_or_else(|e| e.into_inner()).take(id) else {
+        // Another fetch recorded it meanwhile.
+        return respond(status, out_headers, Body::from(body));
+    };
+    if parsed.as_ref().is_ok_and(|v| v.get("status").and_then(Value::as_str) == Some("cancelled")) {
+        s.metrics.turn("background_cancelled");
+        tracing::info!(response = id, "proxy: background response cancelled; no turn recorded");
+        return respond(status, out_headers, Body::from(body));
+    }
+    let version = header_version.or_else(|| reloaded_version(s, reloads_before.as_ref(), &req));
+    let out = record(s, api, &req, body, parsed, version, false);
+    s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+    respond(status, out_headers, Body::from(out))
 }
 
 /// Sends `rb` upstream and returns its answer whole (status, headers, body), or the 502 of a failed

@@ -24,7 +24,9 @@ pub struct Metrics {
     pub latency: Histogram,
     /// `turns_total{outcome}`: chat completions by outcome (`captured`, `dead_letter`,
     /// `upstream_error`, `upstream_unreachable`, `client_disconnected`, `bad_response`,
-    /// `incomplete_stream`, `bad_request`).
+    /// `incomplete_stream`, `bad_request`; Responses background responses: `background_pending` when
+    /// one is held for a later fetch, `background_cancelled`, `background_forgotten`: see
+    /// [`super::background`]).
     pub turns: Family<Labels, Counter>,
     /// `token_capture_total{kind}`: captured turns by token data (`ids_and_logprobs`, `ids_only`,
     /// `text_only`, `rejected` = invalid ids/log-probs dropped with a note).

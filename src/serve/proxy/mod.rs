@@ -71,10 +71,15 @@
 //! request arrived, `ingest_time` = when the row was built. The `source_*` lineage columns stay null:
 //! the row is itself the Kafka record.
 //!
+//! Background responses (Responses API `background: true`): the turn is held by response id and
+//! recorded when a later `GET /v1/responses/{id}` (or `?stream=true`, or a cancel) returns the
+//! response finished; see [`background`].
+//!
 //! Events: see [`emit`] (bounded channel → emitter task → Kafka, or a bounded local spool while Kafka
 //! is down, replayed later; at-least-once). `/metrics` ([`metrics`]) and `/health` report the counts.
 
 pub mod apis;
+pub mod background;
 pub mod capture;
 mod cli;
 mod config;

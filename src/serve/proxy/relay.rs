@@ -11,11 +11,12 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::apis::Api;
+use super::background::Pending;
 use super::capture::{self, TurnRequest};
 use super::request::strip_logprobs;
 use super::response::NoTurn;
 use super::sse::{SseEvent, SseFramer};
-use super::state::{capture, reloaded_version, submit_dead, Shared};
+use super::state::{capture, hold_background, reloaded_version, submit_dead, Shared};
 use super::streams::Accumulator;
 
 /// Feeds one SSE event to the accumulator; returns the bytes to forward to the client.
@@ -53,17 +54,24 @@ pub(super) struct StreamedTurn {
     /// [`ProxyOptions::upstream_versions`]).
     pub(super) reloads_before: Option<crate::serve::reload::ServerVersion>,
     pub(super) t0: Instant,
+    /// A background response (Responses API, [`super::background`]): when the client leaves the
+    /// stream, it is still read to its end and its turn recorded; when the upstream stream breaks
+    /// off, the turn is held for a later fetch.
+    pub(super) background: bool,
 }
 
 /// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
 /// records the turn when the stream ends with a finish reason.
 pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
-    let StreamedTurn { req, api, mut acc, strip, header_version, reloads_before, t0 } = turn;
+    let StreamedTurn { req, api, mut acc, strip, header_version, reloads_before, t0, background } = turn;
     let mut framer = SseFramer::default();
     let mut upstream = resp.bytes_stream();
     let mut failed: Option<&'static str> = None;
     // The stream's first bytes, for the dead letter of a stream that cannot be recorded.
     let mut head: Vec<u8> = vec![];
+    // A background response goes on upstream without the client: its stream is read to its end, and
+    // its turn recorded, after the client left.
+    let mut client_gone = false;
     'read: while let Some(chunk) = upstream.next().await {
         let chunk = match chunk {
             Ok(c) => c,
@@ -73,7 +81,9 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
                 // In the API's own error shape, after a blank line that ends any event cut mid-way.
                 let mut out = if framer.has_partial() { b"\n\n".to_vec() } else { vec![] };
                 out.extend(api.stream_error_event(&format!("upstream stream failed: {reason}")));
-                let _ = tx.send(Ok(Bytes::from(out))).await;
+                if !client_gone {
+                    let _ = tx.send(Ok(Bytes::from(out))).await;
+                }
                 failed = Some("upstream_error");
                 break;
             }
@@ -83,16 +93,22 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
         if strip {
             for ev in events {
                 let out = relay_event(&mut acc, ev, true);
-                if tx.send(Ok(Bytes::from(out))).await.is_err() {
-                    failed = Some("client_disconnected");
-                    break 'read;
+                if !client_gone && tx.send(Ok(Bytes::from(out))).await.is_err() {
+                    if !background {
+                        failed = Some("client_disconnected");
+                        break 'read;
+                    }
+                    client_gone = true;
                 }
             }
         } else {
             // Forward the bytes as received (no waiting for event boundaries), then assemble.
-            if tx.send(Ok(chunk)).await.is_err() {
-                failed = Some("client_disconnected");
-                break;
+            if !client_gone && tx.send(Ok(chunk)).await.is_err() {
+                if !background {
+                    failed = Some("client_disconnected");
+                    break;
+                }
+                client_gone = true;
             }
             for ev in events {
                 relay_event(&mut acc, ev, false);
@@ -102,15 +118,24 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
     if failed.is_none() {
         if let Some(ev) = framer.finish() {
             let out = relay_event(&mut acc, ev, strip);
-            if strip && tx.send(Ok(Bytes::from(out))).await.is_err() {
+            if strip && !client_gone && tx.send(Ok(Bytes::from(out))).await.is_err() && !background {
                 failed = Some("client_disconnected");
             }
         }
     }
+    if client_gone {
+        tracing::debug!("proxy: the client left a background response's stream; it was read to its end");
+    }
     // Dropping the upstream stream closes its connection: the upstream stops generating.
     drop(upstream);
     s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+    let running = acc.response_id().map(str::to_string);
     match failed {
+        // A background response's stream broke off: the upstream still has it, a later fetch records it.
+        Some("upstream_error") if background && running.is_some() => {
+            let id = running.unwrap_or_default();
+            hold_background(&s, &id, Pending { req, reloads_before });
+        }
         Some(outcome) => s.metrics.turn(outcome),
         None => match acc.finish() {
             Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),

@@ -201,6 +201,9 @@ pub struct Prepared {
     /// The request did not say `store: false` (Responses: a response not stored upstream cannot be
     /// chained on, so the proxy does not remember it).
     pub store: bool,
+    /// Responses API: the request said `background: true` (the upstream answers at once with a
+    /// `queued` response fetched later: [`super::background`]).
+    pub background: bool,
 }
 
 /// Why a client's request is refused before it reaches the upstream (the proxy answers 4xx with
@@ -252,6 +255,7 @@ pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &Rewrite
         _ => Value::Object(body.clone()),
     };
     let store = !matches!(body.get("store"), Some(Value::Bool(false)));
+    let background = api == Api::Responses && matches!(body.get("background"), Some(Value::Bool(true)));
     let mut client_wants_logprobs = true;
     if api == Api::ChatCompletions {
         client_wants_logprobs = matches!(body.get("logprobs"), Some(Value::Bool(true)));
@@ -275,7 +279,7 @@ pub fn prepare_request(api: Api, headers: &HeaderMap, raw: &[u8], opts: &Rewrite
         _ => None,
     };
     let upstream_body = serde_json::to_vec(&body).map_err(|e| Rejected::bad("wrong_type", format!("request body cannot be re-serialised: {e}")))?;
-    Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, notes, raw_messages, tools, model, previous_response_id, instructions, store })
+    Ok(Prepared { upstream_body, client_wants_logprobs, stream, meta, messages, notes, raw_messages, tools, model, previous_response_id, instructions, store, background })
 }
 
 /// Sets `logprobs` of every choice to null (for a client that did not ask for them). Works on a full

@@ -66,6 +66,7 @@ impl Proxy {
         };
         let shared = Arc::new(Shared {
             sessions: Mutex::new(Sessions::new(opts.session_capacity)),
+            background: Mutex::new(super::background::Background::new(opts.session_capacity)),
             base,
             client,
             rewrite,

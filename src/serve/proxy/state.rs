@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::apis::Api;
+use super::background::{Background, Pending};
 use super::capture::{build_interaction, Captured, TurnRequest};
 use super::config::ProxyOptions;
 use super::emit::{EmitterHandle, Outgoing};
@@ -21,6 +22,8 @@ pub(super) struct Shared {
     pub(super) client: reqwest::Client,
     pub(super) rewrite: RewriteOptions,
     pub(super) sessions: Mutex<Sessions>,
+    /// Background responses not finished yet ([`super::background`]).
+    pub(super) background: Mutex<Background>,
     pub(super) emitter: EmitterHandle,
     pub(super) metrics: Arc<Metrics>,
     pub(super) interactions_topic: String,
@@ -99,4 +102,16 @@ pub(super) fn turn_request(s: &Shared, api: Api, prepared: &Prepared, received_m
 /// started or ended meanwhile leaves it unknown.
 pub(super) fn reloaded_version(s: &Shared, before: Option<&crate::serve::reload::ServerVersion>, req: &TurnRequest) -> Option<i64> {
     s.opts.upstream_versions.as_ref()?.version_for(&s.base, before?, req.model.as_deref())
+}
+
+/// Holds a background turn until its response is finished ([`super::background`]); counted as outcome
+/// `background_pending`, and a pending turn pushed out to make room as `background_forgotten`.
+pub(super) fn hold_background(s: &Shared, id: &str, p: Pending) {
+    s.metrics.turn("background_pending");
+    tracing::debug!(response = id, "proxy: background response held until it is fetched finished");
+    let forgotten = s.background.lock().unwrap_or_else(|e| e.into_inner()).hold(id, p);
+    if let Some(old) = forgotten {
+        s.metrics.turn("background_forgotten");
+        tracing::warn!(response = %old, "proxy: a pending background response was forgotten to make room; its turn will not be recorded");
+    }
 }

@@ -43,6 +43,14 @@ impl Accumulator {
         }
     }
 
+    /// The Responses API's response id, once a `response` snapshot was seen (None for the other APIs).
+    pub fn response_id(&self) -> Option<&str> {
+        match self {
+            Accumulator::Responses(a) => a.response_id(),
+            _ => None,
+        }
+    }
+
     /// Feeds a `[DONE]` marker (chat completions; the other APIs send none).
     pub fn done_marker(&mut self) {
         if let Accumulator::Chat(a) = self {

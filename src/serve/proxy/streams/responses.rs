@@ -26,6 +26,11 @@ impl ResponsesStream {
         self.state.unreadable_chunk(e);
     }
 
+    /// The response's id, from the latest `response` snapshot seen (None before the first).
+    pub fn response_id(&self) -> Option<&str> {
+        self.response.as_ref()?.get("id")?.as_str()
+    }
+
     /// Feeds one event's data.
     pub fn push(&mut self, v: &Value) {
         self.state.chunks += 1;
