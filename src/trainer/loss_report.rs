@@ -44,6 +44,12 @@ pub struct SampleLoss {
     pub topk_kl: f64,
     /// The sample's loss `pg + kl_coef·kl − entropy_coef·entropy (+ topk_coef·topk_kl)`, before its weight.
     pub loss: f64,
+    /// Mean |rollout − current| log-prob over its trained tokens (nats): what the trainer's
+    /// `logprob_gap` quarantine rule measures ([`super::config::QuarantineSettings::max_logprob_gap`]).
+    pub logprob_gap: f64,
+    /// `logprob_gap` is above `trainer.quarantine.max_logprob_gap`: a training step would quarantine
+    /// this sample (drop reason `logprob_gap`) instead of training on it.
+    pub over_gap_bound: bool,
     /// Per response token (length = the sample's response length): the advantage `A_t` the loss used
     /// (docs/method.md §6; 0 on untrained tokens), times the sample's sign in a random-sign control arm.
     pub token_advantages: Vec<f64>,
@@ -131,6 +137,8 @@ pub fn loss_report<P: Policy + ?Sized>(policy: &P, reference: Option<&dyn Policy
                 entropy: ent[i],
                 topk_kl: tk[i],
                 loss: l[i],
+                logprob_gap: ev.row_gaps[i],
+                over_gap_bound: ev.row_gaps[i] > cfg.quarantine.max_logprob_gap,
                 token_advantages,
                 student_logprobs,
                 teacher_logprobs,

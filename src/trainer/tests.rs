@@ -345,6 +345,31 @@ fn loss_report_matches_hand_values_and_leaves_weights_alone() {
     assert_eq!(json["samples"][0]["sample_type"], "binary");
 }
 
+/// The loss report shows each sample's |rollout − current| gap, the quantity of the `logprob_gap`
+/// quarantine rule, and whether a training step would quarantine it (bound 2 nats, the default; the
+/// other rules off: b3's response is one token).
+#[test]
+fn loss_report_shows_the_logprob_gap_of_the_quarantine_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(7);
+    let mut samples = binary_batch(&p);
+    samples.truncate(3);
+    // b1's rollout log-probs 0.5 nats above the policy's, b2's 3 below, b3 on-policy.
+    for (s, shift) in samples.iter_mut().zip([0.5f32, -3.0, 0.0]) {
+        s.rollout_logprobs.iter_mut().for_each(|l| *l += shift);
+    }
+    let c = TrainerConfig { batch_size: 3, quarantine: QuarantineSettings { max_logprob_gap: 2.0, ..QuarantineSettings::off() }, ..cfg(0.01) };
+    let t = Trainer::new(p, Method::Binary, c, CheckpointWriter::new(dir.path(), "gap")).unwrap();
+    let report = t.loss_report(&samples).unwrap();
+    let got: Vec<(&str, f64, bool)> = report.samples.iter().map(|s| (s.sample_id.as_str(), s.logprob_gap, s.over_gap_bound)).collect();
+    let want = [("b1", 0.5, false), ("b2", 3.0, true), ("b3", 0.0, false)];
+    for (g, w) in got.iter().zip(want) {
+        assert!(g.0 == w.0 && (g.1 - w.1).abs() < 1e-5 && g.2 == w.2, "{got:?}");
+    }
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["samples"][1]["over_gap_bound"], true);
+}
+
 #[test]
 fn recompute_old_logprobs_makes_the_step_on_policy() {
     // Rollout log-probs far from the policy's (all −0.1): without recomputation the ratios are far from 1
