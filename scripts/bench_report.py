@@ -173,7 +173,7 @@ def main():
         L.append("\nNo peer: the adapters and the pairer are ours (the reference reads its own logs only).\n")
         fmt = formats_2026(crit)
         if fmt:
-            L.append("### The 2026 agent formats (one real sample or documented variant per format, 2–16 KB each)\n")
+            L.append("### The 2026 agent formats (one real sample or documented variant per format, 1–161 KB each)\n")
             L.append("Per-file figures (open, read, normalise, emit), not steady-state throughput. The peer reads the same "
                      "file and parses its JSON into `serde_json::Value`s (per line for JSONL) and keeps nothing: the floor "
                      "of any JSON-based reader, so the ratio is what the adapter itself costs.\n")
