@@ -338,6 +338,8 @@ async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder
             tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
             return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
         }
+        // Another fetch took the turn meanwhile: this stream is only relayed.
+        return respond(status, out_headers, Body::from_stream(resp.bytes_stream()));
     }
     let body = match resp.bytes().await {
         Ok(b) => b,
