@@ -34,6 +34,8 @@ struct FakeApis {
     stored: Mutex<std::collections::HashMap<String, (Value, Value)>>,
     /// Fetches of each background response so far (the first answers `in_progress`).
     polls: Mutex<std::collections::HashMap<String, u32>>,
+    /// The `X-Policy-Version` of stored-response answers (5 when not set).
+    fetch_version: Mutex<Option<i64>>,
 }
 
 fn leaked(headers: &HeaderMap, body: &Value) -> Vec<&'static str> {
@@ -84,8 +86,8 @@ fn json_response(v: &Value) -> Response {
 /// Responses API: the last input item decides. A `function_call_output` → the answer "It is
 /// {output}."; user text with `tools` → a reasoning summary and a `get_weather` call; other user text
 /// → "echo: {text}". Model `fail` → 503; model `cut` streams without a terminal event; model `slow`
-/// streams 150 ms per chunk. `background: true` without a stream → the response `queued`, fetched
-/// later ([`fake_stored`]).
+/// streams 150 ms per chunk; model `fail-later` is a background response that fails. `background:
+/// true` without a stream → the response `queued`, fetched later ([`fake_stored`]).
 async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap();
     if !leaked(&headers, &body).is_empty() {
@@ -131,6 +133,12 @@ async fn fake_responses(State(f): State<Arc<FakeApis>>, headers: HeaderMap, body
     let done = json!({"id": id, "object": "response", "created_at": 1_764_000_000 + n, "status": "completed", "model": "fake-responses",
         "output": output, "previous_response_id": body["previous_response_id"], "background": body["background"] == json!(true),
         "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}});
+    let mut done = done;
+    if model == "fail-later" {
+        done["status"] = json!("failed");
+        done["output"] = json!([]);
+        done["error"] = json!({"code": "server_error", "message": "the model crashed"});
+    }
     f.stored.lock().unwrap().insert(id.clone(), (done.clone(), last.clone()));
     if body["stream"] != json!(true) {
         if body["background"] == json!(true) {
@@ -306,7 +314,9 @@ async fn fake_stored(State(f): State<Arc<FakeApis>>, uri: axum::http::Uri, heade
                 let events = [json!({"type": "response.in_progress", "sequence_number": 5, "response": running}), json!({"type": "response.completed", "sequence_number": 9, "response": resp})];
                 return stream_response(f.clone(), sse_chunks(&events, false)).await;
             }
-            json_response(if polls == 1 { &running } else { &resp })
+            let version = f.fetch_version.lock().unwrap().unwrap_or(5).to_string();
+            let body = if polls == 1 { &running } else { &resp };
+            ([("content-type", "application/json".to_string()), ("x-policy-version", version)], body.to_string()).into_response()
         }
         _ => json_response(&resp),
     }
@@ -487,11 +497,13 @@ async fn poll_response(c: &reqwest::Client, proxy: &str, id: &str) -> Value {
 }
 
 /// Background responses (`background: true`): the turn is recorded when a later fetch returns the
-/// response finished (plain or streamed), once; a cancelled one records nothing; a background stream
-/// the client leaves early is still read to its end and recorded.
+/// response finished (plain or streamed), once; a cancelled one, or one the upstream no longer has,
+/// records nothing (counted); a failed one is a dead letter; a background stream the client leaves
+/// early is still read to its end and recorded; one that ends without its terminal event waits for
+/// the next fetch; a version the create call and the fetch disagree on is unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_responses_become_turns_when_fetched_finished() {
-    let (up, _fake) = start_fake_apis().await;
+    let (up, fake) = start_fake_apis().await;
     let (_bus, p, mut input, _spool) = proxy_on_embedded(&up, |_| {}).await;
     let c = nextstate::net::http_client(None).unwrap();
     let url = format!("{}/v1/responses", p.url);
@@ -521,23 +533,44 @@ async fn background_responses_become_turns_when_fetched_finished() {
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     assert!(String::from_utf8(r.bytes().await.unwrap().to_vec()).unwrap().contains("response.completed"));
 
-    // A background stream the client leaves after its first bytes: read to its end, recorded, and a
-    // later fetch records nothing more.
+    // A background stream the client leaves after its first bytes (150 ms a chunk: it has seconds to
+    // go): read to its end and recorded (`background_client_left` below), and a later fetch records
+    // nothing more.
     let mut r = c.post(&url).json(&json!({"model": "slow", "background": true, "stream": true, "input": "Oslo?"})).header("x-session-id", "s-bg").send().await.unwrap();
     assert!(r.chunk().await.unwrap().is_some());
     drop(r);
-    assert_eq!(poll_response(&c, &p.url, "resp_4").await["status"], "completed");
-
-    let rows = consume(&mut input, 2, Duration::from_secs(20), Duration::from_millis(500)).await;
+    let rows = consume(&mut input, 2, Duration::from_secs(20), Duration::from_millis(300)).await;
     let got: Vec<(i32, &str)> = rows.iter().map(|r| (r.turn_index, r.response_text.as_str())).collect();
     assert_eq!(got, [(1, "echo: Rome?"), (2, "echo: Oslo?")]);
+    assert_eq!(poll_response(&c, &p.url, "resp_4").await["status"], "completed");
+
+    // A background stream that ends without its terminal event: the turn waits for the next fetch.
+    // The upstream reloaded in between (version 5 at create, 6 at fetch): the row's version is unknown.
+    let (st, _, _) = post_json(&c, &url, &json!({"model": "cut", "background": true, "stream": true, "input": "Lima?"}), &session).await;
+    assert_eq!(st, 200);
+    *fake.fetch_version.lock().unwrap() = Some(6);
+    assert_eq!(poll_response(&c, &p.url, "resp_5").await["status"], "completed");
+    let rows = consume(&mut input, 1, Duration::from_secs(20), Duration::from_millis(300)).await;
+    assert_eq!((rows[0].turn_index, rows[0].response_text.as_str(), rows[0].policy_version), (3, "echo: Lima?", None));
+    *fake.fetch_version.lock().unwrap() = None;
+
+    // Gone upstream (404): no turn, counted. Failed: a dead letter, as when answered at once.
+    post_json(&c, &url, &json!({"model": "gpt-x", "background": true, "input": "expired"}), &session).await;
+    fake.stored.lock().unwrap().remove("resp_6");
+    let r = c.get(format!("{url}/resp_6")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    post_json(&c, &url, &json!({"model": "fail-later", "background": true, "input": "crash?"}), &session).await;
+    assert_eq!(poll_response(&c, &p.url, "resp_7").await["status"], "failed");
     assert!(consume(&mut input, 1, Duration::from_secs(1), Duration::from_millis(300)).await.is_empty(), "nothing else recorded");
+
     let metrics = c.get(format!("{}/metrics", p.url)).send().await.unwrap().text().await.unwrap();
-    for (outcome, n) in [("background_pending", 3), ("background_cancelled", 1), ("captured", 3)] {
+    let outcomes = [("background_pending", 6), ("background_cancelled", 1), ("background_not_found", 1), ("background_client_left", 1), ("captured", 4), ("dead_letter", 1)];
+    for (outcome, n) in outcomes {
         assert!(metrics.contains(&format!("nextstate_proxy_turns_total{{outcome=\"{outcome}\"}} {n}")), "{outcome} {n}: {metrics}");
     }
+    assert!(!metrics.contains("outcome=\"client_disconnected\"") && metrics.contains("nextstate_proxy_background_pending 0"), "{metrics}");
     let st = p.shutdown().await;
-    assert_eq!((st.turns_captured, st.dead_letters), (3, 0));
+    assert_eq!((st.turns_captured, st.dead_letters), (4, 1));
 }
 
 /// Messages, streamed and not, with an explicit session: tool use and its result, thinking, the

@@ -22,9 +22,9 @@ use super::apis::{self, Api};
 use super::background::{self, Pending};
 use super::capture::{self, TurnRequest};
 use super::metrics::ProxyStats;
-use super::relay::{pump_stream, StreamedTurn};
+use super::relay::{pump_stream, BackgroundStream, StreamedTurn};
 use super::request::{prepare_request, strip_logprobs, Rejected};
-use super::state::{capture, hold_background, reloaded_version, submit_dead, turn_request, Shared};
+use super::state::{capture, hold_background, reloaded_version, submit_dead, take_background, turn_request, Shared};
 use super::streams::Accumulator;
 use super::upstream::{respond, response_headers, with_auth, X_API_KEY};
 use crate::net::redact_url;
@@ -218,7 +218,8 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
     if (200..300).contains(&status) && is_sse {
         let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, reloads_before, t0, background: prepared.background };
+        let background = prepared.background.then(|| BackgroundStream { id: None, bytes: raw.len(), created_version: None });
+        let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: !prepared.client_wants_logprobs, header_version, reloads_before, t0, background };
         tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
         return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
     }
@@ -236,7 +237,7 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
     let running = parsed.as_ref().ok().filter(|_| prepared.background).and_then(background::running_id).map(str::to_string);
     let out = match running {
         Some(id) => {
-            hold_background(&s, &id, Pending { req, reloads_before });
+            hold_background(&s, &id, Pending { req, reloads_before, header_version, bytes: raw.len() });
             body
         }
         None => {
@@ -315,9 +316,12 @@ pub(super) async fn pass_through(State(s): State<Arc<Shared>>, method: axum::htt
 /// A fetch (`GET /v1/responses/{id}`, plain or `?stream=true`) or cancel of background response `id`
 /// whose turn this proxy holds: the answer is returned as it came, and the turn is recorded once the
 /// response is finished — from the JSON response object, or from a stream's terminal event
-/// ([`pump_stream`]). A response still `queued` / `in_progress`, an error status or a failed call
-/// keeps the turn held; a `cancelled` response ends it, counted as outcome `background_cancelled`; a
-/// `failed` one becomes a dead letter (`api_error`), as when answered at once.
+/// ([`pump_stream`], which holds the turn again when the stream ends before that). A response still
+/// `queued` / `in_progress`, another error status or a failed call keeps the turn held; a
+/// `cancelled` response ends it (outcome `background_cancelled`), and so does a 404 or 410 (the
+/// upstream no longer has it: `background_not_found`); a `failed` one becomes a dead letter
+/// (`api_error`), as when answered at once. The turn's version is the create call's
+/// `X-Policy-Version` when the fetch's agrees ([`background::version_of`]).
 async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder) -> Response {
     let api = Api::Responses;
     let t0 = Instant::now();
@@ -331,10 +335,10 @@ async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder
     let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
     let ok = (200..300).contains(&status);
     if ok && is_sse {
-        let taken = s.background.lock().unwrap_or_else(|e| e.into_inner()).take(id);
-        if let Some(Pending { req, reloads_before }) = taken {
+        if let Some(p) = take_background(s, id) {
             let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
-            let turn = StreamedTurn { req, api, acc: Accumulator::new(api), strip: false, header_version, reloads_before, t0, background: true };
+            let background = Some(BackgroundStream { id: Some(id.to_string()), bytes: p.bytes, created_version: p.header_version });
+            let turn = StreamedTurn { req: p.req, api, acc: Accumulator::new(api), strip: false, header_version, reloads_before: p.reloads_before, t0, background };
             tokio::spawn(pump_stream(s.clone(), resp, tx, turn));
             return respond(status, out_headers, Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
         }
@@ -345,6 +349,13 @@ async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder
         Ok(b) => b,
         Err(e) => return upstream_error(s, api, &e, &format!("/v1/responses/{id}: ")),
     };
+    if status == 404 || status == 410 {
+        if take_background(s, id).is_some() {
+            s.metrics.turn("background_not_found");
+            tracing::warn!(response = id, status, "proxy: the upstream no longer has a pending background response; its turn is not recorded");
+        }
+        return respond(status, out_headers, Body::from(body));
+    }
     if !ok {
         return respond(status, out_headers, Body::from(body));
     }
@@ -352,7 +363,7 @@ async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder
     if parsed.as_ref().is_ok_and(|v| background::running_id(v).is_some()) {
         return respond(status, out_headers, Body::from(body));
     }
-    let Some(Pending { req, reloads_before }) = s.background.lock().unwrap_or_else(|e| e.into_inner()).take(id) else {
+    let Some(p) = take_background(s, id) else {
         // Another fetch recorded it meanwhile.
         return respond(status, out_headers, Body::from(body));
     };
@@ -361,14 +372,14 @@ async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder
         tracing::info!(response = id, "proxy: background response cancelled; no turn recorded");
         return respond(status, out_headers, Body::from(body));
     }
-    let version = header_version.or_else(|| reloaded_version(s, reloads_before.as_ref(), &req));
-    let out = record(s, api, &req, body, parsed, version, false);
-    s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+    let version = background::version_of(p.header_version, header_version).or_else(|| reloaded_version(s, p.reloads_before.as_ref(), &p.req));
+    let out = record(s, api, &p.req, body, parsed, version, false);
     respond(status, out_headers, Body::from(out))
 }
 
-/// Sends `rb` upstream and returns its answer whole (status, headers, body), or the 502 of a failed
-/// call in `api`'s error shape (`context` starts the log line).
+/// Sends `rb` upstream and returns its answer (status, headers, body: whole, or relayed as it arrives
+/// for an event stream), or the 502 of a failed call in `api`'s error shape (`context` starts the log
+/// line).
 async fn relay_whole(s: &Shared, api: Api, rb: reqwest::RequestBuilder, context: &str) -> Response {
     let failed = |e: reqwest::Error| upstream_error(s, api, &e, context);
     let resp = match rb.send().await {
@@ -377,6 +388,10 @@ async fn relay_whole(s: &Shared, api: Api, rb: reqwest::RequestBuilder, context:
     };
     let status = resp.status().as_u16();
     let h = response_headers(resp.headers());
+    // A stream (e.g. a resumed `GET /v1/responses/{id}?stream=true`) is relayed as it arrives.
+    if resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream")) {
+        return respond(status, h, Body::from_stream(resp.bytes_stream()));
+    }
     match resp.bytes().await {
         Ok(b) => respond(status, h, Body::from(b)),
         Err(e) => failed(e),

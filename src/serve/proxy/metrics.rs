@@ -24,9 +24,11 @@ pub struct Metrics {
     pub latency: Histogram,
     /// `turns_total{outcome}`: chat completions by outcome (`captured`, `dead_letter`,
     /// `upstream_error`, `upstream_unreachable`, `client_disconnected`, `bad_response`,
-    /// `incomplete_stream`, `bad_request`; Responses background responses: `background_pending` when
-    /// one is held for a later fetch, `background_cancelled`, `background_forgotten`: see
-    /// [`super::background`]).
+    /// `incomplete_stream`, `bad_request`; Responses background responses ([`super::background`]):
+    /// `background_pending` each time a turn is held for a later fetch (its final outcome is counted
+    /// again when a fetch records it), `background_cancelled`, `background_not_found` (404/410 on a
+    /// fetch), `background_forgotten` (pushed out of the bounded store, or pending at shutdown),
+    /// `background_client_left` (a client left a background stream, which was read to its end)).
     pub turns: Family<Labels, Counter>,
     /// `token_capture_total{kind}`: captured turns by token data (`ids_and_logprobs`, `ids_only`,
     /// `text_only`, `rejected` = invalid ids/log-probs dropped with a note).
@@ -46,6 +48,9 @@ pub struct Metrics {
     pub spool_events: Gauge<i64, AtomicI64>,
     /// `kafka_up`: 1 while events go straight to Kafka, 0 while they are spooled.
     pub kafka_up: Gauge<i64, AtomicI64>,
+    /// `background_pending`: background responses whose turn waits for a fetch
+    /// ([`super::background`]).
+    pub background_pending: Gauge<i64, AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -69,6 +74,7 @@ impl Metrics {
         let spool_bytes = Gauge::<i64, AtomicI64>::default();
         let spool_events = Gauge::<i64, AtomicI64>::default();
         let kafka_up = Gauge::<i64, AtomicI64>::default();
+        let background_pending = Gauge::<i64, AtomicI64>::default();
         registry.register("requests", "HTTP requests by route and status", requests.clone());
         registry.register_with_unit("request_duration", "Chat completion latency (to the last upstream byte)", Unit::Seconds, latency.clone());
         registry.register("turns", "Chat completions by outcome", turns.clone());
@@ -80,7 +86,8 @@ impl Metrics {
         registry.register_with_unit("spool", "Bytes waiting in the spool", Unit::Bytes, spool_bytes.clone());
         registry.register("spool_events", "Events waiting in the spool", spool_events.clone());
         registry.register("kafka_up", "1 while events go straight to Kafka, 0 while spooling", kafka_up.clone());
-        Metrics { registry, requests, latency, turns, token_capture, emitted, spooled, replayed, dropped, spool_bytes, spool_events, kafka_up }
+        registry.register("background_pending", "Background responses whose turn waits for a fetch", background_pending.clone());
+        Metrics { registry, requests, latency, turns, token_capture, emitted, spooled, replayed, dropped, spool_bytes, spool_events, kafka_up, background_pending }
     }
 
     /// Counts one request.

@@ -54,16 +54,38 @@ pub(super) struct StreamedTurn {
     /// [`ProxyOptions::upstream_versions`]).
     pub(super) reloads_before: Option<crate::serve::reload::ServerVersion>,
     pub(super) t0: Instant,
-    /// A background response (Responses API, [`super::background`]): when the client leaves the
-    /// stream, it is still read to its end and its turn recorded; when the upstream stream breaks
-    /// off, the turn is held for a later fetch.
-    pub(super) background: bool,
+    /// A background response's stream (Responses API, [`super::background`]), else None.
+    pub(super) background: Option<BackgroundStream>,
+}
+
+/// What [`pump_stream`] knows of a background response: when the client leaves the stream, it is
+/// still read to its end and its turn recorded; when the upstream stream breaks off, or ends with
+/// neither a terminal event nor an error (a resumed stream past its end, a cancelled response), the turn
+/// is held again for the next fetch.
+pub(super) struct BackgroundStream {
+    /// The response id when the stream is a fetch (`GET /v1/responses/{id}?stream=true`); a create
+    /// call's stream names it in its first `response` snapshot.
+    pub(super) id: Option<String>,
+    /// Size of the request's body (bytes): [`Pending::bytes`].
+    pub(super) bytes: usize,
+    /// A fetch's stream: the create call's `X-Policy-Version` (the stream's own header is the fetch's;
+    /// [`super::background::version_of`]).
+    pub(super) created_version: Option<i64>,
 }
 
 /// Forwards an upstream SSE stream to the client as it arrives, assembling the turn on the way;
 /// records the turn when the stream ends with a finish reason.
 pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
     let StreamedTurn { req, api, mut acc, strip, header_version, reloads_before, t0, background } = turn;
+    let is_background = background.is_some();
+    // A background turn held again for a later fetch: its pending record, and whether it was held.
+    let pending_of = |acc: &Accumulator, req: &TurnRequest| -> Option<(String, Pending)> {
+        let b = background.as_ref()?;
+        let id = b.id.clone().or_else(|| acc.response_id().map(str::to_string))?;
+        let created = if b.id.is_some() { b.created_version } else { header_version };
+        Some((id, Pending { req: req.clone(), reloads_before: reloads_before.clone(), header_version: created, bytes: b.bytes }))
+    };
+    let mut held = false;
     let mut framer = SseFramer::default();
     let mut upstream = resp.bytes_stream();
     let mut failed: Option<&'static str> = None;
@@ -78,6 +100,12 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
             Err(e) => {
                 let reason = crate::net::redact_url(&crate::net::error_chain(&e));
                 tracing::warn!(error = %reason, "proxy: upstream stream broke off");
+                // A background response goes on upstream: its turn is held before the client hears of
+                // the break, so the fetch the client makes next records it.
+                if let Some((id, p)) = pending_of(&acc, &req) {
+                    hold_background(&s, &id, p);
+                    held = true;
+                }
                 // In the API's own error shape, after a blank line that ends any event cut mid-way.
                 let mut out = if framer.has_partial() { b"\n\n".to_vec() } else { vec![] };
                 out.extend(api.stream_error_event(&format!("upstream stream failed: {reason}")));
@@ -94,7 +122,7 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
             for ev in events {
                 let out = relay_event(&mut acc, ev, true);
                 if !client_gone && tx.send(Ok(Bytes::from(out))).await.is_err() {
-                    if !background {
+                    if !is_background {
                         failed = Some("client_disconnected");
                         break 'read;
                     }
@@ -104,7 +132,7 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
         } else {
             // Forward the bytes as received (no waiting for event boundaries), then assemble.
             if !client_gone && tx.send(Ok(chunk)).await.is_err() {
-                if !background {
+                if !is_background {
                     failed = Some("client_disconnected");
                     break;
                 }
@@ -118,27 +146,38 @@ pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mps
     if failed.is_none() {
         if let Some(ev) = framer.finish() {
             let out = relay_event(&mut acc, ev, strip);
-            if strip && !client_gone && tx.send(Ok(Bytes::from(out))).await.is_err() && !background {
+            if strip && !client_gone && tx.send(Ok(Bytes::from(out))).await.is_err() && !is_background {
                 failed = Some("client_disconnected");
             }
         }
     }
     if client_gone {
+        s.metrics.turn("background_client_left");
         tracing::debug!("proxy: the client left a background response's stream; it was read to its end");
     }
     // Dropping the upstream stream closes its connection: the upstream stops generating.
     drop(upstream);
     s.metrics.latency.observe(t0.elapsed().as_secs_f64());
-    let running = acc.response_id().map(str::to_string);
+    if held {
+        return;
+    }
+    let version = match &background {
+        Some(BackgroundStream { id: Some(_), created_version, .. }) => super::background::version_of(*created_version, header_version),
+        _ => header_version,
+    };
+    // (background streams only: the record to hold again if the stream did not finish the response)
+    let rehold = pending_of(&acc, &req);
     match failed {
-        // A background response's stream broke off: the upstream still has it, a later fetch records it.
-        Some("upstream_error") if background && running.is_some() => {
-            let id = running.unwrap_or_default();
-            hold_background(&s, &id, Pending { req, reloads_before });
-        }
         Some(outcome) => s.metrics.turn(outcome),
         None => match acc.finish() {
-            Ok(c) => capture(&s, &req, &c, header_version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
+            Ok(c) => capture(&s, &req, &c, version.or_else(|| reloaded_version(&s, reloads_before.as_ref(), &req))),
+            // A background stream that ended with neither its terminal event nor an error: the response
+            // is not finished here (a resumed stream past its end, a cancel); the next fetch decides.
+            Err(NoTurn::Incomplete) if rehold.is_some() => {
+                if let Some((id, p)) = rehold {
+                    hold_background(&s, &id, p);
+                }
+            }
             // The upstream's own error: passed to the client, counted, no dead letter (as an error status).
             Err(nt @ NoTurn::StreamError(_)) => {
                 tracing::warn!(reason = ?nt, "proxy: stream ended without a turn to record");

@@ -130,6 +130,15 @@ impl Proxy {
     /// Stops the emitter after it delivered or spooled every queued event; returns the final counters.
     pub async fn shutdown(self) -> ProxyStats {
         let Proxy { shared, emitter } = self;
+        // Background turns still waiting for a fetch are lost with the process: counted, and logged.
+        let pending = shared.background.lock().unwrap_or_else(|e| e.into_inner()).drain();
+        if !pending.is_empty() {
+            tracing::warn!(count = pending.len(), "proxy: shutting down with background responses not fetched finished; their turns are not recorded");
+            for _ in &pending {
+                shared.metrics.turn("background_forgotten");
+            }
+            shared.metrics.background_pending.set(0);
+        }
         emitter.shutdown().await;
         ProxyStats::of(&shared.metrics)
     }

@@ -105,13 +105,26 @@ pub(super) fn reloaded_version(s: &Shared, before: Option<&crate::serve::reload:
 }
 
 /// Holds a background turn until its response is finished ([`super::background`]); counted as outcome
-/// `background_pending`, and a pending turn pushed out to make room as `background_forgotten`.
+/// `background_pending` (the turn's final outcome is counted again when a fetch records it), and each
+/// pending turn pushed out to make room as `background_forgotten`.
 pub(super) fn hold_background(s: &Shared, id: &str, p: Pending) {
     s.metrics.turn("background_pending");
     tracing::debug!(response = id, "proxy: background response held until it is fetched finished");
-    let forgotten = s.background.lock().unwrap_or_else(|e| e.into_inner()).hold(id, p);
-    if let Some(old) = forgotten {
+    let (forgotten, pending) = {
+        let mut b = s.background.lock().unwrap_or_else(|e| e.into_inner());
+        (b.hold(id, p), b.len())
+    };
+    s.metrics.background_pending.set(pending as i64);
+    for old in forgotten {
         s.metrics.turn("background_forgotten");
         tracing::warn!(response = %old, "proxy: a pending background response was forgotten to make room; its turn will not be recorded");
     }
+}
+
+/// Takes background response `id`'s pending turn, if this proxy holds it (only one caller gets it).
+pub(super) fn take_background(s: &Shared, id: &str) -> Option<Pending> {
+    let mut b = s.background.lock().unwrap_or_else(|e| e.into_inner());
+    let p = b.take(id);
+    s.metrics.background_pending.set(b.len() as i64);
+    p
 }
