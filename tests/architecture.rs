@@ -1,8 +1,14 @@
 //! The module layering of `docs/ARCHITECTURE.md`, checked against the source.
 //!
-//! An edge runs from one source file to another when the first names the second through a `crate::` or
-//! `super::` path outside comments and test code (`#[cfg(test)]` items, `tests.rs` files). Two checks:
-//! - no cycle between source files (no file reaches itself through such edges);
+//! An edge runs from one source file to another when the first names the second through a path outside
+//! comments and test code (`#[cfg(test)]` items, `tests.rs` files): a `crate::` or `super::` path
+//! (`use super::*` too), or, in a file that declares child modules (`mod x;`, `pub mod x;` in a
+//! `mod.rs`, or in `foo.rs` with a `foo/` folder), a path that starts with one of those children
+//! (`x::f()`, `pub use x::X`, `pub use self::x::{X, Y}`). A path leads to the deepest file it names.
+//! Two checks:
+//! - no cycle between source files (no file reaches itself through such edges): a child does not use
+//!   its parent's items when the parent uses the child, so a `mod.rs` re-exports but the children import
+//!   from the sibling file that defines an item, and helpers they share live in a sibling file;
 //! - every edge between top-level modules is one the table in `docs/ARCHITECTURE.md` allows, and that
 //!   table names every module of `src/lib.rs` and allows no cycle itself.
 mod common;
@@ -84,6 +90,9 @@ fn expand(prefix: &[String], s: &str, out: &mut Vec<ModPath>) {
     out.push(p);
 }
 
+/// A braced use list, `{..}`, with lists nested up to three deep.
+const USE_LIST: &str = r"\{(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*\}";
+
 /// The file-level dependency graph of `src/` (keys and values: module paths of files).
 fn graph(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
     let files: Vec<(ModPath, String)> = walkdir::WalkDir::new(src)
@@ -95,25 +104,63 @@ fn graph(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
         .collect();
     let known: BTreeSet<ModPath> = files.iter().map(|(m, _)| m.clone()).collect();
     let resolve = |p: &[String]| (1..=p.len()).rev().map(|i| p[..i].to_vec()).find(|c| known.contains(c));
-    let path_re = regex::Regex::new(r"\b(crate|super)::((?:\{[^;]*?\})|(?:[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*(?:::\{[^;]*?\})?))").unwrap();
     let mut g: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
     for (me, text) in &files {
         let code = code_of(text);
         let entry = g.entry(me.clone()).or_default();
-        for c in path_re.captures_iter(&code) {
-            let prefix: Vec<String> = if &c[1] == "crate" { vec![] } else { me[..me.len().saturating_sub(1)].to_vec() };
-            let mut paths = vec![];
-            expand(&prefix, &c[2], &mut paths);
-            for p in paths {
-                if let Some(t) = resolve(&p) {
-                    if &t != me {
-                        entry.insert(t);
-                    }
+        // The children of this file that are files themselves (not inline `mod x { .. }` blocks).
+        let children: BTreeSet<String> = child_mods(&code).into_iter().filter(|x| known.contains(&[me.clone(), vec![x.clone()]].concat())).collect();
+        for p in named_paths(me, &code, &children) {
+            if let Some(t) = resolve(&p) {
+                if &t != me {
+                    entry.insert(t);
                 }
             }
         }
     }
     g
+}
+
+/// The module paths (from the crate root) that the code of the file of module `me` names: its
+/// `crate::` and `super::` paths (`super::*` included) and its paths into its child modules `children`
+/// ([`child_paths`]).
+fn named_paths(me: &[String], code: &str, children: &BTreeSet<String>) -> Vec<ModPath> {
+    let path_re = regex::Regex::new(&format!(r"\b(crate|super)::(\*|(?:{USE_LIST})|(?:[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*(?:::{USE_LIST})?))")).unwrap();
+    let mut paths = vec![];
+    for c in path_re.captures_iter(code) {
+        let prefix: Vec<String> = if &c[1] == "crate" { vec![] } else { me[..me.len().saturating_sub(1)].to_vec() };
+        expand(&prefix, &c[2], &mut paths);
+    }
+    paths.extend(child_paths(code, children).into_iter().map(|p| [me.to_vec(), p].concat()));
+    paths
+}
+
+/// The child modules a file declares by `mod x;` (any visibility), not inline `mod x { .. }` blocks.
+fn child_mods(code: &str) -> BTreeSet<String> {
+    let decl = regex::Regex::new(r"(?m)^\s*(?:pub(?:\s*\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;").unwrap();
+    decl.captures_iter(code).map(|c| c[1].to_string()).collect()
+}
+
+/// The paths, relative to this file's module, that start with one of its `children`: `x::f`,
+/// `x::{A, b::C}`, `x::*`, `self::x::A` or `self::{x::A, y}` (a bare `x::` preceded by `::` is part of
+/// a longer path and not one of them).
+fn child_paths(code: &str, children: &BTreeSet<String>) -> Vec<ModPath> {
+    if children.is_empty() {
+        return vec![];
+    }
+    let rest = format!(r"(\*|{USE_LIST}|[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*(?:::{USE_LIST}|::\*)?)");
+    let bare = regex::Regex::new(&format!(r"(?:^|[^A-Za-z0-9_:$])([A-Za-z_][A-Za-z0-9_]*)::{rest}")).unwrap();
+    let mut out = vec![];
+    for c in bare.captures_iter(code) {
+        let mut paths = vec![];
+        if &c[1] == "self" {
+            expand(&[], &c[2], &mut paths);
+        } else if children.contains(&c[1]) {
+            expand(&[c[1].to_string()], &c[2], &mut paths);
+        }
+        out.extend(paths.into_iter().filter(|p| p.first().is_some_and(|x| children.contains(x))));
+    }
+    out
 }
 
 /// Strongly connected groups of more than one file (Tarjan).
@@ -220,4 +267,28 @@ fn the_parser_reads_nested_use_lists_and_skips_test_code() {
     let code = code_of("use crate::a; // crate::b\n#[cfg(test)]\nmod tests {\n    use crate::c;\n}\n#[cfg(test)]\nmod more;\nuse crate::d;\n");
     assert!(code.contains("crate::a") && code.contains("crate::d"), "{code}");
     assert!(!code.contains("crate::b") && !code.contains("crate::c") && !code.contains("more"), "{code}");
+}
+
+#[test]
+fn the_parser_reads_paths_into_child_modules() {
+    let code = code_of(concat!(
+        "pub mod sink;\npub(crate) mod claude_code;\nmod codex;\nmod inline { }\n",
+        "pub use self::sink::{Sink, Flush};\npub use codex::*;\n",
+        "use self::{claude_code::{read, Format}, other::X};\n",
+        "fn f() { claude_code::read(x); crate::sink::y(); a::sink::z(); let sink = 1; }\n",
+        "#[cfg(test)]\nmod tests {\n    use codex::Hidden;\n}\n",
+    ));
+    let children = child_mods(&code);
+    assert_eq!(children, ["claude_code", "codex", "sink"].map(String::from).into());
+    let found: BTreeSet<String> = child_paths(&code, &children).iter().map(|p| p.join("::")).collect();
+    let want = ["sink::Sink", "sink::Flush", "codex", "claude_code::read", "claude_code::Format"];
+    assert_eq!(found, want.map(String::from).into());
+    assert!(child_paths(&code, &BTreeSet::new()).is_empty());
+    // From the crate root: `super::` (a glob too) from `ingest/codex.rs`, child paths from `ingest/mod.rs`.
+    let named = |me: &[&str], code: &str, children: &BTreeSet<String>| -> Vec<String> {
+        let me: ModPath = me.iter().map(|s| s.to_string()).collect();
+        named_paths(&me, code, children).iter().map(|p| p.join("::")).collect()
+    };
+    assert_eq!(named(&["ingest", "codex"], "use super::*;\nuse crate::{a::B, c};\n", &BTreeSet::new()), ["ingest", "a::B", "c"]);
+    assert_eq!(named(&["ingest"], "pub use sink::Sink;\nsink::Sink::new();\n", &children), ["ingest::sink::Sink", "ingest::sink::Sink::new"]);
 }

@@ -98,7 +98,7 @@ impl ArmRow {
     ///
     /// # Errors
     /// JSON errors of the overrides (not expected).
-    pub fn of(arm: &super::ResolvedArm, steps: i64, train_sql: String, sample_ids: Vec<String>, interaction_ids: Vec<String>, sample_types: Vec<String>) -> Result<ArmRow> {
+    pub fn of(arm: &super::config::ResolvedArm, steps: i64, train_sql: String, sample_ids: Vec<String>, interaction_ids: Vec<String>, sample_types: Vec<String>) -> Result<ArmRow> {
         let p = &arm.pipeline;
         Ok(ArmRow {
             arm: arm.name.clone(),

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::problems::Problem;
 use super::student::{check, Preference, Preferences, Verdict};
-use super::Problem;
 use crate::schema::{EvalScore, Table};
 
 /// Scores of one set of responses (one policy version on the held-out problems).

@@ -59,7 +59,7 @@ use rand::SeedableRng;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use super::{parse_number, same_number, Problem};
+use super::problems::{parse_number, same_number, Problem};
 use crate::schema::content_hash;
 use crate::{Error, Result};
 

@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::Error;
 
 #[test]
 fn loads_the_real_gsm8k_test_file() {

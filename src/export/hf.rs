@@ -10,7 +10,7 @@ use std::path::Path;
 use arrow::array::{Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, SchemaRef};
 
-use super::{write_parquet, FileReport};
+use super::files::{write_parquet, FileReport};
 use crate::error::{Error, Result};
 use crate::lake::Lake;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{token_columns_ok, write_rows, FileReport, Skips};
+use super::files::{token_columns_ok, write_rows, FileReport, Skips};
 use crate::error::Result;
 use crate::schema::Sample;
 

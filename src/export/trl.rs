@@ -16,7 +16,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{token_columns_ok, write_rows, ChatMessage, FileReport, Skips, Texts};
+use super::files::{token_columns_ok, write_rows, FileReport, Skips};
+use super::texts::{ChatMessage, Texts};
 use crate::error::Result;
 use crate::schema::{Sample, SampleType};
 

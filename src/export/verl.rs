@@ -6,7 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{write_rows, ChatMessage, FileReport, Skips, Texts};
+use super::files::{write_rows, FileReport, Skips};
+use super::texts::{ChatMessage, Texts};
 use crate::error::Result;
 use crate::schema::Sample;
 

@@ -12,12 +12,13 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{json_type, map_role, normalize_with_role, NormError};
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    super::read_object_lines(path, sink, progress, &mut |sink, n, text, obj| record(sink, n, text, &obj))
+    super::sink::read_object_lines(path, sink, progress, &mut |sink, n, text, obj| record(sink, n, text, &obj))
 }
 
 fn record(sink: &mut Sink<'_>, n: i64, text: &[u8], obj: &Map<String, Value>) -> Result<()> {

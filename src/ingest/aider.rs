@@ -40,8 +40,8 @@ use std::path::Path;
 use serde_json::json;
 
 use super::normalize::{normalize_message, NormError, Normalized};
+use super::sink::{read_lines, Sink, Turn};
 use super::trajectory::{emit_event_session, MessageMeta, Trajectory};
-use super::{read_lines, Sink, Turn};
 use crate::schema::Message;
 use crate::Result;
 

@@ -59,8 +59,8 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::normalize::{json_type, normalize_with_role};
+use super::sink::Sink;
 use super::trajectory::{emit_event_session, MessageMeta, Trajectory};
-use super::Sink;
 use crate::Result;
 
 /// The event `type`s of the session event union (SDK `BetaManagedAgentsSessionEvent`, stream previews).
@@ -178,7 +178,7 @@ impl Reader<'_, '_> {
 
     fn event(&mut self, line: i64, ev: &Map<String, Value>) -> Result<()> {
         let ty = ev.get("type").and_then(Value::as_str).unwrap_or("");
-        let time = ev.get("processed_at").and_then(super::parse_timestamp);
+        let time = ev.get("processed_at").and_then(super::timestamp::parse_timestamp);
         let content = || ev.get("content").cloned().unwrap_or_else(|| json!([]));
         let str_of = |k: &str| ev.get(k).and_then(Value::as_str).map(str::to_string);
         match ty {
@@ -264,7 +264,7 @@ fn payload_events(p: &Value) -> Option<Vec<&Value>> {
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut lines: Vec<(i64, Value)> = vec![];
-    super::read_lines(path, sink, progress, &mut |sink, n, text| match serde_json::from_slice::<Value>(text) {
+    super::sink::read_lines(path, sink, progress, &mut |sink, n, text| match serde_json::from_slice::<Value>(text) {
         Ok(v @ (Value::Object(_) | Value::Array(_))) => {
             lines.push((n, v));
             Ok(())

@@ -18,13 +18,14 @@ use serde_json::{Map, Value};
 
 use super::normalize::{json_type, normalize_request, normalize_with_role};
 use super::openai_chat::Sessions;
-use super::{parse_timestamp, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::timestamp::parse_timestamp;
 use crate::schema::Message;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
-    super::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
+    super::sink::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
 }
 
 /// A log line's object, its `request` and its `response`.

@@ -32,8 +32,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::normalize_with_role;
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::Result;
 
 /// One message of a session before normalisation (assistant fragments already merged).
@@ -56,7 +57,7 @@ struct Session {
 }
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let file_agent = path
         .file_stem()
         .and_then(|s| s.to_str())

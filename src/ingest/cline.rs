@@ -37,8 +37,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{json_type, normalize_with_role, Normalized};
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, emit_event_session, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::schema::{Message, ToolCall};
 use crate::Result;
 

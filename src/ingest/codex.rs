@@ -25,13 +25,14 @@ use serde_json::Value;
 
 use super::items::Items;
 use super::normalize::Normalized;
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::schema::Message;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let mut session_id: Option<String> = None;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut t = Trajectory::default();

@@ -54,7 +54,7 @@ use std::path::Path;
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::Format;
+use super::format::Format;
 use crate::{Error, Result};
 
 /// Bytes read by [`super::read_path`] for detection.
@@ -160,7 +160,7 @@ pub(crate) fn probe(head: &[u8]) -> (bool, Vec<String>) {
 /// rule matches (or the file does not start with JSON).
 pub fn detect(path: &Path, head_bytes: usize) -> Result<Detection> {
     if path.is_dir() {
-        if super::is_event_dir(path) {
+        if super::openhands_v1::is_event_dir(path) {
             return Ok(Detection { format: Format::OpenHandsV1, reason: "folder of OpenHands event-NNNNN-<id>.json files".into() });
         }
         if super::opencode::is_message_dir(path) {

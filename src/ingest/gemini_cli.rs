@@ -48,8 +48,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{normalize_with_role, Normalized};
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, emit_event_session, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::schema::Message;
 use crate::Result;
 
@@ -57,7 +58,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
     if is_pretty_document(path, sink.opts.max_line_bytes)? {
         return read_legacy(path, sink, progress);
     }
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let session = session_id(records.iter().map(|(_, r)| r), &sink.stem);
     let mut s = Session::new(session);
     for (n, r) in records.iter() {
@@ -109,7 +110,7 @@ fn is_pretty_document(path: &Path, max_line: usize) -> Result<bool> {
     let mut lines = BufReader::new(super::stream::open(path)?.take(max_line as u64)).split(b'\n');
     for line in lines.by_ref() {
         let line = line.map_err(|e| crate::Error::io("read", path, e))?;
-        let line = line.strip_prefix(super::UTF8_BOM).unwrap_or(&line).trim_ascii();
+        let line = line.strip_prefix(super::stream::UTF8_BOM).unwrap_or(&line).trim_ascii();
         if !line.is_empty() {
             return Ok(line == b"{");
         }

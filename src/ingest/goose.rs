@@ -28,8 +28,8 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::normalize::normalize_with_role;
+use super::sink::Sink;
 use super::trajectory::{emit_event_session, MessageMeta, Trajectory};
-use super::Sink;
 use crate::Result;
 
 /// Whether a first record is Goose's `SessionMetadata`.
@@ -38,7 +38,7 @@ pub(crate) fn is_metadata(r: &Map<String, Value>) -> bool {
 }
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let session = format!("goose:{}", sink.stem);
     let mut t = Trajectory::default();
     let mut counts: HashMap<String, u64> = HashMap::new();

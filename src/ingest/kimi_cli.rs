@@ -28,13 +28,13 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::normalize::{normalize_message, Normalized};
+use super::sink::Sink;
 use super::trajectory::{emit_event_session, MessageMeta, Trajectory};
-use super::Sink;
 use crate::schema::Message;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let folder = path.parent().and_then(|p| p.file_name()).map(|s| s.to_string_lossy().into_owned());
     let stem = sink.stem.clone();
     let session = match folder {

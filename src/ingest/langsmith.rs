@@ -21,16 +21,18 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{normalize_message, normalize_with_role};
-use super::{parse_timestamp, stream, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::stream;
+use super::timestamp::parse_timestamp;
 use crate::schema::Message;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let mut runs: Vec<super::Record> = vec![];
+    let mut runs: Vec<super::sink::Record> = vec![];
     match stream::read_document(path, sink.opts.max_document_bytes)? {
         stream::Document::TooLarge { .. } => {
             // An export too large to read whole is JSONL: one run per line.
-            runs = super::jsonl_objects(path, sink, progress)?;
+            runs = super::sink::jsonl_objects(path, sink, progress)?;
         }
         stream::Document::Whole(bytes) => {
             match serde_json::from_slice::<Value>(&bytes) {
@@ -61,12 +63,12 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
                     }
                 }
                 // Not one JSON document: JSONL, one run per line.
-                Err(_) => runs = super::jsonl_objects(path, sink, progress)?,
+                Err(_) => runs = super::sink::jsonl_objects(path, sink, progress)?,
             }
         }
     }
     // Merge post and patch by run id (file order; later fields win).
-    let mut merged: Vec<super::Record> = vec![];
+    let mut merged: Vec<super::sink::Record> = vec![];
     let mut at: HashMap<String, usize> = HashMap::new();
     for (n, r) in runs {
         match r.get("id").and_then(Value::as_str).map(str::to_string) {
@@ -182,7 +184,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
 }
 
 /// Appends the run objects of a JSON array (numbered from 1); other elements are dead letters.
-fn run_list(sink: &mut Sink<'_>, what: &str, a: Vec<Value>, runs: &mut Vec<super::Record>) -> Result<()> {
+fn run_list(sink: &mut Sink<'_>, what: &str, a: Vec<Value>, runs: &mut Vec<super::sink::Record>) -> Result<()> {
     for (i, r) in a.into_iter().enumerate() {
         sink.record_read();
         match r {

@@ -11,12 +11,19 @@
 //! [`IngestOptions::max_document_bytes`] (default 512 MiB); a larger document is dead-lettered. A
 //! trajectory's turns are emitted once the whole session is known (the last turn's next state and
 //! `session_done` need it), so memory per session is about the size of that session.
+//!
+//! [`Interaction`]: crate::schema::Interaction
+//! [`DeadLetter`]: crate::schema::DeadLetter
 
 pub mod canonical;
 mod detect;
+mod format;
 pub mod normalize;
+mod options;
+mod output;
 pub mod sessions;
 mod stream;
+mod timestamp;
 
 mod agentbench;
 pub(crate) mod anthropic_messages;
@@ -49,176 +56,19 @@ mod tau_bench;
 mod toolbench;
 mod trajectory;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 pub use detect::{detect, detect_bytes, Detection, DEFAULT_HEAD_BYTES, DETECT_RECORDS};
+pub use format::Format;
+pub use openhands_v1::is_event_dir;
+pub use options::IngestOptions;
+pub use output::{FileSummary, IngestItem};
 pub use stream::UTF8_BOM;
 pub use stream::Compression;
-pub(crate) use sink::{jsonl_objects, read_lines, read_object_lines, Record, Sink, Turn};
+pub use timestamp::parse_timestamp;
+use sink::Sink;
 
-use crate::schema::{DeadLetter, Interaction, TurnType};
 use crate::{Error, Result};
-
-/// A supported log format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum Format {
-    /// OpenClaw-RL record JSONL (`session_id, turn, timestamp, messages, prompt_text, response_text,
-    /// tool_calls, next_state`).
-    OpenClaw,
-    /// JSONL of `{request, response}` OpenAI chat-completions logs (optional `headers`).
-    OpenAiChat,
-    /// tau-bench `historical_trajectories`: a JSON array of `{task_id, trial, reward, info, traj}`.
-    TauBench,
-    /// SWE-agent `.traj`: `{environment, trajectory[], history[], info}`.
-    SweAgent,
-    /// mini-swe-agent trajectory: `{info, messages[], trajectory_format}`.
-    MiniSweAgent,
-    /// OpenHands event stream: a JSON array of action/observation events.
-    OpenHands,
-    /// ToolBench answer file (`answer_generation.train_messages`, old `function_call` format).
-    ToolBench,
-    /// AgentBench run output JSONL (`{index, error, info, output: {history}, time}`).
-    AgentBench,
-    /// OpenClaw agent-runtime session transcript JSONL (pi session format v1–v3: header line,
-    /// `parentId` tree of `message`/`compaction`/... entries).
-    OpenClawSession,
-    /// Claude Code session JSONL (`user`/`assistant`/`system`/... lines; responses split over lines
-    /// sharing `message.id`; subagent files).
-    ClaudeCode,
-    /// OpenAI Codex CLI rollout JSONL (`{timestamp, type, payload}`: `session_meta`,
-    /// `response_item`, `event_msg`, `turn_context`, `compacted`).
-    Codex,
-    /// JSONL of `{request, response}` OpenAI Responses API logs (input items, `previous_response_id`).
-    OpenAiResponses,
-    /// JSONL of `{request, response}` Anthropic Messages API logs (`system`, content blocks).
-    AnthropicMessages,
-    /// OpenHands V1 (software-agent-sdk) event JSONL (`kind`: `ActionEvent`, `ObservationEvent`, ...).
-    OpenHandsV1,
-    /// LangSmith runs: `{post, patch}` create/update payloads, a JSON array or JSONL of runs.
-    LangSmith,
-    /// OpenTelemetry GenAI spans: OTLP/JSON exports or SDK span dumps.
-    Otel,
-    /// Open Assistant conversation trees (oasst1/oasst2 `trees.jsonl` or `messages.jsonl`).
-    Oasst,
-    /// The generic fallback: one bare JSON array of chat messages (OpenAI or Anthropic shape).
-    Messages,
-    /// GitHub Copilot CLI session events (`session-state/<id>/events.jsonl`).
-    CopilotCli,
-    /// Gemini CLI chat recordings (`~/.gemini/tmp/<project hash>/chats/session-*.jsonl`, or the legacy
-    /// `session-*.json` document).
-    GeminiCli,
-    /// Qwen Code chat recordings (`~/.qwen/projects/<project>/chats/<sessionId>.jsonl`: `uuid`/`parentUuid`
-    /// records with Gemini `Content` messages).
-    QwenCode,
-    /// Cline / Roo Code task histories (`tasks/<task id>/api_conversation_history.json`: Anthropic
-    /// messages with XML or native tool calls, or Roo Code's `{version: 2, messages}`).
-    Cline,
-    /// Kimi CLI context files (`~/.kimi/sessions/<work dir hash>/<session id>/context.jsonl`: one
-    /// kosong message a line, plus `_system_prompt`/`_checkpoint`/`_usage` records).
-    KimiCli,
-    /// Aider logs: the markdown chat transcript `.aider.chat.history.md` (one session per launch) or
-    /// the `--llm-history-file` log (`TO LLM` / `LLM RESPONSE` blocks).
-    Aider,
-    /// Goose session files (`~/.local/share/goose/sessions/<session id>.jsonl`: a metadata line, then
-    /// one message a line with `text`/`toolRequest`/`toolResponse` content).
-    Goose,
-    /// OpenCode session storage (`storage/message/<session id>/<message id>.json` with the parts in
-    /// `storage/part/<message id>/`): a folder per session.
-    OpenCode,
-    /// Anthropic Managed Agents session event logs (`client.beta.sessions.events.*`: one event, or a
-    /// `[method, payload]` pair, a line; `user.*`/`agent.*`/`session.*`/`span.*` events).
-    AnthropicManagedAgents,
-}
-
-impl Format {
-    /// Every format, in documentation order.
-    pub const ALL: [Format; 27] = [
-        Format::OpenClaw,
-        Format::OpenAiChat,
-        Format::TauBench,
-        Format::SweAgent,
-        Format::MiniSweAgent,
-        Format::OpenHands,
-        Format::ToolBench,
-        Format::AgentBench,
-        Format::OpenClawSession,
-        Format::ClaudeCode,
-        Format::Codex,
-        Format::OpenAiResponses,
-        Format::AnthropicMessages,
-        Format::OpenHandsV1,
-        Format::LangSmith,
-        Format::Otel,
-        Format::Oasst,
-        Format::Messages,
-        Format::CopilotCli,
-        Format::GeminiCli,
-        Format::QwenCode,
-        Format::Cline,
-        Format::KimiCli,
-        Format::Aider,
-        Format::Goose,
-        Format::OpenCode,
-        Format::AnthropicManagedAgents,
-    ];
-
-    /// The name used on the command line and in `interactions.source_format`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::OpenClaw => "openclaw",
-            Format::OpenAiChat => "openai-chat",
-            Format::TauBench => "tau-bench",
-            Format::SweAgent => "swe-agent",
-            Format::MiniSweAgent => "mini-swe-agent",
-            Format::OpenHands => "openhands",
-            Format::ToolBench => "toolbench",
-            Format::AgentBench => "agentbench",
-            Format::OpenClawSession => "openclaw-session",
-            Format::ClaudeCode => "claude-code",
-            Format::Codex => "codex",
-            Format::OpenAiResponses => "openai-responses",
-            Format::AnthropicMessages => "anthropic-messages",
-            Format::OpenHandsV1 => "openhands-v1",
-            Format::LangSmith => "langsmith",
-            Format::Otel => "otel",
-            Format::Oasst => "oasst",
-            Format::Messages => "messages",
-            Format::CopilotCli => "copilot-cli",
-            Format::GeminiCli => "gemini-cli",
-            Format::QwenCode => "qwen-code",
-            Format::Cline => "cline",
-            Format::KimiCli => "kimi-cli",
-            Format::Aider => "aider",
-            Format::Goose => "goose",
-            Format::OpenCode => "opencode",
-            Format::AnthropicManagedAgents => "anthropic-managed-agents",
-        }
-    }
-}
-
-impl std::fmt::Display for Format {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Format {
-    type Err = Error;
-    /// Parses a format name ([`Format::name`]).
-    ///
-    /// # Errors
-    /// [`Error::Config`] naming the accepted values.
-    fn from_str(s: &str) -> Result<Format> {
-        Format::ALL
-            .iter()
-            .copied()
-            .find(|f| f.name() == s.trim())
-            .ok_or_else(|| crate::config_err!("unknown log format {s:?}; expected auto or one of {}", Format::ALL.map(Format::name).join(", ")))
-    }
-}
 
 /// `--format`: a fixed format or `auto` (detect by structure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,106 +91,6 @@ impl std::str::FromStr for FormatChoice {
         } else {
             Ok(FormatChoice::Fixed(s.parse()?))
         }
-    }
-}
-
-/// One adapter output.
-#[derive(Debug, Clone, PartialEq)]
-pub enum IngestItem {
-    /// An assistant turn.
-    Interaction(Box<Interaction>),
-    /// A record that could not be used (stage `ingest`).
-    DeadLetter(Box<DeadLetter>),
-}
-
-/// Options shared by all adapters.
-#[derive(Debug, Clone)]
-pub struct IngestOptions {
-    /// Turn type of a turn the log does not mark (used by `openai-chat`; docs/method.md §1 says this is
-    /// configurable, the reference defaults to side). Other formats log only the agent's own turns,
-    /// which are `main`.
-    pub default_turn_type: TurnType,
-    /// Ingest time (ms since the Unix epoch): `ingest_time` of every row, and `event_time` when the
-    /// log has no timestamp.
-    pub ingest_time_ms: i64,
-    /// Longest JSONL line accepted, in bytes (default 256 MiB); longer lines are dead-lettered.
-    pub max_line_bytes: usize,
-    /// Largest single-document file (`.traj`, mini-swe-agent, ToolBench) read whole, in bytes
-    /// (default 512 MiB); larger ones are dead-lettered.
-    pub max_document_bytes: u64,
-    /// Capacity of the session inferrer (`openai-chat` rows without a session id); see
-    /// [`sessions::SessionInferrer`].
-    pub session_cache: usize,
-    /// Read at most this many bytes of a JSONL file (`ingest --follow`: up to the end of its last
-    /// complete line, so a line being written is not read half); `None` reads everything.
-    pub read_limit: Option<u64>,
-    /// Raised to stop reading (Ctrl-C / SIGTERM): readers check it before each record (JSONL line,
-    /// array element) and before handing on each item, and then return [`Error::Cancelled`]. A single
-    /// record being parsed (one line or one whole document) is finished first. `None`: never stopped.
-    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    /// The tenant of every row (`ingest --tenant`); `None`: [`crate::schema::DEFAULT_TENANT`]. Checked
-    /// by the caller ([`crate::schema::validate_tenant`]).
-    pub tenant: Option<String>,
-}
-
-impl IngestOptions {
-    /// Defaults with the given ingest time: unmarked turns are `main`, rows of the `default` tenant.
-    pub fn new(ingest_time_ms: i64) -> IngestOptions {
-        IngestOptions {
-            default_turn_type: TurnType::Main,
-            ingest_time_ms,
-            max_line_bytes: 256 << 20,
-            max_document_bytes: 512 << 20,
-            session_cache: sessions::DEFAULT_CAPACITY,
-            read_limit: None,
-            stop: None,
-            tenant: None,
-        }
-    }
-
-    /// `Err(`[`Error::Cancelled`]`)` once [`IngestOptions::stop`] is raised.
-    ///
-    /// # Errors
-    /// [`Error::Cancelled`] when a stop was requested.
-    pub fn check_stop(&self) -> Result<()> {
-        match &self.stop {
-            Some(s) if s.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Cancelled),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// What reading one file did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FileSummary {
-    /// The format read.
-    pub format: Format,
-    /// How the format was chosen (`--format auto`), if it was detected.
-    pub detection: Option<String>,
-    /// Bytes read.
-    pub bytes: u64,
-    /// Records read: lines (JSONL), array elements, or 1 for a single document.
-    pub records: u64,
-    /// Distinct sessions among the interactions (the ids are kept while the file is read).
-    pub sessions: u64,
-    /// Interactions emitted.
-    pub interactions: u64,
-    /// Dead letters emitted.
-    pub dead_letters: u64,
-    /// Dead letters by reason code.
-    pub dead_letters_by_reason: BTreeMap<String, u64>,
-    /// Named counts of what the adapter noticed or skipped without it being an error (blank lines,
-    /// null observations, environment events, `state` as string/object, ...).
-    pub counters: BTreeMap<String, u64>,
-}
-
-impl FileSummary {
-    /// One-line summary with units.
-    pub fn line(&self) -> String {
-        format!(
-            "{}: {} records, {} bytes → {} interactions in {} sessions, {} dead letters",
-            self.format, self.records, self.bytes, self.interactions, self.sessions, self.dead_letters
-        )
     }
 }
 
@@ -416,19 +166,6 @@ pub fn is_log_file_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     let n = n.strip_suffix(".gz").or_else(|| n.strip_suffix(".zst")).unwrap_or(&n);
     [".json", ".jsonl", ".ndjson", ".traj", ".aider.chat.history.md", ".aider.llm.history"].iter().any(|e| n.ends_with(e))
-}
-
-/// The index of an OpenHands V1 persisted event file name, `event-<index, 5+ digits>-<event id>.json`.
-pub(crate) fn event_file_index(name: &str) -> Option<u64> {
-    let rest = name.strip_prefix("event-")?.strip_suffix(".json")?;
-    let (idx, id) = rest.split_once('-')?;
-    (idx.len() >= 5 && !id.is_empty() && idx.bytes().all(|b| b.is_ascii_digit())).then(|| idx.parse().ok()).flatten()
-}
-
-/// Whether `dir` is an OpenHands V1 events folder (it holds `event-NNNNN-<id>.json` files): one
-/// conversation, read as a whole by `--format openhands-v1`.
-pub fn is_event_dir(dir: &Path) -> bool {
-    std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok()).any(|e| event_file_index(&e.file_name().to_string_lossy()).is_some())).unwrap_or(false)
 }
 
 /// Reason code of an input file whose format `--format auto` cannot recognise.
@@ -561,35 +298,6 @@ pub fn expand_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
             Input::Skip { reason, .. } => Err(Error::InvalidInput(reason)),
         })
         .collect()
-}
-
-/// Parses a log timestamp: epoch seconds or milliseconds (numbers above 1e11 are taken as ms),
-/// RFC 3339, or a zone-less `YYYY-MM-DD[T ]HH:MM:SS[.f]` (read as UTC). Returns ms since the epoch.
-pub fn parse_timestamp(v: &serde_json::Value) -> Option<i64> {
-    match v {
-        serde_json::Value::Number(n) => {
-            let x = n.as_f64()?;
-            if !x.is_finite() || x <= 0.0 {
-                return None;
-            }
-            Some(if x > 1e11 { x as i64 } else { (x * 1000.0) as i64 })
-        }
-        serde_json::Value::String(s) => parse_time_str(s),
-        _ => None,
-    }
-}
-
-fn parse_time_str(s: &str) -> Option<i64> {
-    let s = s.trim();
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
-        return Some(t.timestamp_millis());
-    }
-    for fmt in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"] {
-        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(s, fmt) {
-            return Some(t.and_utc().timestamp_millis());
-        }
-    }
-    s.parse::<f64>().ok().and_then(|x| parse_timestamp(&serde_json::json!(x)))
 }
 
 #[cfg(test)]

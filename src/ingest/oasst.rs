@@ -18,7 +18,8 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{parse_timestamp, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::timestamp::parse_timestamp;
 use crate::schema::Message;
 use crate::Result;
 
@@ -26,8 +27,8 @@ use crate::Result;
 const MAX_DEPTH: usize = 2000;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
-    let mut flat: Vec<super::Record> = vec![];
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
+    let mut flat: Vec<super::sink::Record> = vec![];
     for (n, r) in records {
         match r.get("prompt") {
             Some(Value::Object(root)) => {
@@ -42,7 +43,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
         return Ok(());
     }
     // Messages layout: rebuild each tree from the parents.
-    let mut by_tree: HashMap<String, Vec<super::Record>> = HashMap::new();
+    let mut by_tree: HashMap<String, Vec<super::sink::Record>> = HashMap::new();
     let mut order: Vec<String> = vec![];
     for (n, m) in flat {
         let tree = m.get("message_tree_id").and_then(Value::as_str).unwrap_or("").to_string();
@@ -65,7 +66,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
         // (a repeated id, a parent loop) is not nested twice; nesting stops at MAX_DEPTH.
         fn nest(
             i: usize,
-            msgs: &[super::Record],
+            msgs: &[super::sink::Record],
             children: &HashMap<String, Vec<usize>>,
             seen: &mut std::collections::HashSet<usize>,
             depth: usize,

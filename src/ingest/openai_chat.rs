@@ -28,13 +28,14 @@ use serde_json::{Map, Value};
 
 use super::normalize::{json_type, normalize_request, normalize_with_role};
 use super::sessions::SessionInferrer;
-use super::{parse_timestamp, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::timestamp::parse_timestamp;
 use crate::schema::TurnType;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
-    super::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
+    super::sink::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions))
 }
 
 /// Looks a marker up in headers (`X-Session-Id`, any case) then in the request body and the line.

@@ -29,7 +29,8 @@ use serde_json::Map;
 use super::anthropic_messages::{read_exchange, Reply, Unusable};
 use super::items::{read_items, Skipped};
 use super::openai_chat::Sessions;
-use super::{parse_timestamp, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::timestamp::parse_timestamp;
 use crate::schema::{Interaction, Message};
 use crate::Result;
 
@@ -133,7 +134,7 @@ pub(crate) fn reply(resp: &Map<String, Value>) -> std::result::Result<(Reply, Sk
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
     let mut sessions = Sessions::new(sink);
     let mut chains = Chains { by_id: HashMap::new(), next_turn: HashMap::new(), order: VecDeque::new(), cap: sink.opts.session_cache.max(1) };
-    super::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
+    super::sink::read_lines(path, sink, progress, &mut |sink, n, text| record(sink, n, text, &mut sessions, &mut chains))?;
     let mut rest: Vec<Interaction> = chains.by_id.into_values().filter_map(|c| c.held).collect();
     rest.sort_by_key(|r| r.source_line);
     for r in rest {

@@ -26,7 +26,8 @@ use serde_json::{Map, Value};
 use super::canonical::{message_key, prefix_keys, Key};
 use super::normalize::{json_type, normalize_message, normalize_request, normalize_with_role, split_reasoning};
 use super::sessions::SessionInferrer;
-use super::{parse_timestamp, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::timestamp::parse_timestamp;
 use crate::schema::{Interaction, Message, TurnType};
 use crate::Result;
 
@@ -43,7 +44,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
     let mut held: HashMap<String, Held> = HashMap::new();
     let mut inferrer = SessionInferrer::with_salt(sink.opts.session_cache, &sink.file);
     let mut counters: HashMap<String, i32> = HashMap::new();
-    super::read_object_lines(path, sink, progress, &mut |sink, n, text, obj| record(sink, n, text, &obj, &mut held, &mut inferrer, &mut counters))?;
+    super::sink::read_object_lines(path, sink, progress, &mut |sink, n, text, obj| record(sink, n, text, &obj, &mut held, &mut inferrer, &mut counters))?;
     // End of file: the held records keep the next state the log gave them.
     let mut rest: Vec<Held> = held.into_values().collect();
     rest.sort_by_key(|h| h.row.source_line);

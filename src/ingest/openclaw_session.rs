@@ -35,8 +35,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{normalize_with_role, Normalized};
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::schema::Message;
 use crate::Result;
 
@@ -44,7 +45,7 @@ use crate::Result;
 const GATEWAY_MODELS: [&str; 2] = ["delivery-mirror", "gateway-injected"];
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let mut header: Option<&Map<String, Value>> = None;
     let mut entries: Vec<(i64, &Map<String, Value>)> = vec![];
     for (n, r) in &records {

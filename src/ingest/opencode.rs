@@ -35,8 +35,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::normalize::{normalize_with_role, Normalized};
+use super::sink::Sink;
 use super::trajectory::{emit, emit_event_session, MessageMeta, Trajectory};
-use super::Sink;
 use crate::schema::Message;
 use crate::Result;
 
@@ -75,7 +75,7 @@ fn objects(files: &[PathBuf], sink: &mut Sink<'_>, bytes: &mut u64, progress: &m
         let b = std::fs::read(p).map_err(|e| crate::Error::io("read", p, e))?;
         *bytes += b.len() as u64;
         progress(*bytes);
-        match serde_json::from_slice::<Value>(b.strip_prefix(super::UTF8_BOM).unwrap_or(&b)) {
+        match serde_json::from_slice::<Value>(b.strip_prefix(super::stream::UTF8_BOM).unwrap_or(&b)) {
             Ok(Value::Object(o)) => out.push((n, o)),
             Ok(_) | Err(_) => sink.dead(Some(n), "malformed_json", format!("{}: not one JSON object", p.display()), &b[..b.len().min(1 << 16)])?,
         }

@@ -26,9 +26,10 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{json_type, normalize_with_role};
+use super::sink::Sink;
 use super::stream::{for_each_element, ArrayEnd};
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::schema::{Message, ToolCall};
 use crate::Result;
 

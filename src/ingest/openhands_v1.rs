@@ -26,8 +26,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::normalize::{normalize_with_role, Normalized};
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit_event_session, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::schema::{Message, ToolCall};
 use crate::Result;
 
@@ -36,7 +37,7 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
         let conv = path.parent().and_then(|p| p.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| sink.stem.clone());
         (event_files(path, sink, progress)?, format!("openhands-v1:{conv}"))
     } else {
-        (super::jsonl_objects(path, sink, progress)?, format!("openhands-v1:{}", sink.stem))
+        (super::sink::jsonl_objects(path, sink, progress)?, format!("openhands-v1:{}", sink.stem))
     };
     let mut t = Trajectory::default();
     let mut by_response: HashMap<String, usize> = HashMap::new();
@@ -151,11 +152,24 @@ pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u6
     emit_event_session(sink, &session_id, t, finished, counts, records.len(), "event stream has no agent turn")
 }
 
+/// The index of an OpenHands V1 persisted event file name, `event-<index, 5+ digits>-<event id>.json`.
+pub(crate) fn event_file_index(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix("event-")?.strip_suffix(".json")?;
+    let (idx, id) = rest.split_once('-')?;
+    (idx.len() >= 5 && !id.is_empty() && idx.bytes().all(|b| b.is_ascii_digit())).then(|| idx.parse().ok()).flatten()
+}
+
+/// Whether `dir` is an OpenHands V1 events folder (it holds `event-NNNNN-<id>.json` files): one
+/// conversation, read as a whole by `--format openhands-v1`.
+pub fn is_event_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok()).any(|e| event_file_index(&e.file_name().to_string_lossy()).is_some())).unwrap_or(false)
+}
+
 /// The events of a persisted events folder in index order, each with its index as record number.
-fn event_files(dir: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<Vec<super::Record>> {
+fn event_files(dir: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<Vec<super::sink::Record>> {
     let rd = std::fs::read_dir(dir).map_err(|e| crate::Error::io("read", dir, e))?;
     let mut files: Vec<(u64, std::path::PathBuf)> =
-        rd.filter_map(|e| e.ok()).filter_map(|e| super::event_file_index(&e.file_name().to_string_lossy()).map(|i| (i, e.path()))).collect();
+        rd.filter_map(|e| e.ok()).filter_map(|e| event_file_index(&e.file_name().to_string_lossy()).map(|i| (i, e.path()))).collect();
     files.sort();
     let mut out = vec![];
     let mut bytes = 0u64;
@@ -164,7 +178,7 @@ fn event_files(dir: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -
         let b = std::fs::read(&p).map_err(|e| crate::Error::io("read", &p, e))?;
         bytes += b.len() as u64;
         progress(bytes);
-        match serde_json::from_slice::<Value>(b.strip_prefix(super::UTF8_BOM).unwrap_or(&b)) {
+        match serde_json::from_slice::<Value>(b.strip_prefix(super::stream::UTF8_BOM).unwrap_or(&b)) {
             Ok(Value::Object(o)) => out.push((i as i64, o)),
             Ok(_) | Err(_) => sink.dead(Some(i as i64), "malformed_json", format!("{}: not one JSON event object", p.display()), &b[..b.len().min(1 << 16)])?,
         }

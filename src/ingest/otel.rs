@@ -33,7 +33,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::normalize::{normalize_message, normalize_with_role};
-use super::{stream, Sink, Turn};
+use super::sink::{Sink, Turn};
+use super::stream;
 use crate::schema::{Message, ToolCall};
 use crate::Result;
 
@@ -150,7 +151,7 @@ fn attributes(v: Option<&Value>) -> Map<String, Value> {
 fn time_ns(v: Option<&Value>) -> Option<i128> {
     match v? {
         Value::Number(n) => n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from)),
-        Value::String(s) => s.parse::<i128>().ok().or_else(|| super::parse_timestamp(&Value::String(s.clone())).map(|ms| i128::from(ms) * 1_000_000)),
+        Value::String(s) => s.parse::<i128>().ok().or_else(|| super::timestamp::parse_timestamp(&Value::String(s.clone())).map(|ms| i128::from(ms) * 1_000_000)),
         _ => None,
     }
 }

@@ -36,12 +36,13 @@ use serde_json::{Map, Value};
 
 use super::normalize::normalize_with_role;
 use super::openclaw_session::active_path;
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, emit_event_session, MessageMeta, Trajectory};
-use super::{parse_timestamp, Sink};
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {
-    let records = super::jsonl_objects(path, sink, progress)?;
+    let records = super::sink::jsonl_objects(path, sink, progress)?;
     let session = records.iter().find_map(|(_, r)| r.get("sessionId").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string));
     let session = format!("qwen-code:{}", session.unwrap_or_else(|| sink.stem.clone()));
     let messages = aggregate(&records);

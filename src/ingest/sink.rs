@@ -8,7 +8,11 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{normalize, stream, Compression, FileSummary, Format, IngestItem, IngestOptions};
+use super::format::Format;
+use super::options::IngestOptions;
+use super::output::{FileSummary, IngestItem};
+use super::stream::Compression;
+use super::{normalize, stream};
 use crate::schema::{DeadLetter, Interaction, Lineage, Message, TurnType};
 use crate::Result;
 

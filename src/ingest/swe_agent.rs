@@ -21,9 +21,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::normalize::{json_type, normalize_message};
-use super::parse_timestamp;
+use super::sink::Sink;
+use super::timestamp::parse_timestamp;
 use super::trajectory::{emit, MessageMeta, Trajectory};
-use super::Sink;
 use crate::schema::Message;
 use crate::Result;
 

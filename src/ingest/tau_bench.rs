@@ -14,9 +14,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::normalize::json_type;
+use super::sink::Sink;
 use super::stream::{for_each_element, ArrayEnd};
 use super::trajectory::{emit, Trajectory};
-use super::Sink;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {

@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use super::canonical::message_key;
 use super::normalize::{json_type, normalize_message};
+use super::sink::Sink;
 use super::trajectory::{emit, Trajectory};
-use super::Sink;
 use crate::Result;
 
 pub(crate) fn read(path: &Path, sink: &mut Sink<'_>, progress: &mut dyn FnMut(u64)) -> Result<()> {

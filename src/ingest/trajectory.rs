@@ -13,7 +13,7 @@
 use serde_json::Value;
 
 use super::normalize::{normalize_message, Normalized};
-use super::{Sink, Turn};
+use super::sink::{Sink, Turn};
 use crate::schema::Message;
 use crate::Result;
 

@@ -29,7 +29,7 @@ use datafusion::object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result as StoreResult,
 };
 
-use super::{parse_stem, FileOrigin};
+use super::file_names::{parse_stem, FileOrigin};
 
 /// The group a file's range is compared within (one `date=` folder is implied): one Kafka partition
 /// of one topic on one cluster, or one direct writer.

@@ -328,7 +328,7 @@ fn choose(logits: &Tensor, rows: &mut [Row]) -> Result<Vec<Choice>> {
 ///
 /// # Errors
 /// [`Error::InvalidInput`] describing the first problem.
-pub fn check_request(config: &super::ModelConfig, r: &GenerationRequest) -> Result<()> {
+pub fn check_request(config: &super::config::ModelConfig, r: &GenerationRequest) -> Result<()> {
     r.params.validate()?;
     if r.prompt_ids.is_empty() {
         return Err(crate::input_err!("empty prompt"));

@@ -3,7 +3,8 @@
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{i64f, schema_version_field, ts, utf8};
+use super::table::Table;
 
 /// A checkpoint the trainer wrote and published.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

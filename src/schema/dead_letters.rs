@@ -3,7 +3,11 @@
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::clock::now_ms;
+use super::fields::{schema_version_field, ts, utf8};
+use super::hash::content_hash;
+use super::lineage::{lineage_fields, Lineage};
+use super::table::Table;
 
 /// A record that could not be processed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

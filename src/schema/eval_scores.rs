@@ -4,7 +4,9 @@
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{boolf, i64f, list_of, schema_version_field, ts, utf8};
+use super::hash::content_hash;
+use super::table::Table;
 
 /// The simulated student's verdict on one held-out response of one policy version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

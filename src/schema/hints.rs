@@ -3,7 +3,8 @@
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{boolf, i32f, list_of_struct, schema_version_field, ts, utf8};
+use super::table::Table;
 
 /// One hint-judge vote.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,7 +3,10 @@
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{boolf, f64f, history, i32f, i64f, list_of, schema_version_field, ts, utf8};
+use super::hash::content_hash;
+use super::lineage::{lineage_fields, Lineage};
+use super::table::Table;
 
 /// Whether a turn is trainable (`main`) or only recorded (`side`: heartbeats, memory flushes,
 /// helper calls). docs/method.md §1.
@@ -178,7 +181,7 @@ impl Interaction {
             schema_version: Interaction::SCHEMA_VERSION,
             interaction_id: Interaction::compute_id(session_id, turn_index, request_messages, response_text, None),
             session_id: session_id.into(),
-            tenant: Some(super::DEFAULT_TENANT.to_string()),
+            tenant: Some(super::tenant::DEFAULT_TENANT.to_string()),
             session_inferred: false,
             turn_index,
             turn_type: TurnType::Main,
@@ -264,7 +267,7 @@ impl Interaction {
     /// other the tenant hashed in too, so two tenants' identical turns under one session id are two
     /// rows, not one.
     pub fn compute_id_for(tenant: &str, session_id: &str, turn_index: i32, request_messages: &str, response_text: &str, tool_calls: Option<&str>) -> String {
-        if tenant == super::DEFAULT_TENANT {
+        if tenant == super::tenant::DEFAULT_TENANT {
             return Interaction::compute_id(session_id, turn_index, request_messages, response_text, tool_calls);
         }
         content_hash(&[

@@ -3,7 +3,8 @@
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{boolf, f32f, i32f, i64f, list_of_struct, schema_version_field, ts, utf8};
+use super::table::Table;
 
 /// One judge vote.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

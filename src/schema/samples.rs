@@ -3,7 +3,8 @@
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{boolf, f32f, i32f, i64f, list_of, list_of_lists, list_of_struct, schema_version_field, ts, utf8};
+use super::table::Table;
 
 /// Which row of the docs/method.md §5 table produced a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -171,7 +172,7 @@ impl Sample {
             sample_type,
             interaction_id: String::new(),
             session_id: String::new(),
-            tenant: Some(super::DEFAULT_TENANT.to_string()),
+            tenant: Some(super::tenant::DEFAULT_TENANT.to_string()),
             turn_index: 0,
             loss_mask: vec![1; response_token_ids.len()],
             prompt_token_ids,
@@ -253,6 +254,6 @@ impl Table for Sample {
     /// The tenant ([`super::tenant_or_default`]): per-tenant training needs one tenant's samples in one
     /// partition (docs/tenants.md).
     fn message_key(&self) -> &str {
-        super::tenant_or_default(self.tenant.as_deref())
+        super::tenant::tenant_or_default(self.tenant.as_deref())
     }
 }

@@ -3,7 +3,9 @@
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{boolf, i32f, i64f, schema_version_field, ts, utf8};
+use super::lineage::Lineage;
+use super::table::Table;
 
 /// What kind of feedback the next state is, classified by role and content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -52,7 +54,7 @@ pub struct Signal {
     pub policy_version: Option<i64>,
     /// Kind of next state; `none` for excluded turns.
     pub kind: NextStateKind,
-    /// The next-state messages (JSON array of [`Message`]); empty array when excluded.
+    /// The next-state messages (JSON array of [`Message`](super::Message)); empty array when excluded.
     pub next_state: String,
     /// The next state rendered as plain text (what the judge reads).
     pub next_state_text: String,
@@ -120,7 +122,7 @@ impl Table for Signal {
 
 impl Signal {
     /// The Kafka position of the turn's `interactions` record (`source_topic/partition/offset`), for
-    /// re-attaching it to the turn's row read back from the lake ([`Interaction::read_at`]).
+    /// re-attaching it to the turn's row read back from the lake ([`Interaction::read_at`](super::Interaction::read_at)).
     pub fn read_position(&self) -> Lineage {
         Lineage {
             source_topic: self.source_topic.clone(),

@@ -3,7 +3,8 @@
 use arrow::datatypes::{DataType, Field};
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{i32f, i64f, list_of, list_of_lists, schema_version_field, ts, utf8};
+use super::table::Table;
 
 /// Teacher log-probs for one turn under its hint-enhanced context.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

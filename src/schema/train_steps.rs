@@ -3,7 +3,8 @@
 use arrow::datatypes::Field;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::fields::{f64f, i64f, schema_version_field, ts, utf8};
+use super::table::Table;
 
 /// Metrics of one optimizer step. Losses are the mean over the step's samples of each sample's mean over its
 /// trained tokens (docs/method.md §6).
@@ -94,7 +95,7 @@ pub struct TrainStep {
     #[serde(default)]
     pub advantage_sign_by_type: Option<String>,
     /// Mean over the step's masked tokens of |the reward part of `A_t`|: `|r|` (binary), `|w_rl·r|`
-    /// (combined), 0 (OPD) (docs/method.md §6; `trainer::accumulate::AdvantageParts`). Beside
+    /// (combined), 0 (OPD) (docs/method.md §6; `trainer::AdvantageParts`). Beside
     /// `advantage_teacher_abs_mean` it says which signal moved the policy. Null before schema version 3.
     #[serde(default)]
     pub advantage_reward_abs_mean: Option<f64>,

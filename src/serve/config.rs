@@ -70,8 +70,8 @@ impl ServeConfig {
     ///
     /// # Errors
     /// [`crate::Error::Config`] for `max_adapters = 0`, `max_adapter_mib = 0` or an invalid header name.
-    pub fn adapter_options(&self) -> crate::Result<crate::serve::AdapterOptions> {
-        let mut o = crate::serve::AdapterOptions::default();
+    pub fn adapter_options(&self) -> crate::Result<crate::serve::server::AdapterOptions> {
+        let mut o = crate::serve::server::AdapterOptions::default();
         if let Some(n) = self.max_adapters {
             if n == 0 {
                 return Err(crate::config_err!("serve.max_adapters must be at least 1"));

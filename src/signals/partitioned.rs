@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{SignalConfig, SignalPairer};
+use super::pairer::{SignalConfig, SignalPairer};
 use crate::schema::{Interaction, Lineage, Signal, TurnType};
 
 /// The partition of rows whose lineage names none (tests, files).

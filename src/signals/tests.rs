@@ -1,5 +1,8 @@
+use std::collections::HashMap;
+
+use super::pairer::order_tool_results;
 use super::*;
-use crate::schema::ToolCall;
+use crate::schema::{Interaction, Lineage, Message, NextStateKind, Signal, ToolCall, TurnType};
 use proptest::prelude::*;
 
 const T0: i64 = 1_772_323_200_000;

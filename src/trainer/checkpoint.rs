@@ -120,7 +120,7 @@ pub struct StepRecord {
     /// The step's advantages split into their reward and teacher parts (None in manifests written
     /// before it existed).
     #[serde(default)]
-    pub advantage_parts: Option<super::AdvantageParts>,
+    pub advantage_parts: Option<super::advantage_parts::AdvantageParts>,
 }
 
 /// Optimizer state recorded in the manifest (the moments are in [`OPTIMIZER_FILE`]).

@@ -35,6 +35,7 @@
 //! row of each checkpoint written.
 
 mod accumulate;
+mod advantage_parts;
 pub mod alarms;
 pub mod batch;
 pub mod checkpoint;
@@ -52,7 +53,8 @@ pub mod tenants;
 #[cfg(test)]
 mod test_util;
 
-pub use accumulate::{accumulate_gradients, advantage_parts, micro_batches, Accumulated, AdvantagePartMeans, AdvantageParts};
+pub use accumulate::{accumulate_gradients, advantage_parts, micro_batches, Accumulated};
+pub use advantage_parts::{AdvantagePartMeans, AdvantageParts};
 pub use batch::{pack_samples, DropReason, Dropped, PackOptions, Packed, PackedBatch};
 pub use checkpoint::{ancestry, consumed_sample_ids, latest_complete, scan, CheckpointScan, CheckpointWriter, LineageEntry, Manifest, OptimizerRecord, StepRecord};
 pub use config::{AdvantageSign, AlarmSettings, CandidateSelection, LoraSettings, OverlapSettings, OverlapSubset, QuarantineSettings, Staleness, TeacherSource, TrainerConfig};

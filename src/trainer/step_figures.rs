@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::accumulate::AdvantageParts;
+use super::advantage_parts::AdvantageParts;
 use super::batch::Dropped;
 use crate::schema::Sample;
 

@@ -10,16 +10,17 @@
 //! LoRA (Hu et al. 2021): `y = x Wᵀ + b + (α/r)·(x Aᵀ) Bᵀ`, A `[r, in]` uniform(±1/sqrt(in)) as in
 //! PEFT, B `[out, r]` zeros, so a fresh adapter leaves the model unchanged.
 //!
-//! The code is split by what a reader looks for: `load` (load options and building the model from
-//! HF-named weights), `layers` (projections, attention, MLP, RMSNorm, RoPE helpers), `kv_cache`
-//! (attention mask and KV cache), `forward` (the forward pass) and `lora` (attaching, merging and
-//! exporting LoRA adapters). The LoRA hyper-parameters ([`LoraConfig`], [`LoraTarget`]) live in
-//! [`super::peft`], whose `adapter_config.json` they are.
+//! The code is split by what a reader looks for: `load_options` (where and how to load, what is
+//! trainable), `load` (building the model from HF-named weights), `layers` (projections, attention,
+//! MLP, RMSNorm, RoPE helpers), `kv_cache` (attention mask and KV cache), `forward` (the forward pass)
+//! and `lora` (attaching, merging and exporting LoRA adapters). The LoRA hyper-parameters
+//! ([`LoraConfig`], [`LoraTarget`]) live in [`super::peft`], whose `adapter_config.json` they are.
 
 mod forward;
 mod kv_cache;
 mod layers;
 mod load;
+mod load_options;
 mod lora;
 
 use tch::nn::VarStore;
@@ -29,7 +30,7 @@ pub use super::peft::{LoraConfig, LoraTarget};
 use super::config::ModelConfig;
 pub use kv_cache::{AttnMask, KvCache};
 use layers::Layer;
-pub use load::{LoadOptions, Trainable};
+pub use load_options::{LoadOptions, Trainable};
 
 /// The transformer: weights in a [`VarStore`] under their HF names, plus the forward pass.
 pub struct Transformer {

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 
 use axum::http::StatusCode;
 
-use super::tenants::{adapter_bytes, load_adapter, TenantAdapter};
-use super::Shared;
+use super::registry::TenantAdapter;
+use super::shared::Shared;
+use super::tenants::{adapter_bytes, load_adapter};
 use crate::model::LanguageModel;
 
 /// A resident tenant adapter.

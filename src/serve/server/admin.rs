@@ -16,7 +16,8 @@ use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use super::{PolicyHandle, Shared, POLICY_TENANT_HEADER, VERSION_HEADER};
+use super::headers::{POLICY_TENANT_HEADER, VERSION_HEADER};
+use super::shared::{PolicyHandle, Shared};
 use crate::serve::openai::error_body;
 use crate::Error;
 

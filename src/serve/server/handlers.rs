@@ -16,8 +16,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::admin::{api_error, error_kind, set_policy};
+use super::messages::{CompletionJob, Job, JobEvent, PromptInput, TokenOut, WorkerMsg};
+use super::shared::{InFlight, Shared};
 use super::tenants::{ensure_resident, pick_policy};
-use super::{CompletionJob, InFlight, Job, JobEvent, PromptInput, Shared, TokenOut, WorkerMsg};
 use crate::model::{FinishReason, Generation, LogprobMode, SamplingParams};
 use crate::serve::openai::{error_body, messages_from_openai, split_tool_calls, ChatCompletionRequest, CompletionRequest, PromptField, MAX_PROMPT_LOGPROBS};
 

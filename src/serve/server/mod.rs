@@ -27,234 +27,43 @@
 //! (the adapter's own version when one served), and `policy_tenant` / `X-Policy-Tenant` (the tenant
 //! whose adapter served; null / absent for the shared policy).
 //!
-//! This module holds the settings, the messages between handlers and worker, and start-up
-//! ([`PolicyServer::start`], [`PolicyServer::router`]); `worker` is the batching inference worker,
-//! `adapters` its resident tenant adapters, `tenants` the registry of tenant adapters, which policy
-//! serves a request and the per-tenant reload, `handlers` the inference request handlers and `admin`
-//! the other routes.
+//! This module holds start-up ([`PolicyServer::start`], [`PolicyServer::router`]); `options` holds the
+//! settings, `headers` the response headers naming the policy, `messages` the messages between handlers
+//! and worker, `shared` the state they share and the [`PolicyHandle`]; `worker` is the batching
+//! inference worker, `adapters` its resident tenant adapters, `registry` the settings and registry of
+//! tenant adapters, `tenants` which policy serves a request and the per-tenant reload, `handlers` the
+//! inference request handlers and `admin` the other routes.
 
 mod adapters;
 mod admin;
 mod handlers;
+mod headers;
+mod messages;
+mod options;
+mod registry;
+mod shared;
 mod tenants;
 mod worker;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
-use serde_json::Value;
-use tokio::sync::mpsc::UnboundedSender;
 
-use crate::model::{Generation, LanguageModel, LoadOptions, LogprobMode, SamplingParams};
-use crate::schema::Message;
+use crate::model::LanguageModel;
 use crate::{Error, Result};
 use admin::{auth_and_version, health, method_not_allowed, metrics, models, not_found, reload};
 use handlers::{chat_completions, completions};
-pub use tenants::{AdapterOptions, TenantAdapter, DEFAULT_MAX_ADAPTERS, DEFAULT_MAX_ADAPTER_BYTES};
-use tenants::TenantRegistry;
+pub use headers::{POLICY_TENANT_HEADER, VERSION_HEADER};
+use messages::WorkerMsg;
+pub use options::ServerOptions;
+pub use registry::{AdapterOptions, TenantAdapter, DEFAULT_MAX_ADAPTERS, DEFAULT_MAX_ADAPTER_BYTES};
+use registry::TenantRegistry;
+pub use shared::PolicyHandle;
+use shared::Shared;
 use worker::worker_loop;
-
-/// Response header carrying the policy version (of the tenant's adapter when one served the request).
-pub const VERSION_HEADER: &str = "x-policy-version";
-
-/// Response header naming the tenant whose adapter served the request; absent when the shared policy
-/// served it.
-pub const POLICY_TENANT_HEADER: &str = "x-policy-tenant";
-
-/// Policy-server settings.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    /// Model id reported by `/v1/models` and in responses.
-    pub model_name: String,
-    /// Bearer token (`Authorization: Bearer KEY`, the scheme in any case) required on every route but
-    /// `/health` (none: open).
-    pub api_key: Option<String>,
-    /// Put `/health` behind `api_key` as well (false: `/health` stays open, for load balancers). No
-    /// effect without an `api_key`.
-    pub health_requires_key: bool,
-    /// Header and body read timeouts and the connection cap of the listener
-    /// ([`crate::net::ListenLimits`]; default 10 s, 30 s, 512 connections).
-    pub limits: crate::net::ListenLimits,
-    /// Largest accepted request body (bytes).
-    pub max_body_bytes: usize,
-    /// Most requests generated together in one batch.
-    pub max_batch: usize,
-    /// How long the worker waits for more requests to join a batch once it has one (a few ms costs
-    /// little next to a decoding step and lets near-simultaneous requests share the batch).
-    pub batch_window: std::time::Duration,
-    /// Token limit when a request sets none.
-    pub default_max_tokens: usize,
-    /// Default distribution of returned log-probs (requests may override with `logprobs_mode`).
-    pub logprobs_mode: LogprobMode,
-    /// How reloaded weights are loaded (device, dtype; always frozen).
-    pub load: LoadOptions,
-    /// Base model directory for adapter checkpoints and for config/tokenizer files a checkpoint lacks.
-    pub base_dir: PathBuf,
-    /// libtorch intra-op threads of the inference worker (`policy.threads`; 0 = libtorch's default). The
-    /// setting is per thread (OpenMP), so it is applied on the worker itself.
-    pub threads: usize,
-}
-
-/// One token as reported to a request.
-#[derive(Debug, Clone)]
-struct TokenOut {
-    id: u32,
-    logprob: f32,
-    bytes: Vec<u8>,
-    /// (id, bytes, log-prob) of the alternatives.
-    top: Vec<(u32, Vec<u8>, f32)>,
-    text: String,
-}
-
-enum JobEvent {
-    /// `adapter`: the tenant whose adapter serves the job (None: the shared policy); `version`: that
-    /// policy's version.
-    Started { version: i64, adapter: Option<String>, prompt_ids: Vec<u32> },
-    Token(TokenOut),
-    Done(Generation),
-    Failed { status: StatusCode, message: String },
-}
-
-struct Job {
-    /// The tenant whose adapter serves the job (None: the shared policy).
-    adapter: Option<String>,
-    messages: Vec<Message>,
-    tools: Option<Value>,
-    template_kwargs: Option<serde_json::Map<String, Value>>,
-    params: SamplingParams,
-    extra_stop_ids: Vec<u32>,
-    events: UnboundedSender<JobEvent>,
-}
-
-/// A `/v1/completions` prompt as the worker receives it.
-enum PromptInput {
-    Ids(Vec<u32>),
-    Text(String),
-}
-
-/// One `/v1/completions` request: prompt log-probs (when asked) and then, when `params.max_new_tokens`
-/// > 0, a generated continuation.
-struct CompletionJob {
-    /// The tenant whose adapter serves the job (None: the shared policy).
-    adapter: Option<String>,
-    prompt: PromptInput,
-    /// K of `prompt_logprobs`, when asked.
-    prompt_logprobs: Option<usize>,
-    params: SamplingParams,
-    reply: tokio::sync::oneshot::Sender<std::result::Result<CompletionOut, (StatusCode, String)>>,
-}
-
-/// What the worker answers a [`CompletionJob`].
-struct CompletionOut {
-    version: i64,
-    adapter: Option<String>,
-    prompt_ids: Vec<u32>,
-    /// vLLM's `prompt_logprobs` list (first element null), when asked.
-    prompt_logprobs: Option<Vec<Value>>,
-    generation: Option<Generation>,
-}
-
-enum WorkerMsg {
-    Job(Box<Job>),
-    Complete(Box<CompletionJob>),
-    Swap { model: Box<LanguageModel>, version: i64, ack: tokio::sync::oneshot::Sender<i64> },
-    /// A tenant's adapter, loaded from `path` as `version`, made resident (the least recently used
-    /// others evicted past the bounds). The ack is the tenant's previous version, or `Err(newer)` when
-    /// the tenant already has a newer one (the model is then dropped).
-    Install { tenant: String, path: PathBuf, model: Box<LanguageModel>, version: i64, ack: tokio::sync::oneshot::Sender<std::result::Result<Option<i64>, i64>> },
-    Shutdown,
-}
-
-struct Shared {
-    opts: ServerOptions,
-    adapters: AdapterOptions,
-    /// Every tenant with an adapter: its newest checkpoint, version and whether it is resident.
-    tenants: TenantRegistry,
-    version: AtomicI64,
-    in_flight: AtomicUsize,
-    completed: AtomicU64,
-    failed: AtomicU64,
-    jobs: std::sync::mpsc::Sender<WorkerMsg>,
-    reload_lock: tokio::sync::Mutex<()>,
-}
-
-/// Counts a request as in flight until dropped.
-struct InFlight(Arc<Shared>);
-
-impl InFlight {
-    fn new(s: &Arc<Shared>) -> InFlight {
-        s.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(s.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A cheap, cloneable handle to a running policy server: version, load, reload.
-#[derive(Clone)]
-pub struct PolicyHandle {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for PolicyHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PolicyHandle").field("version", &self.version()).finish()
-    }
-}
-
-impl PolicyHandle {
-    /// The version of the shared policy new requests are served with (a tenant's adapter has its own:
-    /// [`PolicyHandle::tenant_adapters`]).
-    pub fn version(&self) -> i64 {
-        self.shared.version.load(Ordering::SeqCst)
-    }
-
-    /// Requests currently being served.
-    pub fn in_flight(&self) -> usize {
-        self.shared.in_flight.load(Ordering::SeqCst)
-    }
-
-    /// Loads a checkpoint directory as the shared policy (full weights or adapters on the base, see
-    /// [`LanguageModel::load_checkpoint`]; adapters are merged) on a blocking thread, then swaps it in
-    /// behind the requests already received. Returns the previous version. Tenant adapters are not
-    /// touched (they stay on the base model; [`PolicyHandle::reload_tenant`] moves one).
-    ///
-    /// # Errors
-    /// [`Error::Config`] when `version` is lower than the current one; load errors as
-    /// [`LanguageModel::load_checkpoint`]; [`Error::Internal`] when the worker is gone.
-    pub async fn reload(&self, path: PathBuf, version: i64) -> Result<i64> {
-        let s = &self.shared;
-        let _one_at_a_time = s.reload_lock.lock().await;
-        let current = s.version.load(Ordering::SeqCst);
-        if version < current {
-            return Err(crate::config_err!("reload to version {version} is older than the served version {current}"));
-        }
-        let opts = LoadOptions { trainable: crate::model::Trainable::Frozen, ..s.opts.load.clone() };
-        let base = s.opts.base_dir.clone();
-        let t0 = std::time::Instant::now();
-        let lm = tokio::task::spawn_blocking(move || -> Result<LanguageModel> {
-            let mut lm = LanguageModel::load_checkpoint(&path, Some(&base), &opts)?;
-            lm.transformer_mut().merge_lora()?;
-            Ok(lm)
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("reload task: {e}")))??;
-        let (ack, done) = tokio::sync::oneshot::channel();
-        s.jobs.send(WorkerMsg::Swap { model: Box::new(lm), version, ack }).map_err(|_| Error::Internal("inference worker stopped".into()))?;
-        let old = done.await.map_err(|_| Error::Internal("inference worker stopped before the swap".into()))?;
-        tracing::info!("reloaded version {version} in {:.1} s", t0.elapsed().as_secs_f64());
-        Ok(old)
-    }
-}
 
 /// A running policy server (worker thread started; serve its [`PolicyServer::router`]).
 pub struct PolicyServer {

@@ -11,7 +11,8 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::adapters::Policies;
-use super::{CompletionJob, CompletionOut, Job, JobEvent, PromptInput, Shared, TokenOut, WorkerMsg};
+use super::messages::{CompletionJob, CompletionOut, Job, JobEvent, PromptInput, TokenOut, WorkerMsg};
+use super::shared::Shared;
 use crate::model::generate::check_request;
 use crate::model::{GenerationRequest, LanguageModel};
 use crate::{Error, Result};

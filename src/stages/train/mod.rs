@@ -34,10 +34,10 @@
 //! `nextstate loss` lives in `loss_command.rs`.
 
 mod loss_command;
+mod options;
 mod worker;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::path::PathBuf;
 
 use super::Output;
 use crate::bus::{Bus, Envelope, Revoked};
@@ -49,6 +49,7 @@ use crate::schema::{Checkpoint, DeadLetter, Lineage, Sample};
 use crate::trainer::{adapter_name, AdapterKey, Batcher, StepOutcome, WrittenCheckpoint};
 
 pub use loss_command::{loss_command, render_loss_report, LossCommandReport};
+pub use options::{TrainOptions, TrainSource};
 pub use worker::policy_load_options;
 
 /// `max.poll.interval.ms` of the trainer's `samples` consumer, at least (1 h): the trainer does not poll
@@ -60,36 +61,6 @@ pub const TRAINER_MAX_POLL_INTERVAL_MS: u32 = 3_600_000;
 /// Longest the trainer steps through ready batches before it polls `samples` again (continuous
 /// training): 5 min, well inside [`TRAINER_MAX_POLL_INTERVAL_MS`] even with one more long step.
 pub const TRAIN_READY_BUDGET: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// Where the trainer reads samples.
-#[derive(Debug, Clone)]
-pub enum TrainSource {
-    /// The `samples` topic, as a consumer group (online).
-    Topic,
-    /// A SQL query over the lake returning full `samples` rows (offline replay), e.g.
-    /// `SELECT * FROM samples WHERE pipeline = 'combined' ORDER BY event_time`.
-    Sql(String),
-}
-
-/// Options of `nextstate train`.
-#[derive(Debug, Clone)]
-pub struct TrainOptions {
-    /// Sample source.
-    pub source: TrainSource,
-    /// Continue from the newest complete checkpoint of the run.
-    pub resume: bool,
-    /// Run id (checkpoint folder name); default: the pipeline name.
-    pub run_id: Option<String>,
-    /// Folder holding `<run id>/<version>/` checkpoints.
-    pub checkpoints_dir: PathBuf,
-    /// Stop after this many optimizer steps.
-    pub max_steps: Option<i64>,
-    /// `--metrics-jsonl FILE`: append one JSON object per optimizer step (the `train_steps` row, plus
-    /// `metrics_jsonl_extra`), flushed per line.
-    pub metrics_jsonl: Option<PathBuf>,
-    /// Keys added to each JSON line (`ablate`: `arm`, `group` and `seed`).
-    pub metrics_jsonl_extra: Vec<(String, serde_json::Value)>,
-}
 
 /// Appends `outcome`'s `train_steps` row (if a step was taken) to `--metrics-jsonl`, with `extra` keys.
 fn append_jsonl(w: &mut Option<crate::metrics::JsonlWriter>, extra: &[(String, serde_json::Value)], outcome: &StepOutcome) -> Result<()> {

@@ -14,7 +14,7 @@ use std::sync::mpsc;
 
 use tokio::sync::oneshot;
 
-use super::TrainOptions;
+use super::options::TrainOptions;
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, LoadOptions, LoraConfig, LoraTarget, Trainable};

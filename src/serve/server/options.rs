@@ -1,0 +1,39 @@
+//! [`ServerOptions`]: the policy server's settings.
+
+use std::path::PathBuf;
+
+use crate::model::{LoadOptions, LogprobMode};
+
+/// Policy-server settings.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Model id reported by `/v1/models` and in responses.
+    pub model_name: String,
+    /// Bearer token (`Authorization: Bearer KEY`, the scheme in any case) required on every route but
+    /// `/health` (none: open).
+    pub api_key: Option<String>,
+    /// Put `/health` behind `api_key` as well (false: `/health` stays open, for load balancers). No
+    /// effect without an `api_key`.
+    pub health_requires_key: bool,
+    /// Header and body read timeouts and the connection cap of the listener
+    /// ([`crate::net::ListenLimits`]; default 10 s, 30 s, 512 connections).
+    pub limits: crate::net::ListenLimits,
+    /// Largest accepted request body (bytes).
+    pub max_body_bytes: usize,
+    /// Most requests generated together in one batch.
+    pub max_batch: usize,
+    /// How long the worker waits for more requests to join a batch once it has one (a few ms costs
+    /// little next to a decoding step and lets near-simultaneous requests share the batch).
+    pub batch_window: std::time::Duration,
+    /// Token limit when a request sets none.
+    pub default_max_tokens: usize,
+    /// Default distribution of returned log-probs (requests may override with `logprobs_mode`).
+    pub logprobs_mode: LogprobMode,
+    /// How reloaded weights are loaded (device, dtype; always frozen).
+    pub load: LoadOptions,
+    /// Base model directory for adapter checkpoints and for config/tokenizer files a checkpoint lacks.
+    pub base_dir: PathBuf,
+    /// libtorch intra-op threads of the inference worker (`policy.threads`; 0 = libtorch's default). The
+    /// setting is per thread (OpenMP), so it is applied on the worker itself.
+    pub threads: usize,
+}

@@ -1,0 +1,98 @@
+//! What the handlers, the worker and the [`PolicyHandle`] share: the server's state ([`Shared`]), the
+//! in-flight count ([`InFlight`]) and the handle's version queries and shared-policy reload.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::messages::WorkerMsg;
+use super::options::ServerOptions;
+use super::registry::{AdapterOptions, TenantRegistry};
+use crate::model::{LanguageModel, LoadOptions};
+use crate::{Error, Result};
+
+pub(super) struct Shared {
+    pub(super) opts: ServerOptions,
+    pub(super) adapters: AdapterOptions,
+    /// Every tenant with an adapter: its newest checkpoint, version and whether it is resident.
+    pub(super) tenants: TenantRegistry,
+    pub(super) version: AtomicI64,
+    pub(super) in_flight: AtomicUsize,
+    pub(super) completed: AtomicU64,
+    pub(super) failed: AtomicU64,
+    pub(super) jobs: std::sync::mpsc::Sender<WorkerMsg>,
+    pub(super) reload_lock: tokio::sync::Mutex<()>,
+}
+
+/// Counts a request as in flight until dropped.
+pub(super) struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    pub(super) fn new(s: &Arc<Shared>) -> InFlight {
+        s.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(s.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A cheap, cloneable handle to a running policy server: version, load, reload.
+#[derive(Clone)]
+pub struct PolicyHandle {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PolicyHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyHandle").field("version", &self.version()).finish()
+    }
+}
+
+impl PolicyHandle {
+    /// The version of the shared policy new requests are served with (a tenant's adapter has its own:
+    /// [`PolicyHandle::tenant_adapters`]).
+    pub fn version(&self) -> i64 {
+        self.shared.version.load(Ordering::SeqCst)
+    }
+
+    /// Requests currently being served.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Loads a checkpoint directory as the shared policy (full weights or adapters on the base, see
+    /// [`LanguageModel::load_checkpoint`]; adapters are merged) on a blocking thread, then swaps it in
+    /// behind the requests already received. Returns the previous version. Tenant adapters are not
+    /// touched (they stay on the base model; [`PolicyHandle::reload_tenant`] moves one).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `version` is lower than the current one; load errors as
+    /// [`LanguageModel::load_checkpoint`]; [`Error::Internal`] when the worker is gone.
+    pub async fn reload(&self, path: PathBuf, version: i64) -> Result<i64> {
+        let s = &self.shared;
+        let _one_at_a_time = s.reload_lock.lock().await;
+        let current = s.version.load(Ordering::SeqCst);
+        if version < current {
+            return Err(crate::config_err!("reload to version {version} is older than the served version {current}"));
+        }
+        let opts = LoadOptions { trainable: crate::model::Trainable::Frozen, ..s.opts.load.clone() };
+        let base = s.opts.base_dir.clone();
+        let t0 = std::time::Instant::now();
+        let lm = tokio::task::spawn_blocking(move || -> Result<LanguageModel> {
+            let mut lm = LanguageModel::load_checkpoint(&path, Some(&base), &opts)?;
+            lm.transformer_mut().merge_lora()?;
+            Ok(lm)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("reload task: {e}")))??;
+        let (ack, done) = tokio::sync::oneshot::channel();
+        s.jobs.send(WorkerMsg::Swap { model: Box::new(lm), version, ack }).map_err(|_| Error::Internal("inference worker stopped".into()))?;
+        let old = done.await.map_err(|_| Error::Internal("inference worker stopped before the swap".into()))?;
+        tracing::info!("reloaded version {version} in {:.1} s", t0.elapsed().as_secs_f64());
+        Ok(old)
+    }
+}
