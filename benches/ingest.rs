@@ -2,7 +2,7 @@
 //! `ingest` reports MB/s of log read, `pair` and `ingest+pair` report turns/s.
 //!
 //! The group `formats-2026` reads a file of `tests/fixtures/agent-logs-2026/` per format (one real
-//! sample or one documented variant, 1–16 KB each; OpenCode's storage folder; the `messages` fallback
+//! sample or one documented variant, 1–161 KB each; an OpenCode session folder; the `messages` fallback
 //! on a generated array) in its own format and reports MB/s; these are per-file figures (open, read,
 //! detect nothing, emit) on small files, not steady-state throughput. Beside each, `<format> / peer`
 //! reads the same input and parses it ([`parse_only`]: JSON per line for JSONL, whole for JSON, lines
@@ -130,18 +130,21 @@ fn formats_2026(c: &mut Criterion) {
         ("aider (chat history markdown)", dir.join("synthetic__aider__chat-history.md"), Format::Aider),
         ("aider (LLM history)", dir.join("synthetic__aider__llm-history.txt"), Format::Aider),
         ("goose", dir.join("synthetic__goose__session.jsonl"), Format::Goose),
-        ("opencode (storage folder)", dir.join("synthetic__opencode__storage"), Format::OpenCode),
+        ("opencode (session folder)", dir.join("synthetic__opencode__storage/message/ses_7a3c9e1d2ffeQm4Lx8Rt2Vb6Nk"), Format::OpenCode),
         ("anthropic-managed-agents", dir.join("synthetic__anthropic-managed-agents__session.jsonl"), Format::AnthropicManagedAgents),
         ("messages (generated array)", messages_file(tmp.path()), Format::Messages),
     ];
     let mut g = c.benchmark_group("formats-2026");
     for (name, path, format) in files {
-        let bytes = input_bytes(&path);
+        // OpenCode reads a session's folder under `message/` and its parts under `part/`: the peer
+        // parses every JSON file of the storage folder (this one session's).
+        let peer_path = if format == Format::OpenCode { dir.join("synthetic__opencode__storage") } else { path.clone() };
+        let bytes = input_bytes(&peer_path);
         assert!(!ingest_as(&path, format).is_empty(), "{} gives no interaction", path.display());
-        assert!(parse_only(&path) > 0, "{}: the peer parsed nothing", path.display());
+        assert!(parse_only(&peer_path) > 0, "{}: the peer parsed nothing", peer_path.display());
         g.throughput(Throughput::Bytes(bytes));
         g.bench_function(name, |b| b.iter(|| ingest_as(&path, format).len()));
-        g.bench_function(format!("{name} / peer"), |b| b.iter(|| parse_only(&path)));
+        g.bench_function(format!("{name} / peer"), |b| b.iter(|| parse_only(&peer_path)));
     }
     g.finish();
 }

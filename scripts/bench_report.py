@@ -175,8 +175,10 @@ def main():
         if fmt:
             L.append("### The 2026 agent formats (one real sample or documented variant per format, 1–161 KB each)\n")
             L.append("Per-file figures (open, read, normalise, emit), not steady-state throughput. The peer reads the same "
-                     "file and parses its JSON into `serde_json::Value`s (per line for JSONL) and keeps nothing: the floor "
-                     "of any JSON-based reader, so the ratio is what the adapter itself costs.\n")
+                     "input and parses its JSON into `serde_json::Value`s (per line for JSONL; every JSON file of the "
+                     "folder for OpenCode; for Aider's two text formats only UTF-8 validation and a split into lines) and "
+                     "keeps nothing: the floor of any reader of that input, so the ratio is what the adapter itself costs "
+                     "(for the text formats the floor is lower than any parse, so their ratio is larger).\n")
             L.append("| format | file KB | ours: median per file | ours MB/s | peer (parse only) MB/s | ours / peer time |\n|---|---|---|---|---|---|")
             for name, ours, peer, size in fmt:
                 ratio = f"{ours[0] / peer[0]:.1f}×" if peer else "—"
