@@ -157,6 +157,16 @@ fn unreachable_error(s: &Shared, api: Api, e: &reqwest::Error) -> Response {
     upstream_error(s, api, e, "")
 }
 
+/// The upstream's `X-Policy-Version` header as a version number, if present and numeric.
+fn policy_version_header(h: &reqwest::header::HeaderMap) -> Option<i64> {
+    h.get(VERSION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok())
+}
+
+/// Whether an upstream answer is a server-sent event stream (`Content-Type: text/event-stream`).
+fn is_event_stream(h: &reqwest::header::HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"))
+}
+
 /// `POST /v1/chat/completions`: forwarded and captured.
 pub(super) async fn chat_completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: std::result::Result<Bytes, BytesRejection>) -> Response {
     forward(Api::ChatCompletions, s, headers, body).await
@@ -213,9 +223,9 @@ async fn forward(api: Api, s: Arc<Shared>, headers: HeaderMap, body: std::result
         Err(e) => return unreachable_error(&s, api, &e),
     };
     let status = resp.status().as_u16();
-    let header_version = resp.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok());
+    let header_version = policy_version_header(resp.headers());
     let out_headers = response_headers(resp.headers());
-    let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+    let is_sse = is_event_stream(resp.headers());
     if (200..300).contains(&status) && is_sse {
         let (tx, rx) = mpsc::channel::<std::result::Result<Bytes, Infallible>>(64);
         let background = prepared.background.then(|| BackgroundStream { id: None, bytes: raw.len(), created_version: None });
@@ -330,9 +340,9 @@ async fn fetch_background(s: &Arc<Shared>, id: &str, rb: reqwest::RequestBuilder
         Err(e) => return upstream_error(s, api, &e, &format!("/v1/responses/{id}: ")),
     };
     let status = resp.status().as_u16();
-    let header_version = resp.headers().get(VERSION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<i64>().ok());
+    let header_version = policy_version_header(resp.headers());
     let out_headers = response_headers(resp.headers());
-    let is_sse = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream"));
+    let is_sse = is_event_stream(resp.headers());
     let ok = (200..300).contains(&status);
     if ok && is_sse {
         if let Some(p) = take_background(s, id) {
@@ -389,7 +399,7 @@ async fn relay_whole(s: &Shared, api: Api, rb: reqwest::RequestBuilder, context:
     let status = resp.status().as_u16();
     let h = response_headers(resp.headers());
     // A stream (e.g. a resumed `GET /v1/responses/{id}?stream=true`) is relayed as it arrives.
-    if resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("text/event-stream")) {
+    if is_event_stream(resp.headers()) {
         return respond(status, h, Body::from_stream(resp.bytes_stream()));
     }
     match resp.bytes().await {

@@ -78,13 +78,14 @@ pub(super) struct BackgroundStream {
 pub(super) async fn pump_stream(s: Arc<Shared>, resp: reqwest::Response, tx: mpsc::Sender<std::result::Result<Bytes, Infallible>>, turn: StreamedTurn) {
     let StreamedTurn { req, api, mut acc, strip, header_version, reloads_before, t0, background } = turn;
     let is_background = background.is_some();
-    // A background turn held again for a later fetch: its pending record, and whether it was held.
+    // A background turn's record for holding it again until a later fetch (None for other streams).
     let pending_of = |acc: &Accumulator, req: &TurnRequest| -> Option<(String, Pending)> {
         let b = background.as_ref()?;
         let id = b.id.clone().or_else(|| acc.response_id().map(str::to_string))?;
         let created = if b.id.is_some() { b.created_version } else { header_version };
         Some((id, Pending { req: req.clone(), reloads_before: reloads_before.clone(), header_version: created, bytes: b.bytes }))
     };
+    // The turn was held again when the upstream stream broke off (nothing more to record here).
     let mut held = false;
     let mut framer = SseFramer::default();
     let mut upstream = resp.bytes_stream();
