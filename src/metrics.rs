@@ -122,6 +122,12 @@ pub struct Metrics {
     pub server_adapters_resident: IntGauge,
     /// `server_adapter_resident_bytes`: bytes of the adapter tensors loaded now.
     pub server_adapter_resident_bytes: IntGauge,
+    /// `server_reload_load_seconds`: a shared-policy reload's checkpoint load (files read, adapters
+    /// attached, and merged when `merge_lora` is set), on a blocking thread while serving goes on.
+    pub server_reload_load: Histogram,
+    /// `server_reload_swap_wait_seconds`: a shared-policy reload's wait from the loaded model's hand-over
+    /// to the inference worker until the swap (the worker finishes the batch it is decoding first).
+    pub server_reload_swap_wait: Histogram,
     /// `reloads_total{kind, outcome}`: checkpoint reloads per server.
     pub reloads: Family<Labels, Counter>,
     /// `reload_version{kind}`: the newest version a reload confirmed.
@@ -218,6 +224,8 @@ impl Metrics {
             server_adapter_evictions: Family::default(),
             server_adapters_resident: IntGauge::default(),
             server_adapter_resident_bytes: IntGauge::default(),
+            server_reload_load: Histogram::new(latency_buckets()),
+            server_reload_swap_wait: Histogram::new(latency_buckets()),
             reloads: Family::default(),
             reload_version: Family::default(),
         };
@@ -260,6 +268,8 @@ impl Metrics {
         r.add("server_adapter_evictions", "Resident tenant adapters evicted (least recently used), by tenant (capped)", None, &m.server_adapter_evictions);
         r.add("server_adapters_resident", "Tenant adapters loaded in the policy server", None, &m.server_adapters_resident);
         r.add("server_adapter_resident", "Bytes of the tenant adapter tensors loaded in the policy server", Some(Unit::Bytes), &m.server_adapter_resident_bytes);
+        r.add("server_reload_load", "Shared-policy reloads: checkpoint load time, serving going on meanwhile", Some(Unit::Seconds), &m.server_reload_load);
+        r.add("server_reload_swap_wait", "Shared-policy reloads: wait for the inference worker to swap the loaded weights in (the batch being decoded finishes first)", Some(Unit::Seconds), &m.server_reload_swap_wait);
         r.add("reloads", "Checkpoint reloads per server, by reload kind and outcome", None, &m.reloads);
         r.add("reload_version", "Newest checkpoint version a reload confirmed, by reload kind", None, &m.reload_version);
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1);

@@ -46,6 +46,7 @@ async fn start_with(api_key: Option<&str>, tune: impl FnOnce(&mut ServerOptions)
         load: LoadOptions::default(),
         base_dir: dir.clone(),
         threads: 0,
+        merge_lora: false,
     };
     let mut opts = opts;
     tune(&mut opts);

@@ -152,6 +152,7 @@ async fn start_server(model: &std::path::Path) -> (String, nextstate::serve::Pol
         load: LoadOptions::default(),
         base_dir: model.to_path_buf(),
         threads: 0,
+        merge_lora: false,
     };
     let server = nextstate::serve::PolicyServer::start(LanguageModel::load(model, &LoadOptions::default()).unwrap(), 0, opts).unwrap();
     let handle = server.handle();

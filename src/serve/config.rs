@@ -63,6 +63,13 @@ pub struct ServeConfig {
     /// `X-Agent-Id`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant_headers: Option<Vec<String>>,
+    /// Fold each LoRA checkpoint's adapters into the in-process server's shared-policy weights at
+    /// reload (default false: the adapters stay attached beside the shared base, so a reload reads only
+    /// the adapter files; merged decoding is a few per cent faster, but each reload then allocates and
+    /// computes new copies of the adapted projections while requests are served; measured in
+    /// docs/BENCHMARKS.md, section "model").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge_lora: Option<bool>,
 }
 
 impl ServeConfig {
@@ -119,6 +126,7 @@ impl Default for ServeConfig {
             max_adapters: None,
             max_adapter_mib: None,
             tenant_headers: None,
+            merge_lora: None,
         }
     }
 }

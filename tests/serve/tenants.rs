@@ -19,9 +19,14 @@ const MAX_TOKENS: usize = 12;
 /// from `seed` (so it changes the answers), saved in PEFT's layout to `dir`.
 pub(super) fn make_adapter(base: &Path, dir: &Path, rank: usize, seed: i64, scale: f64) {
     let lora = LoraConfig { rank, alpha: 2.0 * rank as f64, targets: LoraTarget::ALL.to_vec() };
+    // Seeded before the load too: the A matrices are drawn there (unseeded, the adapter differed from
+    // run to run and sometimes left a 12-token greedy answer unchanged). libtorch's generator is global:
+    // one adapter at a time in this binary, so a concurrent test's draws cannot interleave.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(seed);
     let lm = LanguageModel::load(base, &LoadOptions { trainable: Trainable::Lora(lora), ..Default::default() }).unwrap();
     let _g = tch::no_grad_guard();
-    tch::manual_seed(seed);
     for (name, mut t) in lm.transformer().adapter_state() {
         if name.contains("lora_B") {
             t.copy_(&(tch::Tensor::randn_like(&t) * scale));
@@ -54,6 +59,11 @@ struct Fleet {
 /// Serves the model at `base` as the shared policy version 7, with `adapters`, a batching window and
 /// `threads` libtorch threads (0: libtorch's choice): (URL, handle, the sender that stops it when dropped).
 pub(super) async fn start_server(base: &Path, adapters: AdapterOptions, batch_window: Duration, threads: usize) -> (String, PolicyHandle, tokio::sync::oneshot::Sender<()>) {
+    start_server_with(base, adapters, batch_window, threads, false).await
+}
+
+/// [`start_server`], shared-policy reloads folding a LoRA checkpoint into the weights when `merge_lora`.
+async fn start_server_with(base: &Path, adapters: AdapterOptions, batch_window: Duration, threads: usize, merge_lora: bool) -> (String, PolicyHandle, tokio::sync::oneshot::Sender<()>) {
     let opts = ServerOptions {
         model_name: "smollm2".into(),
         api_key: None,
@@ -67,6 +77,7 @@ pub(super) async fn start_server(base: &Path, adapters: AdapterOptions, batch_wi
         load: LoadOptions::default(),
         base_dir: base.to_path_buf(),
         threads,
+        merge_lora,
     };
     let lm = LanguageModel::load(base, &LoadOptions::default()).unwrap();
     let server = PolicyServer::start_with_adapters(lm, 7, opts, adapters).unwrap();
@@ -86,7 +97,8 @@ async fn fleet(adapters: AdapterOptions, batch_window: Duration) -> Option<Fleet
     let base = common::test_model_or_missing()?;
     let dir = tempfile::tempdir().unwrap();
     let (alice, bob) = (dir.path().join("alice/1"), dir.path().join("bob/1"));
-    make_adapter(&base, &alice, 4, 1, 0.05);
+    // Seeds whose adapters change the greedy answer (seed 1's leaves it as the base model's).
+    make_adapter(&base, &alice, 4, 3, 0.05);
     make_adapter(&base, &bob, 4, 2, 0.05);
     let (url, handle, stop) = start_server(&base, adapters, batch_window, 0).await;
     Some(Fleet { url, handle, base, _dir: dir, alice, bob, _stop: stop })
@@ -121,7 +133,7 @@ async fn each_tenant_is_served_by_its_own_adapter_and_the_rest_by_the_shared_pol
     assert_eq!(f.handle.reload_tenant("alice", f.alice.clone(), 3).await.unwrap(), None);
     assert_eq!(f.handle.reload_tenant("bob", f.bob.clone(), 5).await.unwrap(), None);
     let (want_shared, want_alice, want_bob) = (direct(&f.base, None), direct(&f.base, Some(&f.alice)), direct(&f.base, Some(&f.bob)));
-    assert!(want_alice != want_shared && want_bob != want_shared && want_alice != want_bob, "the adapters change the answer");
+    assert!(want_alice != want_shared && want_bob != want_shared && want_alice != want_bob, "the adapters change the answer: {want_shared:?} {want_alice:?} {want_bob:?}");
 
     // One batch of three policies: each request gets its own policy's answer.
     let (a, b, s) = tokio::join!(ask(&f.url, &[("x-agent-id", "alice")], None), ask(&f.url, &[("x-user-id", "bob")], None), ask(&f.url, &[], None));
@@ -235,4 +247,28 @@ async fn a_broken_adapter_fails_its_own_reload_only() {
     assert_eq!((b.2.as_str(), ids(&b.3)), ("4", direct(&f.base, Some(&f.alice))));
     let metrics = nextstate::metrics::encode();
     assert!(metrics.contains("nextstate_server_adapter_loads_total{tenant=\"alice\",trigger=\"reload\",outcome=\"load_error\"}"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lora_checkpoint_reloaded_as_the_shared_policy_answers_as_the_model_loaded_directly_merged_or_not() {
+    tch::set_num_threads(1);
+    let Some(base) = common::test_model_or_missing() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("run/9");
+    make_adapter(&base, &ckpt, 4, 3, 0.05);
+    let want = direct(&base, Some(&ckpt));
+    assert_ne!(want, direct(&base, None), "the adapter changes the answer");
+    for merge_lora in [false, true] {
+        let (url, handle, _stop) = start_server_with(&base, AdapterOptions::default(), Duration::from_millis(5), 0, merge_lora).await;
+        assert_eq!(handle.reload(ckpt.clone(), 9).await.unwrap(), 7, "merge_lora {merge_lora}: the previous version");
+        let (status, tenant, version, body) = ask(&url, &[], None).await;
+        assert_eq!((status, tenant, version.as_str()), (200, None, "9"), "merge_lora {merge_lora}");
+        assert_eq!(ids(&body), want, "merge_lora {merge_lora}: the reloaded policy answers as the checkpoint loaded directly");
+        assert!(handle.reload(ckpt.clone(), 8).await.unwrap_err().to_string().contains("older"), "merge_lora {merge_lora}");
+    }
+    let text = nextstate::metrics::encode();
+    for family in ["nextstate_server_reload_load_seconds_count", "nextstate_server_reload_swap_wait_seconds_count"] {
+        let count: f64 = text.lines().find_map(|l| l.strip_prefix(family)).and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{family} missing"));
+        assert!(count >= 2.0, "{family} counts both reloads: {count}");
+    }
 }

@@ -61,7 +61,7 @@ use messages::WorkerMsg;
 pub use options::ServerOptions;
 pub use registry::{AdapterOptions, TenantAdapter, DEFAULT_MAX_ADAPTERS, DEFAULT_MAX_ADAPTER_BYTES};
 use registry::TenantRegistry;
-pub use shared::PolicyHandle;
+pub use shared::{load_policy, PolicyHandle};
 use shared::Shared;
 use worker::worker_loop;
 

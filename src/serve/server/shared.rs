@@ -65,9 +65,11 @@ impl PolicyHandle {
     }
 
     /// Loads a checkpoint directory as the shared policy (full weights or adapters on the base, see
-    /// [`LanguageModel::load_checkpoint`]; adapters are merged) on a blocking thread, then swaps it in
-    /// behind the requests already received. Returns the previous version. Tenant adapters are not
-    /// touched (they stay on the base model; [`PolicyHandle::reload_tenant`] moves one).
+    /// [`LanguageModel::load_checkpoint`]; a LoRA checkpoint's adapters stay attached, or are merged when
+    /// [`ServerOptions::merge_lora`] is set) on a blocking thread, then swaps it in behind the requests
+    /// already received. Returns the previous version. Tenant adapters are not touched (they stay on the
+    /// base model; [`PolicyHandle::reload_tenant`] moves one). The load and the wait for the worker's
+    /// swap are timed apart (`server_reload_load_seconds`, `server_reload_swap_wait_seconds`).
     ///
     /// # Errors
     /// [`Error::Config`] when `version` is lower than the current one; load errors as
@@ -79,20 +81,37 @@ impl PolicyHandle {
         if version < current {
             return Err(crate::config_err!("reload to version {version} is older than the served version {current}"));
         }
-        let opts = LoadOptions { trainable: crate::model::Trainable::Frozen, ..s.opts.load.clone() };
-        let base = s.opts.base_dir.clone();
+        let (opts, base, merge) = (s.opts.load.clone(), s.opts.base_dir.clone(), s.opts.merge_lora);
         let t0 = std::time::Instant::now();
-        let lm = tokio::task::spawn_blocking(move || -> Result<LanguageModel> {
-            let mut lm = LanguageModel::load_checkpoint(&path, Some(&base), &opts)?;
-            lm.transformer_mut().merge_lora()?;
-            Ok(lm)
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("reload task: {e}")))??;
+        let lm = tokio::task::spawn_blocking(move || load_policy(&path, &base, &opts, merge))
+            .await
+            .map_err(|e| Error::Internal(format!("reload task: {e}")))??;
+        let load_s = t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
         let (ack, done) = tokio::sync::oneshot::channel();
         s.jobs.send(WorkerMsg::Swap { model: Box::new(lm), version, ack }).map_err(|_| Error::Internal("inference worker stopped".into()))?;
         let old = done.await.map_err(|_| Error::Internal("inference worker stopped before the swap".into()))?;
-        tracing::info!("reloaded version {version} in {:.1} s", t0.elapsed().as_secs_f64());
+        let wait_s = t1.elapsed().as_secs_f64();
+        let m = crate::metrics::get();
+        m.server_reload_load.observe(load_s);
+        m.server_reload_swap_wait.observe(wait_s);
+        tracing::info!(version, merged = merge, "reloaded version {version} in {:.2} s: load {load_s:.2} s, swap wait {wait_s:.2} s", load_s + wait_s);
         Ok(old)
     }
+}
+
+/// Loads the checkpoint `path` frozen as a shared policy (adapters on `base`, whose tensors alias the
+/// process's one copy, [`crate::model::weights::read_checkpoint_shared`]), with `load`'s device and
+/// dtype; with `merge`, a LoRA checkpoint's adapters are folded into the weights
+/// ([`crate::model::Transformer::merge_lora`]). Blocking (reads files). Used at start and at each reload.
+///
+/// # Errors
+/// As [`LanguageModel::load_checkpoint`]; [`Error::Torch`] when merging fails.
+pub fn load_policy(path: &std::path::Path, base: &std::path::Path, load: &LoadOptions, merge: bool) -> Result<LanguageModel> {
+    let opts = LoadOptions { trainable: crate::model::Trainable::Frozen, ..load.clone() };
+    let mut lm = LanguageModel::load_checkpoint(path, Some(base), &opts)?;
+    if merge {
+        lm.transformer_mut().merge_lora()?;
+    }
+    Ok(lm)
 }

@@ -43,16 +43,13 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
         Some(dir) => crate::trainer::latest_complete(dir)?,
         None => None,
     };
+    let merge = cfg.serve.merge_lora.unwrap_or(false);
     let (lm, version) = {
         let (load, base) = (load.clone(), cfg.policy.model.clone());
         let latest = latest.clone();
         tokio::task::spawn_blocking(move || -> Result<(LanguageModel, i64)> {
             match latest {
-                Some((path, m)) => {
-                    let mut lm = LanguageModel::load_checkpoint(&path, Some(&base), &load)?;
-                    lm.transformer_mut().merge_lora()?;
-                    Ok((lm, m.version))
-                }
+                Some((path, m)) => Ok((crate::serve::server::load_policy(&path, &base, &load, merge)?, m.version)),
                 None => Ok((LanguageModel::load(&base, &load)?, 0)),
             }
         })
@@ -77,6 +74,7 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
         load,
         base_dir: cfg.policy.model.clone(),
         threads: cfg.policy.threads,
+        merge_lora: merge,
     };
     let server = crate::serve::PolicyServer::start_with_adapters(lm, version, opts, cfg.serve.adapter_options()?)?;
     let handle = server.handle();
