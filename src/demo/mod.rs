@@ -26,7 +26,7 @@ pub mod sessions;
 pub mod student;
 
 pub use problems::{canonical_answer, default_gsm8k_path, load_gsm8k, parse_number, same_number, split_problems, Problem, Split};
-pub use report::{font_loaded, histogram, interval_chart, line_chart, IntervalItem, write_report, CheckpointEval, DemoReport, NamedSeries, ReportFiles};
+pub use report::{font_loaded, histogram, interval_chart, line_chart, IntervalItem, write_report, CheckpointEval, DemoReport, NamedSeries, ReportFiles, TimeRow, TimeTable};
 pub use score::{eval_rows, personalization_score, Score};
 pub use student::{check, Preference, Preferences, Student, StudentReply, Verdict, Violation, ViolationKind};
 

@@ -480,8 +480,57 @@ pub struct DemoReport {
     /// The student's sessions during the run (the online metric); `None` when not recorded.
     #[serde(default)]
     pub sessions: Option<crate::demo::sessions::SessionsSummary>,
+    /// Where the run's wall time went; `None` when not measured.
+    #[serde(default)]
+    pub time: Option<TimeTable>,
     /// Free-form lines added to the report's notes.
     pub notes: Vec<String>,
+}
+
+/// Where a run's wall time went: its phases and the busy time of the parts that run concurrently in the
+/// pipeline phase (stages, policy server, trainer), each with its share of the whole wall time. Busy
+/// times overlap one another (they run side by side on the machine's cores), so shares do not add up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeTable {
+    /// The run's wall time, start to report (seconds).
+    pub wall_seconds: f64,
+    /// One row per phase or part, in the order shown.
+    pub rows: Vec<TimeRow>,
+}
+
+/// One row of a [`TimeTable`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeRow {
+    /// What the time was spent on (`pipeline phase`, `stage judge`, `training steps`, ...).
+    pub part: String,
+    /// Seconds (wall time of that part, summed over its occurrences).
+    pub seconds: f64,
+    /// How it was measured and how many occurrences (one line).
+    pub detail: String,
+}
+
+impl TimeTable {
+    /// The markdown section `## Where the time went` (empty for a table without rows).
+    pub fn markdown(&self) -> String {
+        use std::fmt::Write;
+        if self.rows.is_empty() {
+            return String::new();
+        }
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "## Where the time went\n\nWall time {:.0} s. While the pipeline runs, the stages, the policy server and the trainer work side by \
+             side, so their busy times overlap and the shares do not add up to 100 %.\n",
+            self.wall_seconds
+        );
+        let _ = writeln!(s, "| part | seconds | share of the wall time | measured as |\n|---|---:|---:|---|");
+        for r in &self.rows {
+            let share = if self.wall_seconds > 0.0 { format!("{:.1} %", 100.0 * r.seconds / self.wall_seconds) } else { "–".into() };
+            let _ = writeln!(s, "| {} | {:.1} | {share} | {} |", cell(&r.part), r.seconds, cell(&r.detail));
+        }
+        s.push('\n');
+        s
+    }
 }
 
 /// One optimizer step's advantage split into its reward and teacher parts, as the trainer measured it
@@ -806,6 +855,9 @@ pub fn render_markdown(r: &DemoReport, plot_file: &str, plot_has_text: bool) -> 
             }
         }
         s.push('\n');
+    }
+    if let Some(t) = &r.time {
+        s.push_str(&t.markdown());
     }
     if !r.notes.is_empty() {
         let _ = writeln!(s, "## Notes\n");

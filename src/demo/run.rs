@@ -534,7 +534,8 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     let interrupted = stop.requested();
     stop.request();
     let run = finish.await.map_err(|e| Error::Internal(format!("pipeline task: {e}")))??;
-
+    let pipeline_seconds = started.elapsed().as_secs_f64();
+    let server_time = policy.time_spent();
     drop(policy);
 
     // Evaluation: v0 and the first, middle and last versions the server loaded, greedy on the held-out
@@ -555,10 +556,12 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         };
         tokio::task::spawn_blocking(move || eval.run()).await.map_err(|e| Error::Internal(format!("evaluation task: {e}")))??
     };
+    let eval_seconds = started.elapsed().as_secs_f64() - pipeline_seconds;
     let before = checkpoints.first().map(|c| c.score.clone()).unwrap_or_else(|| Score::from_verdicts(&[], &prefs));
     let samples: Vec<crate::schema::Sample> = crate::lake::Lake::open(lake.root())?.read_table()?;
     let advantages = super::report::AdvantageSummary::of(&samples, opts.pipeline.trainer.w_rl, opts.pipeline.trainer.w_opd);
-    let steps = super::report::StepAttribution::of(&crate::lake::Lake::open(lake.root())?.read_table::<crate::schema::TrainStep>()?);
+    let step_rows = crate::lake::Lake::open(lake.root())?.read_table::<crate::schema::TrainStep>()?;
+    let steps = super::report::StepAttribution::of(&step_rows);
     crate::lake::Lake::open(lake.root())?.write_rows(&rows, &format!("demo-{run_id}"), 1)?;
     let mut counts: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for (stage, c) in &run.stages {
@@ -590,6 +593,16 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         advantages: Some(advantages),
         steps,
         sessions: Some(sessions_summary.clone()),
+        time: Some(time_table(&PhaseTimes {
+            wall_seconds: started.elapsed().as_secs_f64(),
+            pipeline_seconds,
+            eval_seconds,
+            evaluated: checkpoints.len(),
+            eval_problems: split.eval.len(),
+            server: server_time,
+            run: &run,
+            steps: &step_rows,
+        })),
         notes: vec![
             format!(
                 "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems.",
@@ -638,6 +651,61 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     })
 }
 
+/// What [`time_table`] is made from.
+struct PhaseTimes<'a> {
+    wall_seconds: f64,
+    /// Start to the pipeline's stop (model loading, the students' interactions, the drain).
+    pipeline_seconds: f64,
+    /// The evaluation after it.
+    eval_seconds: f64,
+    /// Versions evaluated, on `eval_problems` held-out problems each.
+    evaluated: usize,
+    eval_problems: usize,
+    server: crate::serve::ServerTime,
+    run: &'a RunReport,
+    steps: &'a [crate::schema::TrainStep],
+}
+
+/// The demo report's "Where the time went": the two phases, then the busy time of each part of the
+/// pipeline phase (zero rows left out).
+fn time_table(t: &PhaseTimes<'_>) -> super::report::TimeTable {
+    use super::report::TimeRow;
+    let row = |part: &str, seconds: f64, detail: String| TimeRow { part: part.to_string(), seconds, detail };
+    let mut rows = vec![row(
+        "pipeline phase",
+        t.pipeline_seconds,
+        "wall time from the start (models loaded, broker and server up) through the students' interactions to the pipeline's stop".into(),
+    )];
+    if t.server.chat_seconds > 0.0 {
+        rows.push(row("policy server: chat generation", t.server.chat_seconds, "inference worker busy on chat batches (the students' turns)".into()));
+    }
+    if t.server.completions_seconds > 0.0 {
+        rows.push(row("policy server: /v1/completions", t.server.completions_seconds, "inference worker busy on completion batches".into()));
+    }
+    for (stage, c) in &t.run.stages {
+        if c.busy_seconds > 0.0 {
+            rows.push(row(&format!("stage {stage}"), c.busy_seconds, "wall time in the stage's batch handler (its model and HTTP calls, its emits)".into()));
+        }
+    }
+    if !t.steps.is_empty() {
+        let secs = t.steps.iter().map(|s| s.seconds).sum();
+        rows.push(row("training steps", secs, format!("{} optimizer steps (`train_steps.seconds`)", t.steps.len())));
+    }
+    if t.server.reloads > 0 {
+        let n = t.server.reloads;
+        rows.push(row("reloads: checkpoint load", t.server.reload_load_seconds, format!("{n} reloads of the shared policy, loaded beside serving")));
+        rows.push(row("reloads: wait for the swap", t.server.reload_swap_wait_seconds, format!("{n} reloads; the worker finishes the batch it is decoding first")));
+    }
+    if t.evaluated > 0 {
+        rows.push(row(
+            "evaluation phase",
+            t.eval_seconds,
+            format!("wall time after the pipeline: {} versions greedy on {} held-out problems, every core", t.evaluated, t.eval_problems),
+        ));
+    }
+    super::report::TimeTable { wall_seconds: t.wall_seconds, rows }
+}
+
 /// The student whose first messages are the held-out prompts: the student of `split_seed` when set, so
 /// runs that share a split (the online ablation's replicates) are evaluated on the very same prompts;
 /// else the run's own student (of `seed`).
@@ -660,3 +728,38 @@ fn last_checkpoint(run_dir: &std::path::Path) -> i64 {
 
 /// Handle on a pipeline started with `keep_serving_when_idle`.
 pub use crate::stages::run::IdleHandle;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_table_has_both_phases_and_each_busy_part_and_leaves_out_idle_ones() {
+        let mut run = RunReport::default();
+        run.stages.insert("judge".into(), crate::stages::StageCounts { busy_seconds: 4.5, ..Default::default() });
+        run.stages.insert("reload".into(), crate::stages::StageCounts::default());
+        let steps: Vec<crate::schema::TrainStep> = [2.0, 3.5]
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| crate::schema::TrainStep { seconds: s, ..crate::schema::TrainStep::new("r", i as i64 + 1, "combined") })
+            .collect();
+        let server = crate::serve::ServerTime { chat_seconds: 90.0, reloads: 2, reload_load_seconds: 0.25, reload_swap_wait_seconds: 3.0, ..Default::default() };
+        let t = time_table(&PhaseTimes { wall_seconds: 300.0, pipeline_seconds: 240.0, eval_seconds: 60.0, evaluated: 4, eval_problems: 48, server, run: &run, steps: &steps });
+        let got: Vec<(&str, f64)> = t.rows.iter().map(|r| (r.part.as_str(), r.seconds)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("pipeline phase", 240.0),
+                ("policy server: chat generation", 90.0),
+                ("stage judge", 4.5),
+                ("training steps", 5.5),
+                ("reloads: checkpoint load", 0.25),
+                ("reloads: wait for the swap", 3.0),
+                ("evaluation phase", 60.0),
+            ]
+        );
+        assert_eq!(t.wall_seconds, 300.0);
+        assert!(t.rows[3].detail.starts_with("2 optimizer steps"), "{}", t.rows[3].detail);
+        assert!(t.rows[6].detail.contains("4 versions greedy on 48 held-out problems"), "{}", t.rows[6].detail);
+    }
+}

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 pub use config::ServeConfig;
-pub use server::{AdapterOptions, PolicyHandle, PolicyServer, ServerOptions, TenantAdapter, POLICY_TENANT_HEADER, VERSION_HEADER};
+pub use server::{AdapterOptions, PolicyHandle, PolicyServer, ServerOptions, ServerTime, TenantAdapter, POLICY_TENANT_HEADER, VERSION_HEADER};
 
 use crate::model::{LanguageModel, LoadOptions, LogprobMode, Trainable};
 use crate::{Error, Result};

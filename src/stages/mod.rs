@@ -53,11 +53,16 @@ pub struct Input<T> {
     pub lineage: Lineage,
 }
 
-/// Counters of what a stage did, by outcome (every input is counted under one outcome).
+/// Counters of what a stage did, by outcome (every input is counted under one outcome), and the time
+/// it spent on its batches.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct StageCounts {
     /// Count per outcome name (`emitted`, `dead_letter`, `no_sample: score 0`, ...).
     pub outcomes: std::collections::BTreeMap<String, u64>,
+    /// Wall seconds the stage spent handling its batches ([`StageLogic::handle`]: its model or HTTP
+    /// calls and its emits; not its waits for input). Summed over batches; 0 for a task that is not a
+    /// streaming stage.
+    pub busy_seconds: f64,
 }
 
 impl StageCounts {
@@ -219,7 +224,9 @@ pub async fn run_stage<L: StageLogic>(bus: &Bus, run: &StageRun, mut logic: L, c
                 }
             }
         }
+        let t0 = std::time::Instant::now();
         logic.handle(batch, &out, &mut counts).await?;
+        counts.busy_seconds += t0.elapsed().as_secs_f64();
         let hold = logic.hold();
         for (p, o) in next.iter_mut() {
             if let Some(h) = hold.get(p) {

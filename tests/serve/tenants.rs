@@ -265,6 +265,17 @@ async fn a_lora_checkpoint_reloaded_as_the_shared_policy_answers_as_the_model_lo
         assert_eq!((status, tenant, version.as_str()), (200, None, "9"), "merge_lora {merge_lora}");
         assert_eq!(ids(&body), want, "merge_lora {merge_lora}: the reloaded policy answers as the checkpoint loaded directly");
         assert!(handle.reload(ckpt.clone(), 8).await.unwrap_err().to_string().contains("older"), "merge_lora {merge_lora}");
+        // The worker adds a batch's time after it has answered: poll a little.
+        let mut t = handle.time_spent();
+        for _ in 0..100 {
+            if t.chat_seconds > 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            t = handle.time_spent();
+        }
+        assert_eq!((t.reloads, t.completions_seconds), (1, 0.0), "merge_lora {merge_lora}: the refused reload is not counted");
+        assert!(t.chat_seconds > 0.0 && t.reload_load_seconds > 0.0, "merge_lora {merge_lora}: {t:?}");
     }
     let text = nextstate::metrics::encode();
     for family in ["nextstate_server_reload_load_seconds_count", "nextstate_server_reload_swap_wait_seconds_count"] {

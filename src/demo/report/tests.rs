@@ -33,6 +33,7 @@ fn report() -> DemoReport {
         advantages: None,
         steps: vec![],
         sessions: None,
+        time: None,
         notes: vec!["policy: SmolLM2-135M-Instruct".into()],
     }
 }
@@ -232,4 +233,23 @@ fn the_sessions_section_states_the_online_metric() {
     assert!(md.contains("**preferences met in 3 consecutive sessions after 4 of 5 sessions**"), "{md}");
     // Five sessions in four parts: 1, 1, 1, 2.
     assert!(md.contains("per quarter of the sessions: 0.00 → 1.00 → 1.00 → 0.50; 1.40 answers per session."), "{md}");
+}
+
+#[test]
+fn the_time_table_gives_each_part_its_share_of_the_wall_time() {
+    let t = TimeTable {
+        wall_seconds: 200.0,
+        rows: vec![
+            TimeRow { part: "pipeline phase".into(), seconds: 150.0, detail: "start to stop".into() },
+            TimeRow { part: "stage judge".into(), seconds: 12.34, detail: "handler | calls".into() },
+        ],
+    };
+    let md = t.markdown();
+    assert!(md.starts_with("## Where the time went\n\nWall time 200 s."), "{md}");
+    assert!(md.contains("| part | seconds | share of the wall time | measured as |\n|---|---:|---:|---|\n| pipeline phase | 150.0 | 75.0 % | start to stop |\n| stage judge | 12.3 | 6.2 % | handler \\| calls |\n\n"), "{md}");
+    assert_eq!(TimeTable { wall_seconds: 1.0, rows: vec![] }.markdown(), "");
+    let mut r = report();
+    r.time = Some(t);
+    let full = render_markdown(&r, "plot.png", true);
+    assert!(full.find("## Where the time went").unwrap() < full.find("## Notes").unwrap(), "before the notes");
 }

@@ -61,7 +61,7 @@ use messages::WorkerMsg;
 pub use options::ServerOptions;
 pub use registry::{AdapterOptions, TenantAdapter, DEFAULT_MAX_ADAPTERS, DEFAULT_MAX_ADAPTER_BYTES};
 use registry::TenantRegistry;
-pub use shared::{load_policy, PolicyHandle};
+pub use shared::{load_policy, PolicyHandle, ServerTime};
 use shared::Shared;
 use worker::worker_loop;
 
@@ -105,6 +105,7 @@ impl PolicyServer {
             failed: AtomicU64::new(0),
             jobs: tx,
             reload_lock: tokio::sync::Mutex::new(()),
+            clock: shared::TimeClock::default(),
         });
         crate::metrics::get().server_policy_version.set(version);
         let s2 = shared.clone();

@@ -22,6 +22,43 @@ pub(super) struct Shared {
     pub(super) failed: AtomicU64,
     pub(super) jobs: std::sync::mpsc::Sender<WorkerMsg>,
     pub(super) reload_lock: tokio::sync::Mutex<()>,
+    /// Where the server's time went ([`PolicyHandle::time_spent`]).
+    pub(super) clock: TimeClock,
+}
+
+/// Microseconds spent, by kind of work (see [`ServerTime`]).
+#[derive(Default)]
+pub(super) struct TimeClock {
+    pub(super) chat_us: AtomicU64,
+    pub(super) completions_us: AtomicU64,
+    pub(super) reloads: AtomicU64,
+    pub(super) reload_load_us: AtomicU64,
+    pub(super) reload_wait_us: AtomicU64,
+}
+
+impl TimeClock {
+    /// Adds the time since `t0` to `counter`.
+    pub(super) fn add_since(counter: &AtomicU64, t0: std::time::Instant) {
+        counter.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Where a policy server's time went since it started ([`PolicyHandle::time_spent`]). Seconds are wall
+/// time; the inference worker is one thread, so `chat_seconds + completions_seconds` is at most the
+/// server's age, while reload loads run beside it on a blocking thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ServerTime {
+    /// The inference worker generating chat completions (`/v1/chat/completions`, `/v1/responses`,
+    /// `/v1/messages`): rendering, prefill and decoding of its batches.
+    pub chat_seconds: f64,
+    /// The inference worker on `/v1/completions` batches (prompt scoring, then generation).
+    pub completions_seconds: f64,
+    /// Shared-policy reloads completed.
+    pub reloads: u64,
+    /// Their checkpoint loads (files read, adapters attached or merged), beside serving.
+    pub reload_load_seconds: f64,
+    /// Their waits for the worker to swap the loaded weights in (it finishes its batch first).
+    pub reload_swap_wait_seconds: f64,
 }
 
 /// Counts a request as in flight until dropped.
@@ -64,6 +101,19 @@ impl PolicyHandle {
         self.shared.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Where the server's time went since it started.
+    pub fn time_spent(&self) -> ServerTime {
+        let c = &self.shared.clock;
+        let s = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e6;
+        ServerTime {
+            chat_seconds: s(&c.chat_us),
+            completions_seconds: s(&c.completions_us),
+            reloads: c.reloads.load(Ordering::Relaxed),
+            reload_load_seconds: s(&c.reload_load_us),
+            reload_swap_wait_seconds: s(&c.reload_wait_us),
+        }
+    }
+
     /// Loads a checkpoint directory as the shared policy (full weights or adapters on the base, see
     /// [`LanguageModel::load_checkpoint`]; a LoRA checkpoint's adapters stay attached, or are merged when
     /// [`ServerOptions::merge_lora`] is set) on a blocking thread, then swaps it in behind the requests
@@ -92,6 +142,10 @@ impl PolicyHandle {
         s.jobs.send(WorkerMsg::Swap { model: Box::new(lm), version, ack }).map_err(|_| Error::Internal("inference worker stopped".into()))?;
         let old = done.await.map_err(|_| Error::Internal("inference worker stopped before the swap".into()))?;
         let wait_s = t1.elapsed().as_secs_f64();
+        let c = &s.clock;
+        c.reloads.fetch_add(1, Ordering::Relaxed);
+        c.reload_load_us.fetch_add((load_s * 1e6) as u64, Ordering::Relaxed);
+        c.reload_wait_us.fetch_add((wait_s * 1e6) as u64, Ordering::Relaxed);
         let m = crate::metrics::get();
         m.server_reload_load.observe(load_s);
         m.server_reload_swap_wait.observe(wait_s);

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::adapters::Policies;
 use super::messages::{CompletionJob, CompletionOut, Job, JobEvent, PromptInput, TokenOut, WorkerMsg};
-use super::shared::Shared;
+use super::shared::{Shared, TimeClock};
 use crate::model::generate::check_request;
 use crate::model::{GenerationRequest, LanguageModel};
 use crate::{Error, Result};
@@ -142,18 +142,21 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
                     WorkerMsg::Job(j) => Ok(*j),
                     other => Err(other),
                 });
+                let t0 = std::time::Instant::now();
                 for (adapter, jobs) in by_adapter(batch, |j| j.adapter.clone()) {
                     match policies.resolve(adapter.as_deref(), &shared) {
                         Ok((lm, version)) => run_batch(lm, version, adapter.as_deref(), jobs, &shared),
                         Err((status, message)) => fail_chat(jobs, status, &message, &shared),
                     }
                 }
+                TimeClock::add_since(&shared.clock.chat_us, t0);
             }
             WorkerMsg::Complete(job) => {
                 let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
                     WorkerMsg::Complete(j) => Ok(*j),
                     other => Err(other),
                 });
+                let t0 = std::time::Instant::now();
                 for (adapter, jobs) in by_adapter(batch, |j| j.adapter.clone()) {
                     match policies.resolve(adapter.as_deref(), &shared) {
                         Ok((lm, version)) => run_completions(lm, version, adapter.as_deref(), jobs, &shared),
@@ -165,6 +168,7 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
                         }
                     }
                 }
+                TimeClock::add_since(&shared.clock.completions_us, t0);
             }
         }
     }
