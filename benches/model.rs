@@ -3,8 +3,8 @@
 //! Compare with `python3 benches/peer_model.py` (HF transformers on the same directory, same work).
 //!
 //! Group `reload`: what a policy server's reload of a LoRA checkpoint costs, and what it costs decoding
-//! after it, with the checkpoint's adapters kept unmerged (the default) or folded into the weights
-//! (`serve.merge_lora`): `load_{unmerged,merged}` times [`nextstate::serve::server::load_policy`], the
+//! after it, with the checkpoint's adapters folded into the weights (`serve.merge_lora`, the default)
+//! or kept unmerged: `load_{unmerged,merged}` times [`nextstate::serve::server::load_policy`], the
 //! load a reload runs on its blocking thread (the base tensors are the process's cached copy, as in the
 //! server; the wait for the inference worker's swap is not in it), and `greedy_b{1,4}_{unmerged,merged}`
 //! the decoding of the loaded model. The adapter is the trainer's default shape (rank 16, α 32, all

@@ -380,6 +380,19 @@ def main():
         cmd_line(L, cmd, pcmd)
     else:
         not_measured(L, "model", cmd, rc, out)
+    rl = {b: criterion(crit, "reload", b) for b in ("load_unmerged", "load_merged", "greedy_b1_unmerged", "greedy_b1_merged", "greedy_b4_unmerged", "greedy_b4_merged")}
+    rss = next((x for x in (res or []) if x.get("case") == "reload_rss"), None)
+    if all(rl.values()):
+        L.append("**Reloading a LoRA checkpoint into the policy server** (`reload` group of `benches/model.rs`; rank 16, α 32, all seven "
+                 "projections): the load a reload runs beside serving, and greedy decoding of the loaded policy, with the adapters kept "
+                 "folded into the weights (the default) or kept unmerged (`serve.merge_lora = false`, `serve --unmerged-lora`).\n")
+        L.append("| adapters | load (criterion median, s) | greedy b1 tokens/s | greedy b4 tokens/s | resident memory the loaded policy adds (MB) |\n|---|---:|---:|---:|---:|")
+        for k in ("unmerged", "merged"):
+            mem = f(rss[f"{k}_adds_mb"]) if rss else "—"
+            L.append(f"| {k} | {rl['load_' + k][0]:.3f} | {f(rl['greedy_b1_' + k][1])} | {f(rl['greedy_b4_' + k][1])} | {mem} |")
+        base = f" ({f(rss['base_rss_mb'])} MB resident with the base loaded)" if rss else ""
+        L.append("\nA reload's swap also waits for the batch the worker is decoding (`server_reload_swap_wait_seconds`), which no weight "
+                 f"layout removes; the shared base stays one copy either way{base}.\n")
     par, parcmd, parrc, _ = load(out, "peft_parity")
     p = next((x for x in (par or []) if x.get("case") == "peft_parity"), None)
     if p:

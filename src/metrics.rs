@@ -123,7 +123,7 @@ pub struct Metrics {
     /// `server_adapter_resident_bytes`: bytes of the adapter tensors loaded now.
     pub server_adapter_resident_bytes: IntGauge,
     /// `server_reload_load_seconds`: a shared-policy reload's checkpoint load (files read, adapters
-    /// attached, and merged when `merge_lora` is set), on a blocking thread while serving goes on.
+    /// attached, and merged unless `merge_lora` is off), on a blocking thread while serving goes on.
     pub server_reload_load: Histogram,
     /// `server_reload_swap_wait_seconds`: a shared-policy reload's wait from the loaded model's hand-over
     /// to the inference worker until the swap (the worker finishes the batch it is decoding first).

@@ -192,6 +192,39 @@ async fn reload_while_requests_are_in_flight() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_goes_ahead_of_queued_requests_and_the_running_batch_keeps_its_weights() {
+    // Batches of one: while the first request decodes, the next two wait in the queue.
+    let Some(s) = start_with(None, |o| o.max_batch = 1).await else { return };
+    let client = nextstate::net::http_client(None).unwrap();
+    let url = format!("{}/v1/chat/completions", s.base);
+    let ask = |max_tokens: usize| {
+        let (client, url) = (client.clone(), url.clone());
+        let body = json!({"messages": [{"role": "user", "content": "Count from 1 to 30."}], "temperature": 0, "max_tokens": max_tokens});
+        tokio::spawn(async move {
+            let r = client.post(url).json(&body).send().await.unwrap();
+            let v: Value = r.json().await.unwrap();
+            v["policy_version"].as_i64().unwrap_or_else(|| panic!("{v}"))
+        })
+    };
+    let first = ask(48);
+    while s.handle.in_flight() < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued = [ask(4), ask(4)];
+    while s.handle.in_flight() < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = client.post(format!("{}/v1/reload", s.base)).json(&json!({"path": s.dir, "version": 1})).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert_eq!(first.await.unwrap(), 0, "the batch being decoded finishes on the weights it started with");
+    for q in queued {
+        assert_eq!(q.await.unwrap(), 1, "requests queued before the reload run on the new weights");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_models_and_bad_requests() {
     let Some(s) = start(Some("sekrit")).await else { return };
     let client = nextstate::net::http_client(None).unwrap();

@@ -20,9 +20,9 @@
 //! tenant's next request.
 //!
 //! **Reload** (`POST /v1/reload` or [`PolicyHandle::reload`]): the new weights are loaded on a
-//! blocking thread while the worker keeps serving; then a swap message is queued behind the jobs
-//! already received. Jobs received before the swap finish on the old weights, later ones use the new
-//! weights; nothing is rejected. A tenant's reload swaps its adapter the same way. Every response
+//! blocking thread while the worker keeps serving; then the worker swaps them in at its next batch
+//! boundary, ahead of jobs still queued. The batch being decoded finishes on the old weights; every job
+//! not yet started, received before the swap or after, uses the new weights; nothing is rejected. A tenant's reload swaps its adapter the same way. Every response
 //! names the policy that produced it: `policy_version` in the body and the `X-Policy-Version` header
 //! (the adapter's own version when one served), and `policy_tenant` / `X-Policy-Tenant` (the tenant
 //! whose adapter served; null / absent for the shared policy).

@@ -34,11 +34,12 @@ pub struct ServerOptions {
     /// Base model directory for adapter checkpoints and for config/tokenizer files a checkpoint lacks.
     pub base_dir: PathBuf,
     /// Fold a LoRA checkpoint's adapters into the shared policy's weights at each reload
-    /// ([`crate::model::Transformer::merge_lora`]): decoding then runs at the base model's speed, but
-    /// every reload allocates and computes new copies of the adapted projections (for SmolLM2-135M f32,
-    /// 425 MB and seconds of CPU beside the decoding). False (the default): the adapters stay attached
-    /// beside the shared base, as tenant adapters are; a reload reads only the adapter files. The
-    /// measured trade is in `docs/BENCHMARKS.md` (`cargo bench --bench model -- reload`).
+    /// ([`crate::model::Transformer::merge_lora`]; what `serve` and `run` do unless told otherwise):
+    /// decoding then runs at the base model's speed, but every reload allocates and computes new copies
+    /// of the adapted projections (for SmolLM2-135M f32, about 420 MB and a second of CPU beside the
+    /// decoding). False: the adapters stay attached beside the shared base, as tenant adapters are; a
+    /// reload reads only the adapter files (about 0.07 s), and decoding is slower. The measured trade:
+    /// `cargo bench --bench model -- reload`, and the demo's time table (docs/serving.md).
     pub merge_lora: bool,
     /// libtorch intra-op threads of the inference worker (`policy.threads`; 0 = libtorch's default). The
     /// setting is per thread (OpenMP), so it is applied on the worker itself.

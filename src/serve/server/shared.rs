@@ -116,8 +116,9 @@ impl PolicyHandle {
 
     /// Loads a checkpoint directory as the shared policy (full weights or adapters on the base, see
     /// [`LanguageModel::load_checkpoint`]; a LoRA checkpoint's adapters stay attached, or are merged when
-    /// [`ServerOptions::merge_lora`] is set) on a blocking thread, then swaps it in behind the requests
-    /// already received. Returns the previous version. Tenant adapters are not touched (they stay on the
+    /// [`ServerOptions::merge_lora`] is set) on a blocking thread, then swaps it in at the worker's next
+    /// batch boundary: the batch being decoded finishes on the old weights, requests still queued run on
+    /// the new ones. Returns the previous version. Tenant adapters are not touched (they stay on the
     /// base model; [`PolicyHandle::reload_tenant`] moves one). The load and the wait for the worker's
     /// swap are timed apart (`server_reload_load_seconds`, `server_reload_swap_wait_seconds`).
     ///

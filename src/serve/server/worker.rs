@@ -118,7 +118,12 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
     let max_batch = shared.opts.max_batch.max(1);
     let mut pending: VecDeque<WorkerMsg> = VecDeque::new();
     loop {
-        let msg = match pending.pop_front() {
+        // Everything received so far joins the queue, so a weight change waiting behind queued jobs is
+        // seen and goes first.
+        while let Ok(m) = rx.try_recv() {
+            pending.push_back(m);
+        }
+        let msg = match next_message(&mut pending, |m| matches!(m, WorkerMsg::Swap { .. } | WorkerMsg::Install { .. })) {
             Some(m) => m,
             None => match rx.recv() {
                 Ok(m) => m,
@@ -171,6 +176,18 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
                 TimeClock::add_since(&shared.clock.completions_us, t0);
             }
         }
+    }
+}
+
+/// The next message to handle from `queue`: the first `urgent` one (a shared-policy swap or a tenant
+/// adapter's install), else the oldest. Weight changes thus take effect at the next batch boundary,
+/// ahead of jobs still waiting (which then run on the new weights and report its version), instead of
+/// after every job received before them; the batch being decoded finishes on the weights it started
+/// with. Messages of one kind keep their order.
+fn next_message<T>(queue: &mut VecDeque<T>, urgent: impl Fn(&T) -> bool) -> Option<T> {
+    match queue.iter().position(urgent) {
+        Some(i) => queue.remove(i),
+        None => queue.pop_front(),
     }
 }
 
@@ -352,6 +369,15 @@ fn run_completions(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weight_changes_go_ahead_of_waiting_jobs_in_their_own_order() {
+        // Even numbers are weight changes, odd ones jobs.
+        let mut q: VecDeque<u32> = [1, 3, 2, 5, 4, 7].into_iter().collect();
+        let order: Vec<u32> = std::iter::from_fn(|| next_message(&mut q, |m| m % 2 == 0)).collect();
+        assert_eq!(order, vec![2, 4, 1, 3, 5, 7]);
+        assert_eq!(next_message(&mut VecDeque::<u32>::new(), |_| true), None);
+    }
 
     #[test]
     fn jobs_are_grouped_by_adapter_in_order_of_first_appearance() {

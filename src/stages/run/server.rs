@@ -43,7 +43,7 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
         Some(dir) => crate::trainer::latest_complete(dir)?,
         None => None,
     };
-    let merge = cfg.serve.merge_lora.unwrap_or(false);
+    let merge = cfg.serve.merge_lora.unwrap_or(true);
     let (lm, version) = {
         let (load, base) = (load.clone(), cfg.policy.model.clone());
         let latest = latest.clone();
