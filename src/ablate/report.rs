@@ -14,7 +14,7 @@ use super::layout::{BaselineEval, TeacherEval};
 use super::results::ResponseRow;
 use super::teacher_eval::HintStrategy;
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
-use super::results::{write_table, CheckpointRow, TABLES};
+use super::results::{write_table, CheckpointRow, TimingRow, TABLES};
 use super::gather::{gather, write_results, Gathered};
 use super::layout::Layout;
 use super::plan::Replicates;
@@ -656,18 +656,37 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
         "Every number above is in `results/<table>/part-0.parquet` ({}). For example:\n\n```\nnextstate sql --lake results \"SELECT arm, version, interactions_seen, score, teacher_gap FROM checkpoint_metrics ORDER BY arm, version\"\n```\n",
         TABLES.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
     );
-    let _ = writeln!(s, "## Timings\n\n| phase | name | seconds |\n|---|---|---:|");
-    let mut total = 0.0;
-    for t in &g.timings {
-        total += t.seconds;
-        let _ = writeln!(s, "| {} | {} | {:.0} |", t.phase, cell(&t.name), t.seconds);
+    s.push_str(&timings_table(&g.timings));
+    s
+}
+
+/// The report's `## Timings`: each phase's wall seconds and share of their sum (the phases of an
+/// offline ablation run one after another).
+fn timings_table(timings: &[TimingRow]) -> String {
+    let total: f64 = timings.iter().map(|t| t.seconds).sum();
+    let mut s = String::from("## Timings\n\n| phase | name | seconds | share of the sum |\n|---|---|---:|---:|\n");
+    for t in timings {
+        let share = if total > 0.0 { format!("{:.1} %", 100.0 * t.seconds / total) } else { "–".into() };
+        let _ = writeln!(s, "| {} | {} | {:.0} | {share} |", t.phase, cell(&t.name), t.seconds);
     }
-    let _ = writeln!(s, "| **sum of phases** | | **{total:.0}** |\n");
+    let _ = writeln!(s, "| **sum of phases** | | **{total:.0}** | 100 % |\n");
     s
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn timings_have_their_share_of_the_sum() {
+        use super::TimingRow;
+        let rows = [("collect", "", 30.0), ("train", "opd", 90.0), ("eval", "opd v4", 80.0)]
+            .map(|(phase, name, seconds)| TimingRow { phase: phase.into(), name: name.into(), seconds });
+        assert_eq!(
+            super::timings_table(&rows),
+            "## Timings\n\n| phase | name | seconds | share of the sum |\n|---|---|---:|---:|\n| collect |  | 30 | 15.0 % |\n| train | opd | 90 | 45.0 % |\n\
+             | eval | opd v4 | 80 | 40.0 % |\n| **sum of phases** | | **200** | 100 % |\n\n"
+        );
+    }
+
     #[test]
     fn a_gap_that_crosses_zero_is_an_overshoot() {
         assert_eq!(super::gap_change("opd", -0.129, 0.132), "opd |-0.1290| → |+0.1320| (overshoot: the sign changed)");
