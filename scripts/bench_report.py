@@ -384,7 +384,7 @@ def main():
     rss = next((x for x in (res or []) if x.get("case") == "reload_rss"), None)
     if all(rl.values()):
         L.append("**Reloading a LoRA checkpoint into the policy server** (`reload` group of `benches/model.rs`; rank 16, α 32, all seven "
-                 "projections): the load a reload runs beside serving, and greedy decoding of the loaded policy, with the adapters kept "
+                 "projections): the load a reload runs beside serving, and greedy decoding of the loaded policy, with the adapters "
                  "folded into the weights (the default) or kept unmerged (`serve.merge_lora = false`, `serve --unmerged-lora`).\n")
         L.append("| adapters | load (criterion median, s) | greedy b1 tokens/s | greedy b4 tokens/s | resident memory the loaded policy adds (MB) |\n|---|---:|---:|---:|---:|")
         for k in ("unmerged", "merged"):
