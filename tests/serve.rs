@@ -199,14 +199,15 @@ async fn a_reload_goes_ahead_of_queued_requests_and_the_running_batch_keeps_its_
     let url = format!("{}/v1/chat/completions", s.base);
     let ask = |max_tokens: usize| {
         let (client, url) = (client.clone(), url.clone());
-        let body = json!({"messages": [{"role": "user", "content": "Count from 1 to 30."}], "temperature": 0, "max_tokens": max_tokens});
+        let body = json!({"messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], "temperature": 0, "max_tokens": max_tokens});
         tokio::spawn(async move {
             let r = client.post(url).json(&body).send().await.unwrap();
             let v: Value = r.json().await.unwrap();
             v["policy_version"].as_i64().unwrap_or_else(|| panic!("{v}"))
         })
     };
-    let first = ask(48);
+    // Long enough (seconds on CPU) that the reload's load, from the cached base, is over while it decodes.
+    let first = ask(160);
     while s.handle.in_flight() < 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

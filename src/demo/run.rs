@@ -693,8 +693,8 @@ fn time_table(t: &PhaseTimes<'_>) -> super::report::TimeTable {
     }
     if t.server.reloads > 0 {
         let n = t.server.reloads;
-        rows.push(row("reloads: checkpoint load", t.server.reload_load_seconds, format!("{n} reloads of the shared policy, loaded beside serving")));
-        rows.push(row("reloads: wait for the swap", t.server.reload_swap_wait_seconds, format!("{n} reloads; the worker finishes the batch it is decoding first")));
+        rows.push(row("shared-policy reloads: checkpoint load", t.server.reload_load_seconds, format!("{n} reloads of the shared policy, loaded beside serving")));
+        rows.push(row("shared-policy reloads: wait for the swap", t.server.reload_swap_wait_seconds, format!("{n} reloads; the worker finishes the batch it is decoding first")));
     }
     if t.evaluated > 0 {
         rows.push(row(
@@ -753,8 +753,8 @@ mod tests {
                 ("policy server: chat generation", 90.0),
                 ("stage judge", 4.5),
                 ("training steps", 5.5),
-                ("reloads: checkpoint load", 0.25),
-                ("reloads: wait for the swap", 3.0),
+                ("shared-policy reloads: checkpoint load", 0.25),
+                ("shared-policy reloads: wait for the swap", 3.0),
                 ("evaluation phase", 60.0),
             ]
         );

@@ -29,7 +29,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub base: Option<PathBuf>,
     /// Keep a LoRA checkpoint's adapters attached beside the base, at start and at each reload, instead
-    /// of folding them into the weights: a reload then reads only the adapter files (about 0.07 s, no
+    /// of folding them into the weights: a reload then reads only the adapter files (about 0.05 s, no
     /// new copy of the adapted projections) but decoding is slower (docs/serving.md, "Weight reloads").
     #[arg(long)]
     pub unmerged_lora: bool,

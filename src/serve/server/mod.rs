@@ -22,9 +22,10 @@
 //! **Reload** (`POST /v1/reload` or [`PolicyHandle::reload`]): the new weights are loaded on a
 //! blocking thread while the worker keeps serving; then the worker swaps them in at its next batch
 //! boundary, ahead of jobs still queued. The batch being decoded finishes on the old weights; every job
-//! not yet started, received before the swap or after, uses the new weights; nothing is rejected. A tenant's reload swaps its adapter the same way. Every response
-//! names the policy that produced it: `policy_version` in the body and the `X-Policy-Version` header
-//! (the adapter's own version when one served), and `policy_tenant` / `X-Policy-Tenant` (the tenant
+//! not yet started, received before the swap or after, uses the new weights; nothing is rejected. A
+//! tenant's reload installs its adapter behind the jobs already queued. Every response names the policy
+//! that produced it: `policy_version` in the body and the `X-Policy-Version` header (the adapter's own
+//! version when one served), and `policy_tenant` / `X-Policy-Tenant` (the tenant
 //! whose adapter served; null / absent for the shared policy).
 //!
 //! This module holds start-up ([`PolicyServer::start`], [`PolicyServer::router`]); `options` holds the

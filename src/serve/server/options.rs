@@ -38,7 +38,7 @@ pub struct ServerOptions {
     /// decoding then runs at the base model's speed, but every reload allocates and computes new copies
     /// of the adapted projections (for SmolLM2-135M f32, about 420 MB and a second of CPU beside the
     /// decoding). False: the adapters stay attached beside the shared base, as tenant adapters are; a
-    /// reload reads only the adapter files (about 0.07 s), and decoding is slower. The measured trade:
+    /// reload reads only the adapter files (about 0.05 s instead of 0.85 s), and decoding is slower. The measured trade:
     /// `cargo bench --bench model -- reload`, and the demo's time table (docs/serving.md).
     pub merge_lora: bool,
     /// libtorch intra-op threads of the inference worker (`policy.threads`; 0 = libtorch's default). The

@@ -49,11 +49,12 @@ impl TimeClock {
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServerTime {
     /// The inference worker generating chat completions (`/v1/chat/completions`, `/v1/responses`,
-    /// `/v1/messages`): rendering, prefill and decoding of its batches.
+    /// `/v1/messages`): rendering, prefill and decoding of its batches, and loading an evicted tenant
+    /// adapter a batch needs.
     pub chat_seconds: f64,
     /// The inference worker on `/v1/completions` batches (prompt scoring, then generation).
     pub completions_seconds: f64,
-    /// Shared-policy reloads completed.
+    /// Shared-policy reloads completed (a tenant adapter's reload is not counted here).
     pub reloads: u64,
     /// Their checkpoint loads (files read, adapters attached or merged), beside serving.
     pub reload_load_seconds: f64,

@@ -70,8 +70,8 @@ pub(super) fn load_adapter(path: &Path, base: &Path, load: &LoadOptions) -> Resu
     LanguageModel::load_checkpoint(path, Some(base), &opts)
 }
 
-/// Loads `path` on a blocking thread and installs it as `tenant`'s adapter `version` at the worker's
-/// next batch boundary (ahead of queued jobs); returns the tenant's previous version. The caller holds the tenant's lock.
+/// Loads `path` on a blocking thread and installs it as `tenant`'s adapter `version` behind the jobs
+/// already queued; returns the tenant's previous version. The caller holds the tenant's lock.
 async fn load_and_install(s: &Arc<Shared>, tenant: &str, path: PathBuf, version: i64, trigger: &'static str) -> Result<Option<i64>> {
     let (base, load, p) = (s.opts.base_dir.clone(), s.opts.load.clone(), path.clone());
     let t0 = std::time::Instant::now();
@@ -114,8 +114,8 @@ pub(super) async fn ensure_resident(s: &Arc<Shared>, tenant: &str) -> Result<()>
 
 impl PolicyHandle {
     /// Loads `tenant`'s LoRA adapter checkpoint `path` (PEFT layout, on the server's base model) on a
-    /// blocking thread, unmerged, and installs it as that tenant's version `version` at the worker's
-    /// next batch boundary (requests not yet started use it too); later requests for the tenant use it. Versions are per tenant. Returns the
+    /// blocking thread, unmerged, and installs it as that tenant's version `version` behind the requests
+    /// already received; later requests for the tenant use it. Versions are per tenant. Returns the
     /// tenant's previous version (None: its first adapter). A failure leaves the tenant's previous
     /// adapter, the other tenants and the shared policy as they were; each outcome is counted in
     /// `server_adapter_loads_total{trigger="reload"}`.

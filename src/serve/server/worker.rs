@@ -118,12 +118,12 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
     let max_batch = shared.opts.max_batch.max(1);
     let mut pending: VecDeque<WorkerMsg> = VecDeque::new();
     loop {
-        // Everything received so far joins the queue, so a weight change waiting behind queued jobs is
-        // seen and goes first.
+        // Everything received so far joins the queue, so a shared-policy swap waiting behind queued jobs
+        // is seen and goes first.
         while let Ok(m) = rx.try_recv() {
             pending.push_back(m);
         }
-        let msg = match next_message(&mut pending, |m| matches!(m, WorkerMsg::Swap { .. } | WorkerMsg::Install { .. })) {
+        let msg = match next_message(&mut pending, |m| matches!(m, WorkerMsg::Swap { .. })) {
             Some(m) => m,
             None => match rx.recv() {
                 Ok(m) => m,
@@ -179,11 +179,12 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
     }
 }
 
-/// The next message to handle from `queue`: the first `urgent` one (a shared-policy swap or a tenant
-/// adapter's install), else the oldest. Weight changes thus take effect at the next batch boundary,
-/// ahead of jobs still waiting (which then run on the new weights and report its version), instead of
-/// after every job received before them; the batch being decoded finishes on the weights it started
-/// with. Messages of one kind keep their order.
+/// The next message to handle from `queue`: the first `urgent` one (a shared-policy swap), else the
+/// oldest. A swap thus takes effect at the next batch boundary, ahead of jobs still waiting (which then
+/// run on the new weights and report its version), instead of after every job received before it; the
+/// batch being decoded finishes on the weights it started with. Messages of one kind keep their order.
+/// A tenant adapter's install keeps its place: ahead of other tenants' queued jobs it could evict their
+/// adapters, which the worker would then load again itself.
 fn next_message<T>(queue: &mut VecDeque<T>, urgent: impl Fn(&T) -> bool) -> Option<T> {
     match queue.iter().position(urgent) {
         Some(i) => queue.remove(i),
@@ -191,9 +192,28 @@ fn next_message<T>(queue: &mut VecDeque<T>, urgent: impl Fn(&T) -> bool) -> Opti
     }
 }
 
-/// `first` and the messages of its kind (`same` returns them, and gives any other back) queued now or
-/// arriving within the batching window, at most `max_batch`. Another kind of message ends the batch and
-/// waits in `pending`, so order is kept and a batch never crosses a swap.
+/// Moves the messages of the batch's kind (`same` returns them, and gives any other back) from the front
+/// of `pending` into `batch`, oldest first, until `batch` holds `max_batch`. True when the batch is
+/// complete: full, or another kind of message is at the front of `pending` (left there); false when
+/// `pending` ran empty.
+fn take_queued<M, T>(batch: &mut Vec<T>, pending: &mut VecDeque<M>, max_batch: usize, same: impl Fn(M) -> std::result::Result<T, M>) -> bool {
+    while batch.len() < max_batch {
+        let Some(m) = pending.pop_front() else { return false };
+        match same(m) {
+            Ok(j) => batch.push(j),
+            Err(other) => {
+                pending.push_front(other);
+                return true;
+            }
+        }
+    }
+    true
+}
+
+/// `first` and the messages of its kind (`same` returns them, and gives any other back) already waiting
+/// in `pending` (oldest first), then, once none wait, those arriving within the batching window; at
+/// most `max_batch`. Another kind of message ends the batch and waits in `pending`, so order is kept
+/// and a batch never crosses a swap.
 fn take_batch<T>(
     first: T,
     rx: &std::sync::mpsc::Receiver<WorkerMsg>,
@@ -203,6 +223,9 @@ fn take_batch<T>(
     same: impl Fn(WorkerMsg) -> std::result::Result<T, WorkerMsg>,
 ) -> Vec<T> {
     let mut batch = vec![first];
+    if take_queued(&mut batch, pending, max_batch, &same) {
+        return batch;
+    }
     let deadline = std::time::Instant::now() + shared.opts.batch_window;
     while batch.len() < max_batch {
         let wait = deadline.saturating_duration_since(std::time::Instant::now());
@@ -377,6 +400,21 @@ mod tests {
         let order: Vec<u32> = std::iter::from_fn(|| next_message(&mut q, |m| m % 2 == 0)).collect();
         assert_eq!(order, vec![2, 4, 1, 3, 5, 7]);
         assert_eq!(next_message(&mut VecDeque::<u32>::new(), |_| true), None);
+    }
+
+    #[test]
+    fn a_batch_takes_the_waiting_jobs_of_its_kind_oldest_first_and_stops_at_another_kind() {
+        // Odd numbers are jobs of the batch's kind.
+        let same = |m: u32| if m % 2 == 1 { Ok(m) } else { Err(m) };
+        let (mut batch, mut pending) = (vec![9], [1, 3, 5, 2, 7].into_iter().collect::<VecDeque<u32>>());
+        assert!(take_queued(&mut batch, &mut pending, 8, same), "another kind ends the batch");
+        assert_eq!((batch, pending.into_iter().collect::<Vec<_>>()), (vec![9, 1, 3, 5], vec![2, 7]));
+        let (mut batch, mut pending) = (vec![9], [1, 3, 5].into_iter().collect::<VecDeque<u32>>());
+        assert!(take_queued(&mut batch, &mut pending, 2, same), "full");
+        assert_eq!((batch, pending.into_iter().collect::<Vec<_>>()), (vec![9, 1], vec![3, 5]));
+        let (mut batch, mut pending) = (vec![9], [1].into_iter().collect::<VecDeque<u32>>());
+        assert!(!take_queued(&mut batch, &mut pending, 8, same), "nothing more waits: the window decides");
+        assert_eq!(batch, vec![9, 1]);
     }
 
     #[test]
