@@ -535,7 +535,16 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     stop.request();
     let run = finish.await.map_err(|e| Error::Internal(format!("pipeline task: {e}")))??;
     let pipeline_seconds = started.elapsed().as_secs_f64();
-    let server_time = policy.time_spent();
+    let server_time = {
+        let t = policy.time_spent();
+        ServerBusy {
+            chat_seconds: t.chat_seconds,
+            completions_seconds: t.completions_seconds,
+            reloads: t.reloads,
+            reload_load_seconds: t.reload_load_seconds,
+            reload_swap_wait_seconds: t.reload_swap_wait_seconds,
+        }
+    };
     drop(policy);
 
     // Evaluation: v0 and the first, middle and last versions the server loaded, greedy on the held-out
@@ -651,6 +660,17 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     })
 }
 
+/// The policy server's time as the time table uses it (the server's own `ServerTime`, copied field by
+/// field: the demo reaches the server only through the pipeline).
+#[derive(Default)]
+struct ServerBusy {
+    chat_seconds: f64,
+    completions_seconds: f64,
+    reloads: u64,
+    reload_load_seconds: f64,
+    reload_swap_wait_seconds: f64,
+}
+
 /// What [`time_table`] is made from.
 struct PhaseTimes<'a> {
     wall_seconds: f64,
@@ -661,7 +681,7 @@ struct PhaseTimes<'a> {
     /// Versions evaluated, on `eval_problems` held-out problems each.
     evaluated: usize,
     eval_problems: usize,
-    server: crate::serve::ServerTime,
+    server: ServerBusy,
     run: &'a RunReport,
     steps: &'a [crate::schema::TrainStep],
 }
@@ -743,7 +763,7 @@ mod tests {
             .enumerate()
             .map(|(i, &s)| crate::schema::TrainStep { seconds: s, ..crate::schema::TrainStep::new("r", i as i64 + 1, "combined") })
             .collect();
-        let server = crate::serve::ServerTime { chat_seconds: 90.0, reloads: 2, reload_load_seconds: 0.25, reload_swap_wait_seconds: 3.0, ..Default::default() };
+        let server = ServerBusy { chat_seconds: 90.0, reloads: 2, reload_load_seconds: 0.25, reload_swap_wait_seconds: 3.0, ..Default::default() };
         let t = time_table(&PhaseTimes { wall_seconds: 300.0, pipeline_seconds: 240.0, eval_seconds: 60.0, evaluated: 4, eval_problems: 48, server, run: &run, steps: &steps });
         let got: Vec<(&str, f64)> = t.rows.iter().map(|r| (r.part.as_str(), r.seconds)).collect();
         assert_eq!(
