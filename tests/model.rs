@@ -119,6 +119,67 @@ fn batched_generation_and_scoring_match_single() {
     assert!(max_abs_diff(&batch[0].logprobs, &one[0].logprobs) < 1e-4);
 }
 
+/// Continuous batching ([`nextstate::model::Decoder`]): requests admitted while others decode (a longer
+/// prompt, which shifts the running rows right; a shorter one, right-aligned into the running cache; one
+/// after another has left) get the tokens and log-probs they get decoded alone, greedy and seeded sampling.
+#[test]
+fn requests_joining_a_running_batch_decode_as_they_do_alone() {
+    let Some(lm) = load(Trainable::Frozen) else { return };
+    nextstate::model::generate::set_kv_cache_step(3);
+    let long = chat(&lm, "What is the capital of Germany?");
+    let short = lm.encode("The capital of France is").unwrap();
+    let mid = chat(&lm, "Name three colours.");
+    assert!(long.len() > short.len());
+    let greedy = SamplingParams::greedy(10);
+    let sampled = SamplingParams { temperature: 0.7, max_new_tokens: 14, seed: Some(11), ..Default::default() };
+    let req = |p: &Vec<u32>, params: &SamplingParams| GenerationRequest { prompt_ids: p.clone(), params: params.clone() };
+    let jobs = [(short.clone(), greedy.clone()), (long.clone(), sampled.clone()), (mid.clone(), greedy.clone()), (short.clone(), sampled.clone())];
+    let alone: Vec<_> = jobs.iter().map(|(p, params)| lm.generate_stream(&[req(p, params)], &mut |_| true).unwrap().remove(0)).collect();
+    // Admit job 0; after 3 steps job 1 (longer prompt); after 2 more job 2; job 3 once job 0 has left.
+    let mut dec = lm.decoder();
+    let mut got: Vec<Option<nextstate::model::Generation>> = vec![None; jobs.len()];
+    let mut admitted = 1;
+    assert!(dec.admit(&[(0, req(&jobs[0].0, &jobs[0].1))]).unwrap().is_empty());
+    let mut steps = 0;
+    let mut events = vec![0usize; jobs.len()];
+    while !dec.is_empty() {
+        for (k, g) in dec.step(&mut |ev| {
+            events[ev.request] += 1;
+            true
+        })
+        .unwrap()
+        {
+            got[k] = Some(g);
+        }
+        steps += 1;
+        let due = match admitted {
+            1 => steps == 3,
+            2 => steps == 5,
+            3 => got[0].is_some(),
+            _ => false,
+        };
+        if due {
+            assert!(dec.admit(&[(admitted, req(&jobs[admitted].0, &jobs[admitted].1))]).unwrap().is_empty());
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 4, "every job was admitted");
+    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+        let g = g.as_ref().unwrap_or_else(|| panic!("job {i} has no result"));
+        assert_eq!(g.token_ids, a.token_ids, "job {i}");
+        assert_eq!(g.text, a.text, "job {i}");
+        assert_eq!(events[i], a.token_ids.len(), "job {i}: one event per token");
+        assert!(max_abs_diff(&g.logprobs, &a.logprobs) < 1e-4, "job {i}");
+    }
+    // Admission checks every request before taking any; a zero-token request finishes at once.
+    let bad = GenerationRequest { prompt_ids: vec![], params: greedy.clone() };
+    let err = dec.admit(&[(7, req(&short, &greedy)), (8, bad)]).unwrap_err().to_string();
+    assert!(err.contains("request 8") && err.contains("empty prompt"), "{err}");
+    assert!(dec.is_empty());
+    let done = dec.admit(&[(9, req(&short, &SamplingParams::greedy(0)))]).unwrap();
+    assert_eq!((done.len(), done[0].0, done[0].1.token_ids.len()), (1, 9, 0));
+}
+
 #[test]
 fn one_token_response_aligns_with_last_prompt_position() {
     let Some(lm) = load(Trainable::Frozen) else { return };

@@ -47,6 +47,7 @@ async fn start_with(api_key: Option<&str>, tune: impl FnOnce(&mut ServerOptions)
         base_dir: dir.clone(),
         threads: 0,
         merge_lora: false,
+        continuous_batching: true,
     };
     let mut opts = opts;
     tune(&mut opts);
@@ -222,6 +223,40 @@ async fn a_reload_goes_ahead_of_queued_requests_and_the_running_batch_keeps_its_
     assert_eq!(first.await.unwrap(), 0, "the batch being decoded finishes on the weights it started with");
     for q in queued {
         assert_eq!(q.await.unwrap(), 1, "requests queued before the reload run on the new weights");
+    }
+}
+
+/// Continuous batching: a request sent while a long one decodes joins the running batch at the next token
+/// boundary and is answered while the long one still decodes; with static batches it waits for the whole
+/// batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_mid_batch_joins_it_and_is_answered_first_unless_batches_are_static() {
+    for continuous in [true, false] {
+        let Some(s) = start_with(None, |o| o.continuous_batching = continuous).await else { return };
+        let client = nextstate::net::http_client(None).unwrap();
+        let url = format!("{}/v1/chat/completions", s.base);
+        let ask = |content: &str, max_tokens: usize| {
+            let (client, url) = (client.clone(), url.clone());
+            let body = json!({"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": max_tokens});
+            tokio::spawn(async move {
+                let v: Value = client.post(url).json(&body).send().await.unwrap().json().await.unwrap();
+                (std::time::Instant::now(), v["usage"]["completion_tokens"].as_u64().unwrap_or_else(|| panic!("{v}")))
+            })
+        };
+        let long = ask("Write a long story about a lighthouse keeper.", 160);
+        while s.handle.in_flight() < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The long request is decoding (its batch window is long over).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let short = ask("What is the capital of Germany?", 4);
+        let ((long_at, long_tokens), (short_at, short_tokens)) = (long.await.unwrap(), short.await.unwrap());
+        assert_eq!((long_tokens, short_tokens), (160, 4), "continuous = {continuous}");
+        if continuous {
+            assert!(short_at < long_at, "the short request joined the running batch and was answered first");
+        } else {
+            assert!(short_at > long_at, "with static batches the short request waits for the long one's batch");
+        }
     }
 }
 

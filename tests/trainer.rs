@@ -153,6 +153,7 @@ async fn start_server(model: &std::path::Path) -> (String, nextstate::serve::Pol
         base_dir: model.to_path_buf(),
         threads: 0,
         merge_lora: false,
+        continuous_batching: true,
     };
     let server = nextstate::serve::PolicyServer::start(LanguageModel::load(model, &LoadOptions::default()).unwrap(), 0, opts).unwrap();
     let handle = server.handle();

@@ -222,9 +222,12 @@ impl TextTracker {
 }
 
 struct Row {
+    /// The caller's key of the request.
     request: usize,
     params: SamplingParams,
     prompt_len: usize,
+    /// Cache column of the prompt's first token (columns before it are padding for this row).
+    start_col: usize,
     max_new: usize,
     stop_ids: Vec<u32>,
     ids: Vec<u32>,
@@ -344,9 +347,11 @@ pub fn check_request(config: &super::config::ModelConfig, r: &GenerationRequest)
 
 /// Generates continuations for a batch of requests; `on_event` is called after every sampled token
 /// of every sequence, and returning `false` cancels that sequence ([`FinishReason::Cancelled`]).
+/// [`TokenEvent::request`] is the request's index in `requests`.
 ///
 /// `default_stop_ids` are used for requests whose `stop_token_ids` is `None`. `max_new_tokens` is
-/// lowered so no sequence exceeds the model's `max_position_embeddings`.
+/// lowered so no sequence exceeds the model's `max_position_embeddings`. A [`Decoder`] with every
+/// request admitted at once.
 ///
 /// # Errors
 /// [`Error::InvalidInput`] for an empty prompt, a token id outside the vocabulary, a prompt that
@@ -359,94 +364,218 @@ pub fn generate(
     requests: &[GenerationRequest],
     on_event: &mut dyn FnMut(&TokenEvent<'_>) -> bool,
 ) -> Result<Vec<Generation>> {
-    let _guard = tch::no_grad_guard();
-    let cfg = &model.config;
-    let device = model.device();
-    let max_pos = cfg.max_position_embeddings;
-    let mut rows = Vec::with_capacity(requests.len());
-    for (i, r) in requests.iter().enumerate() {
-        check_request(cfg, r).map_err(|e| match e {
-            Error::InvalidInput(m) => crate::input_err!("request {i}: {m}"),
-            other => other,
-        })?;
-        let rng = match r.params.seed {
-            Some(s) => rand::rngs::StdRng::seed_from_u64(s),
-            None => rand::rngs::StdRng::from_entropy(),
-        };
-        rows.push(Row {
-            request: i,
-            prompt_len: r.prompt_ids.len(),
-            max_new: r.params.max_new_tokens.min(max_pos - r.prompt_ids.len()),
-            stop_ids: r.params.stop_token_ids.clone().unwrap_or_else(|| default_stop_ids.to_vec()),
-            ids: vec![],
-            logprobs: vec![],
-            tops: vec![],
-            rng,
-            tracker: TextTracker::new(r.params.stop_strings.clone()),
-            finished: None,
-            params: r.params.clone(),
-        });
-    }
+    let mut decoder = Decoder::new(model, tokenizer, default_stop_ids);
+    let keyed: Vec<(usize, GenerationRequest)> = requests.iter().cloned().enumerate().collect();
     let mut results: Vec<Option<Generation>> = vec![None; requests.len()];
-    // Requests asking for no tokens finish at once.
-    rows.retain(|r| {
-        if r.max_new == 0 {
-            results[r.request] = Some(Generation {
-                prompt_len: r.prompt_len,
-                token_ids: vec![],
-                logprobs: vec![],
-                top_logprobs: vec![],
-                finish_reason: FinishReason::Length,
-                matched_stop: None,
-                text: String::new(),
-            });
-            false
+    for (i, g) in decoder.admit(&keyed)? {
+        results[i] = Some(g);
+    }
+    while !decoder.is_empty() {
+        for (i, g) in decoder.step(on_event)? {
+            results[i] = Some(g);
+        }
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| g.ok_or_else(|| Error::Internal(format!("request {i} produced no result"))))
+        .collect()
+}
+
+/// The rows being decoded: their KV cache `[B, n_kv, capacity, d]` per layer, the key-valid mask
+/// `[B, capacity]` (bool, false on left padding and unfilled columns) and each row's next-token logits
+/// `[B, V]` (f32).
+struct Running {
+    cache: KvCache,
+    valid: Tensor,
+    logits: Tensor,
+}
+
+/// A decoding batch that requests join and leave at token boundaries (continuous batching): the
+/// caller admits new requests between [`Decoder::step`] calls, and each finished sequence leaves the
+/// batch (its cache rows dropped) at the step it finishes, so a short request never waits for a long
+/// one and a free row is refilled without waiting for the batch to drain.
+///
+/// Each admitted group is prefilled on its own (left-padded to its longest prompt), then its cache is
+/// concatenated with the running one, both right-aligned: the t-th generated token of every row
+/// sits at the same cache column, so one decoding step serves all rows; positions (RoPE) are each
+/// row's own, and the padding columns are masked. Cache columns no row attends to any more (the left
+/// padding of a finished long prompt) are dropped when rows leave. Masked columns change no result
+/// beyond floating-point summation order: greedy tokens equal decoding each request alone
+/// (`tests/model.rs`). Each row keeps its own random generator, so a seeded request samples the same
+/// tokens whatever it is batched with.
+pub struct Decoder<'m> {
+    model: &'m Transformer,
+    tokenizer: &'m TextTokenizer,
+    default_stop_ids: Vec<u32>,
+    rows: Vec<Row>,
+    running: Option<Running>,
+}
+
+impl<'m> Decoder<'m> {
+    /// An empty batch decoding with `model`; `default_stop_ids` end requests whose `stop_token_ids`
+    /// is `None`.
+    pub fn new(model: &'m Transformer, tokenizer: &'m TextTokenizer, default_stop_ids: &[u32]) -> Decoder<'m> {
+        Decoder { model, tokenizer, default_stop_ids: default_stop_ids.to_vec(), rows: vec![], running: None }
+    }
+
+    /// Sequences being decoded.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no sequence is being decoded.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Admits `requests` (each with the caller's key, reported as [`TokenEvent::request`] and with its
+    /// result): one forward pass over their prompts, after which the next [`Decoder::step`] samples
+    /// their first tokens with the rows already running. Requests asking for no tokens are returned at
+    /// once, finished ([`FinishReason::Length`], no tokens). `max_new_tokens` is lowered so no sequence
+    /// exceeds the model's `max_position_embeddings`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the first invalid request (see [`check_request`]); nothing is
+    /// admitted then. [`Error::Torch`] on a tensor failure; the batch is left as it was.
+    pub fn admit(&mut self, requests: &[(usize, GenerationRequest)]) -> Result<Vec<(usize, Generation)>> {
+        let _guard = tch::no_grad_guard();
+        let model = self.model;
+        let cfg = &model.config;
+        let device = model.device();
+        let max_pos = cfg.max_position_embeddings;
+        let mut rows = Vec::with_capacity(requests.len());
+        let mut done = vec![];
+        for (key, r) in requests {
+            check_request(cfg, r).map_err(|e| match e {
+                Error::InvalidInput(m) => crate::input_err!("request {key}: {m}"),
+                other => other,
+            })?;
+        }
+        for (key, r) in requests {
+            let max_new = r.params.max_new_tokens.min(max_pos - r.prompt_ids.len());
+            if max_new == 0 {
+                // Requests asking for no tokens finish at once.
+                let g = Generation {
+                    prompt_len: r.prompt_ids.len(),
+                    token_ids: vec![],
+                    logprobs: vec![],
+                    top_logprobs: vec![],
+                    finish_reason: FinishReason::Length,
+                    matched_stop: None,
+                    text: String::new(),
+                };
+                done.push((*key, g));
+                continue;
+            }
+            let rng = match r.params.seed {
+                Some(s) => rand::rngs::StdRng::seed_from_u64(s),
+                None => rand::rngs::StdRng::from_entropy(),
+            };
+            rows.push((
+                &r.prompt_ids,
+                Row {
+                    request: *key,
+                    prompt_len: r.prompt_ids.len(),
+                    start_col: 0,
+                    max_new,
+                    stop_ids: r.params.stop_token_ids.clone().unwrap_or_else(|| self.default_stop_ids.clone()),
+                    ids: vec![],
+                    logprobs: vec![],
+                    tops: vec![],
+                    rng,
+                    tracker: TextTracker::new(r.params.stop_strings.clone()),
+                    finished: None,
+                    params: r.params.clone(),
+                },
+            ));
+        }
+        if rows.is_empty() {
+            return Ok(done);
+        }
+
+        let b = rows.len() as i64;
+        let p = rows.iter().map(|(_, r)| r.prompt_len).max().unwrap_or(1) as i64;
+        // The cache starts with room for CACHE_STEP new tokens and grows by CACHE_STEP as needed, so a
+        // large max_new_tokens does not allocate memory that short answers never use.
+        let step = CACHE_STEP.load(std::sync::atomic::Ordering::Relaxed);
+        let max_len = p + rows.iter().map(|(_, r)| r.max_new).max().unwrap_or(1) as i64;
+        let cap = max_len.min(p + step);
+        let mut ids = vec![0i64; (b * p) as usize];
+        let mut valid = vec![false; (b * cap) as usize];
+        let mut pos = vec![0i64; (b * p) as usize];
+        for (i, (prompt, r)) in rows.iter_mut().enumerate() {
+            let off = p as usize - r.prompt_len;
+            r.start_col = off;
+            for (j, &t) in prompt.iter().enumerate() {
+                ids[i * p as usize + off + j] = t as i64;
+                valid[i * cap as usize + off + j] = true;
+                pos[i * p as usize + off + j] = j as i64;
+            }
+        }
+        let ids = Tensor::f_from_slice(&ids)?.f_view([b, p])?.f_to_device(device)?;
+        let pos = Tensor::f_from_slice(&pos)?.f_view([b, p])?.f_to_device(device)?;
+        let valid = Tensor::f_from_slice(&valid)?.f_view([b, cap])?.f_to_device(device)?;
+        let mut cache = KvCache::new(cfg, b as usize, cap as usize, model.dtype(), device)?;
+        let same_len = rows.iter().all(|(_, r)| r.prompt_len as i64 == p);
+        let hidden = if same_len {
+            model.forward_hidden(&ids, &pos, AttnMask::Causal, Some(&mut cache))?
         } else {
-            true
-        }
-    });
-    if rows.is_empty() {
-        return Ok(results.into_iter().flatten().collect());
+            // Causal and key-valid; a padded query row may see itself so no row is fully masked.
+            let causal = Tensor::f_ones([p, p], (Kind::Bool, device))?.f_tril(0)?;
+            let eye = Tensor::f_eye(p, (Kind::Bool, device))?;
+            let keys = valid.f_narrow(1, 0, p)?.f_view([b, 1, 1, p])?;
+            let mask = causal.f_view([1, 1, p, p])?.f_logical_and(&keys)?.f_logical_or(&eye.f_view([1, 1, p, p])?)?;
+            model.forward_hidden(&ids, &pos, AttnMask::Explicit(&mask), Some(&mut cache))?
+        };
+        let logits = model.logits(&hidden.f_narrow(1, p - 1, 1)?.f_squeeze_dim(1)?)?.f_to_kind(Kind::Float)?;
+        let mut new_rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
+        let added = Running { cache, valid, logits };
+        // Join the running batch (right-aligned); nothing of `self` changes until every tensor is built.
+        let running = match &self.running {
+            None => added,
+            Some(old) => {
+                let room = (old.cache.capacity() - old.cache.len()).max(added.cache.capacity() - added.cache.len()).max(1);
+                let (cache, shift_old, shift_new) = old.cache.concat_right_aligned(&added.cache, room)?;
+                let valid = Tensor::f_zeros([old.valid.size()[0] + b, cache.capacity() as i64], (Kind::Bool, device))?;
+                let (n_old, len_old, len_new) = (old.valid.size()[0], old.cache.len() as i64, added.cache.len() as i64);
+                valid.f_narrow(0, 0, n_old)?.f_narrow(1, shift_old as i64, len_old)?.f_copy_(&old.valid.f_narrow(1, 0, len_old)?)?;
+                valid.f_narrow(0, n_old, b)?.f_narrow(1, shift_new as i64, len_new)?.f_copy_(&added.valid.f_narrow(1, 0, len_new)?)?;
+                let logits = Tensor::f_cat(&[&old.logits, &added.logits], 0)?;
+                for r in self.rows.iter_mut() {
+                    r.start_col += shift_old;
+                }
+                for r in new_rows.iter_mut() {
+                    r.start_col += shift_new;
+                }
+                Running { cache, valid, logits }
+            }
+        };
+        self.running = Some(running);
+        self.rows.append(&mut new_rows);
+        Ok(done)
     }
 
-    let b = rows.len() as i64;
-    let p = rows.iter().map(|r| r.prompt_len).max().unwrap_or(1) as i64;
-    // The cache starts with room for CACHE_STEP new tokens and grows by CACHE_STEP as needed, so a
-    // large max_new_tokens does not allocate memory that short answers never use.
-    let step = CACHE_STEP.load(std::sync::atomic::Ordering::Relaxed);
-    let max_len = p + rows.iter().map(|r| r.max_new).max().unwrap_or(1) as i64;
-    let cap = max_len.min(p + step);
-    let mut ids = vec![0i64; (b * p) as usize];
-    let mut valid = vec![false; (b * cap) as usize];
-    let mut pos = vec![0i64; (b * p) as usize];
-    for (i, r) in rows.iter().enumerate() {
-        let off = p as usize - r.prompt_len;
-        for (j, &t) in requests[r.request].prompt_ids.iter().enumerate() {
-            ids[i * p as usize + off + j] = t as i64;
-            valid[i * cap as usize + off + j] = true;
-            pos[i * p as usize + off + j] = j as i64;
-        }
-    }
-    let ids = Tensor::f_from_slice(&ids)?.f_view([b, p])?.f_to_device(device)?;
-    let pos = Tensor::f_from_slice(&pos)?.f_view([b, p])?.f_to_device(device)?;
-    let mut valid = Tensor::f_from_slice(&valid)?.f_view([b, cap])?.f_to_device(device)?;
-    let mut cache = KvCache::new(cfg, b as usize, cap as usize, model.dtype(), device)?;
-    let same_len = rows.iter().all(|r| r.prompt_len as i64 == p);
-    let hidden = if same_len {
-        model.forward_hidden(&ids, &pos, AttnMask::Causal, Some(&mut cache))?
-    } else {
-        // Causal and key-valid; a padded query row may see itself so no row is fully masked.
-        let causal = Tensor::f_ones([p, p], (Kind::Bool, device))?.f_tril(0)?;
-        let eye = Tensor::f_eye(p, (Kind::Bool, device))?;
-        let keys = valid.f_narrow(1, 0, p)?.f_view([b, 1, 1, p])?;
-        let mask = causal.f_view([1, 1, p, p])?.f_logical_and(&keys)?.f_logical_or(&eye.f_view([1, 1, p, p])?)?;
-        model.forward_hidden(&ids, &pos, AttnMask::Explicit(&mask), Some(&mut cache))?
-    };
-    let mut logits = model.logits(&hidden.f_narrow(1, p - 1, 1)?.f_squeeze_dim(1)?)?.f_to_kind(Kind::Float)?;
-
-    loop {
-        let choices = choose(&logits, &mut rows)?;
-        for (row, ch) in rows.iter_mut().zip(choices) {
+    /// One decoding step: samples the next token of every running sequence, reports it to `on_event`
+    /// (returning `false` cancels that sequence, [`FinishReason::Cancelled`]), removes the sequences
+    /// that finished and returns them with their keys, and runs the forward pass of the sampled tokens
+    /// of the others. A no-op on an empty batch.
+    ///
+    /// # Errors
+    /// [`Error::Torch`] on a tensor failure (e.g. out of memory); the running sequences are then lost
+    /// (drop the decoder).
+    pub fn step(&mut self, on_event: &mut dyn FnMut(&TokenEvent<'_>) -> bool) -> Result<Vec<(usize, Generation)>> {
+        let _guard = tch::no_grad_guard();
+        let Some(mut run) = self.running.take() else {
+            if self.rows.is_empty() {
+                return Ok(vec![]);
+            }
+            return Err(Error::Internal("decoder lost its batch in an earlier failed step".into()));
+        };
+        let (model, tokenizer) = (self.model, self.tokenizer);
+        let device = model.device();
+        let choices = choose(&run.logits, &mut self.rows)?;
+        for (row, ch) in self.rows.iter_mut().zip(choices) {
             row.ids.push(ch.token);
             row.logprobs.push(ch.logprob);
             row.tops.push(ch.tops);
@@ -485,58 +614,57 @@ pub fn generate(
                 row.finished = Some((f, matched, text));
             }
         }
-        // Move finished rows out; shrink the batch.
-        let keep: Vec<i64> = rows.iter().enumerate().filter(|(_, r)| r.finished.is_none()).map(|(i, _)| i as i64).collect();
-        if keep.len() < rows.len() {
+        // Move finished rows out; shrink the batch and drop the cache columns no row attends to.
+        let mut done = vec![];
+        let keep: Vec<i64> = self.rows.iter().enumerate().filter(|(_, r)| r.finished.is_none()).map(|(i, _)| i as i64).collect();
+        if keep.len() < self.rows.len() {
             let mut kept_rows = Vec::with_capacity(keep.len());
-            for mut r in rows.drain(..) {
+            for mut r in self.rows.drain(..) {
                 match r.finished.take() {
                     Some((finish_reason, matched_stop, text)) => {
-                        results[r.request] = Some(Generation {
-                            prompt_len: r.prompt_len,
-                            token_ids: r.ids,
-                            logprobs: r.logprobs,
-                            top_logprobs: r.tops,
-                            finish_reason,
-                            matched_stop,
-                            text,
-                        });
+                        let g = Generation { prompt_len: r.prompt_len, token_ids: r.ids, logprobs: r.logprobs, top_logprobs: r.tops, finish_reason, matched_stop, text };
+                        done.push((r.request, g));
                     }
                     None => kept_rows.push(r),
                 }
             }
-            rows = kept_rows;
-            if rows.is_empty() {
-                break;
+            self.rows = kept_rows;
+            if self.rows.is_empty() {
+                return Ok(done);
             }
+            let front = self.rows.iter().map(|r| r.start_col).min().unwrap_or(0);
             let keep_t = Tensor::f_from_slice(&keep)?.f_to_device(device)?;
-            cache.select_rows(&keep_t)?;
-            valid = valid.f_index_select(0, &keep_t)?;
+            let cap = run.cache.capacity() as i64;
+            run.cache.select_rows_from(&keep_t, front)?;
+            run.valid = run.valid.f_narrow(1, front as i64, cap - front as i64)?.f_index_select(0, &keep_t)?;
+            for r in self.rows.iter_mut() {
+                r.start_col -= front;
+            }
         }
-        // Feed the sampled tokens: the t-th generated token sits at cache column p + t and at RoPE
-        // position prompt_len + t.
-        let bb = rows.len() as i64;
-        let col = cache.len() as i64;
-        let toks: Vec<i64> = rows.iter().map(|r| r.ids.last().copied().unwrap_or(0) as i64).collect();
-        let poss: Vec<i64> = rows.iter().map(|r| (r.prompt_len + r.ids.len() - 1) as i64).collect();
+        // Feed the sampled tokens: each row's t-th generated token sits at the same cache column
+        // (right-aligned rows) and at RoPE position prompt_len + t.
+        let bb = self.rows.len() as i64;
+        let col = run.cache.len() as i64;
+        let toks: Vec<i64> = self.rows.iter().map(|r| r.ids.last().copied().unwrap_or(0) as i64).collect();
+        let poss: Vec<i64> = self.rows.iter().map(|r| (r.prompt_len + r.ids.len() - 1) as i64).collect();
         let toks = Tensor::f_from_slice(&toks)?.f_view([bb, 1])?.f_to_device(device)?;
         let poss = Tensor::f_from_slice(&poss)?.f_view([bb, 1])?.f_to_device(device)?;
-        if col + 1 > cache.capacity() as i64 {
-            let grown = (cache.capacity() as i64 + step).min(max_len);
-            cache.reserve(grown as usize)?;
-            let extra = Tensor::f_zeros([bb, grown - valid.size()[1]], (Kind::Bool, device))?;
-            valid = Tensor::f_cat(&[&valid, &extra], 1)?;
+        if col + 1 > run.cache.capacity() as i64 {
+            // Room for the tokens still to feed: a row with n of max_new tokens feeds max_new − n more.
+            let needed = col + self.rows.iter().map(|r| (r.max_new - r.ids.len()) as i64).max().unwrap_or(1);
+            let step = CACHE_STEP.load(std::sync::atomic::Ordering::Relaxed);
+            let grown = (run.cache.capacity() as i64 + step).min(needed).max(col + 1);
+            run.cache.reserve(grown as usize)?;
+            let extra = Tensor::f_zeros([bb, grown - run.valid.size()[1]], (Kind::Bool, device))?;
+            run.valid = Tensor::f_cat(&[&run.valid, &extra], 1)?;
         }
-        let _ = valid.f_narrow(1, col, 1)?.f_fill_(1)?;
-        let mask = valid.f_narrow(1, 0, col + 1)?.f_view([bb, 1, 1, col + 1])?;
-        let hidden = model.forward_hidden(&toks, &poss, AttnMask::Explicit(&mask), Some(&mut cache))?;
-        logits = model.logits(&hidden.f_squeeze_dim(1)?)?.f_to_kind(Kind::Float)?;
+        let _ = run.valid.f_narrow(1, col, 1)?.f_fill_(1)?;
+        let mask = run.valid.f_narrow(1, 0, col + 1)?.f_view([bb, 1, 1, col + 1])?;
+        let hidden = model.forward_hidden(&toks, &poss, AttnMask::Explicit(&mask), Some(&mut run.cache))?;
+        run.logits = model.logits(&hidden.f_squeeze_dim(1)?)?.f_to_kind(Kind::Float)?;
+        self.running = Some(run);
+        Ok(done)
     }
-    results
-        .into_iter()
-        .enumerate()
-        .map(|(i, g)| g.ok_or_else(|| Error::Internal(format!("request {i} produced no result"))))
-        .collect()
 }
 
 #[cfg(test)]
@@ -573,6 +701,7 @@ mod tests {
         Row {
             request: 0,
             prompt_len: 1,
+            start_col: 0,
             max_new: 1,
             stop_ids: vec![],
             ids: vec![],

@@ -291,6 +291,12 @@ impl LanguageModel {
         generate::generate(&self.transformer, &self.tokenizer, &self.eos_ids, requests, on_event)
     }
 
+    /// An empty continuous-batching [`Decoder`] over this model (its EOS ids end requests that set no
+    /// stop ids): admit requests between steps.
+    pub fn decoder(&self) -> generate::Decoder<'_> {
+        generate::Decoder::new(&self.transformer, &self.tokenizer, &self.eos_ids)
+    }
+
     /// Packs (prompt, response) pairs for [`LanguageModel::response_logprobs`].
     ///
     /// # Errors

@@ -28,7 +28,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
-pub use generate::{FinishReason, Generation, GenerationRequest, LogprobMode, SamplingParams, TokenEvent};
+pub use generate::{Decoder, FinishReason, Generation, GenerationRequest, LogprobMode, SamplingParams, TokenEvent};
 pub use lm::LanguageModel;
 pub use peft::{LoraConfig, LoraTarget};
 pub use score::{PackedBatch, ResponseLogits, ScoredResponse};

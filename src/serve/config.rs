@@ -70,6 +70,11 @@ pub struct ServeConfig {
     /// worker generated 26 % fewer tokens per second; docs/serving.md, "Weight reloads").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merge_lora: Option<bool>,
+    /// Let chat requests join the in-process server's running decode batch at token boundaries and leave
+    /// it as they finish (default true). False: static batches, where a request arriving during a batch
+    /// waits for the whole batch (docs/serving.md, "Batching").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuous_batching: Option<bool>,
 }
 
 impl ServeConfig {
@@ -127,6 +132,7 @@ impl Default for ServeConfig {
             max_adapter_mib: None,
             tenant_headers: None,
             merge_lora: None,
+            continuous_batching: None,
         }
     }
 }

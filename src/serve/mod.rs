@@ -33,6 +33,11 @@ pub struct ServeArgs {
     /// new copy of the adapted projections) but decoding is slower (docs/serving.md, "Weight reloads").
     #[arg(long)]
     pub unmerged_lora: bool,
+    /// Static batches instead of continuous batching: a request arriving while a batch decodes waits
+    /// for the whole batch, and a batch's responses are all sent when its last sequence ends
+    /// (docs/serving.md, "Batching").
+    #[arg(long)]
+    pub static_batching: bool,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -142,6 +147,7 @@ impl ServeArgs {
             base_dir,
             threads: self.threads.map(|n| n.max(0) as usize).unwrap_or(0),
             merge_lora: !self.unmerged_lora,
+            continuous_batching: !self.static_batching,
         };
         let mut adapters = AdapterOptions { max_adapters: self.max_adapters, max_adapter_bytes: self.max_adapter_mib << 20, ..AdapterOptions::default() };
         if !self.tenant_headers.is_empty() {

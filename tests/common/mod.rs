@@ -274,6 +274,7 @@ pub async fn start_policy_server(model: &std::path::Path, tls: Option<&nextstate
         base_dir: model.to_path_buf(),
         threads: 1,
         merge_lora: false,
+        continuous_batching: true,
     };
     let server = nextstate::serve::PolicyServer::start(lm, 0, opts).unwrap();
     let listener = nextstate::net::Listener::bind("127.0.0.1", 0, tls).await.unwrap();

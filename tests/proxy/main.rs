@@ -750,6 +750,7 @@ async fn our_policy_server_behind_the_proxy() {
         base_dir: dir.clone(),
         threads: 0,
         merge_lora: false,
+        continuous_batching: true,
     };
     let server = PolicyServer::start(lm, 7, sopts).unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

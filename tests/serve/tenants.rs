@@ -78,6 +78,7 @@ async fn start_server_with(base: &Path, adapters: AdapterOptions, batch_window: 
         base_dir: base.to_path_buf(),
         threads,
         merge_lora,
+        continuous_batching: true,
     };
     let lm = LanguageModel::load(base, &LoadOptions::default()).unwrap();
     let server = PolicyServer::start_with_adapters(lm, 7, opts, adapters).unwrap();

@@ -76,9 +76,59 @@ impl KvCache {
     /// # Errors
     /// [`crate::Error::Torch`] for an out-of-range row.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
-        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
-            *t = t.f_index_select(0, rows)?;
+        self.select_rows_from(rows, 0)
+    }
+
+    /// Keeps only the batch rows `rows` (int64 `[B']`, on the cache's device) and drops the first
+    /// `drop_front` positions of every row (columns no kept row attends to any more, e.g. the left
+    /// padding of a finished longer prompt); length and capacity shrink by `drop_front`. One copy of
+    /// the kept part, as [`KvCache::select_rows`] alone makes.
+    ///
+    /// # Errors
+    /// [`crate::Error::Model`] when `drop_front` exceeds the filled length; [`crate::Error::Torch`] for
+    /// an out-of-range row.
+    pub fn select_rows_from(&mut self, rows: &Tensor, drop_front: usize) -> Result<()> {
+        if drop_front > self.len {
+            return Err(crate::Error::Model(format!("cannot drop {drop_front} of {} filled cache positions", self.len)));
         }
+        let (start, keep) = (drop_front as i64, (self.capacity - drop_front) as i64);
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            *t = t.f_narrow(2, start, keep)?.f_index_select(0, rows)?;
+        }
+        self.len -= drop_front;
+        self.capacity -= drop_front;
         Ok(())
+    }
+
+    /// One cache holding the rows of `self` then those of `other`, their filled positions aligned at the
+    /// right end (a shorter cache's rows get `L − len` empty positions in front, `L` the longer length),
+    /// with room for `room` more positions after `L`. Returns the cache and the column shift of `self`'s
+    /// rows and of `other`'s (`L − len` each). The caller's attention mask must mark the shifted-in
+    /// positions as padding.
+    ///
+    /// # Errors
+    /// [`crate::Error::Model`] when the caches differ in layers, heads or head size;
+    /// [`crate::Error::Torch`] when the allocation fails.
+    pub fn concat_right_aligned(&self, other: &KvCache, room: usize) -> Result<(KvCache, usize, usize)> {
+        if self.k.len() != other.k.len() {
+            return Err(crate::Error::Model(format!("caches of {} and {} layers", self.k.len(), other.k.len())));
+        }
+        let len = self.len.max(other.len);
+        let capacity = len + room;
+        let (shift_a, shift_b) = (len - self.len, len - other.len);
+        let mut out = KvCache { k: Vec::with_capacity(self.k.len()), v: Vec::with_capacity(self.v.len()), len, capacity };
+        for (a, b) in self.k.iter().zip(&other.k).chain(self.v.iter().zip(&other.v)) {
+            let (sa, sb) = (a.size(), b.size());
+            if sa[1] != sb[1] || sa[3] != sb[3] {
+                return Err(crate::Error::Model(format!("caches of shapes {sa:?} and {sb:?}")));
+            }
+            let t = Tensor::f_zeros([sa[0] + sb[0], sa[1], capacity as i64, sa[3]], (a.kind(), a.device()))?;
+            t.f_narrow(0, 0, sa[0])?.f_narrow(2, shift_a as i64, self.len as i64)?.f_copy_(&a.f_narrow(2, 0, self.len as i64)?)?;
+            t.f_narrow(0, sa[0], sb[0])?.f_narrow(2, shift_b as i64, other.len as i64)?.f_copy_(&b.f_narrow(2, 0, other.len as i64)?)?;
+            out.k.push(t);
+        }
+        let layers = self.k.len();
+        out.v = out.k.split_off(layers);
+        Ok((out, shift_a, shift_b))
     }
 }

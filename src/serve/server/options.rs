@@ -25,6 +25,13 @@ pub struct ServerOptions {
     /// How long the worker waits for more requests to join a batch once it has one (a few ms costs
     /// little next to a decoding step and lets near-simultaneous requests share the batch).
     pub batch_window: std::time::Duration,
+    /// Continuous batching (what `serve` and `run` do unless told otherwise): chat requests of the
+    /// batch's policy that arrive while it decodes join it at the next token boundary, up to
+    /// `max_batch`, and each request's response is sent at the step it finishes
+    /// ([`crate::model::Decoder`]). False: static batches, where a request arriving during a batch waits
+    /// for the whole batch to finish and every response of a batch is sent when its last sequence ends.
+    /// Measured: `benches/serve.rs` (docs/BENCHMARKS.md).
+    pub continuous_batching: bool,
     /// Token limit when a request sets none.
     pub default_max_tokens: usize,
     /// Default distribution of returned log-probs (requests may override with `logprobs_mode`).

@@ -1,7 +1,9 @@
 //! The batching inference worker: one thread that owns the models ([`Policies`]: the shared policy and
 //! the resident tenant adapters), drains queued jobs into batched generation ([`run_batch`]) or
 //! scoring-then-generation ([`run_completions`]) calls, one call per policy (a batch never mixes
-//! adapters), and swaps in reloaded weights and installs tenant adapters between batches.
+//! adapters), and swaps in reloaded weights and installs tenant adapters between batches. A chat batch
+//! is continuous ([`crate::model::Decoder`]): requests of its policy that arrive while it decodes join
+//! it at the next token boundary, and each leaves it (its response sent) at the step it finishes.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -34,59 +36,135 @@ fn prepare(lm: &LanguageModel, job: &Job) -> std::result::Result<GenerationReque
     Ok(req)
 }
 
-/// Runs a batch of chat jobs of one policy (`adapter`'s, or the shared one) as one streamed
-/// generation; each job gets its own events.
-fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<Job>, shared: &Shared) {
-    let mut ready: Vec<(Job, GenerationRequest)> = Vec::with_capacity(jobs.len());
+/// Fails `jobs` with the error of the model call `what` (400 for invalid input, else 500).
+fn fail_jobs(jobs: impl IntoIterator<Item = Job>, e: &Error, what: &str, shared: &Shared) {
+    let status = if matches!(e, Error::InvalidInput(_)) { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
     for job in jobs {
-        match prepare(lm, &job) {
-            Ok(req) => {
-                let _ = job.events.send(JobEvent::Started { version, adapter: adapter.map(str::to_string), prompt_ids: req.prompt_ids.clone() });
-                ready.push((job, req));
-            }
-            Err((status, message)) => {
-                shared.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(JobEvent::Failed { status, message });
-            }
-        }
+        shared.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.send(JobEvent::Failed { status, message: format!("{what}: {e}") });
     }
-    if ready.is_empty() {
-        return;
-    }
-    let reqs: Vec<GenerationRequest> = ready.iter().map(|(_, r)| r.clone()).collect();
+}
+
+/// A panic of a model call as an error (the worker thread survives it).
+fn caught<T>(r: std::thread::Result<Result<T>>) -> Result<T> {
+    r.unwrap_or_else(|_| Err(Error::Internal("internal error during generation".into())))
+}
+
+/// Runs chat jobs of one policy (`adapter`'s, or the shared one) in one continuous batch: each job
+/// streams its own events, finishes (its `Done` sent) at the step its sequence ends, and `more(room)`
+/// is asked after every step for up to `room` further jobs of this policy to join (continuous
+/// batching; `max_batch` rows at most). Returns when no sequence is left running.
+fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<Job>, shared: &Shared, more: &mut dyn FnMut(usize) -> Vec<Job>) {
+    let max_batch = shared.opts.max_batch.max(1);
     let tok = lm.tokenizer();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        lm.generate_stream(&reqs, &mut |ev| {
-            let Some((job, _)) = ready.get(ev.request) else { return false };
-            let top = ev.top_logprobs.iter().map(|&(id, lp)| (id, tok.token_bytes(id), lp)).collect();
-            let out = TokenOut { id: ev.token_id, logprob: ev.logprob, bytes: tok.token_bytes(ev.token_id), top, text: ev.text_delta.to_string() };
-            // A closed channel means the client went away: cancel this sequence.
-            job.events.send(JobEvent::Token(out)).is_ok()
-        })
-    }));
-    match result {
-        Ok(Ok(gens)) => {
-            for ((job, _), g) in ready.into_iter().zip(gens) {
-                shared.completed.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(JobEvent::Done(g));
+    let mut decoder = lm.decoder();
+    // Running jobs by key (the decoder's request key).
+    let mut running: std::collections::HashMap<usize, Job> = std::collections::HashMap::new();
+    let mut next_key = 0usize;
+    let mut admit = |jobs: Vec<Job>, decoder: &mut crate::model::Decoder<'_>, running: &mut std::collections::HashMap<usize, Job>| {
+        let mut keyed = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match prepare(lm, &job) {
+                Ok(req) => {
+                    let _ = job.events.send(JobEvent::Started { version, adapter: adapter.map(str::to_string), prompt_ids: req.prompt_ids.clone() });
+                    keyed.push((next_key, req));
+                    running.insert(next_key, job);
+                    next_key += 1;
+                }
+                Err((status, message)) => {
+                    shared.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = job.events.send(JobEvent::Failed { status, message });
+                }
             }
         }
-        Ok(Err(e)) => {
-            tracing::error!("generation failed for a batch of {} requests: {e}", ready.len());
-            for (job, _) in ready {
-                shared.failed.fetch_add(1, Ordering::Relaxed);
-                let status = if matches!(e, Error::InvalidInput(_)) { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
-                let _ = job.events.send(JobEvent::Failed { status, message: e.to_string() });
+        if keyed.is_empty() {
+            return;
+        }
+        match caught(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder.admit(&keyed)))) {
+            Ok(done) => {
+                for (key, g) in done {
+                    if let Some(job) = running.remove(&key) {
+                        shared.completed.fetch_add(1, Ordering::Relaxed);
+                        let _ = job.events.send(JobEvent::Done(g));
+                    }
+                }
+            }
+            Err(e) => {
+                // The batch is unchanged by a failed admission: only these jobs fail.
+                tracing::error!("prefill failed for {} requests: {e}", keyed.len());
+                fail_jobs(keyed.iter().filter_map(|(k, _)| running.remove(k)), &e, "generation failed", shared);
             }
         }
-        Err(_) => {
-            tracing::error!("generation panicked for a batch of {} requests", ready.len());
-            for (job, _) in ready {
-                shared.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(JobEvent::Failed { status: StatusCode::INTERNAL_SERVER_ERROR, message: "internal error during generation".into() });
+    };
+    admit(jobs, &mut decoder, &mut running);
+    while !decoder.is_empty() {
+        let stepped = caught(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            decoder.step(&mut |ev| {
+                let Some(job) = running.get(&ev.request) else { return false };
+                let top = ev.top_logprobs.iter().map(|&(id, lp)| (id, tok.token_bytes(id), lp)).collect();
+                let out = TokenOut { id: ev.token_id, logprob: ev.logprob, bytes: tok.token_bytes(ev.token_id), top, text: ev.text_delta.to_string() };
+                // A closed channel means the client went away: cancel this sequence.
+                job.events.send(JobEvent::Token(out)).is_ok()
+            })
+        })));
+        match stepped {
+            Ok(done) => {
+                for (key, g) in done {
+                    if let Some(job) = running.remove(&key) {
+                        shared.completed.fetch_add(1, Ordering::Relaxed);
+                        let _ = job.events.send(JobEvent::Done(g));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("generation failed for a batch of {} requests: {e}", running.len());
+                fail_jobs(running.drain().map(|(_, j)| j), &e, "generation failed", shared);
+                return;
+            }
+        }
+        let room = max_batch.saturating_sub(decoder.len());
+        if room > 0 && !decoder.is_empty() {
+            let joining = more(room);
+            if !joining.is_empty() {
+                admit(joining, &mut decoder, &mut running);
             }
         }
     }
+}
+
+/// The chat jobs that may join a running batch of `adapter`'s policy, at most `room`: the jobs of that
+/// policy at the front of `pending` (after moving everything received into it), oldest first. Once any
+/// other message waits — a shared-policy swap anywhere in the queue, or another kind of message or
+/// another policy's job at its front — `closed` is set and nothing joins any more: the batch drains
+/// and the worker turns to that message, so a steady stream of requests cannot hold back a swap,
+/// an install, a completion request or another tenant.
+fn joining_jobs(adapter: &Option<String>, room: usize, rx: &std::sync::mpsc::Receiver<WorkerMsg>, pending: &mut VecDeque<WorkerMsg>, closed: &mut bool) -> Vec<Job> {
+    if *closed {
+        return vec![];
+    }
+    while let Ok(m) = rx.try_recv() {
+        pending.push_back(m);
+    }
+    if pending.iter().any(|m| matches!(m, WorkerMsg::Swap { .. } | WorkerMsg::Shutdown)) {
+        *closed = true;
+        return vec![];
+    }
+    let mut out = vec![];
+    while out.len() < room {
+        match pending.front() {
+            Some(WorkerMsg::Job(j)) if j.adapter == *adapter => {
+                if let Some(WorkerMsg::Job(j)) = pending.pop_front() {
+                    out.push(*j);
+                }
+            }
+            Some(_) => {
+                *closed = true;
+                break;
+            }
+            None => break,
+        }
+    }
+    out
 }
 
 /// `jobs` grouped by the adapter that serves them (`adapter_of`), groups in the order of their first
@@ -148,9 +226,15 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
                     other => Err(other),
                 });
                 let t0 = std::time::Instant::now();
-                for (adapter, jobs) in by_adapter(batch, |j| j.adapter.clone()) {
+                let groups = by_adapter(batch, |j| j.adapter.clone());
+                let n_groups = groups.len();
+                for (g, (adapter, jobs)) in groups.into_iter().enumerate() {
+                    // Only the last group's batch takes new jobs while it decodes (continuous batching),
+                    // so the groups after it never wait behind a stream of new requests.
+                    let mut closed = !shared.opts.continuous_batching || g + 1 < n_groups;
+                    let mut more = |room: usize| joining_jobs(&adapter, room, &rx, &mut pending, &mut closed);
                     match policies.resolve(adapter.as_deref(), &shared) {
-                        Ok((lm, version)) => run_batch(lm, version, adapter.as_deref(), jobs, &shared),
+                        Ok((lm, version)) => run_batch(lm, version, adapter.as_deref(), jobs, &shared, &mut more),
                         Err((status, message)) => fail_chat(jobs, status, &message, &shared),
                     }
                 }

@@ -75,6 +75,7 @@ pub(super) async fn start_server(cfg: &PipelineConfig, resume_run: Option<PathBu
         base_dir: cfg.policy.model.clone(),
         threads: cfg.policy.threads,
         merge_lora: merge,
+        continuous_batching: cfg.serve.continuous_batching.unwrap_or(true),
     };
     let server = crate::serve::PolicyServer::start_with_adapters(lm, version, opts, cfg.serve.adapter_options()?)?;
     let handle = server.handle();
