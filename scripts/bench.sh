@@ -7,7 +7,8 @@
 #
 # Sections: ingest (benches/ingest.rs), sink (benches/sink.rs, needs a broker), sql (benches/sql.rs +
 # benches/peer_sql.py), stages (benches/stages.rs), train (benches/train.rs + benches/peer_train.py),
-# model (benches/model.rs + benches/peer_model.py + scripts/peft_parity.py, needs peft), proxy (benches/proxy.rs, needs a broker),
+# model (benches/model.rs + benches/peer_model.py + scripts/peft_parity.py, needs peft), serve (benches/serve.rs
+# static and continuous batching + benches/peer_serve.py), proxy (benches/proxy.rs, needs a broker),
 # storage (benches/lake_storage.py: lake bytes of long sessions against their unique content, needs pyarrow).
 # Environment:
 #   LIBTORCH (required by the build), CARGO_TARGET_DIR (default target)
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 export OMP_NUM_THREADS=1
 PY=${NEXTSTATE_BENCH_PYTHON:-python3}
-SECTIONS=${NEXTSTATE_BENCH_SECTIONS:-ingest,sink,sql,stages,train,model,proxy,storage}
+SECTIONS=${NEXTSTATE_BENCH_SECTIONS:-ingest,sink,sql,stages,train,model,serve,proxy,storage}
 OUT=${NEXTSTATE_BENCH_OUT:-$CARGO_TARGET_DIR/bench-run}
 MODEL=models/smollm2-135m-instruct
 [ "${NEXTSTATE_BENCH_KEEP:-0}" = 1 ] || rm -rf "$OUT"
@@ -54,7 +55,7 @@ fi
 rm -f "$OUT/machine.new"
 
 echo "bench.sh: building benches (release)" >&2
-if ! cargo bench --no-run --bench ingest --bench sink --bench proxy --bench sql --bench stages --bench train --bench model > "$OUT/build.log" 2>&1; then
+if ! cargo bench --no-run --bench ingest --bench sink --bench proxy --bench sql --bench stages --bench train --bench model --bench serve > "$OUT/build.log" 2>&1; then
   echo "bench.sh: build failed, see $OUT/build.log" >&2; tail -30 "$OUT/build.log" >&2; exit 1
 fi
 
@@ -126,6 +127,12 @@ if has model; then
   run model_peer "$PY" benches/peer_model.py --model "$MODEL" --threads 1 --repeats 3
   # PEFT parity of LoRA checkpoints: peft + transformers load our adapter folder, logits within 1e-4
   run peft_parity "$PY" scripts/peft_parity.py --model "$MODEL"
+fi
+if has serve; then
+  # one process per mode, so each peak RSS is that mode's own
+  run serve_static cargo bench --bench serve -- mode=static
+  run serve_continuous cargo bench --bench serve -- mode=continuous
+  run serve_peer "$PY" benches/peer_serve.py --model "$MODEL" --threads 1
 fi
 if has proxy; then
   BROKERS=$(brokers)

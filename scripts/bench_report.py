@@ -393,6 +393,27 @@ def main():
         base = f" ({f(rss['base_rss_mb'])} MB resident with the base loaded)" if rss else ""
         L.append("\nA reload's swap also waits for the batch the worker is decoding (`server_reload_swap_wait_seconds`), which no weight "
                  f"layout removes; the shared base stays one copy either way{base}.\n")
+    rows, cmds = [], []
+    for name in ("serve_static", "serve_continuous", "serve_peer"):
+        r, c, rc_, _ = load(out, name)
+        if c is not None:
+            cmds.append(c)
+        rows += [x for x in (r or []) if x.get("bench") in ("serve", "serve_peer")]
+    if rows:
+        L.append("**The policy server under concurrent clients** (`benches/serve.rs`; `benches/peer_serve.py` for transformers): each "
+                 "client sends its requests one after another (streaming, greedy, mixed `max_tokens` 16–128, the same requests in "
+                 "every mode); continuous batching (the default) against static batches (`serve --static-batching`), and "
+                 "transformers' batched `generate` over the clients' simultaneous requests (no server; its TTFT counts from the "
+                 "batch's start). One libtorch thread; peak RSS of each mode's own process.\n")
+        L.append("| clients | mode | requests | tokens | tokens/s | TTFT p50 / p90 ms | latency p50 / p90 ms | peak RSS MB |\n|---:|---|---:|---:|---:|---:|---:|---:|")
+        order = {"static": 0, "continuous": 1, "transformers": 2}
+        for x in sorted(rows, key=lambda x: (x["clients"], order.get(x["mode"], 9))):
+            L.append(f"| {x['clients']} | {x['mode']} | {x['requests']} | {f(x['tokens'])} | {f(x['tokens_per_s'])} | "
+                     f"{f(x['ttft_p50_ms'], 0)} / {f(x['ttft_p90_ms'], 0)} | {f(x['latency_p50_ms'], 0)} / {f(x['latency_p90_ms'], 0)} | {f(x['peak_rss_mb'], 0)} |")
+        L.append("")
+        cmd_line(L, *cmds)
+    elif cmds:
+        not_measured(L, "serve_continuous", cmds[0], load(out, "serve_continuous")[2], out)
     par, parcmd, parrc, _ = load(out, "peft_parity")
     p = next((x for x in (par or []) if x.get("case") == "peft_parity"), None)
     if p:
