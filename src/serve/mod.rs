@@ -34,8 +34,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub unmerged_lora: bool,
     /// Static batches instead of continuous batching: a request arriving while a batch decodes waits
-    /// for the whole batch, and a batch's responses are all sent when its last sequence ends
-    /// (docs/serving.md, "Batching").
+    /// for the whole batch to finish (docs/serving.md, "Batching").
     #[arg(long)]
     pub static_batching: bool,
     /// Address to listen on.

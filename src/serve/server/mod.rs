@@ -6,7 +6,9 @@
 //! Inference runs on one dedicated worker thread that owns the model (tch tensors are not `Sync`);
 //! HTTP handlers send it jobs over a channel and receive token events back, so the tokio runtime never
 //! blocks on CPU work. The worker drains every job queued when it becomes free (up to `max_batch`)
-//! into batched generations, one per policy: a batch never mixes adapters.
+//! into batched generations, one per policy: a batch never mixes adapters. A chat batch is continuous
+//! ([`ServerOptions::continuous_batching`]): requests of its policy arriving while it decodes join it at
+//! the next token boundary, and each response is sent at the step its sequence ends.
 //!
 //! **Tenants** (`tenants`, `adapters`): [`PolicyHandle::reload_tenant`] (or `POST /v1/reload` with a
 //! `"tenant"`) gives a tenant its own LoRA adapter, kept unmerged beside the shared base (the base

@@ -29,8 +29,8 @@ pub struct ServerOptions {
     /// batch's policy that arrive while it decodes join it at the next token boundary, up to
     /// `max_batch`, and each request's response is sent at the step it finishes
     /// ([`crate::model::Decoder`]). False: static batches, where a request arriving during a batch waits
-    /// for the whole batch to finish and every response of a batch is sent when its last sequence ends.
-    /// Measured: `benches/serve.rs` (docs/BENCHMARKS.md).
+    /// for the whole batch to finish (each response is still sent at the step its sequence ends).
+    /// Measured: `benches/serve.rs` (docs/BENCHMARKS.md, section 6).
     pub continuous_batching: bool,
     /// Token limit when a request sets none.
     pub default_max_tokens: usize,
