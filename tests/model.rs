@@ -133,9 +133,11 @@ fn requests_joining_a_running_batch_decode_as_they_do_alone() {
     let greedy = SamplingParams::greedy(10);
     let sampled = SamplingParams { temperature: 0.7, max_new_tokens: 14, seed: Some(11), ..Default::default() };
     let req = |p: &Vec<u32>, params: &SamplingParams| GenerationRequest { prompt_ids: p.clone(), params: params.clone() };
-    let jobs = [(short.clone(), greedy.clone()), (long.clone(), sampled.clone()), (mid.clone(), greedy.clone()), (short.clone(), sampled.clone())];
+    let moon = chat(&lm, "Tell me a fact about the moon.");
+    let jobs = [(short.clone(), greedy.clone()), (long.clone(), sampled.clone()), (mid.clone(), greedy.clone()), (short.clone(), sampled.clone()), (moon, greedy.clone())];
     let alone: Vec<_> = jobs.iter().map(|(p, params)| lm.generate_stream(&[req(p, params)], &mut |_| true).unwrap().remove(0)).collect();
-    // Admit job 0; after 3 steps job 1 (longer prompt); after 2 more job 2; job 3 once job 0 has left.
+    // Admit job 0; after 3 steps job 1 (longer prompt); after 2 more jobs 2 and 4 together (prompts of
+    // two lengths, left-padded to each other, then right-aligned into the batch); job 3 once job 0 has left.
     let mut dec = lm.decoder();
     let mut got: Vec<Option<nextstate::model::Generation>> = vec![None; jobs.len()];
     let mut admitted = 1;
@@ -159,11 +161,16 @@ fn requests_joining_a_running_batch_decode_as_they_do_alone() {
             _ => false,
         };
         if due {
-            assert!(dec.admit(&[(admitted, req(&jobs[admitted].0, &jobs[admitted].1))]).unwrap().is_empty());
+            let mut group = vec![(admitted, req(&jobs[admitted].0, &jobs[admitted].1))];
+            if admitted == 2 {
+                group.push((4, req(&jobs[4].0, &jobs[4].1)));
+            }
+            assert!(dec.admit(&group).unwrap().is_empty());
             admitted += 1;
         }
     }
     assert_eq!(admitted, 4, "every job was admitted");
+    assert_ne!(jobs[2].0.len(), jobs[4].0.len());
     for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
         let g = g.as_ref().unwrap_or_else(|| panic!("job {i} has no result"));
         assert_eq!(g.token_ids, a.token_ids, "job {i}");

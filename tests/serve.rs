@@ -226,32 +226,44 @@ async fn a_reload_goes_ahead_of_queued_requests_and_the_running_batch_keeps_its_
     }
 }
 
-/// Continuous batching: a request sent while a long one decodes joins the running batch at the next token
-/// boundary and is answered while the long one still decodes; with static batches it waits for the whole
-/// batch.
+/// Continuous batching: a request sent while a long one decodes (after the long one's first token) joins
+/// the running batch at the next token boundary and is answered while the long one still decodes; with
+/// static batches it waits for the whole batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_sent_mid_batch_joins_it_and_is_answered_first_unless_batches_are_static() {
     for continuous in [true, false] {
         let Some(s) = start_with(None, |o| o.continuous_batching = continuous).await else { return };
         let client = nextstate::net::http_client(None).unwrap();
         let url = format!("{}/v1/chat/completions", s.base);
-        let ask = |content: &str, max_tokens: usize| {
+        // The long request streams; `first` fires at its first token chunk.
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+        let long = {
             let (client, url) = (client.clone(), url.clone());
-            let body = json!({"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": max_tokens});
+            let body = json!({"messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}], "temperature": 0,
+                "max_tokens": 160, "stream": true, "stream_options": {"include_usage": true}});
             tokio::spawn(async move {
-                let v: Value = client.post(url).json(&body).send().await.unwrap().json().await.unwrap();
-                (std::time::Instant::now(), v["usage"]["completion_tokens"].as_u64().unwrap_or_else(|| panic!("{v}")))
+                let r = client.post(url).json(&body).send().await.unwrap();
+                let (mut first_tx, mut buf, mut stream) = (Some(first_tx), String::new(), r.bytes_stream());
+                while let Some(chunk) = stream.next().await {
+                    buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+                    if buf.contains("\"token_ids\"") {
+                        if let Some(tx) = first_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                }
+                let at = std::time::Instant::now();
+                let usage = buf.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|p| serde_json::from_str::<Value>(p).ok()).find_map(|v| v["usage"]["completion_tokens"].as_u64());
+                (at, usage.unwrap_or_else(|| panic!("no usage in {buf}")))
             })
         };
-        let long = ask("Write a long story about a lighthouse keeper.", 160);
-        while s.handle.in_flight() < 1 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        // The long request is decoding (its batch window is long over).
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let short = ask("What is the capital of Germany?", 4);
-        let ((long_at, long_tokens), (short_at, short_tokens)) = (long.await.unwrap(), short.await.unwrap());
-        assert_eq!((long_tokens, short_tokens), (160, 4), "continuous = {continuous}");
+        first_rx.await.expect("the long request's first token");
+        let body = json!({"messages": [{"role": "user", "content": "What is the capital of Germany?"}], "temperature": 0, "max_tokens": 4});
+        let v: Value = client.post(&url).json(&body).send().await.unwrap().json().await.unwrap();
+        let short_at = std::time::Instant::now();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+        let (long_at, long_tokens) = long.await.unwrap();
+        assert_eq!(long_tokens, 160, "continuous = {continuous}");
         if continuous {
             assert!(short_at < long_at, "the short request joined the running batch and was answered first");
         } else {

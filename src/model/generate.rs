@@ -438,7 +438,11 @@ impl<'m> Decoder<'m> {
     /// # Errors
     /// [`Error::InvalidInput`] naming the first invalid request (see [`check_request`]); nothing is
     /// admitted then. [`Error::Torch`] on a tensor failure; the batch is left as it was.
+    /// [`Error::Internal`] after a failed [`Decoder::step`] (the batch is lost; drop the decoder).
     pub fn admit(&mut self, requests: &[(usize, GenerationRequest)]) -> Result<Vec<(usize, Generation)>> {
+        if self.running.is_none() && !self.rows.is_empty() {
+            return Err(Error::Internal("decoder lost its batch in an earlier failed step".into()));
+        }
         let _guard = tch::no_grad_guard();
         let model = self.model;
         let cfg = &model.config;

@@ -96,8 +96,12 @@ fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<
             }
         }
     };
+    // The worker's chat time is counted as it is spent (a continuous batch can last minutes).
+    let mut mark = std::time::Instant::now();
     admit(jobs, &mut decoder, &mut running);
     while !decoder.is_empty() {
+        TimeClock::add_since(&shared.clock.chat_us, mark);
+        mark = std::time::Instant::now();
         let stepped = caught(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             decoder.step(&mut |ev| {
                 let Some(job) = running.get(&ev.request) else { return false };
@@ -119,6 +123,7 @@ fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<
             Err(e) => {
                 tracing::error!("generation failed for a batch of {} requests: {e}", running.len());
                 fail_jobs(running.drain().map(|(_, j)| j), &e, "generation failed", shared);
+                TimeClock::add_since(&shared.clock.chat_us, mark);
                 return;
             }
         }
@@ -130,6 +135,7 @@ fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<
             }
         }
     }
+    TimeClock::add_since(&shared.clock.chat_us, mark);
 }
 
 /// The chat jobs that may join a running batch of `adapter`'s policy, at most `room`: the jobs of that
@@ -225,7 +231,6 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
                     WorkerMsg::Job(j) => Ok(*j),
                     other => Err(other),
                 });
-                let t0 = std::time::Instant::now();
                 let groups = by_adapter(batch, |j| j.adapter.clone());
                 let n_groups = groups.len();
                 for (g, (adapter, jobs)) in groups.into_iter().enumerate() {
@@ -233,12 +238,15 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
                     // so the groups after it never wait behind a stream of new requests.
                     let mut closed = !shared.opts.continuous_batching || g + 1 < n_groups;
                     let mut more = |room: usize| joining_jobs(&adapter, room, &rx, &mut pending, &mut closed);
-                    match policies.resolve(adapter.as_deref(), &shared) {
+                    // Chat time: resolving the policy (an on-demand adapter load) here, decoding in run_batch.
+                    let t0 = std::time::Instant::now();
+                    let resolved = policies.resolve(adapter.as_deref(), &shared);
+                    TimeClock::add_since(&shared.clock.chat_us, t0);
+                    match resolved {
                         Ok((lm, version)) => run_batch(lm, version, adapter.as_deref(), jobs, &shared, &mut more),
                         Err((status, message)) => fail_chat(jobs, status, &message, &shared),
                     }
                 }
-                TimeClock::add_since(&shared.clock.chat_us, t0);
             }
             WorkerMsg::Complete(job) => {
                 let batch = take_batch(*job, &rx, &shared, max_batch, &mut pending, |m| match m {
@@ -499,6 +507,52 @@ mod tests {
         let (mut batch, mut pending) = (vec![9], [1].into_iter().collect::<VecDeque<u32>>());
         assert!(!take_queued(&mut batch, &mut pending, 8, same), "nothing more waits: the window decides");
         assert_eq!(batch, vec![9, 1]);
+    }
+
+    fn job(adapter: Option<&str>, tag: &str) -> WorkerMsg {
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        WorkerMsg::Job(Box::new(Job {
+            adapter: adapter.map(str::to_string),
+            messages: vec![crate::schema::Message::text("user", tag)],
+            tools: None,
+            template_kwargs: None,
+            params: Default::default(),
+            extra_stop_ids: vec![],
+            events,
+        }))
+    }
+
+    fn tags(jobs: &[Job]) -> Vec<String> {
+        jobs.iter().map(|j| j.messages[0].content.clone()).collect()
+    }
+
+    #[test]
+    fn jobs_join_a_running_batch_until_anything_else_waits() {
+        let a = Some("a".to_string());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut pending = VecDeque::new();
+        let mut closed = false;
+        // Same-policy jobs join, oldest first, at most `room`; the rest wait.
+        for t in ["1", "2", "3"] {
+            tx.send(job(Some("a"), t)).unwrap();
+        }
+        assert_eq!(tags(&joining_jobs(&a, 2, &rx, &mut pending, &mut closed)), ["1", "2"]);
+        assert!(!closed);
+        // Another policy's job at the front closes the batch; the job behind it waits too.
+        tx.send(job(None, "4")).unwrap();
+        tx.send(job(Some("a"), "5")).unwrap();
+        assert_eq!(tags(&joining_jobs(&a, 8, &rx, &mut pending, &mut closed)), ["3"]);
+        assert!(closed);
+        assert!(joining_jobs(&a, 8, &rx, &mut pending, &mut closed).is_empty(), "closed stays closed");
+        assert_eq!(pending.len(), 2);
+        // A shutdown (as a swap) anywhere in the queue closes the batch before any job joins.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (mut pending, mut closed) = (VecDeque::new(), false);
+        tx.send(job(Some("a"), "6")).unwrap();
+        tx.send(WorkerMsg::Shutdown).unwrap();
+        assert!(joining_jobs(&a, 8, &rx, &mut pending, &mut closed).is_empty());
+        assert!(closed);
+        assert_eq!(pending.len(), 2, "nothing is lost");
     }
 
     #[test]
