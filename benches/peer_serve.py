@@ -5,7 +5,7 @@ one thread) with batched `generate`, as a server without continuous batching doe
     python3 benches/peer_serve.py [--model models/smollm2-135m-instruct] [--clients 1,4,8] [--requests 6]
 
 With N clients, request j of client c is the same (prompt, max_tokens) as in benches/serve.rs (entry
-(c * 5 + j) % 12 of WORKLOAD, chat template, greedy). transformers has no server and no continuous
+(c * 5 + j) % 12 of benches/serve_workload.json, chat template, greedy). transformers has no server and no continuous
 batching, so the N clients' j-th requests form one batch (left padding), generated with the largest
 max_tokens of the batch and each row cut at its own limit or end of sequence: the best a static server
 does when all N clients ask at once, which closed-loop clients of a static server do. tokens/s counts
@@ -16,27 +16,15 @@ with `peak_rss_mb` (ru_maxrss) at the end of each client count. Needs `torch` an
 
 import argparse
 import json
+import os
 import resource
 import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-# Must match workload() in benches/serve.rs.
-WORKLOAD = [
-    ("What is the capital of Germany?", 24),
-    ("Write a short story about a lighthouse keeper.", 128),
-    ("List three prime numbers.", 32),
-    ("Explain photosynthesis to a child.", 96),
-    ("Write a haiku about rain.", 48),
-    ("Describe a busy market in the morning.", 128),
-    ("What is 17 times 23? Show your steps.", 64),
-    ("Give two tips for writing clear emails.", 96),
-    ("Name three colours.", 16),
-    ("Write a paragraph about the history of bicycles.", 128),
-    ("How do plants drink water?", 64),
-    ("Tell me a fact about the moon.", 48),
-]
+# The (prompt, max_tokens) pairs benches/serve.rs sends too.
+WORKLOAD = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_workload.json")))
 
 
 class FirstToken:

@@ -4,7 +4,7 @@
 //! Set-up: this process starts the policy server (`PolicyServer`, SmolLM2-135M-Instruct f32, one
 //! libtorch thread on the inference worker, `max_batch` 8, batching window 10 ms) on loopback and runs
 //! the clients (reqwest). Each client sends `requests` streaming chat requests one after another
-//! (closed loop), greedy, with the prompts and `max_tokens` of [`workload`]: mixed lengths, as agents'
+//! (closed loop), greedy, with the prompts and `max_tokens` of `benches/serve_workload.json`: mixed lengths, as agents'
 //! turns are, which is where a static batch makes short answers wait for long ones. The same requests
 //! in the same order for every mode and client count; greedy answers are the same tokens either way.
 //! TTFT is from sending a request to its first token chunk; latency to its last byte.
@@ -28,23 +28,11 @@ use serde_json::{json, Value};
 
 use common::{arg, emit, ms, percentile};
 
-/// The prompts and token limits; request `j` of client `c` is entry `(c * 5 + j) % 12` (the peer uses
-/// the same rule).
-fn workload() -> Vec<(&'static str, usize)> {
-    vec![
-        ("What is the capital of Germany?", 24),
-        ("Write a short story about a lighthouse keeper.", 128),
-        ("List three prime numbers.", 32),
-        ("Explain photosynthesis to a child.", 96),
-        ("Write a haiku about rain.", 48),
-        ("Describe a busy market in the morning.", 128),
-        ("What is 17 times 23? Show your steps.", 64),
-        ("Give two tips for writing clear emails.", 96),
-        ("Name three colours.", 16),
-        ("Write a paragraph about the history of bicycles.", 128),
-        ("How do plants drink water?", 64),
-        ("Tell me a fact about the moon.", 48),
-    ]
+/// The (prompt, max_tokens) pairs of `benches/serve_workload.json`, shared with the peer; request `j` of
+/// client `c` is entry `(c * 5 + j) % len`.
+fn workload() -> Vec<(String, usize)> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/serve_workload.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("read benches/serve_workload.json")).expect("workload: [[prompt, max_tokens], ...]")
 }
 
 /// Resident memory high-water mark of this process (VmHWM), bytes.
@@ -119,7 +107,7 @@ fn main() {
         let client = nextstate::net::http_client(None).expect("client");
         let work = workload();
         // Warm-up: one short request.
-        one(&client, &url, work[0].0, 8).await;
+        one(&client, &url, &work[0].0, 8).await;
         for &n in &clients {
             let t0 = Instant::now();
             let mut tasks = vec![];
@@ -128,8 +116,8 @@ fn main() {
                 tasks.push(tokio::spawn(async move {
                     let mut out = vec![];
                     for j in 0..requests {
-                        let (prompt, max_tokens) = work[(c * 5 + j) % work.len()];
-                        out.push(one(&client, &url, prompt, max_tokens).await);
+                        let (prompt, max_tokens) = &work[(c * 5 + j) % work.len()];
+                        out.push(one(&client, &url, prompt, *max_tokens).await);
                     }
                     out
                 }));

@@ -70,19 +70,10 @@ impl KvCache {
         self.capacity = needed;
         Ok(())
     }
-    /// Keeps only the batch rows `rows` (int64 `[B']`, on the cache's device), e.g. after some
-    /// sequences finished.
-    ///
-    /// # Errors
-    /// [`crate::Error::Torch`] for an out-of-range row.
-    pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
-        self.select_rows_from(rows, 0)
-    }
-
     /// Keeps only the batch rows `rows` (int64 `[B']`, on the cache's device) and drops the first
     /// `drop_front` positions of every row (columns no kept row attends to any more, e.g. the left
-    /// padding of a finished longer prompt); length and capacity shrink by `drop_front`. One copy of
-    /// the kept part, as [`KvCache::select_rows`] alone makes.
+    /// padding of a finished longer prompt; 0 keeps every column); length and capacity shrink by
+    /// `drop_front`. One copy of the kept part.
     ///
     /// # Errors
     /// [`crate::Error::Model`] when `drop_front` exceeds the filled length; [`crate::Error::Torch`] for

@@ -39,9 +39,17 @@ fn prepare(lm: &LanguageModel, job: &Job) -> std::result::Result<GenerationReque
 /// Fails `jobs` with the error of the model call `what` (400 for invalid input, else 500).
 fn fail_jobs(jobs: impl IntoIterator<Item = Job>, e: &Error, what: &str, shared: &Shared) {
     let status = if matches!(e, Error::InvalidInput(_)) { StatusCode::BAD_REQUEST } else { StatusCode::INTERNAL_SERVER_ERROR };
-    for job in jobs {
-        shared.failed.fetch_add(1, Ordering::Relaxed);
-        let _ = job.events.send(JobEvent::Failed { status, message: format!("{what}: {e}") });
+    fail_chat(jobs, status, &format!("{what}: {e}"), shared);
+}
+
+/// Sends each finished sequence's `Done` to its job (removed from `running`, keyed as the decoder's
+/// requests) and counts it completed.
+fn send_done(done: Vec<(usize, crate::model::Generation)>, running: &mut std::collections::HashMap<usize, Job>, shared: &Shared) {
+    for (key, g) in done {
+        if let Some(job) = running.remove(&key) {
+            shared.completed.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(JobEvent::Done(g));
+        }
     }
 }
 
@@ -81,14 +89,7 @@ fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<
             return;
         }
         match caught(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder.admit(&keyed)))) {
-            Ok(done) => {
-                for (key, g) in done {
-                    if let Some(job) = running.remove(&key) {
-                        shared.completed.fetch_add(1, Ordering::Relaxed);
-                        let _ = job.events.send(JobEvent::Done(g));
-                    }
-                }
-            }
+            Ok(done) => send_done(done, running, shared),
             Err(e) => {
                 // The batch is unchanged by a failed admission: only these jobs fail.
                 tracing::error!("prefill failed for {} requests: {e}", keyed.len());
@@ -112,14 +113,7 @@ fn run_batch(lm: &LanguageModel, version: i64, adapter: Option<&str>, jobs: Vec<
             })
         })));
         match stepped {
-            Ok(done) => {
-                for (key, g) in done {
-                    if let Some(job) = running.remove(&key) {
-                        shared.completed.fetch_add(1, Ordering::Relaxed);
-                        let _ = job.events.send(JobEvent::Done(g));
-                    }
-                }
-            }
+            Ok(done) => send_done(done, &mut running, shared),
             Err(e) => {
                 tracing::error!("generation failed for a batch of {} requests: {e}", running.len());
                 fail_jobs(running.drain().map(|(_, j)| j), &e, "generation failed", shared);
@@ -188,7 +182,7 @@ fn by_adapter<T>(jobs: Vec<T>, adapter_of: impl Fn(&T) -> Option<String>) -> Vec
 }
 
 /// Fails every job of a group whose policy could not be loaded.
-fn fail_chat(jobs: Vec<Job>, status: StatusCode, message: &str, shared: &Shared) {
+fn fail_chat(jobs: impl IntoIterator<Item = Job>, status: StatusCode, message: &str, shared: &Shared) {
     for job in jobs {
         shared.failed.fetch_add(1, Ordering::Relaxed);
         let _ = job.events.send(JobEvent::Failed { status, message: message.to_string() });
