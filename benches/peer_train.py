@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--case", default="lora_binary_b8", choices=["lora_binary_b8", "lora_binary_b8_2k"])
     ap.add_argument("--micro", type=int, default=8, help="samples per forward/backward pass (gradients accumulate)")
+    ap.add_argument("--samples", type=int, default=8, choices=range(1, 9), help="the first N of the 8 samples (the bench's samples=N)")
     ap.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (recompute each layer in backward)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -83,16 +84,17 @@ def main():
     if args.case == "lora_binary_b8_2k":
         passage = tok("Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in the chloroplasts of plant cells. " * 120).input_ids
         prompts = [passage[: 2000 - RESPONSE - len(p)] + p for p in prompts]
-    seqs = [prompts[i % 4] + response for i in range(8)]
-    plens = [len(prompts[i % 4]) for i in range(8)]
+    n = args.samples
+    seqs = [prompts[i % 4] + response for i in range(n)]
+    plens = [len(prompts[i % 4]) for i in range(n)]
     width = max(len(s) for s in seqs)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
     # positions predicting response token t: plen - 1 + t
     pos = torch.tensor([[p - 1 + t for t in range(RESPONSE)] for p in plens])
-    resp = torch.tensor([response] * 8)
-    reward = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(8)])
+    resp = torch.tensor([response] * n)
+    reward = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(n)])
     tokens = sum(len(s) for s in seqs)
 
     # Every row ends RESPONSE + 1 positions after its first predicting position when no row is padded
@@ -107,7 +109,7 @@ def main():
         full = torch.log_softmax(at.float(), -1)
         return full.gather(-1, resp[rows].unsqueeze(-1)).squeeze(-1), full
 
-    micro = [list(range(i, min(i + args.micro, 8))) for i in range(0, 8, args.micro)]
+    micro = [list(range(i, min(i + args.micro, n))) for i in range(0, n, args.micro)]
     with torch.no_grad():
         old = torch.cat([logprobs(rows)[0] for rows in micro])
     params = [p for p in model.parameters() if p.requires_grad]
@@ -124,10 +126,10 @@ def main():
             ratio = torch.exp(lp - old[rows])
             adv = reward[rows].unsqueeze(-1)
             pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
-            # the step's loss is the mean over its 8 samples of each sample's token mean
-            loss = pg.mean(-1).sum() / 8
+            # the step's loss is the mean over its n samples of each sample's token mean
+            loss = pg.mean(-1).sum() / n
             with torch.no_grad():
-                _entropy = -(full.exp() * full).sum(-1).mean(-1).sum() / 8
+                _entropy = -(full.exp() * full).sum(-1).mean(-1).sum() / n
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -145,9 +147,9 @@ def main():
     times.sort()
     med = times[len(times) // 2] if times else float("nan")
     print("BENCH " + json.dumps({"bench": "train", "case": args.case, "engine": f"pytorch {torch.__version__} + transformers",
-                                 "threads": args.threads, "samples": 8, "tokens": tokens, "response_tokens": 8 * RESPONSE, "steps": args.steps, "micro_batch_samples": args.micro, "gradient_checkpointing": args.grad_ckpt,
+                                 "threads": args.threads, "samples": n, "tokens": tokens, "response_tokens": n * RESPONSE, "steps": args.steps, "micro_batch_samples": args.micro, "gradient_checkpointing": args.grad_ckpt,
                                  "best_s": times[0] if times else float("nan"), "median_s": med, "warmup_s": warmup_s,
-                                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "tokens_s": tokens / med, "response_tokens_s": 8 * RESPONSE / med,
+                                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "tokens_s": tokens / med, "response_tokens_s": n * RESPONSE / med,
                                  "last_loss": loss}))
 
 

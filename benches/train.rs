@@ -15,8 +15,11 @@
 //!   is 2,000 tokens (16,000 in all): the "8 samples × ~2,000 tokens" memory target.
 //!
 //! `recompute=0|1` sets `trainer.recompute_layers` (default 1), `chunk=N` `trainer.logits_chunk_tokens`,
-//! `micro=N` `trainer.micro_batch_tokens` (default 4096); `mmap=0` leaves glibc's allocator at its
-//! defaults instead of [`nextstate::model::return_freed_memory`] (what `nextstate` calls at start).
+//! `micro=N` `trainer.micro_batch_tokens` (default 4096), `samples=N` the first N of the 8 samples (a
+//! shorter step for profiling; the peer's `--samples`); `mmap=0` leaves glibc's allocator at its
+//! defaults instead of [`nextstate::model::return_freed_memory`] (what `nextstate` calls at start);
+//! `NEXTSTATE_CPU_CACHE_MB` sets the caching CPU allocator's limit as for `nextstate` (`0`: libtorch's
+//! default allocator; see `nextstate::model::cpu_allocator`).
 //! Peak RSS is read from the process (`VmHWM` of /proc/self/status) after the timed steps, so it covers
 //! model loading, the warm-up and the timed steps; run one case per process.
 //!
@@ -56,6 +59,11 @@ fn main() {
     if mmap {
         nextstate::model::return_freed_memory();
     }
+    // As `nextstate` does at start (NEXTSTATE_CPU_CACHE_MB=0 measures libtorch's default allocator).
+    let cache = nextstate::model::cpu_allocator::config_from_env().expect("NEXTSTATE_CPU_CACHE_MB");
+    if let Some(cfg) = cache {
+        nextstate::model::cpu_allocator::install(cfg).expect("caching allocator");
+    }
     let steps: usize = arg("steps", "3").parse().expect("steps=N");
     let threads = std::env::var("NEXTSTATE_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(1);
     tch::set_num_threads(threads);
@@ -79,7 +87,9 @@ fn main() {
         }
         other => panic!("unknown case {other}"),
     };
-    let items: Vec<(Vec<u32>, Vec<u32>)> = (0..8).map(|i| (prompts[i % 4].clone(), response.clone())).collect();
+    let n_samples: usize = arg("samples", "8").parse().expect("samples=N");
+    assert!((1..=8).contains(&n_samples), "samples=N takes 1 to 8");
+    let items: Vec<(Vec<u32>, Vec<u32>)> = (0..n_samples).map(|i| (prompts[i % 4].clone(), response.clone())).collect();
     let rollout = tch::no_grad(|| lm.score(&items, 0)).expect("score");
     let samples: Vec<Sample> = items
         .iter()
@@ -119,7 +129,9 @@ fn main() {
     emit(json!({"bench": "train", "case": case, "engine": "nextstate (tch)", "threads": threads, "samples": samples.len(),
         "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times.first().copied().unwrap_or(f64::NAN), "median_s": med,
         "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss, "warmup_s": warmup_s,
-        "recompute_layers": recompute, "logits_chunk_tokens": chunk, "micro_batch_tokens": micro, "return_freed_memory": mmap, "peak_rss_mb": peak_rss_mb()}));
+        "recompute_layers": recompute, "logits_chunk_tokens": chunk, "micro_batch_tokens": micro, "return_freed_memory": mmap,
+        "cpu_cache_limit_mb": cache.map(|c| c.cache_limit_bytes >> 20), "cpu_cache": nextstate::model::cpu_allocator::stats().map(|s| format!("{s:?}")),
+        "peak_rss_mb": peak_rss_mb()}));
 }
 
 /// Peak resident set size of this process so far (MiB), from `VmHWM` in /proc/self/status.

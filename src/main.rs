@@ -84,6 +84,10 @@ fn run() -> Result<()> {
     if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
         nextstate::model::return_freed_memory();
     }
+    // libtorch's large CPU buffers come from a cache of huge-page blocks (reused, not faulted in again).
+    if let Some(cfg) = nextstate::model::cpu_allocator::config_from_env()? {
+        nextstate::model::cpu_allocator::install(cfg)?;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rdkafka=warn".into()))
         .with_writer(std::io::stderr)

@@ -17,6 +17,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod cpu_allocator;
 pub mod generate;
 pub mod gguf;
 pub mod import;

@@ -259,6 +259,8 @@ impl<P: Policy> Trainer<P> {
     /// be told apart or the retry fails too, every sample the packer kept — are returned in
     /// [`StepOutcome::skipped`] and enter the lineage as not trained, with the reason
     /// ([`SkipReason::as_str`]). A fully skipped step takes no optimizer step and counts no step.
+    /// After the step, the caching CPU allocator's freed blocks are unmapped
+    /// ([`crate::model::cpu_allocator::trim`]).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for an input the configuration needs and the batch lacks (e.g. a
@@ -273,6 +275,8 @@ impl<P: Policy> Trainer<P> {
             Err(StepFailure::Skip(_, e)) => return Err(Error::Internal(format!("step {}: the AdamW update failed part-way: {e}", self.step + 1))),
             Err(StepFailure::Fatal(e)) => return Err(e),
         };
+        // The step's activations are freed: give the cached blocks back (an idle trainer holds none).
+        crate::model::cpu_allocator::trim(0);
         self.export_metrics(samples, &outcome);
         if let Some(m) = &outcome.metrics {
             self.samples_since_checkpoint += m.samples.max(0) as u64;

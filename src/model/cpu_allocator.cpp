@@ -1,0 +1,201 @@
+// A caching allocator for libtorch's CPU tensors: see src/model/cpu_allocator.rs for what it is for,
+// its limits and how it was measured. Blocks of at least `min_bytes` are mapped 2 MiB-aligned in
+// multiples of 2 MiB (transparent huge pages asked for with MADV_HUGEPAGE), kept when their tensor is
+// freed and handed to the next request of the same rounded size; freed blocks beyond `cache_limit`
+// bytes are unmapped, oldest first. Smaller requests go to libtorch's default CPU allocator.
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t round_up(size_t n) {
+  return (n + kHugePage - 1) / kHugePage * kHugePage;
+}
+
+class CachingCpuAllocator final : public c10::Allocator {
+ public:
+  CachingCpuAllocator(c10::Allocator* fallback, size_t min_bytes, size_t cache_limit)
+      : fallback_(fallback), min_bytes_(min_bytes), cache_limit_(cache_limit) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    if (n < min_bytes_) {
+      return fallback_->allocate(n);
+    }
+    const size_t size = round_up(n);
+    void* p = take_cached(size);
+    if (p == nullptr) {
+      p = map_block(size);
+      if (p == nullptr) {
+        // Out of address space or memory: give every cached block back and try once more.
+        trim(0);
+        p = map_block(size);
+      }
+      TORCH_CHECK(p != nullptr, "nextstate CPU caching allocator: mmap of ", size, " bytes failed: ", std::strerror(errno));
+      std::lock_guard<std::mutex> g(mu_);
+      mapped_ += size;
+      if (mapped_ > peak_mapped_) peak_mapped_ = mapped_;
+    }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      live_[p] = size;
+    }
+    return {p, p, &CachingCpuAllocator::Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  static void Delete(void* p);
+
+  void release(void* p) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(p);
+    if (it == live_.end()) {
+      // Not ours: cannot happen (only our blocks carry this deleter); leak rather than corrupt.
+      ++unknown_frees_;
+      return;
+    }
+    const size_t size = it->second;
+    live_.erase(it);
+    lru_.emplace_back(size, p);
+    by_size_[size].push_back(std::prev(lru_.end()));
+    cached_ += size;
+    evict_locked(cache_limit_);
+  }
+
+  // Unmaps cached blocks until at most `keep` bytes stay cached.
+  void trim(size_t keep) {
+    std::lock_guard<std::mutex> g(mu_);
+    evict_locked(keep);
+  }
+
+  void stats(uint64_t out[7]) {
+    std::lock_guard<std::mutex> g(mu_);
+    out[0] = hits_;
+    out[1] = misses_;
+    out[2] = mapped_;
+    out[3] = cached_;
+    out[4] = peak_mapped_;
+    out[5] = unmapped_total_;
+    out[6] = unknown_frees_;
+  }
+
+ private:
+  using Lru = std::list<std::pair<size_t, void*>>;
+
+  void* take_cached(size_t size) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = by_size_.find(size);
+    if (it == by_size_.end() || it->second.empty()) {
+      ++misses_;
+      return nullptr;
+    }
+    // The most recently freed block of this size (its pages are the likeliest to be in cache).
+    Lru::iterator entry = it->second.back();
+    it->second.pop_back();
+    void* p = entry->second;
+    lru_.erase(entry);
+    cached_ -= size;
+    ++hits_;
+    return p;
+  }
+
+  void evict_locked(size_t keep) {
+    while (cached_ > keep && !lru_.empty()) {
+      auto [size, p] = lru_.front();
+      // The oldest block of its size is the front of that size's list.
+      auto& same = by_size_[size];
+      same.pop_front();
+      lru_.pop_front();
+      munmap(p, size);
+      cached_ -= size;
+      mapped_ -= size;
+      unmapped_total_ += size;
+    }
+  }
+
+  static void* map_block(size_t size) {
+    // Over-map by one huge page and cut the ends off so the block starts 2 MiB-aligned.
+    const size_t span = size + kHugePage;
+    void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (start + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = start + span;
+    if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
+    void* p = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+    madvise(p, size, MADV_HUGEPAGE);
+#endif
+    return p;
+  }
+
+  c10::Allocator* fallback_;
+  const size_t min_bytes_;
+  const size_t cache_limit_;
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> live_;
+  Lru lru_;
+  std::unordered_map<size_t, std::deque<Lru::iterator>> by_size_;
+  uint64_t hits_ = 0, misses_ = 0, mapped_ = 0, cached_ = 0, peak_mapped_ = 0, unmapped_total_ = 0, unknown_frees_ = 0;
+};
+
+// Leaked on purpose: tensors freed during process exit still call Delete.
+CachingCpuAllocator* g_allocator = nullptr;
+std::once_flag g_once;
+
+void CachingCpuAllocator::Delete(void* p) {
+  g_allocator->release(p);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Installs the allocator as libtorch's CPU allocator (once per process; later calls change nothing).
+// Returns 1 when this call installed it, 0 when it was already installed, -1 on a C++ exception.
+int nextstate_cpu_cache_install(uint64_t min_bytes, uint64_t cache_limit) {
+  try {
+    int installed = 0;
+    std::call_once(g_once, [&] {
+      g_allocator = new CachingCpuAllocator(c10::GetDefaultCPUAllocator(), min_bytes, cache_limit);
+      // Priority above the default allocator's (0), so GetCPUAllocator() returns this one.
+      c10::SetCPUAllocator(g_allocator, /*priority=*/1);
+      installed = 1;
+    });
+    return installed;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Unmaps cached blocks until at most `keep` bytes stay cached. Returns 0, or -1 when not installed.
+int nextstate_cpu_cache_trim(uint64_t keep) {
+  if (g_allocator == nullptr) return -1;
+  g_allocator->trim(keep);
+  return 0;
+}
+
+// Writes hits, misses, mapped bytes, cached bytes, peak mapped bytes, unmapped bytes in all and
+// frees of unknown blocks into out[0..7]. Returns 0, or -1 when not installed.
+int nextstate_cpu_cache_stats(uint64_t* out) {
+  if (g_allocator == nullptr) return -1;
+  g_allocator->stats(out);
+  return 0;
+}
+
+}  // extern "C"
