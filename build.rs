@@ -17,7 +17,12 @@ fn main() {
     if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
-    let include = std::path::Path::new(&lib).parent().map(|p| p.join("include")).expect("libtorch lib folder has a parent");
+    // torch-sys's split layout (LIBTORCH_INCLUDE) first, else the `include` folder beside `lib`.
+    println!("cargo:rerun-if-env-changed=LIBTORCH_INCLUDE");
+    let include = match std::env::var("LIBTORCH_INCLUDE") {
+        Ok(dir) => std::path::Path::new(&dir).join("include"),
+        Err(_) => std::path::Path::new(&lib).parent().map(|p| p.join("include")).expect("libtorch lib folder has a parent"),
+    };
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     cc::Build::new()
         .cpp(true)

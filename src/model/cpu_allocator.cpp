@@ -2,11 +2,13 @@
 // its limits and how it was measured. Blocks of at least `min_bytes` are mapped 2 MiB-aligned in
 // multiples of 2 MiB (transparent huge pages asked for with MADV_HUGEPAGE), kept when their tensor is
 // freed and handed to the next request of the same rounded size; freed blocks beyond `cache_limit`
-// bytes are unmapped, oldest first. Smaller requests go to libtorch's default CPU allocator.
+// bytes are unmapped, oldest first. Smaller requests go to libtorch's default CPU allocator (through
+// its raw interface, so that every buffer carries this allocator's deleter, as raw_deleter promises).
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -26,12 +28,19 @@ size_t round_up(size_t n) {
 
 class CachingCpuAllocator final : public c10::Allocator {
  public:
+  // `min_bytes` is at least 1, so empty buffers always go to the fallback.
   CachingCpuAllocator(c10::Allocator* fallback, size_t min_bytes, size_t cache_limit)
-      : fallback_(fallback), min_bytes_(min_bytes), cache_limit_(cache_limit) {}
+      : fallback_(fallback), fallback_deleter_(fallback->raw_deleter()), min_bytes_(min_bytes < 1 ? 1 : min_bytes), cache_limit_(cache_limit) {
+    TORCH_CHECK(fallback_deleter_ != nullptr, "nextstate CPU caching allocator: the default CPU allocator has no raw deleter");
+  }
 
   c10::DataPtr allocate(size_t n) override {
     if (n < min_bytes_) {
-      return fallback_->allocate(n);
+      // Every DataPtr of this allocator carries Delete (raw_deleter's contract: oneDNN's allocator
+      // hook calls raw_allocate/raw_deallocate on the CPU allocator); Delete hands blocks it did not
+      // map back to the fallback's deleter.
+      void* p = fallback_->raw_allocate(n);
+      return {p, p, &CachingCpuAllocator::Delete, c10::Device(c10::DeviceType::CPU)};
     }
     const size_t size = round_up(n);
     void* p = take_cached(size);
@@ -47,11 +56,18 @@ class CachingCpuAllocator final : public c10::Allocator {
       mapped_ += size;
       if (mapped_ > peak_mapped_) peak_mapped_ = mapped_;
     }
-    {
+    try {
       std::lock_guard<std::mutex> g(mu_);
       live_[p] = size;
+    } catch (...) {
+      unmap_untracked(p, size);
+      throw;
     }
     return {p, p, &CachingCpuAllocator::Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &CachingCpuAllocator::Delete;
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -60,20 +76,39 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   static void Delete(void* p);
 
-  void release(void* p) {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = live_.find(p);
-    if (it == live_.end()) {
-      // Not ours: cannot happen (only our blocks carry this deleter); leak rather than corrupt.
-      ++unknown_frees_;
-      return;
+  // Runs inside a noexcept deleter: never throws.
+  void release(void* p) noexcept {
+    size_t size = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = live_.find(p);
+      if (it != live_.end()) {
+        size = it->second;
+        live_.erase(it);
+        try {
+          lru_.emplace_back(size, p);
+          try {
+            by_size_[size].push_back(std::prev(lru_.end()));
+          } catch (...) {
+            lru_.pop_back();
+            throw;
+          }
+          cached_ += size;
+          evict_locked(cache_limit_);
+          return;
+        } catch (...) {
+          // No memory for the bookkeeping: give the block back instead of caching it.
+          munmap(p, size);
+          mapped_ -= size;
+          unmapped_total_ += size;
+          return;
+        }
+      }
     }
-    const size_t size = it->second;
-    live_.erase(it);
-    lru_.emplace_back(size, p);
-    by_size_[size].push_back(std::prev(lru_.end()));
-    cached_ += size;
-    evict_locked(cache_limit_);
+    // Not one of our blocks: a small buffer from the fallback (or one the fallback handed out
+    // before this allocator was installed, freed through raw_deleter).
+    fallback_frees_.fetch_add(1, std::memory_order_relaxed);
+    fallback_deleter_(p);
   }
 
   // Unmaps cached blocks until at most `keep` bytes stay cached.
@@ -90,7 +125,7 @@ class CachingCpuAllocator final : public c10::Allocator {
     out[3] = cached_;
     out[4] = peak_mapped_;
     out[5] = unmapped_total_;
-    out[6] = unknown_frees_;
+    out[6] = fallback_frees_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -127,6 +162,13 @@ class CachingCpuAllocator final : public c10::Allocator {
     }
   }
 
+  void unmap_untracked(void* p, size_t size) noexcept {
+    munmap(p, size);
+    std::lock_guard<std::mutex> g(mu_);
+    mapped_ -= size;
+    unmapped_total_ += size;
+  }
+
   static void* map_block(size_t size) {
     // Over-map by one huge page and cut the ends off so the block starts 2 MiB-aligned.
     const size_t span = size + kHugePage;
@@ -145,13 +187,15 @@ class CachingCpuAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* fallback_;
+  c10::DeleterFnPtr fallback_deleter_;
   const size_t min_bytes_;
   const size_t cache_limit_;
   std::mutex mu_;
   std::unordered_map<void*, size_t> live_;
   Lru lru_;
   std::unordered_map<size_t, std::deque<Lru::iterator>> by_size_;
-  uint64_t hits_ = 0, misses_ = 0, mapped_ = 0, cached_ = 0, peak_mapped_ = 0, unmapped_total_ = 0, unknown_frees_ = 0;
+  uint64_t hits_ = 0, misses_ = 0, mapped_ = 0, cached_ = 0, peak_mapped_ = 0, unmapped_total_ = 0;
+  std::atomic<uint64_t> fallback_frees_{0};
 };
 
 // Leaked on purpose: tensors freed during process exit still call Delete.
@@ -191,7 +235,7 @@ int nextstate_cpu_cache_trim(uint64_t keep) {
 }
 
 // Writes hits, misses, mapped bytes, cached bytes, peak mapped bytes, unmapped bytes in all and
-// frees of unknown blocks into out[0..7]. Returns 0, or -1 when not installed.
+// frees handed to the fallback allocator into out[0..7]. Returns 0, or -1 when not installed.
 int nextstate_cpu_cache_stats(uint64_t* out) {
   if (g_allocator == nullptr) return -1;
   g_allocator->stats(out);

@@ -20,9 +20,11 @@
 //! after each step, so an idle process holds none).
 //!
 //! Installing it changes only where new tensors' memory comes from: tensors allocated before keep
-//! their own deleter. It is process-wide and cannot be removed once installed.
+//! their own deleter (and a buffer the default allocator handed out through its raw interface before
+//! the install, freed through this allocator's raw deleter, is handed back to it). It is
+//! process-wide and cannot be removed once installed.
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 unsafe extern "C" {
     fn nextstate_cpu_cache_install(min_bytes: u64, cache_limit: u64) -> i32;
@@ -34,7 +36,7 @@ unsafe extern "C" {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachingAllocatorConfig {
     /// Buffers of at least this many bytes are cached; smaller ones go to libtorch's default
-    /// allocator. Default 1 MiB.
+    /// allocator. Default 1 MiB; 0 counts as 1 (empty buffers always go to the default allocator).
     pub min_block_bytes: u64,
     /// Most bytes of freed blocks kept mapped for reuse; beyond it the oldest are unmapped. Default
     /// 512 MiB ([`DEFAULT_CACHE_LIMIT_BYTES`]).
@@ -65,9 +67,9 @@ pub struct CachingAllocatorStats {
     pub peak_mapped_bytes: u64,
     /// Bytes unmapped in all (evicted beyond the limit or trimmed).
     pub unmapped_bytes: u64,
-    /// Frees of a block the allocator did not hand out (always 0 unless something is wrong; such a
-    /// block is leaked rather than reused).
-    pub unknown_frees: u64,
+    /// Frees handed to libtorch's default allocator: the buffers under `min_block_bytes`, and buffers
+    /// it allocated before the install that are freed through this allocator's raw deleter.
+    pub fallback_frees: u64,
 }
 
 /// Environment variable that sets [`CachingAllocatorConfig::cache_limit_bytes`] in MiB for
@@ -87,36 +89,42 @@ pub fn config_from_env() -> crate::Result<Option<CachingAllocatorConfig>> {
     Ok((mb > 0).then(|| CachingAllocatorConfig { cache_limit_bytes: mb << 20, ..CachingAllocatorConfig::default() }))
 }
 
-static INSTALLED: OnceLock<CachingAllocatorConfig> = OnceLock::new();
+static INSTALLED: Mutex<Option<CachingAllocatorConfig>> = Mutex::new(None);
+
+fn installed_state() -> std::sync::MutexGuard<'static, Option<CachingAllocatorConfig>> {
+    INSTALLED.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Installs the caching allocator as libtorch's CPU allocator for the rest of the process. Returns
-/// the settings in force: `config` on the first call, the first call's settings on any later one.
+/// the settings in force: `config` on the first successful call, those settings on any later one.
 /// Call it at start, before loading models, so their activations (not only later tensors) use it.
 ///
 /// # Errors
-/// [`crate::Error::Internal`] when libtorch threw while the allocator was registered.
+/// [`crate::Error::Internal`] when libtorch threw while the allocator was registered (nothing is
+/// installed then; a later call tries again).
 pub fn install(config: CachingAllocatorConfig) -> crate::Result<CachingAllocatorConfig> {
-    let mut result = Ok(());
-    let installed = *INSTALLED.get_or_init(|| {
-        // SAFETY: plain-value arguments; the C++ side registers a leaked allocator once.
-        let rc = unsafe { nextstate_cpu_cache_install(config.min_block_bytes, config.cache_limit_bytes) };
-        if rc < 0 {
-            result = Err(crate::Error::Internal("libtorch refused the caching CPU allocator".into()));
-        }
-        config
-    });
-    result.map(|()| installed)
+    let mut state = installed_state();
+    if let Some(installed) = *state {
+        return Ok(installed);
+    }
+    // SAFETY: plain-value arguments; the C++ side registers a leaked allocator once.
+    let rc = unsafe { nextstate_cpu_cache_install(config.min_block_bytes, config.cache_limit_bytes) };
+    if rc < 0 {
+        return Err(crate::Error::Internal("libtorch refused the caching CPU allocator".into()));
+    }
+    *state = Some(config);
+    Ok(config)
 }
 
 /// The settings in force, `None` when [`install`] was not called in this process.
 pub fn installed() -> Option<CachingAllocatorConfig> {
-    INSTALLED.get().copied()
+    *installed_state()
 }
 
 /// Unmaps cached blocks until at most `keep_bytes` stay cached (0: all). Returns false when the
 /// allocator is not installed (nothing to do).
 pub fn trim(keep_bytes: u64) -> bool {
-    if INSTALLED.get().is_none() {
+    if installed().is_none() {
         return false;
     }
     // SAFETY: plain-value argument; the C++ side locks its own state.
@@ -125,61 +133,12 @@ pub fn trim(keep_bytes: u64) -> bool {
 
 /// The allocator's counters, `None` when it is not installed.
 pub fn stats() -> Option<CachingAllocatorStats> {
-    INSTALLED.get()?;
+    installed()?;
     let mut out = [0u64; 7];
     // SAFETY: `out` has the 7 slots the C++ side writes.
     if unsafe { nextstate_cpu_cache_stats(out.as_mut_ptr()) } != 0 {
         return None;
     }
-    let [hits, misses, mapped_bytes, cached_bytes, peak_mapped_bytes, unmapped_bytes, unknown_frees] = out;
-    Some(CachingAllocatorStats { hits, misses, mapped_bytes, cached_bytes, peak_mapped_bytes, unmapped_bytes, unknown_frees })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tch::{Kind, Tensor};
-
-    /// One test owns the process-wide allocator (the lib test binary runs every test in one process;
-    /// installing it here changes only where later CPU tensors' memory comes from).
-    #[test]
-    fn blocks_are_reused_by_rounded_size_and_the_cache_is_bounded() {
-        let cfg = CachingAllocatorConfig { min_block_bytes: 1 << 20, cache_limit_bytes: 8 << 20 };
-        let got = install(cfg).unwrap();
-        assert_eq!(got, cfg);
-        assert_eq!(install(CachingAllocatorConfig::default()).unwrap(), cfg, "a second install changes nothing");
-        let s0 = stats().unwrap();
-        // 3 MiB of f32 rounds up to a 4 MiB block.
-        let a = Tensor::ones([3 << 18], (Kind::Float, tch::Device::Cpu));
-        let s1 = stats().unwrap();
-        assert!(s1.misses > s0.misses);
-        drop(a);
-        let s2 = stats().unwrap();
-        assert!(s2.cached_bytes >= 4 << 20, "{s2:?}");
-        // Same rounded size (3.5 MiB → 4 MiB): served from the cache, and its values are its own.
-        let b = Tensor::full([7 << 17], 2.5, (Kind::Float, tch::Device::Cpu));
-        let s3 = stats().unwrap();
-        assert!(s3.hits > s2.hits, "{s3:?}");
-        assert_eq!(b.sum(Kind::Double).double_value(&[]), 2.5 * f64::from(7 << 17));
-        // Small tensors bypass it.
-        let small = Tensor::ones([16], (Kind::Float, tch::Device::Cpu));
-
-        drop(small);
-        drop(b);
-        // Freeing three 4 MiB blocks with an 8 MiB limit keeps at most 8 MiB cached.
-        let many: Vec<Tensor> = (0..3).map(|_| Tensor::zeros([1 << 20], (Kind::Float, tch::Device::Cpu))).collect();
-        drop(many);
-        let s4 = stats().unwrap();
-        assert!(s4.cached_bytes <= 8 << 20, "{s4:?}");
-        assert!(s4.unmapped_bytes >= 4 << 20, "{s4:?}");
-        assert!(trim(0));
-        let s5 = stats().unwrap();
-        assert_eq!(s5.cached_bytes, 0);
-        assert_eq!(s5.unknown_frees, 0);
-        // A gradient step through cached blocks gives the same numbers as plain arithmetic.
-        let x = Tensor::full([1 << 19], 3.0, (Kind::Float, tch::Device::Cpu)).requires_grad_(true);
-        let y = (&x * &x).sum(Kind::Float);
-        y.backward();
-        assert_eq!(x.grad().mean(Kind::Double).double_value(&[]), 6.0);
-    }
+    let [hits, misses, mapped_bytes, cached_bytes, peak_mapped_bytes, unmapped_bytes, fallback_frees] = out;
+    Some(CachingAllocatorStats { hits, misses, mapped_bytes, cached_bytes, peak_mapped_bytes, unmapped_bytes, fallback_frees })
 }
