@@ -60,7 +60,8 @@ class CachingCpuAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> g(mu_);
       live_[p] = size;
     } catch (...) {
-      unmap_untracked(p, size);
+      std::lock_guard<std::mutex> g(mu_);
+      unmap_locked(p, size);
       throw;
     }
     return {p, p, &CachingCpuAllocator::Delete, c10::Device(c10::DeviceType::CPU)};
@@ -78,31 +79,24 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   // Runs inside a noexcept deleter: never throws.
   void release(void* p) noexcept {
-    size_t size = 0;
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = live_.find(p);
       if (it != live_.end()) {
-        size = it->second;
+        const size_t size = it->second;
         live_.erase(it);
         try {
           lru_.emplace_back(size, p);
-          try {
-            by_size_[size].push_back(std::prev(lru_.end()));
-          } catch (...) {
-            lru_.pop_back();
-            throw;
-          }
-          cached_ += size;
-          evict_locked(cache_limit_);
-          return;
+          by_size_[size].push_back(std::prev(lru_.end()));
         } catch (...) {
           // No memory for the bookkeeping: give the block back instead of caching it.
-          munmap(p, size);
-          mapped_ -= size;
-          unmapped_total_ += size;
+          if (!lru_.empty() && lru_.back().second == p) lru_.pop_back();
+          unmap_locked(p, size);
           return;
         }
+        cached_ += size;
+        evict_locked(cache_limit_);
+        return;
       }
     }
     // Not one of our blocks: a small buffer from the fallback (or one the fallback handed out
@@ -155,16 +149,14 @@ class CachingCpuAllocator final : public c10::Allocator {
       auto& same = by_size_[size];
       same.pop_front();
       lru_.pop_front();
-      munmap(p, size);
       cached_ -= size;
-      mapped_ -= size;
-      unmapped_total_ += size;
+      unmap_locked(p, size);
     }
   }
 
-  void unmap_untracked(void* p, size_t size) noexcept {
+  // Unmaps a block that is neither live nor cached (mu_ held).
+  void unmap_locked(void* p, size_t size) noexcept {
     munmap(p, size);
-    std::lock_guard<std::mutex> g(mu_);
     mapped_ -= size;
     unmapped_total_ += size;
   }

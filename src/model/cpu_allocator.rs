@@ -16,8 +16,10 @@
 //! rounded size, so a step's repeated shapes reuse pages that are already resident. Freed blocks
 //! beyond [`CachingAllocatorConfig::cache_limit_bytes`] are unmapped, oldest first, so the resident
 //! set is at most the live tensors plus that limit (plus rounding). Smaller buffers go to libtorch's
-//! default CPU allocator as before. [`trim`] unmaps the cached blocks at once (the trainer calls it
-//! after each step, so an idle process holds none).
+//! default CPU allocator as before (through its raw interface, so that every buffer carries this
+//! allocator's deleter, which `raw_deleter` promises to oneDNN's allocator hook). [`trim`] unmaps the
+//! cached blocks at once: the trainer calls it when a step returns, however it ends, and the policy
+//! server when its inference worker has been idle for 200 ms, so an idle trainer or server holds none.
 //!
 //! Installing it changes only where new tensors' memory comes from: tensors allocated before keep
 //! their own deleter (and a buffer the default allocator handed out through its raw interface before
