@@ -18,8 +18,10 @@
 //! `micro=N` `trainer.micro_batch_tokens` (default 4096), `samples=N` the first N of the 8 samples (a
 //! shorter step for profiling; the peer's `--samples`); `mmap=0` leaves glibc's allocator at its
 //! defaults instead of [`nextstate::model::return_freed_memory`] (what `nextstate` calls at start);
-//! `NEXTSTATE_CPU_CACHE_MB` sets the caching CPU allocator's limit as for `nextstate` (`0`: libtorch's
-//! default allocator; see `nextstate::model::cpu_allocator`).
+//! `NEXTSTATE_CPU_CACHE_MB` sets the caching CPU allocator's limit and `NEXTSTATE_CPU_CACHE_MIN_KB` its
+//! smallest cached buffer as for `nextstate` (`NEXTSTATE_CPU_CACHE_MB=0`: libtorch's default allocator;
+//! see `nextstate::model::cpu_allocator`). Steps run back to back, as in `train --sql`: the cached
+//! blocks stay between them.
 //! Peak RSS is read from the process (`VmHWM` of /proc/self/status) after the timed steps, so it covers
 //! model loading, the warm-up and the timed steps; run one case per process.
 //!
@@ -60,7 +62,7 @@ fn main() {
         nextstate::model::return_freed_memory();
     }
     // As `nextstate` does at start (NEXTSTATE_CPU_CACHE_MB=0 measures libtorch's default allocator).
-    let cache = nextstate::model::cpu_allocator::config_from_env().expect("NEXTSTATE_CPU_CACHE_MB");
+    let cache = nextstate::model::cpu_allocator::config_from_env().expect("NEXTSTATE_CPU_CACHE_MB or NEXTSTATE_CPU_CACHE_MIN_KB");
     if let Some(cfg) = cache {
         nextstate::model::cpu_allocator::install(cfg).expect("caching allocator");
     }
@@ -130,7 +132,7 @@ fn main() {
         "tokens": tokens, "response_tokens": response_tokens, "steps": steps, "best_s": times.first().copied().unwrap_or(f64::NAN), "median_s": med,
         "tokens_s": tokens as f64 / med, "response_tokens_s": response_tokens as f64 / med, "last_loss": loss, "warmup_s": warmup_s,
         "recompute_layers": recompute, "logits_chunk_tokens": chunk, "micro_batch_tokens": micro, "return_freed_memory": mmap,
-        "cpu_cache_limit_mb": cache.map(|c| c.cache_limit_bytes >> 20), "cpu_cache": nextstate::model::cpu_allocator::stats().map(|s| format!("{s:?}")),
+        "cpu_cache_limit_mb": cache.map(|c| c.cache_limit_bytes >> 20), "cpu_cache_min_kb": cache.map(|c| c.min_block_bytes >> 10), "cpu_cache": nextstate::model::cpu_allocator::stats().map(|s| format!("{s:?}")),
         "peak_rss_mb": peak_rss_mb()}));
 }
 

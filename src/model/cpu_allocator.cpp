@@ -1,29 +1,43 @@
 // A caching allocator for libtorch's CPU tensors: see src/model/cpu_allocator.rs for what it is for,
-// its limits and how it was measured. Blocks of at least `min_bytes` are mapped 2 MiB-aligned in
-// multiples of 2 MiB (transparent huge pages asked for with MADV_HUGEPAGE), kept when their tensor is
+// its limits and how it was measured. Blocks of at least `min_bytes` are mapped: from 2 MiB up
+// 2 MiB-aligned in multiples of 2 MiB (transparent huge pages asked for with MADV_HUGEPAGE), below
+// that page-aligned in multiples of 64 KiB. They are kept when their tensor is
 // freed and handed to the next request of the same rounded size; freed blocks beyond `cache_limit`
-// bytes are unmapped, oldest first. Smaller requests go to libtorch's default CPU allocator (through
-// its raw interface, so that every buffer carries this allocator's deleter, as raw_deleter promises).
+// bytes are unmapped, oldest first, and all of them by trim() or, once started (trim_when_idle), by a
+// thread that sees no block allocated or freed for a while. Smaller requests go to libtorch's default
+// CPU allocator (through its raw interface, so that every buffer carries this allocator's deleter, as
+// raw_deleter promises).
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <list>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
+// Granule of the blocks under one huge page: 64 KiB, glibc's mmap threshold as nextstate sets it.
+constexpr size_t kGranule = size_t{64} << 10;
 
+// A block's size: a multiple of 2 MiB from 2 MiB up, a multiple of 64 KiB below.
 size_t round_up(size_t n) {
-  return (n + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t unit = n >= kHugePage ? kHugePage : kGranule;
+  return (n + unit - 1) / unit * unit;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 class CachingCpuAllocator final : public c10::Allocator {
@@ -43,6 +57,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       return {p, p, &CachingCpuAllocator::Delete, c10::Device(c10::DeviceType::CPU)};
     }
     const size_t size = round_up(n);
+    last_activity_ns_.store(now_ns(), std::memory_order_relaxed);
     void* p = take_cached(size);
     if (p == nullptr) {
       p = map_block(size);
@@ -85,6 +100,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       if (it != live_.end()) {
         const size_t size = it->second;
         live_.erase(it);
+        last_activity_ns_.store(now_ns(), std::memory_order_relaxed);
         try {
           lru_.emplace_back(size, p);
           by_size_[size].push_back(std::prev(lru_.end()));
@@ -111,7 +127,37 @@ class CachingCpuAllocator final : public c10::Allocator {
     evict_locked(keep);
   }
 
-  void stats(uint64_t out[7]) {
+  // From now on, a thread unmaps every cached block once no cached-size buffer has been allocated or
+  // freed for `idle_ms` milliseconds (0: stop doing so). The thread starts on the first call and
+  // checks every idle_ms / 4 (at least 1 ms).
+  void trim_when_idle(uint64_t idle_ms) {
+    idle_ms_.store(idle_ms, std::memory_order_relaxed);
+    if (idle_ms == 0 || trimmer_started_.exchange(true)) return;
+    try {
+      start_trimmer();
+    } catch (...) {
+      trimmer_started_.store(false);
+      throw;
+    }
+  }
+
+  void start_trimmer() {
+    std::thread([this] {
+      for (;;) {
+        const uint64_t idle = idle_ms_.load(std::memory_order_relaxed);
+        std::this_thread::sleep_for(std::chrono::milliseconds(idle == 0 ? 100 : std::max<uint64_t>(idle / 4, 1)));
+        if (idle == 0) continue;
+        if (now_ns() - last_activity_ns_.load(std::memory_order_relaxed) < static_cast<int64_t>(idle) * 1000000) continue;
+        std::lock_guard<std::mutex> g(mu_);
+        if (cached_ > 0) {
+          evict_locked(0);
+          ++idle_trims_;
+        }
+      }
+    }).detach();
+  }
+
+  void stats(uint64_t out[8]) {
     std::lock_guard<std::mutex> g(mu_);
     out[0] = hits_;
     out[1] = misses_;
@@ -120,6 +166,7 @@ class CachingCpuAllocator final : public c10::Allocator {
     out[4] = peak_mapped_;
     out[5] = unmapped_total_;
     out[6] = fallback_frees_.load(std::memory_order_relaxed);
+    out[7] = idle_trims_;
   }
 
  private:
@@ -162,6 +209,11 @@ class CachingCpuAllocator final : public c10::Allocator {
   }
 
   static void* map_block(size_t size) {
+    if (size < kHugePage) {
+      // Under one huge page: page-aligned, as mmap gives it.
+      void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      return p == MAP_FAILED ? nullptr : p;
+    }
     // Over-map by one huge page and cut the ends off so the block starts 2 MiB-aligned.
     const size_t span = size + kHugePage;
     void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -186,8 +238,11 @@ class CachingCpuAllocator final : public c10::Allocator {
   std::unordered_map<void*, size_t> live_;
   Lru lru_;
   std::unordered_map<size_t, std::deque<Lru::iterator>> by_size_;
-  uint64_t hits_ = 0, misses_ = 0, mapped_ = 0, cached_ = 0, peak_mapped_ = 0, unmapped_total_ = 0;
+  uint64_t hits_ = 0, misses_ = 0, mapped_ = 0, cached_ = 0, peak_mapped_ = 0, unmapped_total_ = 0, idle_trims_ = 0;
   std::atomic<uint64_t> fallback_frees_{0};
+  std::atomic<int64_t> last_activity_ns_{0};
+  std::atomic<uint64_t> idle_ms_{0};
+  std::atomic<bool> trimmer_started_{false};
 };
 
 // Leaked on purpose: tensors freed during process exit still call Delete.
@@ -226,8 +281,20 @@ int nextstate_cpu_cache_trim(uint64_t keep) {
   return 0;
 }
 
-// Writes hits, misses, mapped bytes, cached bytes, peak mapped bytes, unmapped bytes in all and
-// frees handed to the fallback allocator into out[0..7]. Returns 0, or -1 when not installed.
+// Unmaps every cached block whenever no cached-size buffer was allocated or freed for `idle_ms`
+// milliseconds (0: stop). Returns 0, -1 when not installed, -2 when the thread could not start.
+int nextstate_cpu_cache_trim_when_idle(uint64_t idle_ms) {
+  if (g_allocator == nullptr) return -1;
+  try {
+    g_allocator->trim_when_idle(idle_ms);
+    return 0;
+  } catch (...) {
+    return -2;
+  }
+}
+
+// Writes hits, misses, mapped bytes, cached bytes, peak mapped bytes, unmapped bytes in all, frees
+// handed to the fallback allocator and idle trims into out[0..8]. Returns 0, or -1 when not installed.
 int nextstate_cpu_cache_stats(uint64_t* out) {
   if (g_allocator == nullptr) return -1;
   g_allocator->stats(out);

@@ -259,8 +259,6 @@ impl<P: Policy> Trainer<P> {
     /// be told apart or the retry fails too, every sample the packer kept — are returned in
     /// [`StepOutcome::skipped`] and enter the lineage as not trained, with the reason
     /// ([`SkipReason::as_str`]). A fully skipped step takes no optimizer step and counts no step.
-    /// When the step returns (taken, skipped or failed), the caching CPU allocator's freed blocks are
-    /// unmapped ([`crate::model::cpu_allocator::trim`]).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for an input the configuration needs and the batch lacks (e.g. a
@@ -268,9 +266,6 @@ impl<P: Policy> Trainer<P> {
     /// [`Error::Internal`] when libtorch failed inside the AdamW update (the weights may be half
     /// updated); the checkpoint's errors.
     pub fn train_step(&mut self, samples: &[Sample]) -> Result<StepOutcome> {
-        // However the step ends, its activations are freed: give the caching CPU allocator's blocks
-        // back when it returns (an idle trainer holds none).
-        let _trim = TrimOnDrop;
         let adam_steps = self.opt.steps();
         let mut outcome = match self.try_step(samples) {
             Ok(o) => o,
@@ -569,14 +564,5 @@ impl<P: Policy> Trainer<P> {
         let mut r = loss_report(&self.policy, self.reference.as_deref(), self.method, &self.cfg, self.version, samples)?;
         r.step = self.step;
         Ok(r)
-    }
-}
-
-/// Unmaps the caching CPU allocator's freed blocks when dropped (the end of [`Trainer::train_step`]).
-struct TrimOnDrop;
-
-impl Drop for TrimOnDrop {
-    fn drop(&mut self) {
-        crate::model::cpu_allocator::trim(0);
     }
 }

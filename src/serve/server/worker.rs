@@ -191,12 +191,8 @@ fn fail_chat(jobs: impl IntoIterator<Item = Job>, status: StatusCode, message: &
 
 /// The worker thread's loop: serves `policies` until a shutdown message or until every sender is
 /// gone; a swap message replaces the shared weights and an install message a tenant's adapter, between
-/// batches.
-/// How long the inference worker waits with nothing to do before it unmaps the caching CPU
-/// allocator's freed blocks ([`crate::model::cpu_allocator::trim`]): long enough that back-to-back
-/// batches keep reusing them.
-const IDLE_TRIM_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
-
+/// batches. (An idle worker's freed activation blocks are unmapped by the caching CPU allocator's own
+/// idle thread: [`crate::model::cpu_allocator::trim_when_idle`].)
 pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<WorkerMsg>, shared: Arc<Shared>) {
     let max_batch = shared.opts.max_batch.max(1);
     let mut pending: VecDeque<WorkerMsg> = VecDeque::new();
@@ -208,17 +204,9 @@ pub(super) fn worker_loop(mut policies: Policies, rx: std::sync::mpsc::Receiver<
         }
         let msg = match next_message(&mut pending, |m| matches!(m, WorkerMsg::Swap { .. })) {
             Some(m) => m,
-            None => match rx.recv_timeout(IDLE_TRIM_AFTER) {
+            None => match rx.recv() {
                 Ok(m) => m,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    // Idle: the caching CPU allocator's freed blocks go back to the OS, then wait.
-                    crate::model::cpu_allocator::trim(0);
-                    match rx.recv() {
-                        Ok(m) => m,
-                        Err(_) => return,
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(_) => return,
             },
         };
         match msg {

@@ -118,7 +118,21 @@ pub fn start(cfg: &PipelineConfig, opts: &TrainOptions) -> Result<Worker> {
                 let _ = crate::model::set_threads(threads as i32);
             }
             let mut trainers: HashMap<AdapterKey, Trainer<LanguageModel>> = HashMap::new();
-            while let Ok(cmd) = rx.recv() {
+            loop {
+                let cmd = match rx.try_recv() {
+                    Ok(cmd) => cmd,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        // Nothing waiting: the last step's freed activation blocks go back to the
+                        // OS before the thread sleeps (every cached block of the process, a policy
+                        // server's in the same process too: it maps them again on its next batch).
+                        crate::model::cpu_allocator::trim(0);
+                        match rx.recv() {
+                            Ok(cmd) => cmd,
+                            Err(_) => break,
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => break,
+                };
                 match cmd {
                     Cmd::Open(key, reply) => {
                         let r = builder.build(&key).map(|(t, opened)| {
