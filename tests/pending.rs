@@ -12,7 +12,7 @@ use nextstate::schema::{
     field_refs, schema_of, DeadLetter, HintRecord, Interaction, Judgment, Lineage, NextStateKind, Sample, SampleType, Signal, Table, TeacherLogprobs,
     TurnType,
 };
-use nextstate::stages::pending::{publish_for_hint, publish_for_judge, publish_for_signals, publish_for_teacher};
+use nextstate::stages::{hint, judge, signals, teacher};
 use nextstate::stages::teacher::{TeacherCache, TEACHER_CACHE_DIR};
 use serde::Deserialize;
 
@@ -176,7 +176,7 @@ async fn signals_republish_whole_open_sessions_in_session_and_turn_order() {
     write(&lake, &[vec![dead("signals", &c0), dead("judge", &d0)]]);
 
     let bus = bus().await;
-    let n = publish_for_signals(&lake, &bus.producer().unwrap()).await.unwrap();
+    let n = signals::publish_pending(&lake, &bus.producer().unwrap()).await.unwrap();
     assert_eq!(n, 6);
     let got = consume::<Interaction>(&bus, 6).await;
     let order: Vec<(String, i32, TurnType)> = got.iter().map(|e| (e.row.session_id.clone(), e.row.turn_index, e.row.turn_type)).collect();
@@ -196,7 +196,7 @@ async fn signals_republish_whole_open_sessions_in_session_and_turn_order() {
     // nothing pending: nothing published
     write(&lake, &[vec![], vec![], vec![], vec![signal(&b1, NextStateKind::User), signal(&d0, NextStateKind::User), signal(&d1, NextStateKind::Tool)]]);
     let bus = self::bus().await;
-    assert_eq!(publish_for_signals(&lake, &bus.producer().unwrap()).await.unwrap(), 0);
+    assert_eq!(signals::publish_pending(&lake, &bus.producer().unwrap()).await.unwrap(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +215,7 @@ async fn judge_republishes_paired_unjudged_signals_with_their_interaction() {
     write(&lake, &[vec![dead("judge", &t[4]), dead("hint", &t[6])]]);
 
     let bus = bus().await;
-    assert_eq!(publish_for_judge(&lake, &bus.producer().unwrap(), "p").await.unwrap(), 5);
+    assert_eq!(judge::publish_pending(&lake, &bus.producer().unwrap(), "p").await.unwrap(), 5);
     let got = consume::<Signal>(&bus, 5).await;
     let keys: Vec<String> = got.iter().map(|e| e.row.interaction_id.clone()).collect();
     let id = |k: usize| t[k].interaction_id.clone();
@@ -248,7 +248,7 @@ async fn hint_republishes_unhinted_judgments_or_signals_with_their_carry() {
     write(&lake, &[vec![dead("hint", &t[5])]]);
 
     let bus = bus().await;
-    assert_eq!(publish_for_hint(&lake, &bus.producer().unwrap(), "p", true).await.unwrap(), 2);
+    assert_eq!(hint::publish_pending(&lake, &bus.producer().unwrap(), "p", true).await.unwrap(), 2);
     let got = consume::<Judgment>(&bus, 2).await;
     let id = |k: usize| t[k].interaction_id.clone();
     let carries: Vec<_> = got.iter().map(|e| (e.row.judgment_id.clone(), ids_of(e.carry.as_ref().unwrap()))).collect();
@@ -263,7 +263,7 @@ async fn hint_republishes_unhinted_judgments_or_signals_with_their_carry() {
     // last, t5 dead-lettered; published in lake order of each turn's last row
     let bus = self::bus().await;
     write(&lake, &[vec![], vec![hint(&t[2], "q")]]);
-    assert_eq!(publish_for_hint(&lake, &bus.producer().unwrap(), "p", false).await.unwrap(), 3);
+    assert_eq!(hint::publish_pending(&lake, &bus.producer().unwrap(), "p", false).await.unwrap(), 3);
     let got = consume::<Signal>(&bus, 3).await;
     let keys: Vec<_> = got.iter().map(|e| (e.row.interaction_id.clone(), ids_of(e.carry.as_ref().unwrap()))).collect();
     let want = |k: usize| (id(k), (Some(id(k)), Some(id(k)), None, None));
@@ -275,7 +275,7 @@ async fn hint_republishes_unhinted_judgments_or_signals_with_their_carry() {
     write(&lake2, std::slice::from_ref(&t));
     write(&lake2, &[vec![s(5, NextStateKind::None)], vec![s(5, Tool)], vec![s(4, Tool)], vec![s(4, NextStateKind::None)]]);
     let bus = self::bus().await;
-    assert_eq!(publish_for_hint(&lake2, &bus.producer().unwrap(), "p", false).await.unwrap(), 1);
+    assert_eq!(hint::publish_pending(&lake2, &bus.producer().unwrap(), "p", false).await.unwrap(), 1);
     let got = consume::<Signal>(&bus, 1).await;
     assert_eq!((got.len(), got[0].row.interaction_id.clone(), got[0].row.kind), (1, id(5), Tool));
 }
@@ -297,7 +297,7 @@ async fn teacher_republishes_unsampled_hints_or_judgments_with_their_carry() {
     write(&lake, &[vec![dead("teacher", &t[5]), dead("judge", &t[3])]]);
 
     let bus = bus().await;
-    assert_eq!(publish_for_teacher(&lake, &bus.producer().unwrap(), "p", true).await.unwrap(), 3);
+    assert_eq!(teacher::publish_pending(&lake, &bus.producer().unwrap(), "p", true).await.unwrap(), 3);
     let got = consume::<HintRecord>(&bus, 3).await;
     let id = |k: usize| t[k].interaction_id.clone();
     let keys: Vec<_> = got.iter().map(|e| (e.row.hint_id.clone(), ids_of(e.carry.as_ref().unwrap()))).collect();
@@ -325,7 +325,7 @@ async fn teacher_republishes_unsampled_hints_or_judgments_with_their_carry() {
     write(&lake, &[vec![sample(&t[1], "p")]]);
     write(&lake, &[vec![dead("teacher", &t[5])]]);
     let bus = self::bus().await;
-    assert_eq!(publish_for_teacher(&lake, &bus.producer().unwrap(), "p", false).await.unwrap(), 2);
+    assert_eq!(teacher::publish_pending(&lake, &bus.producer().unwrap(), "p", false).await.unwrap(), 2);
     let got = consume::<Judgment>(&bus, 2).await;
     let keys: Vec<_> = got.iter().map(|e| (e.row.judgment_id.clone(), ids_of(e.carry.as_ref().unwrap()))).collect();
     let (j2, j0) = (format!("j-p-{}--1", id(2)), format!("j-p-{}-1", id(0)));

@@ -13,7 +13,7 @@
 //! not). A member that joins after the other has started work triggers an eager rebalance: the first
 //! member's commit fails (`IllegalGeneration`) and the partition it keeps is read again from its
 //! last commit, so the stage re-emits, unchanged, the signals of the rows read again — the stage is
-//! at-least-once on its output topic by design (the keyed sinks keep one copy; `src/stages/signals.rs`).
+//! at-least-once on its output topic by design (the keyed sinks keep one copy; `src/stages/signals/stage.rs`).
 //! The strict topic-level check therefore applies to a group that formed in one generation (each
 //! process assigned once, two partitions each). A run in which the group formed in two generations
 //! (a process started late on a loaded machine) is checked for no loss and identical re-emits, then

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::lake::Lake;
 use crate::runtime::Stop;
 use crate::schema::{HintRecord, Interaction, Judgment, Sample, Signal, Table, TeacherLogprobs};
-use crate::stages::run::{chain, start_pipeline, RunOptions, RunReport};
+use crate::stages::run::{start_pipeline, RunOptions, RunReport, Stage};
 use crate::stages::teacher::TEACHER_CACHE_DIR;
 use crate::{config_err, input_err};
 
@@ -282,7 +282,7 @@ async fn replay_table<T: Replayable>(opts: &ReplayOptions, stop: Stop, note: imp
             write_manifest(&dest, opts, rows.iter().map(|r| r.key().to_string()).collect())?;
             let stages: Vec<String> = match stages {
                 Some(s) => s.clone(),
-                None if T::NAME == Interaction::NAME => chain(pipeline.method).into_iter().map(String::from).collect(),
+                None if T::NAME == Interaction::NAME => Stage::chain(pipeline.method).into_iter().map(|s| s.name().to_string()).collect(),
                 None => vec![],
             };
             if !stages.is_empty() {
@@ -300,7 +300,7 @@ async fn replay_table<T: Replayable>(opts: &ReplayOptions, stop: Stop, note: imp
 /// # Errors
 /// [`Error::Config`] for a stage that is not in the method's chain; the pipeline's errors.
 pub async fn run_stages(cfg: &PipelineConfig, stages: &[String], stop: Stop) -> Result<RunReport> {
-    let allowed = chain(cfg.method);
+    let allowed: Vec<&str> = Stage::chain(cfg.method).into_iter().map(Stage::name).collect();
     for s in stages {
         if !allowed.contains(&s.as_str()) {
             return Err(config_err!("stage {s:?} is not part of method {} (its stages: {})", cfg.method.as_str(), allowed.join(", ")));

@@ -36,7 +36,7 @@ use crate::lake::Lake;
 use crate::method::Method;
 use crate::runtime::Stop;
 use crate::schema::{content_hash, Interaction, Judgment, Sample, TurnType};
-use crate::stages::run::chain;
+use crate::stages::run::Stage;
 use crate::stages::train::{query_samples, train_command, TrainOptions, TrainSource};
 use crate::{config_err, input_err};
 
@@ -263,7 +263,7 @@ async fn data_stages(p: &crate::config::PipelineConfig, lay: &Layout, stop: &Sto
     }
     check_stop(stop)?;
     let t = Instant::now();
-    let stages: Vec<String> = chain(p.method).into_iter().map(String::from).collect();
+    let stages: Vec<String> = Stage::chain(p.method).into_iter().map(|s| s.name().to_string()).collect();
     eprintln!("[ablate] data pipeline {} ({}): stages {}", p.name, p.method.as_str(), stages.join(", "));
     let r = run_stages(p, &stages, stop.clone()).await?;
     check_stop(stop)?;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use nextstate::runtime::Stop;
+use nextstate::stages::run::Stage;
 
 use super::common::{DataArgs, MetricsArgs, load_pipeline, outln};
 
@@ -45,7 +46,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     stop.on_signals();
     metrics.serve(&stop).await?;
     let only = only.or_else(|| {
-        until_idle.then(|| ["signals", "judge", "hint", "teacher", "train", "sinks"].iter().map(|s| s.to_string()).collect())
+        until_idle.then(|| Stage::ALL.iter().map(|s| s.name()).chain(["sinks"]).map(String::from).collect())
     });
     let opts = nextstate::stages::run::RunOptions { only, until_idle, checkpoints_dir: Some(checkpoints), run_id, resume };
     let report = nextstate::stages::run::run_pipeline(&cfg, &opts, stop).await.context("pipeline run failed")?;

@@ -22,7 +22,7 @@ use super::{eval_rows, load_gsm8k, split_problems, write_report, CheckpointEval,
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::runtime::Stop;
-use crate::stages::run::{start_pipeline, RunOptions, RunReport};
+use crate::stages::run::{start_pipeline, RunOptions, RunReport, Stage};
 
 /// Settings of a demo run (flags of `nextstate demo`).
 #[derive(Debug, Clone)]
@@ -99,7 +99,7 @@ pub enum AgentContext {
 pub const MEMORY_REFRESH: Duration = Duration::from_secs(2);
 
 /// The tasks of a run without training (serving, signals, judge, hint, sinks).
-const SERVE_ONLY: &[&str] = &["serve", "proxy", "signals", "judge", "hint", "sinks"];
+const SERVE_ONLY: &[&str] = &["serve", "proxy", Stage::Signals.name(), Stage::Judge.name(), Stage::Hint.name(), "sinks"];
 
 /// The accepted hints of `lake`'s `hints` table, oldest first (by processing time, then turn id).
 ///

@@ -15,8 +15,10 @@
 //! (tracked per stage by the output table's `pipeline` + `interaction_id`, and by dead letters of the
 //! stage). See [`pending`].
 //!
-//! This module is what every stage shares (decoded inputs, the output, the consumer-group loop); the
-//! stage runner ([`run`]) builds each method's chain from the stages and starts it.
+//! This module is what every stage shares (decoded inputs, the output, the consumer-group loop). Each
+//! stage has its folder (`signals/`, `judge/`, `hint/`, `teacher/`, `train/`: its name, its task's
+//! `build` and its catch-up); the registry of the stage runner ([`run::Stage`]) is the one place that
+//! knows the chain of each method, each stage's input, outputs and consumer group, and starts it.
 
 pub mod cache_store;
 pub mod follow;
@@ -157,6 +159,9 @@ pub trait StageLogic: Send + 'static {
     /// reads them next rebuilds it from the committed offsets).
     fn on_rebalance(&mut self, _assigned: &[i32]) {}
 }
+
+/// A boxed stage task, as a stage's `build` returns it (its counts when it ends).
+pub type StageTask = std::pin::Pin<Box<dyn Future<Output = Result<StageCounts>> + Send>>;
 
 /// Stage run settings.
 #[derive(Debug, Clone)]

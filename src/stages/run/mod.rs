@@ -5,12 +5,12 @@
 //! run concurrently, and each checkpoint the trainer publishes is loaded by the server while it serves.
 //!
 //! This module selects the tasks and starts them in order ([`start_pipeline`]); what each start needs
-//! lives by what it starts: the stage chain (`chain`), the servers (`server`), the trainer's reload
-//! hook (`reload_hook`), the sinks and their producers (`sinks`), the embedded catch-up (`catchup`), and
-//! the running pipeline with its report ([`RunningPipeline`]).
+//! lives by what it starts: the stage registry with each stage's chain position, input, groups, builder
+//! and embedded catch-up ([`Stage`], `registry`), the servers (`server`), the trainer's reload hook
+//! (`reload_hook`), the sinks and their producers (`sinks`), and the running pipeline with its report
+//! ([`RunningPipeline`]).
 
-mod catchup;
-mod chain;
+mod registry;
 mod reload_hook;
 mod running;
 mod server;
@@ -32,7 +32,7 @@ use crate::serve::reload::Reloader;
 use crate::stages::reload::{follow_checkpoints, follower_group, Follower};
 use crate::stages::train::{self, TrainOptions, TrainSource};
 
-pub use chain::{build, chain, stage_group, stage_input, StageTask};
+pub use registry::Stage;
 pub use running::{IdleHandle, RunReport, RunningPipeline};
 pub use server::resume_tenants;
 pub use sinks::SINK_TABLES;
@@ -43,7 +43,8 @@ use running::Done;
 /// consumes `checkpoints` and moves the servers of `[serve] reload_urls` / `url` (and the in-process
 /// server, when `serve` runs too) to each checkpoint; without it, an in-process trainer reloads them
 /// itself as it publishes.
-pub const TASKS: &[&str] = &["serve", "proxy", "signals", "judge", "hint", "teacher", "train", "sinks", "reload"];
+pub const TASKS: &[&str] =
+    &["serve", "proxy", Stage::Signals.name(), Stage::Judge.name(), Stage::Hint.name(), Stage::Teacher.name(), Stage::Train.name(), "sinks", "reload"];
 
 /// What `nextstate run` should start.
 #[derive(Debug, Clone, Default)]
@@ -115,7 +116,7 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
         });
     }
 
-    let stage_chain: Vec<&'static str> = chain(cfg.method).into_iter().filter(|n| has(n)).collect();
+    let stage_chain: Vec<Stage> = Stage::chain(cfg.method).into_iter().filter(|s| has(s.name())).collect();
     // On the embedded bus every output must reach the lake before the process exits: the in-process
     // topics die with it, so the sinks always run there.
     let run_sinks = has("sinks") || bus.is_embedded();
@@ -123,7 +124,7 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
         tracing::info!("embedded bus: the lake sinks run too (--only did not name them; the in-process topics end with this process)");
         report.sinks_added = true;
     }
-    let run_train = has("train");
+    let run_train = has(Stage::Train.name());
     let run_follower = has("reload");
     // The external servers to reload (an in-process `serve` replaces `[serve] url`: it is reloaded in
     // place, so only `reload_urls` are external then).
@@ -143,11 +144,8 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     let follower_group = follower_group(&bus, &cfg.name, &external);
     // Every consumer is declared before anything is produced (the embedded bus's flow control waits
     // for declared consumers; see bus::flow).
-    for &name in &stage_chain {
-        bus.expect_consumer(&stage_group(&bus, cfg, name), stage_input(cfg, name));
-    }
-    if run_train {
-        bus.expect_consumer(&bus.group(&format!("nextstate.{}.trainer", cfg.name)), "samples");
+    for &stage in stage_chain.iter().chain(run_train.then_some(&Stage::Train)) {
+        bus.expect_consumer(&stage.group(&bus, &cfg.name), stage.input(cfg.method));
     }
     if run_follower {
         bus.expect_consumer(&follower_group, "checkpoints");
@@ -187,26 +185,26 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
 
     // 3. The stages.
     let republish_done = DoneFlag::default();
-    let mut flags: BTreeMap<&str, DoneFlag> = BTreeMap::new();
+    let mut flags: BTreeMap<Stage, DoneFlag> = BTreeMap::new();
     let mut prev: Option<DoneFlag> = if has("proxy") { Some(proxy_done.clone()) } else { None };
-    for &name in &stage_chain {
-        let mut ctl = TaskCtl::new(name, opts.until_idle, stop.clone()).after(&republish_done);
+    for &stage in &stage_chain {
+        let mut ctl = TaskCtl::new(stage.name(), opts.until_idle, stop.clone()).after(&republish_done);
         if let Some(p) = &prev {
             ctl = ctl.after(p);
         }
-        flags.insert(name, ctl.done.clone());
+        flags.insert(stage, ctl.done.clone());
         prev = Some(ctl.done.clone());
-        let fut = build(name, cfg, &bus, &lake, ctl)?;
-        let n = name.to_string();
+        let fut = stage.build(cfg, &bus, &lake, ctl)?;
+        let n = stage.name().to_string();
         set.spawn(async move { fut.await.map(|c| Done::Stage(n, c)) });
     }
     // 4. The trainer, whose checkpoints the server loads as they are published.
     if run_train {
-        let mut ctl = TaskCtl::new("train", opts.until_idle, stop.clone()).after(&republish_done);
+        let mut ctl = TaskCtl::new(Stage::Train.name(), opts.until_idle, stop.clone()).after(&republish_done);
         if let Some(p) = &prev {
             ctl = ctl.after(p);
         }
-        flags.insert("train", ctl.done.clone());
+        flags.insert(Stage::Train, ctl.done.clone());
         let topts = TrainOptions {
             source: TrainSource::Topic,
             resume: opts.resume,
@@ -224,7 +222,7 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     // 4b. The reload follower, after the in-process trainer when it runs.
     if run_follower {
         let mut ctl = TaskCtl::new("reload", opts.until_idle, stop.clone()).after(&republish_done);
-        if let Some(f) = flags.get("train") {
+        if let Some(f) = flags.get(&Stage::Train) {
             ctl = ctl.after(f);
         }
         let follower = Follower { group: follower_group.clone(), run_id: run_id.clone(), reloader: external.clone(), local: policy.clone(), loaded_log: Some(reloads.clone()) };
@@ -245,14 +243,10 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     }
     // 6. Embedded default: re-publish each stage's pending input from the lake (the mock cluster is new).
     if bus.is_embedded() {
-        let mut todo: Vec<&str> = stage_chain.clone();
-        if run_train {
-            todo.push("train");
-        }
-        for name in todo {
-            match catchup::republish(&lake, &producer, cfg, name, &checkpoints_dir.join(&run_id)).await {
+        for &stage in stage_chain.iter().chain(run_train.then_some(&Stage::Train)) {
+            match stage.republish(&lake, &producer, cfg, &checkpoints_dir.join(&run_id)).await {
                 Ok(n) => {
-                    report.republished.insert(name.to_string(), n);
+                    report.republished.insert(stage.name().to_string(), n);
                 }
                 Err(e) => {
                     stop.request();

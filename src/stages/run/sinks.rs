@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use super::registry::Stage;
 use crate::runtime::DoneFlag;
-use crate::schema;
+use crate::schema::{self, DeadLetter, Interaction, Table};
 
 /// Every table a sink is run for.
 pub const SINK_TABLES: &[&str] =
@@ -15,19 +16,12 @@ pub(super) fn schema_tables() -> Vec<&'static str> {
     schema::all_schemas().into_iter().map(|(n, _)| n).collect()
 }
 
-/// In-process tasks whose output lands in `table` (a sink waits for them in until-idle mode).
-pub(super) fn producers_of(table: &str, flags: &BTreeMap<&str, DoneFlag>, proxy_done: &DoneFlag) -> Vec<DoneFlag> {
-    let names: &[&str] = match table {
-        "signals" => &["signals"],
-        "judgments" => &["judge"],
-        "hints" => &["hint"],
-        "teacher_logprobs" | "samples" => &["teacher"],
-        "train_steps" | "checkpoints" => &["train"],
-        "dead_letters" => &["signals", "judge", "hint", "teacher", "train"],
-        _ => &[],
-    };
-    let mut out: Vec<DoneFlag> = names.iter().filter_map(|n| flags.get(n).cloned()).collect();
-    if matches!(table, "interactions" | "dead_letters") {
+/// In-process tasks whose output lands in `table` (a sink waits for them in until-idle mode): the
+/// running stages that write it ([`Stage::writes`]) and, for `interactions` and `dead_letters`, the
+/// capture proxy.
+pub(super) fn producers_of(table: &str, flags: &BTreeMap<Stage, DoneFlag>, proxy_done: &DoneFlag) -> Vec<DoneFlag> {
+    let mut out: Vec<DoneFlag> = flags.iter().filter(|(s, _)| s.writes(table)).map(|(_, f)| f.clone()).collect();
+    if table == Interaction::NAME || table == DeadLetter::NAME {
         out.push(proxy_done.clone());
     }
     out

@@ -52,6 +52,15 @@ pub use loss_command::{loss_command, render_loss_report, LossCommandReport};
 pub use options::{TrainOptions, TrainSource};
 pub use worker::policy_load_options;
 
+/// The trainer's name as a task: its metrics label, its dead letters' `stage` and its `--only` task name.
+pub const NAME: &str = "train";
+
+/// The trainer's consumer group on `samples` for pipeline `pipeline` (`nextstate.<pipeline>.trainer`,
+/// with the bus's group prefix): the one place it is written.
+pub fn consumer_group(bus: &Bus, pipeline: &str) -> String {
+    bus.group(&format!("nextstate.{pipeline}.trainer"))
+}
+
 /// `max.poll.interval.ms` of the trainer's `samples` consumer, at least (1 h): the trainer does not poll
 /// while an optimizer step runs (215 s measured for a full fine-tuning step on 11 long samples on 2 CPU
 /// cores), and a static member that exceeds the interval is fenced, which is fatal to its consumer.
@@ -163,7 +172,7 @@ async fn publish(out: &Output, outcome: &StepOutcome, report: &mut TrainReport, 
         for &i in &k.samples {
             *report.skipped_samples.entry(k.reason.as_str().to_string()).or_default() += 1;
             let s = &batch[i];
-            let dl = DeadLetter::new("train", k.reason.as_str(), format!("sample {} not trained: {}", s.sample_id, k.detail), s.sample_id.as_bytes(), Lineage::default())
+            let dl = DeadLetter::new(NAME, k.reason.as_str(), format!("sample {} not trained: {}", s.sample_id, k.detail), s.sample_id.as_bytes(), Lineage::default())
                 .with_keys(&s.session_id, Some(&s.interaction_id));
             out.dead(dl).await?;
         }
@@ -171,7 +180,7 @@ async fn publish(out: &Output, outcome: &StepOutcome, report: &mut TrainReport, 
     for d in &outcome.dropped {
         *report.dropped.entry(d.reason.as_str().to_string()).or_default() += 1;
         let s = &batch[d.index];
-        let dl = DeadLetter::new("train", d.reason.as_str(), format!("sample {} dropped: {}", d.sample_id, d.detail), s.sample_id.as_bytes(), Lineage::default())
+        let dl = DeadLetter::new(NAME, d.reason.as_str(), format!("sample {} dropped: {}", d.sample_id, d.detail), s.sample_id.as_bytes(), Lineage::default())
             .with_keys(&s.session_id, Some(&s.interaction_id));
         out.dead(dl).await?;
     }
@@ -316,7 +325,7 @@ impl Run<'_> {
                 None => Lineage::default(),
             };
             let payload = serde_json::to_vec(&s)?;
-            let dl = DeadLetter::new("train", r.reason, format!("sample {} not trained: {}", s.sample_id, r.detail), &payload, lineage)
+            let dl = DeadLetter::new(NAME, r.reason, format!("sample {} not trained: {}", s.sample_id, r.detail), &payload, lineage)
                 .with_keys(&s.session_id, Some(&s.interaction_id))
                 .with_tenant(s.tenant.as_deref());
             return self.out.dead(dl).await;
@@ -563,7 +572,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
         cfg,
         opts,
         worker: worker::start(cfg, opts)?,
-        out: Output::new(bus.producer()?, "train"),
+        out: Output::new(bus.producer()?, NAME),
         report: TrainReport::default(),
         jsonl: opts.metrics_jsonl.as_deref().map(crate::metrics::JsonlWriter::open).transpose()?,
         on_checkpoint,
@@ -595,9 +604,9 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
             run.finish(None).await?;
         }
         TrainSource::Topic => {
-            let group = bus.group(&format!("nextstate.{}.trainer", cfg.name));
+            let group = consumer_group(bus, &cfg.name);
             // An optimizer step does not poll the consumer and can take minutes on a CPU.
-            let mut input = InputLoop::with_max_poll_interval(bus, &group, &run.topic, TRAINER_MAX_POLL_INTERVAL_MS)?.for_stage("train");
+            let mut input = InputLoop::with_max_poll_interval(bus, &group, &run.topic, TRAINER_MAX_POLL_INTERVAL_MS)?.for_stage(NAME);
             run.offsets = Some(Offsets::default());
             loop {
                 if run.stopped(ctl) {
@@ -626,7 +635,7 @@ pub async fn run_train(cfg: &PipelineConfig, opts: &TrainOptions, bus: &Bus, ctl
                     match serde_json::from_slice::<Envelope<Sample>>(&m.payload) {
                         Err(e) => {
                             let d = DeadLetter::new(
-                                "train",
+                                NAME,
                                 "malformed_record",
                                 format!("not a valid samples record: {e}"),
                                 &m.payload,
@@ -681,8 +690,8 @@ pub async fn train_command(cfg: &PipelineConfig, opts: &TrainOptions, until_idle
     bus.ensure_topics(&["samples", "train_steps", "checkpoints", "dead_letters"]).await?;
     let producer = bus.producer()?;
     let republished = crate::runtime::DoneFlag::default();
-    let ctl = TaskCtl::new("train", until_idle || matches!(opts.source, TrainSource::Sql(_)), stop.clone()).after(&republished);
-    let group = bus.group(&format!("nextstate.{}.trainer", cfg.name));
+    let ctl = TaskCtl::new(NAME, until_idle || matches!(opts.source, TrainSource::Sql(_)), stop.clone()).after(&republished);
+    let group = consumer_group(&bus, &cfg.name);
     if matches!(opts.source, TrainSource::Topic) {
         bus.expect_consumer(&group, "samples");
     }

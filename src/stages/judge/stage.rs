@@ -5,13 +5,20 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 
-use super::cache_store::CacheStore;
-use super::{Input, Output, StageCounts, StageLogic};
+use crate::stages::cache_store::CacheStore;
+use crate::bus::Bus;
+use crate::config::PipelineConfig;
+use crate::runtime::TaskCtl;
+use crate::stages::{run_stage, Input, Output, StageCounts, StageLogic, StageRun, StageTask};
 use crate::bus::Carry;
 use crate::error::Result;
 use crate::judge::{judge_turn, Judge, TurnContext};
 use crate::lake::Lake;
 use crate::schema::{DeadLetter, Signal};
+
+/// The stage's name: its metrics label, its dead letters' `stage`, its consumer group's suffix and its
+/// `--only` task name.
+pub const NAME: &str = "judge";
 
 /// The judge stage.
 pub struct JudgeStage {
@@ -38,6 +45,21 @@ impl JudgeStage {
     }
 }
 
+/// The judge stage's task for `cfg`: probes the judge endpoint once, then votes on the `signals` topic
+/// read with `run`'s consumer group until `ctl` ends it (the registry, `crate::stages::run::Stage::build`,
+/// calls this).
+///
+/// # Errors
+/// [`crate::Error::Config`] for a bad `[judge]` table; vote-cache loading errors.
+pub fn build(cfg: &PipelineConfig, bus: &Bus, lake: &Lake, run: StageRun, ctl: TaskCtl) -> Result<StageTask> {
+    let stage = JudgeStage::new(Judge::new(cfg.judge.clone())?, &cfg.name, lake)?;
+    let bus = bus.clone();
+    Ok(Box::pin(async move {
+        stage.judge().probe().await?;
+        run_stage(&bus, &run, stage, &ctl).await
+    }))
+}
+
 /// Builds the turn context from a carried interaction and a signal, or the dead letter explaining why
 /// it cannot be built.
 pub(crate) fn turn_of(stage: &str, input: &Input<impl serde::Serialize>, signal: Option<&Signal>) -> std::result::Result<TurnContext, DeadLetter> {
@@ -54,7 +76,7 @@ pub(crate) fn turn_of(stage: &str, input: &Input<impl serde::Serialize>, signal:
 impl StageLogic for JudgeStage {
     type In = Signal;
     fn name(&self) -> &'static str {
-        "judge"
+        NAME
     }
     async fn handle(&mut self, batch: Vec<Input<Signal>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
         let mut jobs = vec![];
@@ -63,7 +85,7 @@ impl StageLogic for JudgeStage {
                 counts.add("skipped: excluded turn (no next state)", 1);
                 continue;
             }
-            match turn_of("judge", &input, Some(&input.row)) {
+            match turn_of(NAME, &input, Some(&input.row)) {
                 Ok(turn) => jobs.push((input, turn)),
                 Err(d) => {
                     counts.add(&format!("dead_letter: {}", d.reason_code), 1);

@@ -5,14 +5,21 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 
-use super::cache_store::CacheStore;
-use super::judge::turn_of;
-use super::{Input, Output, StageCounts, StageLogic};
+use crate::stages::cache_store::CacheStore;
+use crate::stages::judge::turn_of;
+use crate::bus::Bus;
+use crate::config::PipelineConfig;
+use crate::runtime::TaskCtl;
+use crate::stages::{run_stage, Input, Output, StageCounts, StageLogic, StageRun, StageTask};
 use crate::bus::Carry;
 use crate::error::Result;
 use crate::hint::{hint_turn, Hinter};
 use crate::lake::Lake;
-use crate::schema::{Message, Table};
+use crate::schema::{Judgment, Message, Signal, Table};
+
+/// The stage's name: its metrics label, its dead letters' `stage`, its consumer group's suffix and its
+/// `--only` task name.
+pub const NAME: &str = "hint";
 
 /// Renders teacher messages to prompt text with the policy's chat template (generation prompt on).
 pub type TemplateRenderer = Arc<dyn Fn(&[Message]) -> Result<String> + Send + Sync>;
@@ -43,10 +50,46 @@ impl<I> HintStage<I> {
     }
 }
 
+/// The hint stage's task for `cfg`, reading `input` (`judgments` after a judge, `signals` without one)
+/// with `run`'s consumer group until `ctl` ends it; it probes the hint endpoint once first. The teacher
+/// context is rendered with the policy's chat template when `[policy] model` has one (else it stays
+/// null). The registry, `crate::stages::run::Stage::build`, calls this.
+///
+/// # Errors
+/// [`crate::Error::Config`] for a bad `[hint]` table or an input table other than those two;
+/// vote-cache loading errors.
+pub fn build(cfg: &PipelineConfig, input: &str, bus: &Bus, lake: &Lake, run: StageRun, ctl: TaskCtl) -> Result<StageTask> {
+    let hinter = Hinter::new(cfg.hint.clone())?;
+    let render: Option<TemplateRenderer> = match crate::model::ChatTemplate::from_dir(&cfg.policy.model) {
+        Ok(Some(t)) => Some(Arc::new(move |m: &[Message]| t.render(m, None, true, None))),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, model = %cfg.policy.model.display(), "no chat template: teacher_prompt_text stays null");
+            None
+        }
+    };
+    let bus = bus.clone();
+    if input == Judgment::NAME {
+        let stage = HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
+        Ok(Box::pin(async move {
+            stage.hinter().probe().await?;
+            run_stage(&bus, &run, stage, &ctl).await
+        }))
+    } else if input == Signal::NAME {
+        let stage = HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?;
+        Ok(Box::pin(async move {
+            stage.hinter().probe().await?;
+            run_stage(&bus, &run, stage, &ctl).await
+        }))
+    } else {
+        Err(crate::Error::Config(format!("the hint stage reads `{}` or `{}`, not `{input}`", Judgment::NAME, Signal::NAME)))
+    }
+}
+
 impl<I: Table> StageLogic for HintStage<I> {
     type In = I;
     fn name(&self) -> &'static str {
-        "hint"
+        NAME
     }
     async fn handle(&mut self, batch: Vec<Input<I>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
         let mut jobs = vec![];
@@ -59,7 +102,7 @@ impl<I: Table> StageLogic for HintStage<I> {
             // Fed by the signals stage (OPD) the record *is* the signal; fed by the judge (combined) the
             // signal travels in the carry.
             let own_signal = (&input.row as &dyn std::any::Any).downcast_ref::<crate::schema::Signal>();
-            match turn_of("hint", &input, own_signal) {
+            match turn_of(NAME, &input, own_signal) {
                 Ok(turn) => jobs.push((input, turn)),
                 Err(d) => {
                     counts.add(&format!("dead_letter: {}", d.reason_code), 1);

@@ -22,7 +22,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{Input, Output, StageCounts, StageLogic};
+use crate::bus::Bus;
+use crate::lake::Lake;
+use crate::runtime::TaskCtl;
+use crate::stages::{run_stage, Input, Output, StageCounts, StageLogic, StageRun, StageTask};
 use crate::config::PipelineConfig;
 use crate::error::{Error, Result};
 use crate::method::Method;
@@ -339,10 +342,42 @@ impl<I> TeacherStage<I> {
     }
 }
 
+/// The stage's name: its metrics label, its dead letters' `stage`, its consumer group's suffix and its
+/// `--only` task name.
+pub const NAME: &str = "teacher";
+
+/// The teacher stage's task for `cfg`, reading `input` (`judgments` for binary, `hints` for OPD and
+/// combined) with `run`'s consumer group until `ctl` ends it. Reading hints it loads the teacher cache
+/// from `lake` and probes the teacher endpoint once first. The registry,
+/// `crate::stages::run::Stage::build`, calls this.
+///
+/// # Errors
+/// [`Error::Config`] for a bad teacher configuration or an input table other than those two; model and
+/// cache loading errors.
+pub fn build(cfg: &PipelineConfig, input: &str, bus: &Bus, lake: &Lake, run: StageRun, ctl: TaskCtl) -> Result<StageTask> {
+    let models = TeacherModels::load(cfg)?;
+    let bus = bus.clone();
+    if input == Judgment::NAME {
+        let stage = TeacherStage::<Judgment>::new(cfg, models);
+        Ok(Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await }))
+    } else if input == HintRecord::NAME {
+        let cache = TeacherCache::load(lake)?;
+        tracing::info!(rows = cache.len(), "teacher cache loaded");
+        let probe = models.clone();
+        let stage = TeacherStage::<HintRecord>::new(cfg, models).with_cache(cache);
+        Ok(Box::pin(async move {
+            probe.probe().await?;
+            run_stage(&bus, &run, stage, &ctl).await
+        }))
+    } else {
+        Err(Error::Config(format!("the teacher stage reads `{}` or `{}`, not `{input}`", Judgment::NAME, HintRecord::NAME)))
+    }
+}
+
 impl<I: Table> StageLogic for TeacherStage<I> {
     type In = I;
     fn name(&self) -> &'static str {
-        "teacher"
+        NAME
     }
     async fn handle(&mut self, batch: Vec<Input<I>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
         // 1. decide and tokenise (cheap), 2. score in one blocking call, 3. assemble and publish.
@@ -353,7 +388,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
             let Some(interaction) = input.carry.interaction.clone() else {
                 counts.add("dead_letter: missing_context", 1);
                 let payload = serde_json::to_vec(&input.row).unwrap_or_default();
-                out.dead(DeadLetter::new("teacher", "missing_context", "record carries no interaction", &payload, input.lineage.clone())).await?;
+                out.dead(DeadLetter::new(NAME, "missing_context", "record carries no interaction", &payload, input.lineage.clone())).await?;
                 continue;
             };
             let judgment = input.carry.judgment.clone();
@@ -366,7 +401,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 Decision::Emit { uses_teacher, .. } => uses_teacher,
             };
             let dead = |code: &str, why: String| {
-                DeadLetter::new("teacher", code, why, &serde_json::to_vec(&interaction).unwrap_or_default(), input.lineage.clone())
+                DeadLetter::new(NAME, code, why, &serde_json::to_vec(&interaction).unwrap_or_default(), input.lineage.clone())
                     .with_keys(&interaction.session_id, Some(&interaction.interaction_id))
             };
             let prepared = {
@@ -506,7 +541,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                 Ok(v) => v,
                 Err((code, e)) => {
                     counts.add(&format!("dead_letter: {code}"), 1);
-                    let d = DeadLetter::new("teacher", code, e.to_string(), &serde_json::to_vec(&job.interaction).unwrap_or_default(), job.lineage.clone())
+                    let d = DeadLetter::new(NAME, code, e.to_string(), &serde_json::to_vec(&job.interaction).unwrap_or_default(), job.lineage.clone())
                         .with_keys(&job.interaction.session_id, Some(&job.interaction.interaction_id));
                     out.dead(d).await?;
                     continue;
@@ -594,7 +629,7 @@ impl<I: Table> StageLogic for TeacherStage<I> {
                         _ => "invalid_sample",
                     };
                     counts.add(&format!("dead_letter: {code}"), 1);
-                    let d = DeadLetter::new("teacher", code, e.to_string(), &serde_json::to_vec(&interaction).unwrap_or_default(), lineage)
+                    let d = DeadLetter::new(NAME, code, e.to_string(), &serde_json::to_vec(&interaction).unwrap_or_default(), lineage)
                         .with_keys(&interaction.session_id, Some(&interaction.interaction_id));
                     out.dead(d).await?;
                 }

@@ -11,11 +11,18 @@
 
 use std::collections::HashMap;
 
-use super::{Input, Output, StageCounts, StageLogic};
+use crate::bus::Bus;
+use crate::config::PipelineConfig;
+use crate::runtime::TaskCtl;
+use crate::stages::{run_stage, Input, Output, StageCounts, StageLogic, StageRun, StageTask};
 use crate::bus::Carry;
 use crate::error::Result;
 use crate::schema::{DeadLetter, Interaction, TurnType};
 use crate::signals::{PartitionedPairer, SignalConfig};
+
+/// The stage's name: its metrics label, its dead letters' `stage`, its consumer group's suffix and its
+/// `--only` task name.
+pub const NAME: &str = "signals";
 
 /// The outcome counting main turns read but not paired yet when the stage last handled a batch: they
 /// wait for their next state or for their session to close (not lost: a later row or the session's
@@ -34,10 +41,18 @@ impl SignalsStage {
     }
 }
 
+/// The signals stage's task for `cfg`: pairs the `interactions` topic read with `run`'s consumer group
+/// until `ctl` ends it (the registry, `crate::stages::run::Stage::build`, calls this).
+pub fn build(cfg: &PipelineConfig, bus: &Bus, run: StageRun, ctl: TaskCtl) -> StageTask {
+    let stage = SignalsStage::new(cfg.signals.clone());
+    let bus = bus.clone();
+    Box::pin(async move { run_stage(&bus, &run, stage, &ctl).await })
+}
+
 impl StageLogic for SignalsStage {
     type In = Interaction;
     fn name(&self) -> &'static str {
-        "signals"
+        NAME
     }
     async fn handle(&mut self, batch: Vec<Input<Interaction>>, out: &Output, counts: &mut StageCounts) -> Result<()> {
         let rebuilt = self.pairer.rebuilt();
@@ -47,7 +62,7 @@ impl StageLogic for SignalsStage {
                 // Written to the topic by another producer (ingest and the proxy check it first).
                 counts.add("dead_letter: invalid_tenant", 1);
                 let payload = serde_json::to_vec(&input.row)?;
-                let d = DeadLetter::new("signals", "invalid_tenant", format!("interaction {}: {e}", input.row.interaction_id), &payload, input.lineage)
+                let d = DeadLetter::new(NAME, "invalid_tenant", format!("interaction {}: {e}", input.row.interaction_id), &payload, input.lineage)
                     .with_keys(&input.row.session_id, Some(&input.row.interaction_id));
                 out.dead(d).await?;
                 continue;

@@ -1,0 +1,12 @@
+//! The teacher stage (docs/method.md §4–§5): `judgments` (binary) or `hints` → teacher log-probs →
+//! `teacher_logprobs` and `samples`.
+//!
+//! The stage's folder: its wiring and task (`stage.rs`: the stage's name, its [`crate::stages::StageLogic`]
+//! and its `build`) and its embedded-default catch-up (`catchup.rs`: [`publish_pending`]). The registry,
+//! `crate::stages::run::Stage`, is the one place that knows where it sits in each method's chain.
+
+mod catchup;
+mod stage;
+
+pub use catchup::publish_pending;
+pub use stage::{NAME, TeacherCache, TeacherModels, TeacherScorer, TeacherStage, TEACHER_CACHE_DIR, build};
