@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts / stops a local Kafka-protocol broker (noida-db, installed by scripts/setup.sh) on loopback.
 #   scripts/broker.sh start [PORT] [DATA_DIR]   prints the bootstrap address; PID in DATA_DIR/broker.pid
-#   scripts/broker.sh stop  [DATA_DIR]          SIGTERM (noida-db keeps its data across a clean stop)
+#   scripts/broker.sh stop  [DATA_DIR]          SIGTERM (noida-db keeps its data across a clean stop, but 0.2.3 can lose a produce acknowledged while it saves: stop its clients first)
 # Defaults: PORT=19092, DATA_DIR=.cache/broker. Tests use NEXTSTATE_TEST_BROKERS=127.0.0.1:PORT.
 set -euo pipefail
 cd "$(dirname "$0")/.."

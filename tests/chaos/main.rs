@@ -128,6 +128,14 @@ impl Supervisor {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to every running role with `kill(1)`.
+    pub fn signal_all(&self, signal: &str) {
+        for p in self.roles.iter().filter_map(|r| r.proc.as_ref()) {
+            let ok = std::process::Command::new("kill").arg(format!("-{signal}")).arg(p.pid().to_string()).status().map(|s| s.success()).unwrap_or(false);
+            assert!(ok, "kill -{signal} {} failed", p.pid());
+        }
+    }
+
     /// Total SIGKILLs.
     pub fn kills(&self) -> u32 {
         self.roles.iter().map(|r| r.kills).sum()
