@@ -35,21 +35,26 @@ use crate::stages::train::{self, TrainOptions, TrainSource};
 pub use registry::Stage;
 pub use running::{IdleHandle, RunReport, RunningPipeline};
 pub use server::resume_tenants;
-pub use sinks::SINK_TABLES;
+pub use sinks::sink_tables;
 
 use running::Done;
 
-/// The task names `--only` accepts. `reload` is the reload follower ([`crate::stages::reload`]): it
-/// consumes `checkpoints` and moves the servers of `[serve] reload_urls` / `url` (and the in-process
-/// server, when `serve` runs too) to each checkpoint; without it, an in-process trainer reloads them
-/// itself as it publishes.
-pub const TASKS: &[&str] =
-    &["serve", "proxy", Stage::Signals.name(), Stage::Judge.name(), Stage::Hint.name(), Stage::Teacher.name(), Stage::Train.name(), "sinks", "reload"];
+/// The task names `--only` accepts: `serve`, `proxy`, every stage of the registry ([`Stage::ALL`], the
+/// trainer `train` included), `sinks` and `reload`. `reload` is the reload follower
+/// ([`crate::stages::reload`]): it consumes `checkpoints` and moves the servers of `[serve] reload_urls`
+/// / `url` (and the in-process server, when `serve` runs too) to each checkpoint; without it, an
+/// in-process trainer reloads them itself as it publishes.
+pub fn tasks() -> Vec<&'static str> {
+    let mut out = vec!["serve", "proxy"];
+    out.extend(Stage::ALL.map(Stage::name));
+    out.extend(["sinks", "reload"]);
+    out
+}
 
 /// What `nextstate run` should start.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// Subset of [`TASKS`] (None = every task but `reload`).
+    /// Subset of [`tasks`] (None = every task but `reload`).
     pub only: Option<Vec<String>>,
     /// Exit once every input is processed (the proxy, when run, is an unbounded input: it ends on a
     /// stop request or [`RunningPipeline::close_sources`]).
@@ -74,18 +79,19 @@ pub async fn run_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop) -
 /// trainer reloads the servers itself).
 ///
 /// # Errors
-/// [`Error::Config`] for a name not in [`TASKS`].
+/// [`Error::Config`] for a name not in [`tasks`].
 fn selected_tasks(opts: &RunOptions) -> Result<Vec<String>> {
+    let known = tasks();
     match &opts.only {
         Some(list) => {
             for t in list {
-                if !TASKS.contains(&t.as_str()) {
-                    return Err(Error::Config(format!("unknown task '{t}' in --only (known: {})", TASKS.join(", "))));
+                if !known.contains(&t.as_str()) {
+                    return Err(Error::Config(format!("unknown task '{t}' in --only (known: {})", known.join(", "))));
                 }
             }
             Ok(list.clone())
         }
-        None => Ok(TASKS.iter().filter(|t| **t != "reload").map(|s| s.to_string()).collect()),
+        None => Ok(known.iter().filter(|t| **t != "reload").map(|s| s.to_string()).collect()),
     }
 }
 
@@ -150,8 +156,9 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     if run_follower {
         bus.expect_consumer(&follower_group, "checkpoints");
     }
+    let sink_tables = sink_tables();
     if run_sinks {
-        for &table in SINK_TABLES {
+        for &table in &sink_tables {
             bus.expect_consumer(&sink_group(&bus, &cfg.sink, table), table);
         }
     }
@@ -231,7 +238,7 @@ pub async fn start_pipeline(cfg: &PipelineConfig, opts: &RunOptions, stop: Stop)
     }
     // 5. The lake sinks.
     if run_sinks {
-        for &table in SINK_TABLES {
+        for &table in &sink_tables {
             let mut ctl = TaskCtl::new(&format!("sink:{table}"), opts.until_idle, stop.clone()).after(&republish_done);
             for f in sinks::producers_of(table, &flags, &proxy_done) {
                 ctl = ctl.after(&f);

@@ -192,6 +192,14 @@ mod tests {
     }
 
     #[test]
+    fn the_run_command_lists_every_stage_as_a_task_and_sinks_every_output() {
+        let tasks = crate::stages::run::tasks();
+        assert_eq!(tasks, ["serve", "proxy", "signals", "judge", "hint", "teacher", "train", "sinks", "reload"]);
+        let sinks = crate::stages::run::sink_tables();
+        assert_eq!(sinks, ["interactions", "signals", "judgments", "hints", "samples", "teacher_logprobs", "train_steps", "checkpoints", "dead_letters"]);
+    }
+
+    #[test]
     fn consumer_groups_are_the_documented_names() {
         let cfg = crate::bus::BusConfig { brokers: Some("127.0.0.1:1".into()), topic_prefix: "ns.".into(), ..Default::default() };
         let bus = Bus::connect_lazy(cfg).unwrap();

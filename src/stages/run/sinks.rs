@@ -7,9 +7,14 @@ use super::registry::Stage;
 use crate::runtime::DoneFlag;
 use crate::schema::{self, DeadLetter, Interaction, Table};
 
-/// Every table a sink is run for.
-pub const SINK_TABLES: &[&str] =
-    &["interactions", "signals", "judgments", "hints", "teacher_logprobs", "samples", "train_steps", "checkpoints", "dead_letters"];
+/// Every table a sink is run for: `interactions`, the outputs of every stage of the registry
+/// ([`Stage::outputs`]) in data-flow order, and `dead_letters`.
+pub fn sink_tables() -> Vec<&'static str> {
+    let mut out = vec![Interaction::NAME];
+    out.extend(Stage::ALL.into_iter().flat_map(|s| s.outputs().iter().copied()));
+    out.push(DeadLetter::NAME);
+    out
+}
 
 /// Every table of the schema: the topics the pipeline makes sure exist.
 pub(super) fn schema_tables() -> Vec<&'static str> {
