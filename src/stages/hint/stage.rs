@@ -70,20 +70,20 @@ pub fn build(cfg: &PipelineConfig, input: &str, bus: &Bus, lake: &Lake, run: Sta
     };
     let bus = bus.clone();
     if input == Judgment::NAME {
-        let stage = HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?;
-        Ok(Box::pin(async move {
-            stage.hinter().probe().await?;
-            run_stage(&bus, &run, stage, &ctl).await
-        }))
+        Ok(probed_task(HintStage::<Judgment>::new(hinter, &cfg.name, lake, render)?, bus, run, ctl))
     } else if input == Signal::NAME {
-        let stage = HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?;
-        Ok(Box::pin(async move {
-            stage.hinter().probe().await?;
-            run_stage(&bus, &run, stage, &ctl).await
-        }))
+        Ok(probed_task(HintStage::<Signal>::new(hinter, &cfg.name, lake, render)?, bus, run, ctl))
     } else {
         Err(crate::Error::Config(format!("the hint stage reads `{}` or `{}`, not `{input}`", Judgment::NAME, Signal::NAME)))
     }
+}
+
+/// The task of `stage`: one probe of the hint endpoint, then the consumer-group loop.
+fn probed_task<I: Table + serde::de::DeserializeOwned>(stage: HintStage<I>, bus: Bus, run: StageRun, ctl: TaskCtl) -> StageTask {
+    Box::pin(async move {
+        stage.hinter().probe().await?;
+        run_stage(&bus, &run, stage, &ctl).await
+    })
 }
 
 impl<I: Table> StageLogic for HintStage<I> {
