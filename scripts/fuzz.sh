@@ -4,7 +4,7 @@
 # Builds the cargo-fuzz targets in fuzz/ (ingest: every log adapter and format detection; judge_vote:
 # the PRM-answer parser) and runs each (or the TARGETs named) for SECONDS (default 60) with libFuzzer. Exits non-zero on the
 # first crash (the crashing input is in fuzz/artifacts/<target>/; reproduce with
-# `cargo fuzz run <target> <file>` and turn it into a test in tests/bad_input/ before fixing).
+# `cargo fuzz run <target> <file>` and turn it into a test in tests/bus_lake/bad_input/ before fixing).
 #
 # Needs cargo-fuzz (`cargo install cargo-fuzz`). Nightly features are enabled on the stable toolchain
 # with RUSTC_BOOTSTRAP=1 (FUZZ_TOOLCHAIN=nightly to use a nightly instead). The first build compiles

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A Kafka broker that can only be reached over TLS, for tests/kafka_tls.rs (needs root, iproute2, socat).
+# A Kafka broker that can only be reached over TLS, for tests/bus_lake/kafka_tls.rs (needs root, iproute2, socat).
 #
 # Two network namespaces joined by a veth pair (10.213.0.1 <-> 10.213.0.2, private to this machine):
 #   <name>-b (broker side): noida-db on its own 127.0.0.1:PORT, plus a plain TCP forwarder on

@@ -4,7 +4,7 @@ adapter folder written by nextstate (`LanguageModel::save_adapters`, the layout 
 checkpoint) on the base model and must give the logits nextstate computes, within 1e-4.
 
 Steps:
-  1. `cargo test --test model peft_parity_fixture -- --ignored` writes into WORK the PEFT folder
+  1. `cargo test --test model_train peft_parity_fixture -- --ignored` writes into WORK the PEFT folder
      `adapter/` (SmolLM2-135M-Instruct, r 8, alpha 20, B nonzero) and `ours.safetensors` (`input_ids`,
      nextstate's `logits` with the adapters attached, `logits_merged` as `nextstate serve` runs it, and
      `logits_base` of the base model alone).

@@ -39,7 +39,7 @@ AZURITE_VERSION=3.35.0
 #    fonts-dejavu-core for the text
 #    of the demo's plots (src/demo/report.rs; without it plots are drawn without text), libssl-dev for
 #    librdkafka's TLS and SASL (rdkafka's `ssl` feature: `security.protocol = SSL | SASL_SSL`), socat and
-#    iproute2 for the Kafka-over-TLS test (tests/kafka_tls.rs, scripts/kafka_tls_net.sh); Node.js and npm
+#    iproute2 for the Kafka-over-TLS test (tests/bus_lake/kafka_tls.rs, scripts/kafka_tls_net.sh); Node.js and npm
 #    (only when the machine has none: Debian's nodejs 18 runs Azurite too) for the Azure emulator.
 need=()
 for p in build-essential pkg-config zlib1g-dev unzip python3 python3-pip python3-venv curl ca-certificates fonts-dejavu-core libssl-dev socat iproute2; do
@@ -105,7 +105,7 @@ fi
 
 # 6. The Python `openai` and `anthropic` clients, used by the tests that call our servers and the
 #    capture proxy the way users do, and Hugging Face `datasets` (~30 s, ~200 MB with pyarrow and
-#    pandas), which loads what `nextstate export` writes (tests/export.rs), and moto's S3 server
+#    pandas), which loads what `nextstate export` writes (tests/offline/export.rs), and moto's S3 server
 #    (`moto_server`), the local S3-compatible endpoint of the object-storage lake tests (scripts/s3.sh).
 if [ ! -x .cache/venv-openai/bin/python ] || ! .cache/venv-openai/bin/python -c "import openai, anthropic, datasets, moto" 2>/dev/null; then
   log "python venv with the openai and anthropic clients, datasets and moto (.cache/venv-openai)"

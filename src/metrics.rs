@@ -1,7 +1,7 @@
 //! Process-wide Prometheus metrics (`prometheus-client`): one registry, prefix `nextstate`, served at
 //! `/metrics` by every long-running process (`nextstate serve`, the capture proxy, and `run`, `train`,
 //! `ingest --follow` with `--metrics-addr`). `docs/metrics.md` lists every family with its type,
-//! labels and meaning; `tests/metrics.rs` checks that what a process exposes is exactly that list.
+//! labels and meaning; `tests/bus_lake/metrics.rs` checks that what a process exposes is exactly that list.
 //!
 //! Every family is registered in every process (a family whose part does not run in the process shows
 //! its `# TYPE` line and no series, or 0), so the exposed set does not depend on timing. Label values

@@ -218,7 +218,7 @@ pub struct InMsg {
 ///
 /// librdkafka's close serves a pending rebalance first, and its unassign waits on the group
 /// coordinator without a timeout: after a broker restart (seen with nisshi 0.8.1 SIGKILLed and
-/// restarted, `tests/chaos/broker.rs`) a finished `--until-idle` process hung there for minutes after
+/// restarted, `tests/e2e/chaos/broker.rs`) a finished `--until-idle` process hung there for minutes after
 /// every record was written and committed. Offsets are committed explicitly before a loop ends, so a
 /// close that does not finish loses nothing: it is left to finish (or not) on its own thread and the
 /// process goes on, exiting normally.
@@ -237,7 +237,7 @@ pub const CONSUMER_RECREATE_WINDOW: Duration = Duration::from_secs(600);
 /// A consumer that hits a fatal error never delivers again. librdkafka raises one when a static member
 /// (`group.instance.id`) is fenced: by a copy of the process that took its place after it exceeded
 /// `max.poll.interval.ms`, or by its own rejoin after a broker restart racing a commit that still
-/// carried the old member id (seen with noida-db stopped and restarted, `tests/chaos/broker.rs`). The
+/// carried the old member id (seen with noida-db stopped and restarted, `tests/e2e/chaos/broker.rs`). The
 /// loop then replaces the consumer in-process (same group and instance id) and goes on from the
 /// group's committed offsets, as a restarted process would; the caller sees a rebalance with a new
 /// [`InputLoop::generation`] and drops every partition's uncommitted state.

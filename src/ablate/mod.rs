@@ -41,7 +41,7 @@
 //!
 //! Every phase leaves its result on disk; a killed ablation resumes (see [`run`]). Runs are
 //! deterministic: seeded sampling, synthetic event times, fixed batch compositions, one scoring pass per
-//! teacher row — the same configuration gives the same numbers (`tests/ablate.rs`).
+//! teacher row — the same configuration gives the same numbers (`tests/e2e/ablate.rs`).
 
 pub mod baselines;
 pub mod collect;

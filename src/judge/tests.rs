@@ -1,5 +1,5 @@
 //! Tests of the judge stage with scripted in-process backends (the HTTP backends are tested against a
-//! local server in `tests/judge_backends.rs`).
+//! local server in `tests/model_train/judge_backends.rs`).
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;

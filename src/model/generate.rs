@@ -402,7 +402,7 @@ struct Running {
 /// row's own, and the padding columns are masked. Cache columns no row attends to any more (the left
 /// padding of a finished long prompt) are dropped when rows leave. Masked columns change no result
 /// beyond floating-point summation order: greedy tokens equal decoding each request alone
-/// (`tests/model.rs`). Each row keeps its own random generator, so a seeded request samples the same
+/// (`tests/model_train/model.rs`). Each row keeps its own random generator, so a seeded request samples the same
 /// tokens whatever it is batched with.
 pub struct Decoder<'m> {
     model: &'m Transformer,

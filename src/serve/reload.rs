@@ -57,7 +57,7 @@
 //! that vLLM and SGLang accept our checkpoint folder as `lora_path` (PEFT `adapter_config.json` +
 //! `adapter_model.safetensors`) and as `model_path` (HF layout), that vLLM's `update_config` override
 //! of `model_config.model` makes `reload_weights` read the new folder, and the exact status codes
-//! each engine returns on failure. The tests (`tests/reload.rs`) check our side of each contract
+//! each engine returns on failure. The tests (`tests/model_train/reload.rs`) check our side of each contract
 //! against fake servers that implement the documented requests and responses.
 
 use std::collections::BTreeMap;

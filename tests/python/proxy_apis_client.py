@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Calls a running `nextstate proxy` with the official `openai` (Responses API) and `anthropic`
 (Messages API) Python clients, streamed and not, through a weather-tool conversation. Run by
-tests/proxy/apis.rs, which starts the fake upstream and the proxy, then checks the `interactions`
+tests/serve_proxy/proxy/apis.rs, which starts the fake upstream and the proxy, then checks the `interactions`
 events this script causes:
 
     python3 tests/python/proxy_apis_client.py --base-url http://127.0.0.1:PORT --api-key KEY
