@@ -25,6 +25,7 @@ pub mod method;
 pub mod metrics;
 pub mod model;
 pub mod net;
+pub mod report;
 pub mod runtime;
 pub mod samples;
 pub mod schema;

@@ -1,5 +1,5 @@
 //! The ablation report: `report.md` (a comparison table, a table per arm, the data and judge-agreement
-//! tables, timings) and PNG plots drawn with [`crate::demo::line_chart`] / [`crate::demo::histogram`]:
+//! tables, timings) and PNG plots drawn with [`crate::report::line_chart`] / [`crate::report::histogram`]:
 //! `score_vs_interactions.png` (every arm on one chart), `teacher_gap.png`, `train_loss.png` and one
 //! `advantages_<arm>.png` per arm (by sample type), and `score_by_arm.png` (each arm group's final score,
 //! mean over seeds with its 95 % interval, and the per-seed scores). Plus the Parquet results
@@ -18,17 +18,10 @@ use super::results::{write_table, CheckpointRow, TimingRow, TABLES};
 use super::gather::{gather, write_results, Gathered};
 use super::layout::Layout;
 use super::plan::Replicates;
-use crate::demo::{interval_chart, line_chart, IntervalItem, Score};
+use crate::demo::Score;
+use crate::report::{cell, interval_chart, line_chart, opt3, IntervalItem};
 use crate::stats::p_text;
 use crate::error::{Error, Result};
-
-fn f3(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:.3}")).unwrap_or_else(|| "–".into())
-}
-
-fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace(['\n', '\r'], " ")
-}
 
 /// File-name-safe form of an arm name.
 fn file_safe(s: &str) -> String {
@@ -182,7 +175,7 @@ fn write_plots(g: &Gathered, dir: &Path) -> Result<Plots> {
         }
         let name = format!("advantages_{}.png", file_safe(&a.arm));
         let series: Vec<(String, Vec<f64>)> = by_type.into_iter().map(|(k, v)| (format!("{k} ({})", v.len()), v)).collect();
-        crate::demo::histogram(dir.join(&name), &format!("Per-sample mean advantage, arm {}", a.arm), "mean advantage over trained tokens", &series, 20)?;
+        crate::report::histogram(dir.join(&name), &format!("Per-sample mean advantage, arm {}", a.arm), "mean advantage over trained tokens", &series, 20)?;
         advantages.insert(a.arm.clone(), name);
     }
     Ok(Plots { files, advantages })
@@ -471,7 +464,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
             .agreement
             .iter()
             .find(|r| r.arms.split(',').any(|x| x == a.arm))
-            .map(|r| format!("{}/{} ({})", r.agree, r.sessions_judged, f3(r.accuracy)))
+            .map(|r| format!("{}/{} ({})", r.agree, r.sessions_judged, opt3(r.accuracy)))
             .unwrap_or_else(|| "– (no judge)".into());
         let _ = writeln!(
             s,
@@ -485,12 +478,12 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
             last.score,
             best,
             last.accuracy,
-            f3(v0.heldout_loss),
-            f3(last.heldout_loss),
-            f3(v0.teacher_gap),
-            f3(last.teacher_gap),
-            f3(v0.teacher_abs_gap),
-            f3(last.teacher_abs_gap),
+            opt3(v0.heldout_loss),
+            opt3(last.heldout_loss),
+            opt3(v0.teacher_gap),
+            opt3(last.teacher_gap),
+            opt3(v0.teacher_abs_gap),
+            opt3(last.teacher_abs_gap),
             agree
         );
     }
@@ -557,16 +550,16 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
             let _ = write!(s, "| {} | {} | {} | {} | {:.3} | {:.3} |", c.version, c.step, c.interactions_seen, c.samples_seen, c.score, c.accuracy);
             for p in &prefs {
                 let r = g.preferences.iter().find(|r| r.arm == a.arm && r.version == c.version && &r.preference == p).map(|r| r.rate);
-                let _ = write!(s, " {} |", f3(r));
+                let _ = write!(s, " {} |", opt3(r));
             }
             let _ = writeln!(
                 s,
                 " {} | {} | {} | {} | {} | {} |",
-                f3(c.heldout_loss),
-                f3(c.heldout_pg_loss),
+                opt3(c.heldout_loss),
+                opt3(c.heldout_pg_loss),
                 c.heldout_ppo_kl.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "–".into()),
-                f3(c.teacher_gap),
-                f3(c.teacher_abs_gap),
+                opt3(c.teacher_gap),
+                opt3(c.teacher_abs_gap),
                 c.gap_samples
             );
         }
@@ -592,8 +585,8 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
                     x.grad_norm,
                     x.samples,
                     x.tokens,
-                    f3(x.reward_part),
-                    f3(x.teacher_part),
+                    opt3(x.reward_part),
+                    opt3(x.teacher_part),
                     signs,
                     cell(&x.advantage_by_type)
                 );
@@ -636,13 +629,13 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
                 r.sessions,
                 r.sessions_judged,
                 r.agree,
-                f3(r.accuracy),
+                opt3(r.accuracy),
                 r.true_pos,
                 r.false_pos,
                 r.true_neg,
                 r.false_neg,
-                f3(r.mean_score_success),
-                f3(r.mean_score_failure),
+                opt3(r.mean_score_success),
+                opt3(r.mean_score_failure),
                 r.turns_pos,
                 r.turns_zero,
                 r.turns_neg

@@ -12,7 +12,7 @@
 //!   (first messages and replies: corrections, "that's wrong", thanks).
 //! - [`score`]: [`score::personalization_score`] (fraction of responses meeting all preferences, per-preference
 //!   rates) and the `eval_scores` rows ([`crate::schema::EvalScore`]).
-//! - [`report`]: `report.md` and PNG plots, plus generic [`report::line_chart`] / [`report::histogram`].
+//! - [`report`]: `report.md` and `personalization.png` (charts from [`crate::report`]).
 
 pub mod fleet;
 pub mod heldout;
@@ -26,7 +26,7 @@ pub mod sessions;
 pub mod student;
 
 pub use problems::{canonical_answer, default_gsm8k_path, load_gsm8k, parse_number, same_number, split_problems, Problem, Split};
-pub use report::{font_loaded, histogram, interval_chart, line_chart, IntervalItem, write_report, CheckpointEval, DemoReport, NamedSeries, ReportFiles, TimeRow, TimeTable};
+pub use report::{write_report, CheckpointEval, DemoReport, ReportFiles, TimeRow, TimeTable};
 pub use score::{eval_rows, personalization_score, Score};
 pub use student::{check, Preference, Preferences, Student, StudentReply, Verdict, Violation, ViolationKind};
 
