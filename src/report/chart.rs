@@ -384,4 +384,4 @@ pub fn histogram(path: impl AsRef<Path>, title: &str, x_label: &str, series: &[(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

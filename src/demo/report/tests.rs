@@ -1,4 +1,5 @@
 use super::*;
+use crate::report::chart::tests::png_size;
 
 fn score(all: f64, md: f64, concise: f64, plain: f64, end: f64, acc: f64) -> Score {
     let per_preference_rate = [
@@ -39,13 +40,6 @@ fn report() -> DemoReport {
 }
 
 /// Width and height from a PNG's IHDR chunk.
-fn png_size(bytes: &[u8]) -> (u32, u32) {
-    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
-    let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
-    (w, h)
-}
-
 #[test]
 fn report_files_are_written() {
     let dir = tempfile::tempdir().unwrap();

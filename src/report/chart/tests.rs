@@ -1,6 +1,7 @@
 use super::*;
 
-fn png_size(bytes: &[u8]) -> (u32, u32) {
+/// Width and height of a PNG from its IHDR header (the test charts' size check).
+pub(crate) fn png_size(bytes: &[u8]) -> (u32, u32) {
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
