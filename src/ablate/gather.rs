@@ -7,6 +7,7 @@ use std::path::Path;
 use super::collect::CollectReport;
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{sample_advantages, VersionEval};
+use super::hints::{text_rows, HintCounts, HintSource, HintTextRow};
 use super::layout::{read_marker, AgreementMarker, BaseEval, EvalMarker, Layout, ReplayMarker, StagesMarker, TrainMarker};
 use super::plan::{data_pipelines, evaluated_versions, judge_groups, Replicates};
 use super::results::*;
@@ -64,6 +65,8 @@ pub(crate) struct Gathered {
     pub agreement: Vec<AgreementRow>,
     pub judge_sessions: Vec<JudgeSessionRow>,
     pub stage_counts: Vec<StageCountRow>,
+    /// The accepted hint texts of every data pipeline that extracts hints.
+    pub hints: Vec<HintSource>,
     pub timings: Vec<TimingRow>,
     pub missing: Vec<String>,
     pub collect: Option<CollectReport>,
@@ -85,6 +88,7 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
         agreement: vec![],
         judge_sessions: vec![],
         stage_counts: vec![],
+        hints: vec![],
         timings: vec![],
         missing: vec![],
         collect: read_marker::<CollectReport>(&state.join("collect.json"))?,
@@ -104,6 +108,14 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
                 }
             }
             g.timings.push(TimingRow { phase: "stages".into(), name: m.pipeline.clone(), seconds: m.seconds });
+        }
+    }
+    let hinting: Vec<&ResolvedArm> = data_pipelines(arms).into_iter().filter(|a| a.pipeline.method.uses_hints()).collect();
+    if !hinting.is_empty() {
+        let rows: Vec<crate::schema::HintRecord> = lake.read_table()?;
+        for d in hinting {
+            let users: Vec<&str> = arms.iter().filter(|a| a.data_pipeline == d.data_pipeline).map(|a| a.name.as_str()).collect();
+            g.hints.push(HintSource { source: d.data_pipeline.clone(), arms: users.join(", "), counts: HintCounts::of(&rows, Some(&d.data_pipeline)) });
         }
     }
     if let Some(v) = read_marker::<serde_json::Value>(&state.join("agreement-ingest.json"))? {
@@ -213,6 +225,7 @@ pub(crate) fn write_results(g: &Gathered, dir: &Path) -> Result<()> {
     write_table(dir, "judge_agreement", &g.agreement)?;
     write_table(dir, "judge_sessions", &g.judge_sessions)?;
     write_table(dir, "stage_counts", &g.stage_counts)?;
+    write_table(dir, "hint_texts", &g.hints.iter().flat_map(text_rows).collect::<Vec<HintTextRow>>())?;
     write_table(dir, "timings", &g.timings)?;
     Ok(())
 }

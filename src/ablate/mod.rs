@@ -49,6 +49,7 @@ pub mod compare;
 pub mod config;
 pub mod eval;
 mod gather;
+pub mod hints;
 mod layout;
 pub mod online;
 mod plan;

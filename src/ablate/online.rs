@@ -59,6 +59,7 @@ use serde::{Deserialize, Serialize};
 
 use super::baselines::{answers_with_system, memory_system, prompted_system, Baseline, MEMORY_TOKENS};
 use super::compare::{self, PairRow};
+use super::hints::{HintCounts, HintSource, TOP_TEXTS};
 use super::config::{AblationConfig, OnlineSettings, ResolvedArm};
 use super::layout::{read_marker, write_marker, Layout};
 use super::report::AblationSummary;
@@ -115,6 +116,10 @@ pub struct OnlineRun {
     /// Accepted hints in the run (the memory's source; counted for every arm that extracts hints).
     #[serde(default)]
     pub accepted_hints: u64,
+    /// The run's hint rows and accepted hint texts, counted (empty in files written before they were
+    /// recorded).
+    #[serde(default)]
+    pub hint_counts: HintCounts,
 }
 
 /// The version a baseline arm's final evaluation is recorded under (module docs): the end of its run,
@@ -190,6 +195,7 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         .collect();
     let lake = crate::lake::Lake::open(out.join("lake"))?;
     let hints = accepted_hints(&lake)?;
+    let hint_counts = HintCounts::of(&lake.read_table()?, None);
     let rows: Vec<EvalScore> = lake.read_table()?;
     let mut responses: Vec<ResponseRow> = rows
         .into_iter()
@@ -223,6 +229,7 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         baseline: arm.baseline,
         system_prompt,
         accepted_hints: hints.len() as u64,
+        hint_counts,
     })
 }
 
@@ -593,6 +600,7 @@ fn render(
         let _ = writeln!(s, "{o}\n");
     }
     render_preference_rates(&mut s, pref_rates);
+    super::hints::render(&mut s, &hint_sources(runs), TOP_TEXTS);
     let _ = writeln!(s, "## Every evaluated version\n");
     let _ = writeln!(s, "| arm | version | student turns answered by then | score | accuracy | optimizer steps in the run |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
@@ -615,6 +623,22 @@ fn render(
         "Not in the online mode yet: context distillation (offline only, `docs/ablation-student`); held-out loss, the teacher gap and the advantage signs per arm (offline only; each replicate's samples are in its `work/online/<arm>/demo/lake`); v0 is evaluated in every run rather than once. Unused here: `[data]`, `[eval] max_tokens` and `judge_agreement` (the held-out answers use `[online] max_tokens`; `[eval] batch` is the baselines' generation batch).\n"
     );
     s
+}
+
+/// Each arm's hints pooled over its replicates, arms in the order of their first replicate; arms that
+/// extracted no hint (binary) are left out.
+fn hint_sources(runs: &[OnlineRun]) -> Vec<HintSource> {
+    let mut out: Vec<HintSource> = vec![];
+    for r in runs.iter().filter(|r| r.hint_counts.hint_rows > 0) {
+        match out.iter_mut().find(|s| s.source == r.group) {
+            Some(s) => {
+                s.counts.merge(&r.hint_counts);
+                s.arms = format!("{}, {}", s.arms, r.arm);
+            }
+            None => out.push(HintSource { source: r.group.clone(), arms: r.arm.clone(), counts: r.hint_counts.clone() }),
+        }
+    }
+    out
 }
 
 /// The baselines' part of the report: whether each trained arm beats each baseline (the paired
@@ -721,7 +745,22 @@ mod tests {
             baseline: None,
             system_prompt: None,
             accepted_hints: 0,
+            hint_counts: HintCounts::default(),
         }
+    }
+
+    #[test]
+    fn hints_pool_over_an_arms_replicates_and_binary_is_left_out() {
+        let counts = |texts: &[(&str, u64)], rows: u64| HintCounts { hint_rows: rows, texts: texts.iter().map(|(t, n)| (t.to_string(), *n)).collect() };
+        let mut a = run("combined", 1, vec![], None, 1);
+        a.hint_counts = counts(&[("Keep it short.", 2)], 3);
+        let mut b = run("combined", 2, vec![], None, 1);
+        b.hint_counts = counts(&[("Keep it short.", 1), ("No markdown.", 1)], 2);
+        let c = run("binary", 1, vec![], None, 1);
+        let got = hint_sources(&[a, c, b]);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].source.as_str(), got[0].arms.as_str()), ("combined", "combined.seed=1, combined.seed=2"));
+        assert_eq!(got[0].counts, counts(&[("Keep it short.", 3), ("No markdown.", 1)], 5));
     }
 
     #[test]

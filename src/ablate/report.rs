@@ -610,6 +610,7 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
         let _ = writeln!(s, "| {} | {} | {} | {} |", cell(&r.data_pipeline), cell(&r.stage), cell(&r.outcome), r.count);
     }
     s.push('\n');
+    super::hints::render(&mut s, &g.hints, super::hints::TOP_TEXTS);
     if let Some(ag) = &cfg.eval.judge_agreement {
         let _ = writeln!(s, "## Judge vs outcome\n");
         let _ = writeln!(

@@ -32,6 +32,7 @@ pub const TABLES: &[&str] = &[
     "judge_agreement",
     "judge_sessions",
     "stage_counts",
+    "hint_texts",
     "timings",
 ];
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use nextstate::ablate::config::{config_diff, AblationConfig, EvalVersions};
 use nextstate::ablate::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
+use nextstate::ablate::hints::HintTextRow;
 use nextstate::ablate::results::*;
 use nextstate::config::PipelineConfig;
 use nextstate::lake::Lake;
@@ -233,6 +234,21 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     same_rows::<StageCountRow>(&r1, &r2, "stage_counts", |r| built2.contains(&r.data_pipeline) && r.stage != "signals");
     let signals = |d: &Path| -> i64 { read_table::<StageCountRow>(d, "stage_counts").unwrap().iter().filter(|r| r.stage == "signals" && r.outcome == "interactions").map(|r| r.count).sum() };
     assert_eq!((signals(&r1), signals(&r2)), (9, 9));
+    // The accepted hint texts of the data pipelines both runs built are the same (the `arms` column
+    // names only each run's own arms), and each source's shares add up to 1.
+    let hint_texts = |d: &Path| -> Vec<(String, i64, String, i64, i64)> {
+        let mut v: Vec<_> = read_table::<HintTextRow>(d, "hint_texts").unwrap().into_iter().filter(|r| built2.contains(&r.source)).map(|r| (r.source, r.rank, r.hint, r.count, r.words)).collect();
+        v.sort();
+        v
+    };
+    let h1 = hint_texts(&r1);
+    assert!(h1.iter().any(|r| r.0 == pipeline_of(&all1, "opd")), "no accepted hint text for opd's pipeline: {h1:?}");
+    assert_eq!(h1, hint_texts(&r2));
+    let all_hints = read_table::<HintTextRow>(&r1, "hint_texts").unwrap();
+    for src in all_hints.iter().map(|r| r.source.as_str()).collect::<BTreeSet<_>>() {
+        let total: f64 = all_hints.iter().filter(|r| r.source == src).map(|r| r.share).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{src}: shares add up to {total}");
+    }
     let ck = read_table::<CheckpointRow>(&r1, "checkpoint_metrics").unwrap();
     assert!(ck.iter().all(|c| c.score.is_finite() && c.heldout_loss.is_some_and(f64::is_finite)), "{ck:?}");
 
@@ -341,6 +357,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
         assert!(md.contains(row), "{row} missing:\n{md}");
     }
     assert!(md.contains("| A | B | seeds | problems | A − B | 95 % CI | p | Holm p | only A / only B met all |"), "{md}");
+    assert!(md.contains("## Hint texts") && md.contains("| source | rank | count | share | words | hint |"), "{md}");
     // The baselines without training: `prompted` always, compared with every arm group.
     assert!(md.contains("### Against the baselines without training") && md.contains("- `prompted`: personalization score"), "{md}");
     let vb = read_table::<nextstate::ablate::compare::PairRow>(&r1, "arm_vs_baselines").unwrap();
@@ -566,6 +583,7 @@ fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one
     assert!(md.contains("Sessions until stable without any learning"), "{md}");
     assert!(md.contains("| prompted | prompted | 2 |") && md.contains("## Does training beat the baselines without training?") && md.contains("| end: v0 with its system prompt |"), "{md}");
     // The teacher's own score per hint strategy opens the report; each preference's rate per arm follows.
+    assert!(md.contains("## Hint texts"), "{md}");
     assert!(md.contains("## The teacher, the bound") && md.contains("| teacher, oracle hints | 2 of 2 |") && md.contains("## Which preferences moved"), "{md}");
     assert!(out.join("work/online/teacher.json").is_file());
 }
