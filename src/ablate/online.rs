@@ -64,7 +64,7 @@ use super::config::{AblationConfig, OnlineSettings, ResolvedArm};
 use super::layout::{read_marker, write_marker, Layout};
 use super::report::AblationSummary;
 use super::results::{ArmRow, CheckpointRow, ResponseRow};
-use crate::demo::run::{accepted_hints, run_demo, AgentContext, DemoOptions};
+use crate::demo::run::{accepted_texts, run_demo, AgentContext, DemoOptions};
 use crate::demo::sessions::{chance_of_stable, SessionOutcome, SessionsSummary, STABLE_RUN};
 use crate::error::{Error, Result};
 use crate::runtime::Stop;
@@ -194,8 +194,10 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         .map(|e| CheckpointRow::score_only(&arm.name, e.version, e.version * every, e.interactions as i64, e.score.fraction_all_satisfied, e.score.accuracy, e.score.n as i64))
         .collect();
     let lake = crate::lake::Lake::open(out.join("lake"))?;
-    let hints = accepted_hints(&lake)?;
-    let hint_counts = HintCounts::of(&lake.read_table()?, None);
+    // One read of the hints table for both: the memory's texts and the report's counts.
+    let hint_rows: Vec<crate::schema::HintRecord> = lake.read_table()?;
+    let hints = accepted_texts(&hint_rows);
+    let hint_counts = HintCounts::of(&hint_rows, None);
     let rows: Vec<EvalScore> = lake.read_table()?;
     let mut responses: Vec<ResponseRow> = rows
         .into_iter()

@@ -556,7 +556,7 @@ pub fn render(o: &PrmEvalOptions, r: &PrmEvalResults) -> String {
         }
         s.push_str(&format!("\n## Unusable votes of `{}`\n\n| error | votes |\n|---|---|\n", f.name));
         for (why, n) in &f.unusable_by_reason {
-            s.push_str(&format!("| {} | {n} |\n", why.replace('|', "\\|").replace('\n', " ")));
+            s.push_str(&format!("| {} | {n} |\n", crate::report::cell(why)));
         }
         s.push_str("\nExamples (raw answers, first 300 characters):\n\n");
         for u in f.unusable_examples.iter().take(5) {

@@ -106,10 +106,14 @@ const SERVE_ONLY: &[&str] = &["serve", "proxy", Stage::Signals.name(), Stage::Ju
 /// # Errors
 /// Lake errors.
 pub fn accepted_hints(lake: &crate::lake::Lake) -> Result<Vec<String>> {
-    let mut rows: Vec<(i64, String, String)> =
-        lake.read_table::<crate::schema::HintRecord>()?.into_iter().filter_map(|h| Some((h.processed_time, h.interaction_id, h.chosen_hint?))).collect();
+    Ok(accepted_texts(&lake.read_table::<crate::schema::HintRecord>()?))
+}
+
+/// The accepted hints of hint rows `rows`, oldest first (by processing time, then turn id).
+pub fn accepted_texts(rows: &[crate::schema::HintRecord]) -> Vec<String> {
+    let mut rows: Vec<(i64, &str, &str)> = rows.iter().filter_map(|h| Some((h.processed_time, h.interaction_id.as_str(), h.chosen_hint.as_deref()?))).collect();
     rows.sort();
-    Ok(rows.into_iter().map(|(_, _, h)| h).collect())
+    rows.into_iter().map(|(_, _, h)| h.to_string()).collect()
 }
 
 /// The agent's memory ([`AgentContext::Memory`]): the system prompt of the last refresh.
