@@ -37,6 +37,10 @@ pub struct VersionEval {
     pub heldout: Vec<HeldoutRow>,
     /// Teacher/student gap, one row per hinted held-out sample.
     pub gaps: Vec<GapRow>,
+    /// Log-prob sums of the fixed token sets by group ([`super::mass`]; empty in evaluations written
+    /// before it existed).
+    #[serde(default)]
+    pub mass: Vec<super::mass::MassRow>,
 }
 
 /// The personalization score and the response rows of `answers`.
@@ -141,31 +145,38 @@ fn token_gap(teacher: &[f32], student: &[f32], mask: &[i32]) -> Option<(f64, f64
 }
 
 /// Each sample's mean advantage over its masked tokens as the arm's loss computes it at the start of
-/// training (docs/method.md §6, [`crate::trainer::loss::advantages`]): the OPD target's student side is the
-/// current policy, which at the start is v0, the weights that collected every sample, so its log-probs
-/// of the response are the samples' rollout log-probs; times
-/// the sample's sign in a random-sign control arm ([`TrainerConfig::advantage_sign_of`]).
+/// training: the mean over its trained tokens of [`token_advantages`] (0 for a sample without one).
 ///
 /// # Errors
-/// [`crate::Error::InvalidInput`] when a sample lacks what the method needs; tensor errors.
+/// As [`token_advantages`].
 pub fn sample_advantages(method: Method, trainer: &TrainerConfig, samples: &[Sample]) -> Result<Vec<f64>> {
+    samples
+        .iter()
+        .map(|s| Ok(masked_mean(token_advantages(method, trainer, s)?.iter().map(|x| f64::from(*x)), &s.loss_mask).unwrap_or(0.0)))
+        .collect()
+}
+
+/// One sample's advantage per response token (length `response_token_ids`, f32) as the arm's loss
+/// computes it at the start of training (docs/method.md §6, [`crate::trainer::loss::advantages`]): the OPD
+/// target's student side is the current policy, which at the start is v0, the weights that collected
+/// every sample, so its log-probs of the response are the sample's rollout log-probs; times the sample's
+/// sign in a random-sign control arm ([`TrainerConfig::advantage_sign_of`]).
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when the sample lacks what the method needs; tensor errors.
+pub fn token_advantages(method: Method, trainer: &TrainerConfig, s: &Sample) -> Result<Vec<f32>> {
     let cfg = trainer.loss_config(method);
-    let mut out = vec![];
-    for s in samples {
-        let t = s.response_token_ids.len() as i64;
-        let old = Tensor::f_from_slice(&s.rollout_logprobs)?.f_reshape([1, t])?;
-        let mask = Tensor::f_from_slice(&s.loss_mask)?.f_to_kind(tch::Kind::Float)?.f_reshape([1, t])?;
-        let reward = Tensor::f_from_slice(&[s.reward])?;
-        let teacher = match &s.teacher_logprobs {
-            Some(v) => Some(Tensor::f_from_slice(v)?.f_reshape([1, t])?),
-            None => None,
-        };
-        let a = crate::trainer::loss::advantages(&cfg, &reward, &old, teacher.as_ref(), &[s.sample_type], &mask)?;
-        let a: Vec<f32> = Vec::<f32>::try_from(&a.f_reshape([t])?)?;
-        let sign = f64::from(trainer.advantage_sign_of(&s.sample_id));
-        out.push(sign * masked_mean(a.iter().map(|x| f64::from(*x)), &s.loss_mask).unwrap_or(0.0));
-    }
-    Ok(out)
+    let t = s.response_token_ids.len() as i64;
+    let old = Tensor::f_from_slice(&s.rollout_logprobs)?.f_reshape([1, t])?;
+    let mask = Tensor::f_from_slice(&s.loss_mask)?.f_to_kind(tch::Kind::Float)?.f_reshape([1, t])?;
+    let reward = Tensor::f_from_slice(&[s.reward])?;
+    let teacher = match &s.teacher_logprobs {
+        Some(v) => Some(Tensor::f_from_slice(v)?.f_reshape([1, t])?),
+        None => None,
+    };
+    let a = crate::trainer::loss::advantages(&cfg, &reward, &old, teacher.as_ref(), &[s.sample_type], &mask)?;
+    let sign = trainer.advantage_sign_of(&s.sample_id);
+    Ok(Vec::<f32>::try_from(&a.f_reshape([t])?)?.into_iter().map(|x| x * sign).collect())
 }
 
 /// Judge-vs-outcome agreement of `pipeline`'s judgments: per labelled session (main turns with an

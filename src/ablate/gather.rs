@@ -8,6 +8,7 @@ use super::collect::CollectReport;
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{sample_advantages, VersionEval};
 use super::hints::{text_rows, HintCounts, HintSource, HintTextRow};
+use super::mass::MassRow;
 use super::layout::{read_marker, AgreementMarker, BaseEval, EvalMarker, Layout, ReplayMarker, StagesMarker, TrainMarker};
 use super::plan::{data_pipelines, evaluated_versions, judge_groups, Replicates};
 use super::results::*;
@@ -59,6 +60,8 @@ pub(crate) struct Gathered {
     pub preferences: Vec<PreferenceRow>,
     pub heldout: Vec<HeldoutRow>,
     pub gaps: Vec<GapRow>,
+    /// Log-prob sums of the fixed token sets ([`super::mass`]).
+    pub mass: Vec<MassRow>,
     pub steps: Vec<StepRow>,
     pub advantages: Vec<AdvantageRow>,
     pub responses: Vec<ResponseRow>,
@@ -82,6 +85,7 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
         preferences: vec![],
         heldout: vec![],
         gaps: vec![],
+        mass: vec![],
         steps: vec![],
         advantages: vec![],
         responses: vec![],
@@ -206,6 +210,7 @@ pub(crate) async fn gather(cfg: &AblationConfig, arms: &[ResolvedArm], replicate
             }
             g.heldout.extend(e.heldout);
             g.gaps.extend(e.gaps);
+            g.mass.extend(e.mass);
             g.responses.extend(e.responses);
         }
     }
@@ -219,6 +224,7 @@ pub(crate) fn write_results(g: &Gathered, dir: &Path) -> Result<()> {
     write_table(dir, "preference_rates", &g.preferences)?;
     write_table(dir, "heldout_losses", &g.heldout)?;
     write_table(dir, "teacher_gaps", &g.gaps)?;
+    write_table(dir, "token_mass", &g.mass)?;
     write_table(dir, "steps", &g.steps)?;
     write_table(dir, "advantages", &g.advantages)?;
     write_table(dir, "responses", &g.responses)?;

@@ -120,6 +120,11 @@ pub(super) struct BaseEval {
     /// The baselines without training (empty in markers written before they existed: computed then).
     #[serde(default)]
     pub(super) baselines: Vec<BaselineEval>,
+    /// v0's greedy answers as token ids, one per held-out problem in `responses` order: (problem id,
+    /// prompt ids, response ids) ([`super::mass`]'s held-out set; empty in markers written before it
+    /// existed: computed then).
+    #[serde(default)]
+    pub(super) answer_ids: Vec<(i64, Vec<u32>, Vec<u32>)>,
 }
 
 /// A baseline without training on the held-out problems ([`super::baselines`]).

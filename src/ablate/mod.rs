@@ -30,7 +30,9 @@
 //!    labelled logs (tau-bench rewards); the hint-conditioned teacher itself is scored on the same
 //!    problems once per hint strategy ([`teacher_eval`]): the bound distillation can reach; and two
 //!    baselines without training ([`baselines`]: the preferences in the system prompt, and the
-//!    accepted hints accumulated as memory) that training has to beat.
+//!    accepted hints accumulated as memory) that training has to beat. Every version also scores two
+//!    fixed token sets — v0's held-out answers and the arm's trained tokens — by token class, position
+//!    and starting advantage sign ([`mass`]), so the report shows which tokens an arm raised or lowered.
 //! 4. **Report** ([`report`]): `report.md`, PNG plots and Parquet tables of every number ([`results`]);
 //!    with several replicate seeds per arm (`[shared] seeds`), each arm's mean and 95 % interval over
 //!    seeds and paired tests between arms on the same problems ([`compare`]).
@@ -51,6 +53,7 @@ pub mod eval;
 mod gather;
 pub mod hints;
 mod layout;
+pub mod mass;
 pub mod online;
 mod plan;
 pub mod replay;

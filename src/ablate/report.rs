@@ -522,6 +522,9 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
         "- The paper's claim is combined > OPD > binary; \"Arms over seeds\" above says whether it holds in this run, with this model, data size and budget.\n"
     );
 
+    let pairs: Vec<(&str, &str)> = g.arms.iter().map(|a| (a.arm.as_str(), a.group.as_str())).collect();
+    super::mass::render(&mut s, &pairs, &g.mass, &|arm| g.checkpoints.iter().filter(|c| c.arm == arm).map(|c| c.version).max());
+
     // Per arm
     let _ = writeln!(s, "## Per arm\n");
     let prefs: Vec<String> = cfg.student.preferences().enabled().iter().map(|p| p.name().to_string()).collect();

@@ -26,6 +26,7 @@ pub const TABLES: &[&str] = &[
     "preference_rates",
     "heldout_losses",
     "teacher_gaps",
+    "token_mass",
     "steps",
     "advantages",
     "responses",

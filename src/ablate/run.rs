@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use super::collect::{collect, collect_plans, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
-use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, VersionEval};
-use crate::demo::heldout::{greedy_answers, load_policy};
+use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, token_advantages, VersionEval};
+use super::mass::{mass_rows, sign_of, MassItem, HELDOUT as MASS_HELDOUT, TRAINED as MASS_TRAINED};
+use crate::demo::heldout::{greedy_generations, load_policy};
 use super::baselines::{answers_with_system, memory_system, prompted_system, MEMORY_TOKENS};
 use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, BaselineEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
 use super::teacher_eval::{teacher_answers, HintStrategy};
@@ -421,6 +422,13 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
                 b.baselines = baseline_evals(cfg, p, stop).await?;
                 write_marker(&path, &b)?;
             }
+            if b.answer_ids.is_empty() && !b.responses.is_empty() {
+                check_stop(stop)?;
+                let (pcfg, problems, student) = (p.arms[0].pipeline.clone(), p.eval_problems.clone(), p.student.clone());
+                let (max_tokens, batch) = (cfg.eval.max_tokens, cfg.eval.batch);
+                b.answer_ids = blocking(move || Ok(answer_ids(&greedy_generations(&load_policy(&pcfg, None)?, &problems, &student, max_tokens, batch)?))).await?;
+                write_marker(&path, &b)?;
+            }
             return Ok(b);
         }
     }
@@ -429,21 +437,53 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
     let t = Instant::now();
     let (pcfg, problems, student, gap_set) = (p.arms[0].pipeline.clone(), p.eval_problems.clone(), p.student.clone(), p.gap_samples.clone());
     let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
-    let (score, responses, gaps) = blocking(move || {
+    let (score, responses, gaps, answer_ids) = blocking(move || {
         let lm = load_policy(&pcfg, None)?;
-        let answers = greedy_answers(&lm, &problems, &student, max_tokens, batch)?;
+        let generated = greedy_generations(&lm, &problems, &student, max_tokens, batch)?;
+        let ids = answer_ids(&generated);
+        let answers: Vec<(Problem, String)> = generated.into_iter().map(|a| (a.problem, a.text)).collect();
         let (score, responses) = score_answers("", 0, &answers, &prefs);
         let gaps = gap_rows(&lm, "", 0, &gap_set, pcfg.trainer.batch_size, pcfg.trainer.temperature)?;
-        Ok((score, responses, gaps))
+        Ok((score, responses, gaps, ids))
     })
     .await?;
     let seconds = t.elapsed().as_secs_f64();
     eprintln!("[ablate] initial weights: personalization score {:.3} (accuracy {:.3})", score.fraction_all_satisfied, score.accuracy);
     let teachers = teacher_evals(cfg, p, &responses, stop).await?;
     let baselines = baseline_evals(cfg, p, stop).await?;
-    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers, baselines };
+    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers, baselines, answer_ids };
     write_marker(&path, &b)?;
     Ok(b)
+}
+
+/// v0's greedy answers as the (problem id, prompt ids, response ids) of [`BaseEval::answer_ids`].
+fn answer_ids(generated: &[crate::demo::heldout::HeldoutAnswer]) -> Vec<(i64, Vec<u32>, Vec<u32>)> {
+    generated.iter().map(|a| (a.problem.id as i64, a.prompt_ids.clone(), a.response_ids.clone())).collect()
+}
+
+/// The two token sets of [`super::mass`] for one arm: v0's held-out answers (every token counted, no
+/// sign) and the arm's training samples (their trained tokens, labelled with the sign of their starting
+/// advantage; unlabelled when the arm trains at a temperature other than 1, where the rollout
+/// log-probs are not v0's at the trainer's temperature).
+fn mass_items(base: &BaseEval, arm: &ResolvedArm, trained: &[Sample]) -> Result<(Vec<MassItem>, Vec<MassItem>)> {
+    let heldout = base
+        .answer_ids
+        .iter()
+        .filter(|(_, _, r)| !r.is_empty())
+        .map(|(_, p, r)| MassItem { prompt_ids: p.clone(), response_ids: r.clone(), counted: vec![true; r.len()], signs: vec![""; r.len()] })
+        .collect();
+    let t1 = arm.pipeline.trainer.temperature == 1.0;
+    let mut items = vec![];
+    for s in trained {
+        let signs = if t1 { token_advantages(arm.pipeline.method, &arm.pipeline.trainer, s)?.into_iter().map(sign_of).collect() } else { vec![""; s.response_token_ids.len()] };
+        items.push(MassItem {
+            prompt_ids: s.prompt_token_ids.iter().map(|&x| x as u32).collect(),
+            response_ids: s.response_token_ids.iter().map(|&x| x as u32).collect(),
+            counted: s.loss_mask.iter().map(|m| *m != 0).collect(),
+            signs,
+        });
+    }
+    Ok((heldout, items))
 }
 
 /// The hint-conditioned teacher (the initial weights reading a hint) on the held-out problems, once per
@@ -585,6 +625,11 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
         Some(q) => query_samples(&lake, &q).await?,
         None => vec![],
     };
+    let trained = match read_marker::<TrainMarker>(&lay.arm(&arm.name).join("train.json"))? {
+        Some(t) if !t.sample_ids.is_empty() => query_samples(&lake, &t.train_sql).await?,
+        _ => vec![],
+    };
+    let (mass_heldout, mass_trained) = mass_items(base, arm, &trained)?;
     let dir = lay.arm(&arm.name).join("eval");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
     let mut out = vec![];
@@ -600,6 +645,7 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
         let t = Instant::now();
         let name = arm.name.clone();
         let (pcfg, problems, student, gap_set, held) = (arm.pipeline.clone(), p.eval_problems.clone(), p.student.clone(), p.gap_samples.clone(), heldout.clone());
+        let (mass_h, mass_t) = (mass_heldout.clone(), mass_trained.clone());
         let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
         let base_part = (version == 0).then(|| (base.score.clone(), base.responses.clone(), base.gaps.clone()));
         let eval = blocking(move || {
@@ -611,13 +657,15 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
                     (score, responses, gaps)
                 }
                 None => {
-                    let answers = greedy_answers(&lm, &problems, &student, max_tokens, batch)?;
+                    let answers: Vec<(Problem, String)> = greedy_generations(&lm, &problems, &student, max_tokens, batch)?.into_iter().map(|a| (a.problem, a.text)).collect();
                     let (score, responses) = score_answers(&name, version, &answers, &prefs);
                     (score, responses, gap_rows(&lm, &name, version, &gap_set, pcfg.trainer.batch_size, pcfg.trainer.temperature)?)
                 }
             };
             let heldout = heldout_rows(&lm, &name, version, pcfg.method, &pcfg.trainer, &held)?;
-            Ok(VersionEval { version, step, interactions_seen: seen, samples_seen, score, responses, heldout, gaps })
+            let mut mass = mass_rows(&lm, &name, version, MASS_HELDOUT, &mass_h, pcfg.trainer.batch_size)?;
+            mass.extend(mass_rows(&lm, &name, version, MASS_TRAINED, &mass_t, pcfg.trainer.batch_size)?);
+            Ok(VersionEval { version, step, interactions_seen: seen, samples_seen, score, responses, heldout, gaps, mass })
         })
         .await?;
         let seconds = t.elapsed().as_secs_f64();

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use nextstate::ablate::config::{config_diff, AblationConfig, EvalVersions};
 use nextstate::ablate::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
 use nextstate::ablate::hints::HintTextRow;
+use nextstate::ablate::mass::MassRow;
 use nextstate::ablate::results::*;
 use nextstate::config::PipelineConfig;
 use nextstate::lake::Lake;
@@ -213,6 +214,7 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     same_rows::<PreferenceRow>(&r1, &r2, "preference_rates", |r| mine(&r.arm));
     same_rows::<HeldoutRow>(&r1, &r2, "heldout_losses", |r| mine(&r.arm));
     same_rows::<GapRow>(&r1, &r2, "teacher_gaps", |r| mine(&r.arm));
+    same_rows::<MassRow>(&r1, &r2, "token_mass", |r| mine(&r.arm));
     same_rows::<StepRow>(&r1, &r2, "steps", |r| mine(&r.arm));
     // --metrics-jsonl: one line per training step of the arm, with its arm and seed, as the steps table.
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jsonl).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -251,6 +253,23 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     }
     let ck = read_table::<CheckpointRow>(&r1, "checkpoint_metrics").unwrap();
     assert!(ck.iter().all(|c| c.score.is_finite() && c.heldout_loss.is_some_and(f64::is_finite)), "{ck:?}");
+    // Token mass: every evaluated version of an arm scores the same tokens (v0's held-out answers: one
+    // count per group at every version; the arm's trained tokens, each with its starting advantage sign),
+    // and the trained set counts exactly the arm's trained tokens.
+    let mass = read_table::<MassRow>(&r1, "token_mass").unwrap();
+    let adv1 = read_table::<AdvantageRow>(&r1, "advantages").unwrap();
+    for c in &ck {
+        let groups = |v: i64| -> Vec<(String, String, String, String, i64)> {
+            mass.iter().filter(|r| r.arm == c.arm && r.version == v).map(|r| (r.set.clone(), r.class.clone(), r.band.clone(), r.sign.clone(), r.tokens)).collect()
+        };
+        assert_eq!(groups(c.version), groups(0), "{} v{}: other tokens than v0's", c.arm, c.version);
+        let of = |set: &str| mass.iter().filter(|r| r.arm == c.arm && r.version == c.version && r.set == set).collect::<Vec<_>>();
+        assert!(!of("heldout").is_empty() && of("heldout").iter().all(|r| r.sign.is_empty() && r.logprob_sum.is_finite() && r.logprob_sum <= 0.0), "{}", c.arm);
+        let trained: i64 = of("trained").iter().map(|r| r.tokens).sum();
+        assert_eq!(trained, adv1.iter().filter(|a| a.arm == c.arm).map(|a| a.tokens).sum::<i64>(), "{}: trained tokens", c.arm);
+        assert!(of("trained").iter().all(|r| ["+", "-", "0"].contains(&r.sign.as_str())), "{}", c.arm);
+    }
+    assert!(std::fs::read_to_string(one.join("report.md")).unwrap().contains("## Where the probability mass moved"));
 
     // The arms differ exactly where the file says.
     let cfg = AblationConfig::load(&config).unwrap();
