@@ -8,9 +8,11 @@
 //! - [`HELDOUT`]: v0's greedy answers to the held-out problems (every response token, the stop token
 //!   included when an answer ended on one);
 //! - [`TRAINED`]: the arm's own training samples (the tokens its loss mask trains), each labelled with
-//!   the sign of its advantage at the start of training (docs/method.md §6 with the rollout log-probs as
-//!   the current policy, [`super::eval::token_advantages`]): `+` tokens are the ones the first step
-//!   pushes up, `−` the ones it pushes down.
+//!   two [`Direction`]s: the sign of its advantage at the start of training (docs/method.md §6 with the
+//!   rollout log-probs as the current policy, [`super::eval::token_advantages`]; `+` tokens are the ones
+//!   the first step pushes up, `−` the ones it pushes down), and where the sample has teacher log-probs
+//!   the sign of `teacher − rollout` (the hint-conditioned teacher's direction on that token, the same
+//!   split for every arm that trains on a teacher, whatever its loss: a top-K arm's advantage is 0).
 //!
 //! Each version stores, per (set, class, band, sign), the token count and the summed log-prob (nats,
 //! temperature 1). The change of a group from v0 to version v is `(Σ log π_v − Σ log π_0) / n` over the
@@ -22,6 +24,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::input_err;
 use crate::model::LanguageModel;
 use crate::report::cell;
 
@@ -35,6 +38,8 @@ pub const TRAINED: &str = "trained";
 pub enum TokenClass {
     /// A stop token (end of the turn): its mass is the probability of ending the answer there.
     End,
+    /// Another special token (one that decodes to nothing once special tokens are skipped).
+    Special,
     /// A token with an ASCII digit (the numbers of the working and the final answer).
     Number,
     /// A token with markdown punctuation (`*`, `#`, `` ` ``, `|`).
@@ -47,13 +52,15 @@ pub enum TokenClass {
 
 impl TokenClass {
     /// Every class, in report order.
-    pub const ALL: [TokenClass; 5] = [TokenClass::End, TokenClass::Number, TokenClass::Markdown, TokenClass::Newline, TokenClass::Word];
+    pub const ALL: [TokenClass; 6] = [TokenClass::End, TokenClass::Special, TokenClass::Number, TokenClass::Markdown, TokenClass::Newline, TokenClass::Word];
 
-    /// The class of a token whose decoded text is `text`; `stop` when its id is one of the model's stop
-    /// ids.
-    pub fn of(text: &str, stop: bool) -> TokenClass {
+    /// The class of a token whose decoded text is `text` (special tokens kept); `stop` when its id is one
+    /// of the model's stop ids, `special` when it is another special token.
+    pub fn of(text: &str, stop: bool, special: bool) -> TokenClass {
         if stop {
             TokenClass::End
+        } else if special {
+            TokenClass::Special
         } else if text.chars().any(|c| c.is_ascii_digit()) {
             TokenClass::Number
         } else if text.contains(['*', '#', '`', '|']) {
@@ -69,10 +76,54 @@ impl TokenClass {
     pub fn as_str(self) -> &'static str {
         match self {
             TokenClass::End => "end",
+            TokenClass::Special => "special",
             TokenClass::Number => "number",
             TokenClass::Markdown => "markdown",
             TokenClass::Newline => "newline",
             TokenClass::Word => "word",
+        }
+    }
+}
+
+/// Advantages and teacher − rollout differences within this many nats of 0 count as 0 ([`Direction`]):
+/// below the float noise between two scoring passes of the same weights, above it a real push.
+pub const DEAD_BAND: f32 = 1e-3;
+
+/// The sign of a per-token quantity (nats), with [`DEAD_BAND`] around 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Direction {
+    /// Above `DEAD_BAND`.
+    Up,
+    /// Below `−DEAD_BAND`.
+    Down,
+    /// Within the band.
+    Flat,
+    /// Not defined for this token (a held-out answer; a sample without teacher log-probs; an arm trained
+    /// at a temperature other than 1).
+    None,
+}
+
+impl Direction {
+    /// The direction of `x` (nats; a non-finite `x` is `None`).
+    pub fn of(x: f32) -> Direction {
+        if !x.is_finite() {
+            Direction::None
+        } else if x > DEAD_BAND {
+            Direction::Up
+        } else if x < -DEAD_BAND {
+            Direction::Down
+        } else {
+            Direction::Flat
+        }
+    }
+
+    /// `+`, `-`, `0` or `""`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Up => "+",
+            Direction::Down => "-",
+            Direction::Flat => "0",
+            Direction::None => "",
         }
     }
 }
@@ -90,19 +141,8 @@ fn band_index(t: usize, len: usize) -> usize {
     (3 * t / len.max(1)).min(2)
 }
 
-/// The sign label of an advantage: `+`, `-` or `0`.
-pub fn sign_of(a: f32) -> &'static str {
-    if a > 0.0 {
-        "+"
-    } else if a < 0.0 {
-        "-"
-    } else {
-        "0"
-    }
-}
-
-/// One response to score: its prompt and response ids, which response tokens count (one entry per
-/// response token), and per response token its sign label (empty strings where no sign applies).
+/// One response to score: its prompt and response ids, which response tokens count, and per response
+/// token its two [`Direction`]s (every vector one entry per response token).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MassItem {
     /// Prompt token ids.
@@ -111,16 +151,19 @@ pub struct MassItem {
     pub response_ids: Vec<u32>,
     /// Whether each response token is counted (the loss mask of a sample; all for an answer).
     pub counted: Vec<bool>,
-    /// Per response token: `+`, `-`, `0`, or `""`.
-    pub signs: Vec<&'static str>,
+    /// The sign of each token's advantage at the start of training.
+    pub signs: Vec<Direction>,
+    /// The sign of each token's `teacher − rollout` log-prob.
+    pub teacher: Vec<Direction>,
 }
 
-/// One group's tokens at one version (`token_mass`).
+/// One group's tokens at one version (`token_mass`): the tokens of one set with the same class, third
+/// and directions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MassRow {
     /// Arm.
     pub arm: String,
-    /// Version.
+    /// Checkpoint version (0 = the initial weights).
     pub version: i64,
     /// [`HELDOUT`] or [`TRAINED`].
     pub set: String,
@@ -128,52 +171,68 @@ pub struct MassRow {
     pub class: String,
     /// [`band`].
     pub band: String,
-    /// [`sign_of`] of the token's advantage at the start of training (`""` for the held-out set).
+    /// [`Direction::as_str`] of the token's advantage at the start of training (`""` for the held-out
+    /// set).
     pub sign: String,
+    /// [`Direction::as_str`] of the token's `teacher − rollout` log-prob (`""` without teacher
+    /// log-probs).
+    #[serde(default)]
+    pub teacher_sign: String,
     /// Tokens in the group.
     pub tokens: i64,
-    /// Their summed log-prob under the version, nats.
+    /// Their summed log-prob under the version, nats (temperature 1).
     pub logprob_sum: f64,
 }
 
-/// The rows of one version from the log-probs `logprobs[i][t]` of `items[i]`'s response tokens, with
-/// `class_of(id)` the class of a token id. Tokens not counted, and items whose log-probs have another
-/// length than their response, add nothing. Rows come in (class, band, sign) order.
-pub fn aggregate(arm: &str, version: i64, set: &str, items: &[MassItem], logprobs: &[Vec<f32>], mut class_of: impl FnMut(u32) -> TokenClass) -> Vec<MassRow> {
-    let mut acc: BTreeMap<(TokenClass, usize, &'static str), (i64, f64)> = BTreeMap::new();
-    for (item, lp) in items.iter().zip(logprobs) {
+/// The rows of one version from the log-probs `logprobs[i][t]` (nats) of `items[i]`'s response tokens,
+/// with `class_of(id)` the class of a token id; only counted tokens add. Rows come in (class, band,
+/// sign, teacher sign) order.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] when `logprobs` has another length than `items`, or an item's
+/// log-probs, `counted`, `signs` or `teacher` have another length than its response.
+pub fn aggregate(arm: &str, version: i64, set: &str, items: &[MassItem], logprobs: &[Vec<f32>], mut class_of: impl FnMut(u32) -> TokenClass) -> Result<Vec<MassRow>> {
+    if logprobs.len() != items.len() {
+        return Err(input_err!("token mass of {arm} v{version} ({set}): {} log-prob rows for {} responses", logprobs.len(), items.len()));
+    }
+    let mut acc: BTreeMap<(TokenClass, usize, Direction, Direction), (i64, f64)> = BTreeMap::new();
+    for (k, (item, lp)) in items.iter().zip(logprobs).enumerate() {
         let n = item.response_ids.len();
-        if lp.len() != n || item.counted.len() != n || item.signs.len() != n {
-            continue;
+        let lens = [lp.len(), item.counted.len(), item.signs.len(), item.teacher.len()];
+        if lens.iter().any(|l| *l != n) {
+            return Err(input_err!("token mass of {arm} v{version} ({set}), response {k}: {n} tokens but log-probs/counted/signs/teacher lengths {lens:?}"));
         }
         for t in 0..n {
             if !item.counted[t] {
                 continue;
             }
-            let e = acc.entry((class_of(item.response_ids[t]), band_index(t, n), item.signs[t])).or_insert((0, 0.0));
+            let e = acc.entry((class_of(item.response_ids[t]), band_index(t, n), item.signs[t], item.teacher[t])).or_insert((0, 0.0));
             e.0 += 1;
             e.1 += f64::from(lp[t]);
         }
     }
-    acc.into_iter()
-        .map(|((class, band, sign), (tokens, sum))| MassRow {
+    Ok(acc
+        .into_iter()
+        .map(|((class, band, sign, teacher), (tokens, sum))| MassRow {
             arm: arm.into(),
             version,
             set: set.into(),
             class: class.as_str().into(),
             band: BANDS[band].into(),
-            sign: sign.into(),
+            sign: sign.as_str().into(),
+            teacher_sign: teacher.as_str().into(),
             tokens,
             logprob_sum: sum,
         })
-        .collect()
+        .collect())
 }
 
-/// [`aggregate`] of `items` scored by `lm` (temperature 1, `batch` items per forward pass); a token's
-/// class comes from its decoded text and the model's stop ids.
+/// [`aggregate`] of `items` scored by `lm` (temperature 1, at most `batch` items per scoring call); a
+/// token's class comes from its decoded text, the model's stop ids and whether it decodes to nothing
+/// with special tokens skipped.
 ///
 /// # Errors
-/// Model and tokenizer errors.
+/// Model and tokenizer errors; those of [`aggregate`].
 pub fn mass_rows(lm: &LanguageModel, arm: &str, version: i64, set: &str, items: &[MassItem], batch: usize) -> Result<Vec<MassRow>> {
     let mut logprobs = Vec::with_capacity(items.len());
     for chunk in items.chunks(batch.max(1)) {
@@ -181,21 +240,14 @@ pub fn mass_rows(lm: &LanguageModel, arm: &str, version: i64, set: &str, items: 
         logprobs.extend(lm.score(&pairs, 0)?.into_iter().map(|s| s.logprobs));
     }
     let stops = lm.eos_token_ids().to_vec();
-    let mut texts: HashMap<u32, TokenClass> = HashMap::new();
-    let mut err = None;
-    let rows = aggregate(arm, version, set, items, &logprobs, |id| {
-        *texts.entry(id).or_insert_with(|| match lm.decode(&[id], false) {
-            Ok(t) => TokenClass::of(&t, stops.contains(&id)),
-            Err(e) => {
-                err.get_or_insert(e);
-                TokenClass::Word
-            }
-        })
-    });
-    match err {
-        Some(e) => Err(e),
-        None => Ok(rows),
+    let mut classes: HashMap<u32, TokenClass> = HashMap::new();
+    for id in items.iter().flat_map(|i| i.response_ids.iter().copied()) {
+        if let std::collections::hash_map::Entry::Vacant(e) = classes.entry(id) {
+            let (text, plain) = (lm.decode(&[id], false)?, lm.decode(&[id], true)?);
+            e.insert(TokenClass::of(&text, stops.contains(&id), plain.is_empty() && !text.is_empty()));
+        }
     }
+    aggregate(arm, version, set, items, &logprobs, |id| classes.get(&id).copied().unwrap_or(TokenClass::Word))
 }
 
 /// Pooled change of a selection of rows from v0 to each replicate's last version: the arm groups'
@@ -225,7 +277,8 @@ fn delta_cell(p: Option<(f64, i64)>, total: i64) -> String {
 
 /// The report's `## Where the probability mass moved`: per arm group (replicates pooled), the change of
 /// mean log-prob from v0 to the last version on v0's held-out answers by token class and by third of the
-/// answer, and on the arm's trained tokens by the sign of their starting advantage. `arms` are (arm,
+/// answer, and on the arm's trained tokens by the sign of their starting advantage and the teacher's
+/// direction. `arms` are (arm,
 /// group) pairs (an empty group is the arm itself); `last` gives each arm's last evaluated version.
 /// Nothing is written when no arm has rows at a version above 0.
 pub fn render(s: &mut String, arms: &[(&str, &str)], rows: &[MassRow], last: &dyn Fn(&str) -> Option<i64>) {
@@ -267,29 +320,32 @@ pub fn render(s: &mut String, arms: &[(&str, &str)], rows: &[MassRow], last: &dy
         }
         s.push('\n');
     }
-    let trained = |r: &MassRow| r.set == TRAINED && !r.sign.is_empty();
-    let _ = writeln!(s, "\nOn the arm's trained tokens, by the sign of their advantage at the start of training (`+` the first step pushes up, `-` down):\n");
-    let _ = writeln!(s, "| arm | + | - | 0 | - numbers | - in the last third | - end | + numbers | + end |");
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let trained = |r: &MassRow| r.set == TRAINED;
+    let _ = writeln!(
+        s,
+        "\nOn the arm's trained tokens: by the sign of their advantage at the start of training (adv `+` = the first step pushes them up, `-` down, `0` = not pushed by the advantage: a reward of 0, a score-only sample, or a top-K loss whose teacher term is outside the advantage), and by the hint-conditioned teacher's direction on them (`t > s`: the teacher's log-prob above the rollout's, `t < s` below; the same split for every arm trained on a teacher; within {DEAD_BAND} nats counts as neither):\n"
+    );
+    let _ = writeln!(s, "| arm | all | adv + | adv - | adv 0 | t > s | t < s | t < s, numbers | t < s, last third | t < s, end | t > s, end |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (g, reps) in &groups {
         let Some((_, total)) = pooled(rows, reps, &trained) else { continue };
-        let sel = |sign: &'static str, extra: fn(&MassRow) -> bool| pooled(rows, reps, &move |r: &MassRow| trained(r) && r.sign == sign && extra(r));
+        let adv = |sign: &'static str| delta_cell(pooled(rows, reps, &move |r: &MassRow| trained(r) && r.sign == sign), total);
+        let tea = |sign: &'static str, extra: fn(&MassRow) -> bool| delta_cell(pooled(rows, reps, &move |r: &MassRow| trained(r) && r.teacher_sign == sign && extra(r)), total);
         let any: fn(&MassRow) -> bool = |_| true;
-        let num: fn(&MassRow) -> bool = |r| r.class == "number";
-        let end: fn(&MassRow) -> bool = |r| r.class == "end";
-        let tail: fn(&MassRow) -> bool = |r| r.band == "last";
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(g),
-            delta_cell(sel("+", any), total),
-            delta_cell(sel("-", any), total),
-            delta_cell(sel("0", any), total),
-            delta_cell(sel("-", num), total),
-            delta_cell(sel("-", tail), total),
-            delta_cell(sel("-", end), total),
-            delta_cell(sel("+", num), total),
-            delta_cell(sel("+", end), total),
+            delta_cell(pooled(rows, reps, &trained), total),
+            adv("+"),
+            adv("-"),
+            adv("0"),
+            tea("+", any),
+            tea("-", any),
+            tea("-", |r| r.class == "number"),
+            tea("-", |r| r.band == "last"),
+            tea("-", |r| r.class == "end"),
+            tea("+", |r| r.class == "end"),
         );
     }
     s.push('\n');
@@ -298,22 +354,25 @@ pub fn render(s: &mut String, arms: &[(&str, &str)], rows: &[MassRow], last: &dy
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Direction::{Down, Flat, Up};
 
-    fn item(ids: &[u32], counted: &[bool], signs: &[&'static str]) -> MassItem {
-        MassItem { prompt_ids: vec![1], response_ids: ids.to_vec(), counted: counted.to_vec(), signs: signs.to_vec() }
+    fn item(ids: &[u32], counted: &[bool], signs: &[Direction], teacher: &[Direction]) -> MassItem {
+        MassItem { prompt_ids: vec![1], response_ids: ids.to_vec(), counted: counted.to_vec(), signs: signs.to_vec(), teacher: teacher.to_vec() }
     }
 
     #[test]
-    fn classes_bands_and_signs_by_hand() {
-        assert_eq!(TokenClass::of(" 42", false), TokenClass::Number);
-        assert_eq!(TokenClass::of("**", false), TokenClass::Markdown);
-        assert_eq!(TokenClass::of("\n", false), TokenClass::Newline);
-        assert_eq!(TokenClass::of(" the", false), TokenClass::Word);
-        assert_eq!(TokenClass::of("<|im_end|>", true), TokenClass::End);
+    fn classes_bands_and_directions_by_hand() {
+        assert_eq!(TokenClass::of(" 42", false, false), TokenClass::Number);
+        assert_eq!(TokenClass::of("**", false, false), TokenClass::Markdown);
+        assert_eq!(TokenClass::of("\n", false, false), TokenClass::Newline);
+        assert_eq!(TokenClass::of(" the", false, false), TokenClass::Word);
+        assert_eq!(TokenClass::of("<|im_end|>", true, true), TokenClass::End);
+        assert_eq!(TokenClass::of("<|im_start|>", false, true), TokenClass::Special);
         // 6 tokens: 0,1 first; 2,3 middle; 4,5 last. 1 token: first.
         assert_eq!((0..6).map(|t| band(t, 6)).collect::<Vec<_>>(), ["first", "first", "middle", "middle", "last", "last"]);
         assert_eq!(band(0, 1), "first");
-        assert_eq!((sign_of(0.5), sign_of(-1e-9), sign_of(0.0)), ("+", "-", "0"));
+        let d = [0.5, 2e-3, 1e-3, 0.0, -1e-3, -2e-3, f32::NAN].map(|x| Direction::of(x).as_str());
+        assert_eq!(d, ["+", "+", "0", "0", "0", "-", ""]);
     }
 
     #[test]
@@ -325,28 +384,32 @@ mod tests {
             _ => TokenClass::Word,
         };
         let items = vec![
-            item(&[5, 7, 9], &[true, true, true], &["+", "-", "-"]),
-            item(&[5, 5, 7], &[false, true, true], &["+", "+", "-"]),
-            item(&[5], &[true], &["+"]), // log-probs of another length: skipped
+            item(&[5, 7, 9], &[true, true, true], &[Up, Down, Down], &[Up, Down, Flat]),
+            item(&[5, 5, 7], &[false, true, true], &[Up, Up, Down], &[Up, Up, Down]),
         ];
-        let lp = vec![vec![-1.0, -2.0, -0.5], vec![-9.0, -0.25, -3.0], vec![-1.0, -1.0]];
-        let rows = aggregate("a", 2, TRAINED, &items, &lp, class);
-        let got: Vec<(&str, &str, &str, i64, f64)> = rows.iter().map(|r| (r.class.as_str(), r.band.as_str(), r.sign.as_str(), r.tokens, r.logprob_sum)).collect();
+        let lp = vec![vec![-1.0, -2.0, -0.5], vec![-9.0, -0.25, -3.0]];
+        let rows = aggregate("a", 2, TRAINED, &items, &lp, class).unwrap();
+        let got: Vec<(&str, &str, &str, &str, i64, f64)> = rows.iter().map(|r| (r.class.as_str(), r.band.as_str(), r.sign.as_str(), r.teacher_sign.as_str(), r.tokens, r.logprob_sum)).collect();
         assert_eq!(
             got,
             vec![
-                ("end", "last", "-", 1, -0.5),
-                ("number", "middle", "-", 1, -2.0),
-                ("number", "last", "-", 1, -3.0),
-                ("word", "first", "+", 1, -1.0),
-                ("word", "middle", "+", 1, -0.25),
+                ("end", "last", "-", "0", 1, -0.5),
+                ("number", "middle", "-", "-", 1, -2.0),
+                ("number", "last", "-", "-", 1, -3.0),
+                ("word", "first", "+", "+", 1, -1.0),
+                ("word", "middle", "+", "+", 1, -0.25),
             ]
         );
         assert!(rows.iter().all(|r| r.arm == "a" && r.version == 2 && r.set == TRAINED));
+        // a length that does not match is an error, not a silent skip
+        let short = vec![vec![-1.0, -2.0, -0.5], vec![-1.0]];
+        assert!(aggregate("a", 2, TRAINED, &items, &short, class).unwrap_err().to_string().contains("response 1"));
+        assert!(aggregate("a", 2, TRAINED, &items, &lp[..1], class).is_err());
     }
 
-    fn row(arm: &str, version: i64, set: &str, class: &str, band: &str, sign: &str, tokens: i64, sum: f64) -> MassRow {
-        MassRow { arm: arm.into(), version, set: set.into(), class: class.into(), band: band.into(), sign: sign.into(), tokens, logprob_sum: sum }
+    #[allow(clippy::too_many_arguments)]
+    fn row(arm: &str, version: i64, set: &str, class: &str, band: &str, sign: &str, teacher: &str, tokens: i64, sum: f64) -> MassRow {
+        MassRow { arm: arm.into(), version, set: set.into(), class: class.into(), band: band.into(), sign: sign.into(), teacher_sign: teacher.into(), tokens, logprob_sum: sum }
     }
 
     #[test]
@@ -354,23 +417,26 @@ mod tests {
         let arms = [("opd.seed=1", "opd"), ("opd.seed=2", "opd")];
         let rows = vec![
             // replicate 1: 4 held-out tokens (3 numbers in the last third, 1 end), v0 → v2
-            row("opd.seed=1", 0, HELDOUT, "number", "last", "", 3, -3.0),
-            row("opd.seed=1", 0, HELDOUT, "end", "last", "", 1, -1.0),
-            row("opd.seed=1", 2, HELDOUT, "number", "last", "", 3, -6.0),
-            row("opd.seed=1", 2, HELDOUT, "end", "last", "", 1, -1.5),
-            row("opd.seed=1", 0, TRAINED, "word", "first", "-", 2, -2.0),
-            row("opd.seed=1", 2, TRAINED, "word", "first", "-", 2, -4.0),
+            row("opd.seed=1", 0, HELDOUT, "number", "last", "", "", 3, -3.0),
+            row("opd.seed=1", 0, HELDOUT, "end", "last", "", "", 1, -1.0),
+            row("opd.seed=1", 2, HELDOUT, "number", "last", "", "", 3, -6.0),
+            row("opd.seed=1", 2, HELDOUT, "end", "last", "", "", 1, -1.5),
+            row("opd.seed=1", 0, TRAINED, "word", "first", "-", "-", 2, -2.0),
+            row("opd.seed=1", 2, TRAINED, "word", "first", "-", "-", 2, -4.0),
+            row("opd.seed=1", 0, TRAINED, "end", "last", "+", "+", 2, -2.0),
+            row("opd.seed=1", 2, TRAINED, "end", "last", "+", "+", 2, -1.0),
             // replicate 2: 1 number, raised by 1 nat
-            row("opd.seed=2", 0, HELDOUT, "number", "first", "", 1, -2.0),
-            row("opd.seed=2", 2, HELDOUT, "number", "first", "", 1, -1.0),
+            row("opd.seed=2", 0, HELDOUT, "number", "first", "", "", 1, -2.0),
+            row("opd.seed=2", 2, HELDOUT, "number", "first", "", "", 1, -1.0),
         ];
         let mut s = String::new();
         render(&mut s, &arms, &rows, &|_| Some(2));
-        // all: (−7.5 + 4 − 1 + 2)/5 = −2.5/5 = −0.5; numbers (−6 + 3 − 1 + 2)/4 = −0.5 over 4 of 5 tokens;
-        // end −0.5 (20 %); first third +1 (20 %); last third (−7.5 + 4)/4 = −0.875 (80 %)
-        assert!(s.contains("| opd | -0.500 (100 %) | -0.500 (20 %) | -0.500 (80 %) | – | – | – | +1.000 (20 %) | – | -0.875 (80 %) |"), "{s}");
-        // trained: only replicate 1 has rows, the − tokens lost 1 nat each
-        assert!(s.contains("| opd | – | -1.000 (100 %) | – | – | – | – | – | – |"), "{s}");
+        // all: (−7.5 + 4 − 1 + 2)/5 = −0.5; numbers (−6 + 3 − 1 + 2)/4 = −0.5 over 4 of 5 tokens; end −0.5
+        // (20 %); first third +1 (20 %); last third (−7.5 + 4)/4 = −0.875 (80 %)
+        assert!(s.contains("| opd | -0.500 (100 %) | -0.500 (20 %) | – | -0.500 (80 %) | – | – | – | +1.000 (20 %) | – | -0.875 (80 %) |"), "{s}");
+        // trained (replicate 1 only): 4 tokens, all (−5 + 4)/4 = −0.25; the two − tokens lost 1 nat each,
+        // the two + end tokens gained 0.5
+        assert!(s.contains("| opd | -0.250 (100 %) | +0.500 (50 %) | -1.000 (50 %) | – | +0.500 (50 %) | -1.000 (50 %) | – | – | – | +0.500 (50 %) |"), "{s}");
         // nothing after v0: no section
         let mut t = String::new();
         render(&mut t, &arms, &rows, &|_| Some(0));

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use super::collect::{collect, collect_plans, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, token_advantages, VersionEval};
-use super::mass::{mass_rows, sign_of, MassItem, HELDOUT as MASS_HELDOUT, TRAINED as MASS_TRAINED};
-use crate::demo::heldout::{greedy_generations, load_policy};
+use super::mass::{mass_rows, Direction, MassItem, MassRow, HELDOUT as MASS_HELDOUT, TRAINED as MASS_TRAINED};
+use crate::demo::heldout::{greedy_answers, greedy_generations, load_policy};
 use super::baselines::{answers_with_system, memory_system, prompted_system, MEMORY_TOKENS};
 use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, BaselineEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
 use super::teacher_eval::{teacher_answers, HintStrategy};
@@ -426,7 +426,12 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
                 check_stop(stop)?;
                 let (pcfg, problems, student) = (p.arms[0].pipeline.clone(), p.eval_problems.clone(), p.student.clone());
                 let (max_tokens, batch) = (cfg.eval.max_tokens, cfg.eval.batch);
-                b.answer_ids = blocking(move || Ok(answer_ids(&greedy_generations(&load_policy(&pcfg, None)?, &problems, &student, max_tokens, batch)?))).await?;
+                let generated = blocking(move || greedy_generations(&load_policy(&pcfg, None)?, &problems, &student, max_tokens, batch)).await?;
+                let differ = generated.iter().filter(|a| !b.responses.iter().any(|r| r.problem_id == a.problem.id as i64 && r.response_text == a.text)).count();
+                if differ > 0 {
+                    eprintln!("[ablate] warning: {differ} of v0's regenerated held-out answers differ from the saved ones; the token mass scores the regenerated ones");
+                }
+                b.answer_ids = answer_ids(&generated);
                 write_marker(&path, &b)?;
             }
             return Ok(b);
@@ -462,28 +467,42 @@ fn answer_ids(generated: &[crate::demo::heldout::HeldoutAnswer]) -> Vec<(i64, Ve
 }
 
 /// The two token sets of [`super::mass`] for one arm: v0's held-out answers (every token counted, no
-/// sign) and the arm's training samples (their trained tokens, labelled with the sign of their starting
-/// advantage; unlabelled when the arm trains at a temperature other than 1, where the rollout
-/// log-probs are not v0's at the trainer's temperature).
+/// direction) and the arm's training samples (their trained tokens, with the sign of their starting
+/// advantage and of `teacher − rollout` where the sample has teacher log-probs; neither when the arm
+/// trains at a temperature other than 1, where the rollout log-probs are not v0's at the trainer's
+/// temperature).
 fn mass_items(base: &BaseEval, arm: &ResolvedArm, trained: &[Sample]) -> Result<(Vec<MassItem>, Vec<MassItem>)> {
     let heldout = base
         .answer_ids
         .iter()
         .filter(|(_, _, r)| !r.is_empty())
-        .map(|(_, p, r)| MassItem { prompt_ids: p.clone(), response_ids: r.clone(), counted: vec![true; r.len()], signs: vec![""; r.len()] })
+        .map(|(_, p, r)| MassItem { prompt_ids: p.clone(), response_ids: r.clone(), counted: vec![true; r.len()], signs: vec![Direction::None; r.len()], teacher: vec![Direction::None; r.len()] })
         .collect();
     let t1 = arm.pipeline.trainer.temperature == 1.0;
     let mut items = vec![];
     for s in trained {
-        let signs = if t1 { token_advantages(arm.pipeline.method, &arm.pipeline.trainer, s)?.into_iter().map(sign_of).collect() } else { vec![""; s.response_token_ids.len()] };
+        let n = s.response_token_ids.len();
+        let signs = if t1 { token_advantages(arm.pipeline.method, &arm.pipeline.trainer, s)?.into_iter().map(Direction::of).collect() } else { vec![Direction::None; n] };
+        let teacher = match (&s.teacher_logprobs, t1) {
+            (Some(t), true) if t.len() == n && s.rollout_logprobs.len() == n => t.iter().zip(&s.rollout_logprobs).map(|(t, r)| Direction::of(t - r)).collect(),
+            _ => vec![Direction::None; n],
+        };
         items.push(MassItem {
             prompt_ids: s.prompt_token_ids.iter().map(|&x| x as u32).collect(),
             response_ids: s.response_token_ids.iter().map(|&x| x as u32).collect(),
             counted: s.loss_mask.iter().map(|m| *m != 0).collect(),
             signs,
+            teacher,
         });
     }
     Ok((heldout, items))
+}
+
+/// The token mass rows of one version: both sets of [`mass_items`] scored by `lm`.
+fn version_mass(lm: &crate::model::LanguageModel, arm: &str, version: i64, heldout: &[MassItem], trained: &[MassItem], batch: usize) -> Result<Vec<MassRow>> {
+    let mut mass = mass_rows(lm, arm, version, MASS_HELDOUT, heldout, batch)?;
+    mass.extend(mass_rows(lm, arm, version, MASS_TRAINED, trained, batch)?);
+    Ok(mass)
 }
 
 /// The hint-conditioned teacher (the initial weights reading a hint) on the held-out problems, once per
@@ -635,8 +654,20 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
     let mut out = vec![];
     for (version, step, seen, samples_seen, ck) in evaluated_versions(cfg, lay, &arm.name, &stream.rank)? {
         let path = dir.join(format!("v{version}.json"));
-        if let Some(m) = read_marker::<EvalMarker>(&path)? {
+        if let Some(mut m) = read_marker::<EvalMarker>(&path)? {
             if m.fingerprint == p.eval_fingerprint {
+                if m.eval.mass.is_empty() && !(mass_heldout.is_empty() && mass_trained.is_empty()) {
+                    // written before the token mass existed: score only the two token sets
+                    check_stop(stop)?;
+                    let (pcfg, name, ck) = (arm.pipeline.clone(), arm.name.clone(), ck.clone());
+                    let (mass_h, mass_t) = (mass_heldout.clone(), mass_trained.clone());
+                    m.eval.mass = blocking(move || {
+                        let lm = load_policy(&pcfg, ck.as_deref())?;
+                        version_mass(&lm, &name, version, &mass_h, &mass_t, pcfg.trainer.batch_size)
+                    })
+                    .await?;
+                    write_marker(&path, &m)?;
+                }
                 out.push(m.eval);
                 continue;
             }
@@ -657,14 +688,13 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
                     (score, responses, gaps)
                 }
                 None => {
-                    let answers: Vec<(Problem, String)> = greedy_generations(&lm, &problems, &student, max_tokens, batch)?.into_iter().map(|a| (a.problem, a.text)).collect();
+                    let answers = greedy_answers(&lm, &problems, &student, max_tokens, batch)?;
                     let (score, responses) = score_answers(&name, version, &answers, &prefs);
                     (score, responses, gap_rows(&lm, &name, version, &gap_set, pcfg.trainer.batch_size, pcfg.trainer.temperature)?)
                 }
             };
             let heldout = heldout_rows(&lm, &name, version, pcfg.method, &pcfg.trainer, &held)?;
-            let mut mass = mass_rows(&lm, &name, version, MASS_HELDOUT, &mass_h, pcfg.trainer.batch_size)?;
-            mass.extend(mass_rows(&lm, &name, version, MASS_TRAINED, &mass_t, pcfg.trainer.batch_size)?);
+            let mass = version_mass(&lm, &name, version, &mass_h, &mass_t, pcfg.trainer.batch_size)?;
             Ok(VersionEval { version, step, interactions_seen: seen, samples_seen, score, responses, heldout, gaps, mass })
         })
         .await?;

@@ -258,17 +258,30 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     // and the trained set counts exactly the arm's trained tokens.
     let mass = read_table::<MassRow>(&r1, "token_mass").unwrap();
     let adv1 = read_table::<AdvantageRow>(&r1, "advantages").unwrap();
-    for c in &ck {
-        let groups = |v: i64| -> Vec<(String, String, String, String, i64)> {
-            mass.iter().filter(|r| r.arm == c.arm && r.version == v).map(|r| (r.set.clone(), r.class.clone(), r.band.clone(), r.sign.clone(), r.tokens)).collect()
-        };
-        assert_eq!(groups(c.version), groups(0), "{} v{}: other tokens than v0's", c.arm, c.version);
-        let of = |set: &str| mass.iter().filter(|r| r.arm == c.arm && r.version == c.version && r.set == set).collect::<Vec<_>>();
-        assert!(!of("heldout").is_empty() && of("heldout").iter().all(|r| r.sign.is_empty() && r.logprob_sum.is_finite() && r.logprob_sum <= 0.0), "{}", c.arm);
-        let trained: i64 = of("trained").iter().map(|r| r.tokens).sum();
-        assert_eq!(trained, adv1.iter().filter(|a| a.arm == c.arm).map(|a| a.tokens).sum::<i64>(), "{}: trained tokens", c.arm);
-        assert!(of("trained").iter().all(|r| ["+", "-", "0"].contains(&r.sign.as_str())), "{}", c.arm);
+    let groups = |arm: &str, v: i64| -> Vec<(String, String, String, String, String, i64)> {
+        mass.iter().filter(|r| r.arm == arm && r.version == v).map(|r| (r.set.clone(), r.class.clone(), r.band.clone(), r.sign.clone(), r.teacher_sign.clone(), r.tokens)).collect()
+    };
+    let sum = |arm: &str, v: i64| -> f64 { mass.iter().filter(|r| r.arm == arm && r.version == v).map(|r| r.logprob_sum).sum() };
+    let signs = |arm: &str, f: fn(&MassRow) -> &str| -> BTreeSet<String> { mass.iter().filter(|r| r.arm == arm && r.set == "trained").map(|r| f(r).to_string()).collect() };
+    for c in ck.iter().filter(|c| c.version > 0) {
+        assert_eq!(groups(&c.arm, c.version), groups(&c.arm, 0), "{} v{}: other tokens than v0's", c.arm, c.version);
+        assert_ne!(sum(&c.arm, c.version), sum(&c.arm, 0), "{} v{}: training moved no log-prob", c.arm, c.version);
     }
+    for a in ck.iter().map(|c| c.arm.as_str()).collect::<BTreeSet<_>>() {
+        let of = |set: &str| mass.iter().filter(|r| r.arm == a && r.version == 0 && r.set == set).collect::<Vec<_>>();
+        assert!(!of("heldout").is_empty() && of("heldout").iter().all(|r| r.sign.is_empty() && r.teacher_sign.is_empty() && r.logprob_sum.is_finite() && r.logprob_sum <= 0.0), "{a}");
+        let trained: i64 = of("trained").iter().map(|r| r.tokens).sum();
+        assert!(trained > 0, "{a}: no trained tokens");
+        assert_eq!(trained, adv1.iter().filter(|x| x.arm == a).map(|x| x.tokens).sum::<i64>(), "{a}: trained tokens");
+    }
+    // By hand from the methods: top-K OPD carries the teacher outside the advantage (every token 0) but
+    // has the teacher's direction; binary has no teacher log-probs; the random-sign control pushes both
+    // ways; OPD's advantage at the start is teacher − rollout, so its two signs agree.
+    assert_eq!(signs("opd-topk", |r| &r.sign), BTreeSet::from(["0".to_string()]));
+    assert!(signs("opd-topk", |r| &r.teacher_sign).contains("-"));
+    assert_eq!(signs("binary", |r| &r.teacher_sign), BTreeSet::from([String::new()]));
+    assert!(signs("control", |r| &r.sign).is_superset(&BTreeSet::from(["+".to_string(), "-".to_string()])));
+    assert!(mass.iter().filter(|r| r.arm == "opd" && r.set == "trained").all(|r| r.sign == r.teacher_sign), "opd: advantage sign = teacher direction");
     assert!(std::fs::read_to_string(one.join("report.md")).unwrap().contains("## Where the probability mass moved"));
 
     // The arms differ exactly where the file says.
