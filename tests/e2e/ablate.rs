@@ -199,8 +199,21 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     let before = std::fs::metadata(&marker).unwrap().modified().unwrap();
     let partial = read_table::<ArmRow>(&one.join("results"), "arms").unwrap();
     assert_eq!(partial.iter().map(|a| a.arm.as_str()).collect::<Vec<_>>(), vec!["binary", "opd"]);
+    // An evaluation written before the token mass existed (its marker without `mass`) gets the same rows
+    // on resume, without the rest of it being redone.
+    let version_of = |p: &Path| -> i64 { p.file_stem().unwrap().to_str().unwrap().trim_start_matches('v').parse().unwrap() };
+    let last_eval = std::fs::read_dir(one.join("work/arms/opd/eval")).unwrap().map(|e| e.unwrap().path()).max_by_key(|p| version_of(p)).unwrap();
+    assert!(version_of(&last_eval) > 0);
+    let mut saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&last_eval).unwrap()).unwrap();
+    let mass_before = saved["eval"]["mass"].take();
+    assert!(mass_before.as_array().is_some_and(|m| !m.is_empty()), "{}: no mass rows", last_eval.display());
+    saved["eval"].as_object_mut().unwrap().remove("mass");
+    std::fs::write(&last_eval, serde_json::to_string(&saved).unwrap()).unwrap();
     ablate(&config, &one, None);
     assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), before, "finished work is not redone");
+    let refilled: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&last_eval).unwrap()).unwrap();
+    assert_eq!(refilled["eval"]["mass"], mass_before, "token mass refilled on resume");
+    assert_eq!(refilled["eval"]["responses"], saved["eval"]["responses"], "the rest of the evaluation kept");
     let both = ["control"];
     let jsonl = dir.path().join("two-steps.jsonl");
     let (ok, stdout, stderr) = common::run_bin(&["ablate", "--config", config.to_str().unwrap(), "--out", two.to_str().unwrap(), "--arms", "control", "--metrics-jsonl", jsonl.to_str().unwrap()]);
