@@ -278,8 +278,8 @@ fn delta_cell(p: Option<(f64, i64)>, total: i64) -> String {
 /// The report's `## Where the probability mass moved`: per arm group (replicates pooled), the change of
 /// mean log-prob from v0 to the last version on v0's held-out answers by token class and by third of the
 /// answer, and on the arm's trained tokens by the sign of their starting advantage and the teacher's
-/// direction. `arms` are (arm,
-/// group) pairs (an empty group is the arm itself); `last` gives each arm's last evaluated version.
+/// direction. `arms` are (arm, group) pairs (an empty group is the arm itself); `last` gives each arm's
+/// last evaluated version.
 /// Nothing is written when no arm has rows at a version above 0.
 pub fn render(s: &mut String, arms: &[(&str, &str)], rows: &[MassRow], last: &dyn Fn(&str) -> Option<i64>) {
     let mut groups: Vec<(String, Vec<(&str, i64)>)> = vec![];
