@@ -41,6 +41,23 @@ pub struct VersionEval {
     /// before it existed).
     #[serde(default)]
     pub mass: Vec<super::mass::MassRow>,
+    /// The token sets `mass` scored (empty in evaluations written before it existed: then the sets of
+    /// its rows).
+    #[serde(default)]
+    pub mass_sets: Vec<String>,
+}
+
+impl VersionEval {
+    /// The token sets this evaluation scored: `mass_sets`, or where that is empty the sets of its rows.
+    pub fn scored_sets(&self) -> Vec<String> {
+        if !self.mass_sets.is_empty() {
+            return self.mass_sets.clone();
+        }
+        let mut sets: Vec<String> = self.mass.iter().map(|r| r.set.clone()).collect();
+        sets.sort();
+        sets.dedup();
+        sets
+    }
 }
 
 /// The personalization score and the response rows of `answers`.

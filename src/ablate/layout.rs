@@ -125,6 +125,11 @@ pub(super) struct BaseEval {
     /// existed: computed then).
     #[serde(default)]
     pub(super) answer_ids: Vec<(i64, Vec<u32>, Vec<u32>)>,
+    /// v0's token mass rows of the sets every arm shares (arm `""`: v0's held-out answers, the teacher's
+    /// answers and the teacher's own log-probs of them), scored once and copied into each arm's v0
+    /// evaluation (empty in markers written before it existed: computed then).
+    #[serde(default)]
+    pub(super) v0_mass: Option<Vec<super::mass::MassRow>>,
 }
 
 /// A baseline without training on the held-out problems ([`super::baselines`]).
@@ -154,6 +159,19 @@ pub(crate) struct TeacherEval {
     pub(crate) hinted: usize,
     /// Up to three (hint, teacher answer) examples, for the report.
     pub(crate) examples: Vec<(String, String)>,
+    /// The hinted problems' teacher answers as token ids (those whose v0 answer has token ids), for the
+    /// instruction strategy of an offline ablation ([`super::mass`]'s teacher-answer sets; empty
+    /// otherwise).
+    #[serde(default)]
+    pub(crate) answers: Vec<super::teacher_eval::TeacherAnswer>,
+    /// Whether `answers` was computed (false in markers written before it existed: then the teacher
+    /// is evaluated again).
+    #[serde(default)]
+    pub(crate) answers_kept: bool,
+    /// Per entry of `answers`, the teacher's log-probs (nats) of v0's greedy answer to that problem
+    /// under the same hinted prompt (one per v0 response token).
+    #[serde(default)]
+    pub(crate) v0_logprobs: Vec<Vec<f32>>,
     /// Seconds the evaluation took.
     pub(crate) seconds: f64,
 }

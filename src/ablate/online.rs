@@ -437,13 +437,13 @@ async fn teacher(cfg: &AblationConfig, lay: &Layout, arm: &ResolvedArm, first: &
         let (max_tokens, batch) = (on.max_tokens, cfg.eval.batch);
         let (score, hints, texts) = tokio::task::spawn_blocking(move || -> Result<_> {
             let lm = crate::demo::heldout::load_policy(&pcfg, None)?;
-            let (texts, hints) = super::teacher_eval::teacher_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
+            let (texts, hints, _) = super::teacher_eval::hinted_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
             Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts))
         })
         .await
         .map_err(|e| Error::Internal(format!("teacher evaluation task: {e}")))??;
         let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
-        let e = super::layout::TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64() };
+        let e = super::layout::TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64(), answers: vec![], answers_kept: false, v0_logprobs: vec![] };
         eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
         teachers.push(e);
     }

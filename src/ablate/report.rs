@@ -696,7 +696,7 @@ mod tests {
         use super::{GroupRow, HintStrategy, Score, TeacherEval};
         let score = |all: f64, concise: f64| Score { n: 48, fraction_all_satisfied: all, per_preference_rate: [("concise".to_string(), concise)].into_iter().collect(), accuracy: 0.0 };
         let base = score(0.25, 0.5);
-        let t = |strategy, all, concise, hinted| TeacherEval { strategy, score: score(all, concise), hinted, examples: vec![("Keep it short.".into(), "It is 36.".into())], seconds: 1.0 };
+        let t = |strategy, all, concise, hinted| TeacherEval { strategy, score: score(all, concise), hinted, examples: vec![("Keep it short.".into(), "It is 36.".into())], seconds: 1.0, answers: vec![], answers_kept: false, v0_logprobs: vec![] };
         let teachers = vec![t(HintStrategy::Verbatim, 0.5, 0.75, 36), t(HintStrategy::Instruction, 0.75, 1.0, 36), t(HintStrategy::Oracle, 1.0, 1.0, 48)];
         let group = |name: &str, mean: f64| GroupRow {
             group: name.into(),

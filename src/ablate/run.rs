@@ -23,11 +23,14 @@ use std::time::{Duration, Instant};
 use super::collect::{collect, collect_plans, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, token_advantages, VersionEval};
-use super::mass::{mass_rows, Direction, MassItem, MassRow, HELDOUT as MASS_HELDOUT, TRAINED as MASS_TRAINED};
+use super::mass::{
+    by_teacher_rows, fixed_rows, mass_rows, teacher_choices, token_classes, Direction, MassItem, MassRow, BY_TEACHER_ANSWERS as MASS_BY_TEACHER_ANSWERS, BY_TEACHER_SETS,
+    BY_TEACHER_V0_ANSWERS as MASS_BY_TEACHER_V0, CHOICE_SETS, HELDOUT as MASS_HELDOUT, TEACHER_ANSWERS as MASS_TEACHER_ANSWERS, TRAINED as MASS_TRAINED,
+};
 use crate::demo::heldout::{greedy_answers, greedy_generations, load_policy};
 use super::baselines::{answers_with_system, memory_system, prompted_system, MEMORY_TOKENS};
 use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, BaselineEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
-use super::teacher_eval::{teacher_answers, HintStrategy};
+use super::teacher_eval::{self, HintStrategy};
 use super::plan::{evaluated_versions, judge_groups, needed_data_pipelines, selected};
 use super::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
 use super::results::{GapRow, ResponseRow};
@@ -417,11 +420,6 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
     let path = lay.state().join("base-eval.json");
     if let Some(mut b) = read_marker::<BaseEval>(&path)? {
         if b.fingerprint == p.eval_fingerprint {
-            if b.teachers.is_empty() || b.baselines.is_empty() {
-                b.teachers = teacher_evals(cfg, p, &b.responses, stop).await?;
-                b.baselines = baseline_evals(cfg, p, stop).await?;
-                write_marker(&path, &b)?;
-            }
             if b.answer_ids.is_empty() && !b.responses.is_empty() {
                 check_stop(stop)?;
                 let (pcfg, problems, student) = (p.arms[0].pipeline.clone(), p.eval_problems.clone(), p.student.clone());
@@ -432,6 +430,20 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
                     eprintln!("[ablate] warning: {differ} of v0's regenerated held-out answers differ from the saved ones; the token mass scores the regenerated ones");
                 }
                 b.answer_ids = answer_ids(&generated);
+                write_marker(&path, &b)?;
+            }
+            // written before the teacher's answers were kept as ids: the teacher is evaluated again
+            let no_ids = b.teachers.iter().any(|t| t.strategy == HintStrategy::Instruction && !t.answers_kept);
+            if b.teachers.is_empty() || no_ids {
+                b.teachers = teacher_evals(cfg, p, &b.responses, &b.answer_ids, stop).await?;
+                write_marker(&path, &b)?;
+            }
+            if b.baselines.is_empty() {
+                b.baselines = baseline_evals(cfg, p, stop).await?;
+                write_marker(&path, &b)?;
+            }
+            if b.v0_mass.is_none() {
+                b.v0_mass = Some(base_mass(p, &b, stop).await?);
                 write_marker(&path, &b)?;
             }
             return Ok(b);
@@ -454,11 +466,22 @@ async fn base_eval(cfg: &AblationConfig, p: &Prepared, lay: &Layout, stop: &Stop
     .await?;
     let seconds = t.elapsed().as_secs_f64();
     eprintln!("[ablate] initial weights: personalization score {:.3} (accuracy {:.3})", score.fraction_all_satisfied, score.accuracy);
-    let teachers = teacher_evals(cfg, p, &responses, stop).await?;
+    let teachers = teacher_evals(cfg, p, &responses, &answer_ids, stop).await?;
     let baselines = baseline_evals(cfg, p, stop).await?;
-    let b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers, baselines, answer_ids };
+    let mut b = BaseEval { fingerprint: p.eval_fingerprint.clone(), score, responses, gaps, seconds, teachers, baselines, answer_ids, v0_mass: None };
+    write_marker(&path, &b)?;
+    b.v0_mass = Some(base_mass(p, &b, stop).await?);
     write_marker(&path, &b)?;
     Ok(b)
+}
+
+/// [`BaseEval::v0_mass`]: v0's rows of the token sets every arm shares, scored once (the teacher's sets
+/// only when some arm trains on hints).
+async fn base_mass(p: &Prepared, b: &BaseEval, stop: &Stop) -> Result<Vec<MassRow>> {
+    check_stop(stop)?;
+    let (pcfg, ids, teachers) = (p.arms[0].pipeline.clone(), b.answer_ids.clone(), b.teachers.clone());
+    let teacher = p.arms.iter().any(|a| a.pipeline.method.uses_hints());
+    blocking(move || shared_v0_mass(&load_policy(&pcfg, None)?, &ids, &teachers, teacher, pcfg.trainer.batch_size)).await
 }
 
 /// v0's greedy answers as the (problem id, prompt ids, response ids) of [`BaseEval::answer_ids`].
@@ -466,18 +489,65 @@ fn answer_ids(generated: &[crate::demo::heldout::HeldoutAnswer]) -> Vec<(i64, Ve
     generated.iter().map(|a| (a.problem.id as i64, a.prompt_ids.clone(), a.response_ids.clone())).collect()
 }
 
-/// The two token sets of [`super::mass`] for one arm: v0's held-out answers (every token counted, no
-/// direction) and the arm's training samples (their trained tokens, with the sign of their starting
-/// advantage and of `teacher − rollout` where the sample has teacher log-probs; neither when the arm
-/// trains at a temperature other than 1, where the rollout log-probs are not v0's at the trainer's
-/// temperature).
-fn mass_items(base: &BaseEval, arm: &ResolvedArm, trained: &[Sample]) -> Result<(Vec<MassItem>, Vec<MassItem>)> {
-    let heldout = base
-        .answer_ids
-        .iter()
-        .filter(|(_, _, r)| !r.is_empty())
-        .map(|(_, p, r)| MassItem { prompt_ids: p.clone(), response_ids: r.clone(), counted: vec![true; r.len()], signs: vec![Direction::None; r.len()], teacher: vec![Direction::None; r.len()] })
-        .collect();
+/// The token sets of [`super::mass`] for one arm.
+#[derive(Debug, Clone, Default)]
+struct MassInputs {
+    /// v0's held-out answers (every token counted, no direction).
+    heldout: Vec<MassItem>,
+    /// The arm's training samples: their trained tokens, with the sign of their starting advantage and
+    /// of `teacher − rollout` where the sample has teacher log-probs (neither when the arm trains at a
+    /// temperature other than 1, where the rollout log-probs are not v0's at the trainer's temperature),
+    /// and their teacher choices once [`teacher_choices`] filled them.
+    trained: Vec<MassItem>,
+    /// Whether the trained samples have teacher prompts (their teacher choices are scored).
+    choices: bool,
+    /// The instruction-hint teacher's greedy answers to the hinted held-out problems, under the
+    /// student's prompt.
+    teacher_answers: Vec<MassItem>,
+    /// Version 0's fixed rows: (set, items under the teacher's prompt, the teacher's log-probs).
+    by_teacher: Vec<(&'static str, Vec<MassItem>, Vec<Vec<f32>>)>,
+}
+
+/// A held-out item: every response token counted, no direction.
+fn plain_item(prompt_ids: &[u32], response_ids: &[u32]) -> MassItem {
+    let n = response_ids.len();
+    MassItem { prompt_ids: prompt_ids.to_vec(), response_ids: response_ids.to_vec(), counted: vec![true; n], signs: vec![Direction::None; n], teacher: vec![Direction::None; n], choice: None }
+}
+
+/// The [`MassInputs`] every arm shares (no trained samples): v0's held-out answers and, with
+/// `teacher`, the instruction-hint teacher's answers and the teacher's own log-probs of them and of
+/// v0's answers to the same problems.
+fn shared_mass_items(answer_ids: &[(i64, Vec<u32>, Vec<u32>)], teachers: &[TeacherEval], teacher: bool) -> MassInputs {
+    let mut inputs = MassInputs { heldout: answer_ids.iter().filter(|(_, _, r)| !r.is_empty()).map(|(_, p, r)| plain_item(p, r)).collect(), ..MassInputs::default() };
+    // Only arms trained on a teacher get the teacher's answers (a binary arm's movement toward them is
+    // not what it was trained for; scoring them for it would only add time).
+    if let Some(t) = teachers.iter().find(|t| t.strategy == HintStrategy::Instruction).filter(|_| teacher) {
+        let (mut own, mut own_lp, mut v0s, mut v0_lp) = (vec![], vec![], vec![], vec![]);
+        for (a, v0_teacher) in t.answers.iter().zip(t.v0_logprobs.iter().map(Some).chain(std::iter::repeat(None))) {
+            let Some((_, prompt, v0_answer)) = answer_ids.iter().find(|(id, ..)| *id == a.problem_id) else { continue };
+            if a.response_ids.is_empty() {
+                continue;
+            }
+            inputs.teacher_answers.push(plain_item(prompt, &a.response_ids));
+            own.push(plain_item(&a.prompt_ids, &a.response_ids));
+            own_lp.push(a.logprobs.clone());
+            if let Some(lp) = v0_teacher {
+                v0s.push(plain_item(&a.prompt_ids, v0_answer));
+                v0_lp.push(lp.clone());
+            }
+        }
+        inputs.by_teacher = vec![(MASS_BY_TEACHER_ANSWERS, own, own_lp), (MASS_BY_TEACHER_V0, v0s, v0_lp)];
+    }
+    inputs
+}
+
+/// The sets of [`shared_mass_items`] (every arm's v0 rows of them are the same).
+fn shared_set(set: &str) -> bool {
+    [MASS_HELDOUT, MASS_TEACHER_ANSWERS, MASS_BY_TEACHER_ANSWERS, MASS_BY_TEACHER_V0].contains(&set)
+}
+
+/// The [`MassInputs`] of one arm from the base evaluation and the arm's training samples.
+fn mass_items(base: &BaseEval, arm: &ResolvedArm, trained: &[Sample]) -> Result<MassInputs> {
     let t1 = arm.pipeline.trainer.temperature == 1.0;
     let mut items = vec![];
     for s in trained {
@@ -493,21 +563,96 @@ fn mass_items(base: &BaseEval, arm: &ResolvedArm, trained: &[Sample]) -> Result<
             counted: s.loss_mask.iter().map(|m| *m != 0).collect(),
             signs,
             teacher,
+            choice: None,
         });
     }
-    Ok((heldout, items))
+    // The teacher measured here is the initial weights reading the hint (temperature 1): an arm whose
+    // pipeline names another teacher model gets no teacher sets rather than the wrong teacher's.
+    let choices = arm.pipeline.teacher.model.is_none() && trained.iter().any(|s| s.teacher_prompt_token_ids.is_some());
+    if arm.pipeline.teacher.model.is_some() {
+        eprintln!("[ablate] arm {}: its teacher is another model; the token mass measures no teacher choices for it", arm.name);
+    }
+    Ok(MassInputs { trained: items, choices, ..shared_mass_items(&base.answer_ids, &base.teachers, choices) })
 }
 
-/// The token mass rows of one version: both sets of [`mass_items`] scored by `lm`.
-fn version_mass(lm: &crate::model::LanguageModel, arm: &str, version: i64, heldout: &[MassItem], trained: &[MassItem], batch: usize) -> Result<Vec<MassRow>> {
-    let mut mass = mass_rows(lm, arm, version, MASS_HELDOUT, heldout, batch)?;
-    mass.extend(mass_rows(lm, arm, version, MASS_TRAINED, trained, batch)?);
-    Ok(mass)
+/// The token sets [`version_mass`] scores at `version` for these inputs.
+fn mass_sets(version: i64, m: &MassInputs) -> Vec<String> {
+    let mut sets = vec![];
+    if !m.heldout.is_empty() {
+        sets.push(MASS_HELDOUT.to_string());
+    }
+    if !m.trained.is_empty() {
+        sets.push(MASS_TRAINED.to_string());
+        if m.choices {
+            sets.extend(CHOICE_SETS.iter().map(|s| s.to_string()));
+            if version == 0 {
+                sets.extend(BY_TEACHER_SETS.iter().map(|s| s.to_string()));
+            }
+        }
+    }
+    if !m.teacher_answers.is_empty() {
+        sets.push(MASS_TEACHER_ANSWERS.to_string());
+        if version == 0 {
+            sets.extend(m.by_teacher.iter().map(|(s, ..)| s.to_string()));
+        }
+    }
+    sets
+}
+
+/// The token mass rows of one version: the sets of [`MassInputs`] scored by `lm` (with the teacher
+/// choices of the trained items where they have them; at version 0 also the teacher's own log-probs).
+/// Returns the rows and the sets scored.
+/// With `shared` (v0's rows of the shared sets, [`BaseEval::v0_mass`]) version 0 copies those rows
+/// instead of scoring them again.
+fn version_mass(lm: &crate::model::LanguageModel, arm: &str, version: i64, m: &MassInputs, batch: usize, shared: Option<&[MassRow]>) -> Result<(Vec<MassRow>, Vec<String>)> {
+    let sets = mass_sets(version, m);
+    let mut mass = vec![];
+    let copied = match shared.filter(|_| version == 0) {
+        Some(rows) => {
+            mass.extend(rows.iter().filter(|r| sets.contains(&r.set)).map(|r| MassRow { arm: arm.to_string(), ..r.clone() }));
+            true
+        }
+        None => false,
+    };
+    if !copied {
+        mass.extend(mass_rows(lm, arm, version, MASS_HELDOUT, &m.heldout, batch)?);
+        mass.extend(mass_rows(lm, arm, version, MASS_TEACHER_ANSWERS, &m.teacher_answers, batch)?);
+    }
+    mass.extend(mass_rows(lm, arm, version, MASS_TRAINED, &m.trained, batch)?);
+    if version == 0 {
+        let mut all: Vec<MassItem> = m.trained.clone();
+        if !copied {
+            all.extend(m.by_teacher.iter().flat_map(|(_, items, _)| items.iter().cloned()));
+        }
+        let classes = token_classes(lm, &all)?;
+        let class_of = |id: u32| classes.get(&id).copied().unwrap_or(super::mass::TokenClass::Word);
+        if m.trained.iter().any(|i| i.choice.is_some()) {
+            mass.extend(by_teacher_rows(arm, &m.trained, class_of)?);
+        }
+        if !copied && !m.teacher_answers.is_empty() {
+            for (set, items, values) in &m.by_teacher {
+                mass.extend(fixed_rows(arm, set, items, values, class_of)?);
+            }
+        }
+    }
+    Ok((mass, sets))
+}
+
+/// v0's rows of the shared sets ([`BaseEval::v0_mass`]), scored by `lm` (the initial weights).
+///
+/// # Errors
+/// Model errors; those of [`version_mass`].
+fn shared_v0_mass(lm: &crate::model::LanguageModel, answer_ids: &[(i64, Vec<u32>, Vec<u32>)], teachers: &[TeacherEval], teacher: bool, batch: usize) -> Result<Vec<MassRow>> {
+    let (rows, _) = version_mass(lm, "", 0, &shared_mass_items(answer_ids, teachers, teacher), batch, None)?;
+    Ok(rows.into_iter().filter(|r| shared_set(&r.set)).collect())
 }
 
 /// The hint-conditioned teacher (the initial weights reading a hint) on the held-out problems, once per
-/// hint strategy ([`super::teacher_eval`]), from v0's answers `v0` (the base evaluation's responses).
-async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], stop: &Stop) -> Result<Vec<TeacherEval>> {
+/// hint strategy ([`super::teacher_eval`]), from v0's answers `v0` (the base evaluation's responses);
+/// `v0_ids` are those answers as token ids ([`BaseEval::answer_ids`]): for the instruction strategy the
+/// teacher also scores v0's answer to each hinted problem, and its own answers are kept as ids
+/// ([`TeacherEval::answers`]).
+async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], v0_ids: &[(i64, Vec<u32>, Vec<u32>)], stop: &Stop) -> Result<Vec<TeacherEval>> {
     let mut out = vec![];
     let answers: Vec<(Problem, String)> = p
         .eval_problems
@@ -517,16 +662,28 @@ async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], s
     for strategy in HintStrategy::ALL {
         check_stop(stop)?;
         let t = Instant::now();
-        let (pcfg, student, answers) = (p.arms[0].pipeline.clone(), p.student.clone(), answers.clone());
+        let (pcfg, student, answers, v0_ids) = (p.arms[0].pipeline.clone(), p.student.clone(), answers.clone(), v0_ids.to_vec());
         let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
-        let (score, hints, texts) = blocking(move || {
+        let (score, hints, texts, ids, v0_logprobs) = blocking(move || {
             let lm = load_policy(&pcfg, None)?;
-            let (texts, hints) = teacher_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
-            Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts))
+            let (texts, hints, mut ids) = teacher_eval::hinted_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
+            let mut v0_logprobs = vec![];
+            if strategy == HintStrategy::Instruction {
+                // the teacher's log-probs of v0's answer under the same hinted prompt (problems with v0 ids)
+                ids.retain(|a| v0_ids.iter().any(|(id, _, r)| *id == a.problem_id && !r.is_empty()));
+                let pairs: Vec<(Vec<u32>, Vec<u32>)> = ids.iter().filter_map(|a| v0_ids.iter().find(|(id, ..)| *id == a.problem_id).map(|(_, _, r)| (a.prompt_ids.clone(), r.clone()))).collect();
+                for chunk in pairs.chunks(pcfg.trainer.batch_size.max(1)) {
+                    v0_logprobs.extend(lm.score(chunk, 0)?.into_iter().map(|s| s.logprobs));
+                }
+            } else {
+                ids.clear();
+            }
+            Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts, ids, v0_logprobs))
         })
         .await?;
         let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
-        let e = TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64() };
+        let answers_kept = strategy == HintStrategy::Instruction;
+        let e = TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64(), answers: ids, answers_kept, v0_logprobs };
         eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
         out.push(e);
     }
@@ -648,35 +805,61 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
         Some(t) if !t.sample_ids.is_empty() => query_samples(&lake, &t.train_sql).await?,
         _ => vec![],
     };
-    let (mass_heldout, mass_trained) = mass_items(base, arm, &trained)?;
+    let mut inputs = mass_items(base, arm, &trained)?;
     let dir = lay.arm(&arm.name).join("eval");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+    let versions = evaluated_versions(cfg, lay, &arm.name, &stream.rank)?;
+    // A version is done when its marker is of this evaluation and scored every token set; one written
+    // before a set existed gets only its token mass again.
+    let mut markers = vec![];
+    for (version, ..) in &versions {
+        let m = read_marker::<EvalMarker>(&dir.join(format!("v{version}.json")))?.filter(|m| m.fingerprint == p.eval_fingerprint);
+        let complete = m.as_ref().is_some_and(|m| {
+            let have = m.eval.scored_sets();
+            mass_sets(*version, &inputs).iter().all(|s| have.contains(s))
+        });
+        markers.push((m, complete));
+    }
+    if inputs.choices && markers.iter().any(|(_, complete)| !complete) {
+        check_stop(stop)?;
+        let (pcfg, items) = (arm.pipeline.clone(), trained.clone());
+        let choices = blocking(move || {
+            let pairs: Vec<Option<(Vec<u32>, Vec<u32>)>> = items
+                .iter()
+                .map(|s| s.teacher_prompt_token_ids.as_ref().map(|t| (t.iter().map(|&x| x as u32).collect(), s.response_token_ids.iter().map(|&x| x as u32).collect())))
+                .collect();
+            teacher_choices(&load_policy(&pcfg, None)?, &pairs, pcfg.trainer.batch_size)
+        })
+        .await?;
+        for (item, c) in inputs.trained.iter_mut().zip(choices) {
+            item.choice = c;
+        }
+    }
+    let shared_v0: Option<Vec<MassRow>> = base.v0_mass.clone();
     let mut out = vec![];
-    for (version, step, seen, samples_seen, ck) in evaluated_versions(cfg, lay, &arm.name, &stream.rank)? {
+    for ((version, step, seen, samples_seen, ck), (marker, complete)) in versions.into_iter().zip(markers) {
         let path = dir.join(format!("v{version}.json"));
-        if let Some(mut m) = read_marker::<EvalMarker>(&path)? {
-            if m.fingerprint == p.eval_fingerprint {
-                if m.eval.mass.is_empty() && !(mass_heldout.is_empty() && mass_trained.is_empty()) {
-                    // written before the token mass existed: score only the two token sets
-                    check_stop(stop)?;
-                    let (pcfg, name, ck) = (arm.pipeline.clone(), arm.name.clone(), ck.clone());
-                    let (mass_h, mass_t) = (mass_heldout.clone(), mass_trained.clone());
-                    m.eval.mass = blocking(move || {
-                        let lm = load_policy(&pcfg, ck.as_deref())?;
-                        version_mass(&lm, &name, version, &mass_h, &mass_t, pcfg.trainer.batch_size)
-                    })
-                    .await?;
-                    write_marker(&path, &m)?;
-                }
-                out.push(m.eval);
-                continue;
+        if let Some(mut m) = marker {
+            if !complete {
+                // written before one of the token sets existed: score only the token mass again
+                check_stop(stop)?;
+                let (pcfg, name, ck) = (arm.pipeline.clone(), arm.name.clone(), ck.clone());
+                let (inputs, shared) = (inputs.clone(), shared_v0.clone());
+                (m.eval.mass, m.eval.mass_sets) = blocking(move || {
+                    let lm = load_policy(&pcfg, ck.as_deref())?;
+                    version_mass(&lm, &name, version, &inputs, pcfg.trainer.batch_size, shared.as_deref())
+                })
+                .await?;
+                write_marker(&path, &m)?;
             }
+            out.push(m.eval);
+            continue;
         }
         check_stop(stop)?;
         let t = Instant::now();
         let name = arm.name.clone();
         let (pcfg, problems, student, gap_set, held) = (arm.pipeline.clone(), p.eval_problems.clone(), p.student.clone(), p.gap_samples.clone(), heldout.clone());
-        let (mass_h, mass_t) = (mass_heldout.clone(), mass_trained.clone());
+        let (inputs, shared) = (inputs.clone(), shared_v0.clone());
         let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
         let base_part = (version == 0).then(|| (base.score.clone(), base.responses.clone(), base.gaps.clone()));
         let eval = blocking(move || {
@@ -694,8 +877,8 @@ async fn eval_arm(cfg: &AblationConfig, arm: &ResolvedArm, p: &Prepared, base: &
                 }
             };
             let heldout = heldout_rows(&lm, &name, version, pcfg.method, &pcfg.trainer, &held)?;
-            let mass = version_mass(&lm, &name, version, &mass_h, &mass_t, pcfg.trainer.batch_size)?;
-            Ok(VersionEval { version, step, interactions_seen: seen, samples_seen, score, responses, heldout, gaps, mass })
+            let (mass, mass_sets) = version_mass(&lm, &name, version, &inputs, pcfg.trainer.batch_size, shared.as_deref())?;
+            Ok(VersionEval { version, step, interactions_seen: seen, samples_seen, score, responses, heldout, gaps, mass, mass_sets })
         })
         .await?;
         let seconds = t.elapsed().as_secs_f64();

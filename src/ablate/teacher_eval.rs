@@ -82,22 +82,37 @@ pub fn hint_for(strategy: HintStrategy, reply_text: &str, satisfied: bool, prefs
     }
 }
 
+/// One hinted problem's teacher answer as token ids (the token sets of [`super::mass`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeacherAnswer {
+    /// The problem's id.
+    pub problem_id: i64,
+    /// The teacher's prompt ids (the student's first message with the hint appended; generation prompt
+    /// added).
+    pub prompt_ids: Vec<u32>,
+    /// The teacher's greedy answer ids (a final stop token included when it stopped on one).
+    pub response_ids: Vec<u32>,
+    /// The teacher's log-prob of each of its answer tokens (nats, temperature 1), same length.
+    pub logprobs: Vec<f32>,
+}
+
 /// The teacher's greedy answers under `strategy`: for each `(problem, v0 answer)`, the student's reply to
 /// the v0 answer gives the hint ([`hint_for`]); the teacher context is the student's first message with
 /// the hint appended ([`teacher_messages`]); without a hint the answer is v0's own (no generation).
-/// Returns the answers in problem order and, per problem, the hint used. `batch` prompts per generation
-/// call, at most `max_tokens` tokens each.
+/// Returns the answers in problem order, per problem the hint used, and per hinted problem the teacher's
+/// answer as token ids with its log-probs. `batch` prompts per generation call, at most `max_tokens`
+/// tokens each.
 ///
 /// # Errors
 /// Model errors.
-pub fn teacher_answers(
+pub fn hinted_answers(
     lm: &LanguageModel,
     v0: &[(Problem, String)],
     student: &Student,
     strategy: HintStrategy,
     max_tokens: usize,
     batch: usize,
-) -> Result<(Vec<(Problem, String)>, Vec<Option<String>>)> {
+) -> Result<(Vec<(Problem, String)>, Vec<Option<String>>, Vec<TeacherAnswer>)> {
     let prefs = student.preferences();
     let hints: Vec<Option<String>> = v0
         .iter()
@@ -110,10 +125,12 @@ pub fn teacher_answers(
     let chats: Vec<Vec<Message>> =
         todo.iter().map(|&i| teacher_messages(&[Message::text("user", student.first_message(&v0[i].0))], hints[i].as_deref().unwrap_or_default())).collect();
     let mut out: Vec<(Problem, String)> = v0.to_vec();
-    for (&i, (_, g)) in todo.iter().zip(crate::demo::heldout::greedy_chat(lm, &chats, max_tokens, batch)?) {
+    let mut ids = Vec::with_capacity(todo.len());
+    for (&i, (prompt_ids, g)) in todo.iter().zip(crate::demo::heldout::greedy_chat(lm, &chats, max_tokens, batch)?) {
         out[i].1 = g.text;
+        ids.push(TeacherAnswer { problem_id: v0[i].0.id as i64, prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs });
     }
-    Ok((out, hints))
+    Ok((out, hints, ids))
 }
 
 #[cfg(test)]

@@ -199,20 +199,24 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     let before = std::fs::metadata(&marker).unwrap().modified().unwrap();
     let partial = read_table::<ArmRow>(&one.join("results"), "arms").unwrap();
     assert_eq!(partial.iter().map(|a| a.arm.as_str()).collect::<Vec<_>>(), vec!["binary", "opd"]);
-    // An evaluation written before the token mass existed (its marker without `mass`) gets the same rows
-    // on resume, without the rest of it being redone.
+    // An evaluation written before the token mass existed (its marker without `mass` and `mass_sets`)
+    // gets the same rows on resume, without the rest of it being redone.
     let version_of = |p: &Path| -> i64 { p.file_stem().unwrap().to_str().unwrap().trim_start_matches('v').parse().unwrap() };
     let last_eval = std::fs::read_dir(one.join("work/arms/opd/eval")).unwrap().map(|e| e.unwrap().path()).max_by_key(|p| version_of(p)).unwrap();
     assert!(version_of(&last_eval) > 0);
     let mut saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&last_eval).unwrap()).unwrap();
     let mass_before = saved["eval"]["mass"].take();
     assert!(mass_before.as_array().is_some_and(|m| !m.is_empty()), "{}: no mass rows", last_eval.display());
+    let sets_before = saved["eval"]["mass_sets"].take();
+    assert_eq!(sets_before, serde_json::json!(["heldout", "trained", "teacher-top1", "teacher-topk-other", "teacher-answers"]), "{}", last_eval.display());
     saved["eval"].as_object_mut().unwrap().remove("mass");
+    saved["eval"].as_object_mut().unwrap().remove("mass_sets");
     std::fs::write(&last_eval, serde_json::to_string(&saved).unwrap()).unwrap();
     ablate(&config, &one, None);
     assert_eq!(std::fs::metadata(&marker).unwrap().modified().unwrap(), before, "finished work is not redone");
     let refilled: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&last_eval).unwrap()).unwrap();
     assert_eq!(refilled["eval"]["mass"], mass_before, "token mass refilled on resume");
+    assert_eq!(refilled["eval"]["mass_sets"], sets_before);
     assert_eq!(refilled["eval"]["responses"], saved["eval"]["responses"], "the rest of the evaluation kept");
     let both = ["control"];
     let jsonl = dir.path().join("two-steps.jsonl");
@@ -272,9 +276,10 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     let mass = read_table::<MassRow>(&r1, "token_mass").unwrap();
     let adv1 = read_table::<AdvantageRow>(&r1, "advantages").unwrap();
     let groups = |arm: &str, v: i64| -> Vec<(String, String, String, String, String, i64)> {
-        mass.iter().filter(|r| r.arm == arm && r.version == v).map(|r| (r.set.clone(), r.class.clone(), r.band.clone(), r.sign.clone(), r.teacher_sign.clone(), r.tokens)).collect()
+        mass.iter().filter(|r| r.arm == arm && r.version == v && !r.set.starts_with("by-teacher")).map(|r| (r.set.clone(), r.class.clone(), r.band.clone(), r.sign.clone(), r.teacher_sign.clone(), r.tokens)).collect()
     };
-    let sum = |arm: &str, v: i64| -> f64 { mass.iter().filter(|r| r.arm == arm && r.version == v).map(|r| r.logprob_sum).sum() };
+    // (the `by-teacher-*` sets are the teacher's own log-probs, at v0 only)
+    let sum = |arm: &str, v: i64| -> f64 { mass.iter().filter(|r| r.arm == arm && r.version == v && !r.set.starts_with("by-teacher")).map(|r| r.logprob_sum).sum() };
     let signs = |arm: &str, f: fn(&MassRow) -> &str| -> BTreeSet<String> { mass.iter().filter(|r| r.arm == arm && r.set == "trained").map(|r| f(r).to_string()).collect() };
     for c in ck.iter().filter(|c| c.version > 0) {
         assert_eq!(groups(&c.arm, c.version), groups(&c.arm, 0), "{} v{}: other tokens than v0's", c.arm, c.version);
@@ -295,7 +300,74 @@ fn tiny_ablation_is_deterministic_resumable_and_arms_differ_only_where_configure
     assert_eq!(signs("binary", |r| &r.teacher_sign), BTreeSet::from([String::new()]));
     assert!(signs("control", |r| &r.sign).is_superset(&BTreeSet::from(["+".to_string(), "-".to_string()])));
     assert!(mass.iter().filter(|r| r.arm == "opd" && r.set == "trained").all(|r| r.sign == r.teacher_sign), "opd: advantage sign = teacher direction");
-    assert!(std::fs::read_to_string(one.join("report.md")).unwrap().contains("## Where the probability mass moved"));
+    // The teacher's own choices at the trained positions: scored at every version for the arms trained
+    // on teacher log-probs (the same positions at each), by the teacher itself at v0 only; its top token
+    // is at least as likely to it as the sampled one at every position, so in every group; a log of a
+    // probability mass is at most 0.
+    for a in ["opd", "opd-topk"] {
+        let n = |set: &str, v: i64| -> i64 { mass.iter().filter(|r| r.arm == a && r.version == v && r.set == set).map(|r| r.tokens).sum() };
+        let (all, trained) = (n("by-teacher-sampled", 0), n("trained", 0));
+        assert!(all > 0 && all <= trained && all == n("by-teacher-top1", 0) && all == n("teacher-topk-other", 0), "{a}: {all} teacher positions, {trained} trained");
+        assert!(n("teacher-top1", 0) > 0 && n("teacher-top1", 0) < all, "{a}: the teacher's top token differs from the sampled one at some positions, not all");
+        for c in ck.iter().filter(|c| c.arm == a && c.version > 0) {
+            assert_eq!((n("teacher-top1", c.version), n("teacher-topk-other", c.version), n("by-teacher-sampled", c.version)), (n("teacher-top1", 0), all, 0), "{a} v{}", c.version);
+        }
+        let by = |set: &str| -> BTreeMap<(String, String, String, String), (i64, f64)> {
+            mass.iter().filter(|r| r.arm == a && r.set == set).map(|r| ((r.class.clone(), r.band.clone(), r.sign.clone(), r.teacher_sign.clone()), (r.tokens, r.logprob_sum))).collect()
+        };
+        let (sampled, top1) = (by("by-teacher-sampled"), by("by-teacher-top1"));
+        let band_sum = |m: &BTreeMap<(String, String, String, String), (i64, f64)>, band: &str| -> f64 { m.iter().filter(|(k, _)| k.1 == band).map(|(_, v)| v.1).sum() };
+        for band in ["first", "middle", "last"] {
+            assert!(band_sum(&top1, band) >= band_sum(&sampled, band) - 1e-3, "{a} {band}: the teacher's top token below the sampled one");
+        }
+        assert!(mass.iter().filter(|r| r.arm == a && r.set == "teacher-topk-other").all(|r| r.logprob_sum.is_finite() && r.logprob_sum <= 0.0), "{a}");
+    }
+    // The instruction-hint teacher's greedy answers to the hinted held-out problems: scored by every
+    // version of an arm trained on a teacher (the same tokens at each), and by the teacher itself at v0
+    // (its own answers, and v0's answers to the same problems).
+    for a in ["opd", "opd-topk"] {
+        let n = |set: &str, v: i64| -> i64 { mass.iter().filter(|r| r.arm == a && r.version == v && r.set == set).map(|r| r.tokens).sum() };
+        let answers = n("teacher-answers", 0);
+        assert!(answers > 0 && n("by-teacher-answers", 0) == answers && n("by-teacher-v0-answers", 0) > 0, "{a}: {answers} teacher-answer tokens");
+        for c in ck.iter().filter(|c| c.arm == a && c.version > 0) {
+            assert_eq!((n("teacher-answers", c.version), n("by-teacher-answers", c.version)), (answers, 0), "{a} v{}", c.version);
+        }
+    }
+    assert!(!mass.iter().any(|r| r.arm == "binary" && r.set != "heldout" && r.set != "trained"), "binary: no teacher");
+    // The sets every arm shares are scored once at v0 and copied: the same rows in every arm.
+    let shared = |arm: &str, sets: &[&str]| -> Vec<(String, String, String, i64, f64)> {
+        mass.iter().filter(|r| r.arm == arm && r.version == 0 && sets.contains(&r.set.as_str())).map(|r| (r.set.clone(), r.class.clone(), r.band.clone(), r.tokens, r.logprob_sum)).collect()
+    };
+    for a in ck.iter().map(|c| c.arm.as_str()).collect::<BTreeSet<_>>() {
+        assert_eq!(shared(a, &["heldout"]), shared("binary", &["heldout"]), "{a}: v0's held-out rows");
+    }
+    let teacher_sets = ["teacher-answers", "by-teacher-answers", "by-teacher-v0-answers"];
+    assert_eq!(shared("opd-topk", &teacher_sets), shared("opd", &teacher_sets));
+    // ... and copied, not scored again: in a copy of run 1, a changed row of the base evaluation's
+    // `v0_mass` shows up in an arm's v0 evaluation made after it (the copy's only v0 evaluation redone).
+    let three = dir.path().join("three");
+    assert!(std::process::Command::new("cp").args(["-r", one.to_str().unwrap(), three.to_str().unwrap()]).status().unwrap().success());
+    let base_path = three.join("work/state/base-eval.json");
+    let mut base: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&base_path).unwrap()).unwrap();
+    let rows = base["v0_mass"].as_array_mut().unwrap();
+    let k = rows.iter().position(|r| r["set"] == "teacher-answers").unwrap();
+    let tampered = rows[k]["logprob_sum"].as_f64().unwrap() - 1.0;
+    rows[k]["logprob_sum"] = serde_json::json!(tampered);
+    let (class, band) = (rows[k]["class"].clone(), rows[k]["band"].clone());
+    std::fs::write(&base_path, serde_json::to_string(&base).unwrap()).unwrap();
+    let v0_path = three.join("work/arms/opd-topk/eval/v0.json");
+    let before: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&v0_path).unwrap()).unwrap();
+    std::fs::remove_file(&v0_path).unwrap();
+    ablate(&config, &three, Some("opd-topk"));
+    let after: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&v0_path).unwrap()).unwrap();
+    let copied = after["eval"]["mass"].as_array().unwrap().iter().find(|r| r["set"] == "teacher-answers" && r["class"] == class && r["band"] == band).unwrap().clone();
+    assert_eq!(copied["logprob_sum"].as_f64(), Some(tampered), "v0's teacher-answer row copied from the base evaluation");
+    assert_eq!(copied["arm"], "opd-topk");
+    assert_eq!(after["eval"]["mass_sets"], before["eval"]["mass_sets"]);
+    let other_rows = |v: &serde_json::Value| -> Vec<serde_json::Value> { v["eval"]["mass"].as_array().unwrap().iter().filter(|r| r["set"] != "teacher-answers").cloned().collect() };
+    assert_eq!(other_rows(&after), other_rows(&before), "every other v0 row as before");
+    let report1 = std::fs::read_to_string(one.join("report.md")).unwrap();
+    assert!(report1.contains("## Where the probability mass moved") && report1.contains("On the teacher's own choices"));
 
     // The arms differ exactly where the file says.
     let cfg = AblationConfig::load(&config).unwrap();
