@@ -274,8 +274,9 @@ pub struct MassRow {
 }
 
 /// The rows of one version from the log-probs `logprobs[i][t]` (nats) of `items[i]`'s response tokens,
-/// with `class_of(id)` the class of a token id; only counted tokens add. Rows come in (class, band,
-/// sign, teacher sign) order.
+/// with `class_of(id)` the class of a token id; only counted tokens with a finite log-prob add (a NaN
+/// marks a position a set leaves out, e.g. [`choice_values`]). Rows come in (class, band, sign, teacher
+/// sign) order.
 ///
 /// # Errors
 /// [`crate::Error::InvalidInput`] when `logprobs` has another length than `items`, or an item's
@@ -292,7 +293,7 @@ pub fn aggregate(arm: &str, version: i64, set: &str, items: &[MassItem], logprob
             return Err(input_err!("token mass of {arm} v{version} ({set}), response {k}: {n} tokens but log-probs/counted/signs/teacher lengths {lens:?}"));
         }
         for t in 0..n {
-            if !item.counted[t] {
+            if !item.counted[t] || !lp[t].is_finite() {
                 continue;
             }
             let e = acc.entry((class_of(item.response_ids[t]), band_index(t, n), item.signs[t], item.teacher[t])).or_insert((0, 0.0));
@@ -353,9 +354,9 @@ pub fn mass_rows(lm: &LanguageModel, arm: &str, version: i64, set: &str, items: 
         for (item, sc) in items.iter().zip(&scored) {
             let (Some(c), Some(at)) = (&item.choice, &sc.at_logprobs) else { continue };
             let (top1, other) = choice_values(&item.response_ids, &c.ids, at)?;
-            top1_items.push(narrowed(item, &top1, Some(c.ids.iter().map(|r| r[0]).collect())));
+            top1_items.push(with_ids(item, c.ids.iter().map(|r| r[0]).collect()));
             top1_lp.push(top1);
-            other_items.push(narrowed(item, &other, None));
+            other_items.push(item.clone());
             other_lp.push(other);
         }
         rows.extend(aggregate(arm, version, TEACHER_TOP1, &top1_items, &top1_lp, class_of)?);
@@ -375,9 +376,9 @@ pub fn by_teacher_rows(arm: &str, items: &[MassItem], class_of: impl Fn(u32) -> 
     for item in items {
         let Some(c) = &item.choice else { continue };
         let best: Vec<f32> = c.logprobs.iter().map(|r| r.first().copied().unwrap_or(f32::NAN)).collect();
-        sampled_items.push(narrowed(item, &c.sampled, None));
+        sampled_items.push(item.clone());
         sampled.push(c.sampled.clone());
-        top1_items.push(narrowed(item, &best, Some(c.ids.iter().map(|r| r.first().copied().unwrap_or(0)).collect())));
+        top1_items.push(with_ids(item, c.ids.iter().map(|r| r.first().copied().unwrap_or(0)).collect()));
         top1.push(best);
     }
     let mut rows = aggregate(arm, 0, BY_TEACHER_SAMPLED, &sampled_items, &sampled, &class_of)?;
@@ -385,31 +386,10 @@ pub fn by_teacher_rows(arm: &str, items: &[MassItem], class_of: impl Fn(u32) -> 
     Ok(rows)
 }
 
-/// The rows of set `set` at version 0 from given log-probs `values[i][t]` of `items[i]`'s response
-/// tokens (scored elsewhere: the teacher's own), counting the counted tokens whose value is finite;
-/// `class_of` as in [`aggregate`].
-///
-/// # Errors
-/// Those of [`aggregate`].
-pub fn fixed_rows(arm: &str, set: &str, items: &[MassItem], values: &[Vec<f32>], class_of: impl Fn(u32) -> TokenClass) -> Result<Vec<MassRow>> {
-    if values.len() != items.len() {
-        return Err(input_err!("token mass of {arm} ({set}): {} log-prob rows for {} responses", values.len(), items.len()));
-    }
-    let narrowed_items: Vec<MassItem> = items.iter().zip(values).map(|(i, v)| narrowed(i, v, None)).collect();
-    aggregate(arm, 0, set, &narrowed_items, values, &class_of)
-}
-
-/// `item` counting only its counted tokens whose `values` are finite, with its response ids replaced by
-/// `ids` (the tokens whose class a row takes) when given. A length mismatch is left for [`aggregate`].
-fn narrowed(item: &MassItem, values: &[f32], ids: Option<Vec<u32>>) -> MassItem {
-    MassItem {
-        prompt_ids: vec![],
-        response_ids: ids.unwrap_or_else(|| item.response_ids.clone()),
-        counted: item.counted.iter().zip(values.iter().chain(std::iter::repeat(&f32::NAN))).map(|(c, v)| *c && v.is_finite()).collect(),
-        signs: item.signs.clone(),
-        teacher: item.teacher.clone(),
-        choice: None,
-    }
+/// `item` with its response ids replaced by `ids` (the tokens whose class a row takes: the teacher's
+/// top tokens at the same positions).
+fn with_ids(item: &MassItem, ids: Vec<u32>) -> MassItem {
+    MassItem { prompt_ids: vec![], response_ids: ids, counted: item.counted.clone(), signs: item.signs.clone(), teacher: item.teacher.clone(), choice: None }
 }
 
 /// The class of every response id of `items` and of their teacher choices' most likely ids.

@@ -24,7 +24,7 @@ use super::collect::{collect, collect_plans, CollectReport};
 use super::config::{AblationConfig, ResolvedArm};
 use super::eval::{gap_rows, heldout_rows, judge_agreement, score_answers, token_advantages, VersionEval};
 use super::mass::{
-    by_teacher_rows, fixed_rows, mass_rows, teacher_choices, token_classes, Direction, MassItem, MassRow, BY_TEACHER_ANSWERS as MASS_BY_TEACHER_ANSWERS, BY_TEACHER_SETS,
+    aggregate, by_teacher_rows, mass_rows, teacher_choices, token_classes, Direction, MassItem, MassRow, BY_TEACHER_ANSWERS as MASS_BY_TEACHER_ANSWERS, BY_TEACHER_SETS,
     BY_TEACHER_V0_ANSWERS as MASS_BY_TEACHER_V0, CHOICE_SETS, HELDOUT as MASS_HELDOUT, TEACHER_ANSWERS as MASS_TEACHER_ANSWERS, TRAINED as MASS_TRAINED,
 };
 use crate::demo::heldout::{greedy_answers, greedy_generations, load_policy};
@@ -631,7 +631,7 @@ fn version_mass(lm: &crate::model::LanguageModel, arm: &str, version: i64, m: &M
         }
         if !copied && !m.teacher_answers.is_empty() {
             for (set, items, values) in &m.by_teacher {
-                mass.extend(fixed_rows(arm, set, items, values, class_of)?);
+                mass.extend(aggregate(arm, 0, set, items, values, class_of)?);
             }
         }
     }
