@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::baselines::Baseline;
+use crate::demo::EvalSplit;
 use crate::config::PipelineConfig;
 use crate::method::Method;
 use crate::schema::content_hash;
@@ -224,13 +225,19 @@ pub struct EvalSettings {
     /// Which checkpoints are evaluated: `all` (default; a score-vs-interactions curve per arm) or
     /// `last` (v0 and the last checkpoint only: a multi-seed run's budget).
     pub versions: EvalVersions,
+    /// Which problems the score is measured on: `test` (default; the held-out problems, the reported
+    /// result) or `validation` (as many training problems set aside, for choosing a recipe: the test
+    /// problems are then neither trained on nor evaluated; [`crate::demo::Split::evaluated_on`]). Left out
+    /// of the configuration hashes when `test`, so earlier runs keep their keys.
+    #[serde(skip_serializing_if = "EvalSplit::is_test")]
+    pub split: EvalSplit,
     /// Judge-vs-outcome agreement on ingested logs with outcome labels.
     pub judge_agreement: Option<AgreementSettings>,
 }
 
 impl Default for EvalSettings {
     fn default() -> Self {
-        EvalSettings { problems: 12, max_tokens: 128, batch: 12, versions: EvalVersions::All, judge_agreement: None }
+        EvalSettings { problems: 12, max_tokens: 128, batch: 12, versions: EvalVersions::All, split: EvalSplit::Test, judge_agreement: None }
     }
 }
 
@@ -742,6 +749,21 @@ values = [0.5, 2.0]
     }
 
     #[test]
+    fn the_eval_split_parses_and_its_default_stays_out_of_the_hashes() {
+        let cfg = AblationConfig::parse(FILE).unwrap();
+        assert_eq!(cfg.eval.split, EvalSplit::Test);
+        // The eval settings are hashed as JSON (ablate::run): the default leaves the key out, so a run
+        // made before the option existed keeps its markers.
+        let json = serde_json::to_value(&cfg.eval).unwrap();
+        assert!(json.get("split").is_none(), "{json}");
+        let v = AblationConfig::parse(&format!("{FILE}\n[eval]\nsplit = \"validation\"\n")).unwrap();
+        assert_eq!(v.eval.split, EvalSplit::Validation);
+        assert_eq!(serde_json::to_value(&v.eval).unwrap()["split"], "validation");
+        let e = AblationConfig::parse(&format!("{FILE}\n[eval]\nsplit = \"dev\"\n")).unwrap_err();
+        assert!(e.to_string().contains("unknown variant `dev`"), "{e}");
+    }
+
+    #[test]
     fn a_context_distillation_arm_trains_binary_on_its_opd_pipelines_hints() {
         let file = format!("{FILE}\n[[arms]]\nname = \"opd\"\nmethod = \"opd\"\n[[arms]]\nname = \"cd\"\nmethod = \"binary\"\nsamples = \"teacher-generations\"\n");
         let arms = AblationConfig::parse(&file).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
@@ -823,17 +845,20 @@ values = [0.5, 2.0]
         assert_eq!(config_diff(&by("combined.seed=2").pipeline, &by("control.seed=2").pipeline), vec!["trainer.advantage_sign"]);
         assert_eq!(by("control.seed=2").data_pipeline, by("combined.seed=1").data_pipeline);
         assert_eq!((by("opd.seed=3").pipeline.trainer.lr, by("opd.seed=3").pipeline.trainer.w_opd), (5e-4, 4.0));
-        assert_eq!((cfg.eval.versions, cfg.shared.checkpoint_every, cfg.data.heldout_sessions), (EvalVersions::All, 2, 6), "every checkpoint, 18 held-out sessions");
+        assert_eq!((cfg.eval.versions, cfg.shared.checkpoint_every, cfg.data.heldout_sessions), (EvalVersions::All, 2, 28), "every checkpoint, 84 held-out sessions");
         let multi = &by("multi.seed=1").pipeline;
         assert_eq!((multi.teacher.candidates, multi.teacher.top_k, multi.hint.m), (3, 4, 3));
         assert_eq!((multi.trainer.opd_loss, multi.trainer.recompute_old_logprobs), (crate::trainer::OpdLoss::Overlap, true));
         assert_ne!(by("multi.seed=1").data_pipeline, by("combined.seed=1").data_pipeline, "its own hints and teacher rows");
-        for (file, n) in [("ablations/online.toml", 21), ("ablations/tiny-online.toml", 8)] {
+        for (file, n, split) in [("ablations/online.toml", 21, EvalSplit::Test), ("ablations/tiny-online.toml", 8, EvalSplit::Test), ("ablations/demo-validation.toml", 12, EvalSplit::Validation)] {
             let cfg = AblationConfig::load(Path::new(file)).unwrap();
             let on = cfg.online.clone().unwrap();
             assert!(on.interactions >= 4 && on.max_interactions >= on.interactions, "{file}");
-            assert_eq!(cfg.resolve(Path::new("/tmp/lake")).unwrap().len(), n, "{file}");
+            assert_eq!((cfg.resolve(Path::new("/tmp/lake")).unwrap().len(), cfg.eval.split), (n, split), "{file}");
         }
+        let validation = AblationConfig::load(Path::new("ablations/demo-validation.toml")).unwrap().resolve(Path::new("/tmp/lake")).unwrap();
+        let w_opd = |n: &str| by_name(&validation, n).pipeline.trainer.w_opd;
+        assert_eq!((w_opd("combined.seed=1"), w_opd("combined.w_opd=1.0.seed=2"), w_opd("combined.w_opd=2.0.seed=3")), (4.0, 1.0, 2.0));
     }
 
     #[test]

@@ -116,7 +116,7 @@ pub(super) struct BaseEval {
     /// The hint-conditioned teacher per hint strategy (empty in markers written before it existed:
     /// computed then).
     #[serde(default)]
-    pub(super) teachers: Vec<TeacherEval>,
+    pub(super) teachers: Vec<super::teacher_eval::TeacherEval>,
     /// The baselines without training (empty in markers written before they existed: computed then).
     #[serde(default)]
     pub(super) baselines: Vec<BaselineEval>,
@@ -143,35 +143,6 @@ pub(crate) struct BaselineEval {
     pub(crate) score: Score,
     /// Its responses (arm = the name, version 0), for the paired tests.
     pub(crate) responses: Vec<ResponseRow>,
-    /// Seconds the evaluation took.
-    pub(crate) seconds: f64,
-}
-
-/// The hint-conditioned teacher's score on the held-out problems under one hint strategy
-/// ([`super::teacher_eval`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct TeacherEval {
-    /// The hint strategy.
-    pub(crate) strategy: super::teacher_eval::HintStrategy,
-    /// The teacher's score (greedy answers, the student's checker).
-    pub(crate) score: crate::demo::Score,
-    /// Problems that got a hint (the others keep v0's answer).
-    pub(crate) hinted: usize,
-    /// Up to three (hint, teacher answer) examples, for the report.
-    pub(crate) examples: Vec<(String, String)>,
-    /// The hinted problems' teacher answers as token ids (those whose v0 answer has token ids), for the
-    /// instruction strategy of an offline ablation ([`super::mass`]'s teacher-answer sets; empty
-    /// otherwise).
-    #[serde(default)]
-    pub(crate) answers: Vec<super::teacher_eval::TeacherAnswer>,
-    /// Whether `answers` was computed (false in markers written before it existed: then the teacher
-    /// is evaluated again).
-    #[serde(default)]
-    pub(crate) answers_kept: bool,
-    /// Per entry of `answers`, the teacher's log-probs (nats) of v0's greedy answer to that problem
-    /// under the same hinted prompt (one per v0 response token).
-    #[serde(default)]
-    pub(crate) v0_logprobs: Vec<Vec<f32>>,
     /// Seconds the evaluation took.
     pub(crate) seconds: f64,
 }

@@ -131,13 +131,17 @@ pub const BASELINE_END: i64 = 1;
 const PROTOCOL_VERSION: u32 = 2;
 
 /// Hash of what makes two online runs comparable beyond the arm's own configuration: `[online]`,
-/// `[student]`, the held-out problems (`[eval] problems`) and [`PROTOCOL_VERSION`]. A run recorded under
+/// `[student]`, the held-out problems (`[eval] problems`, and `[eval] split` when it is not the default
+/// `test`) and [`PROTOCOL_VERSION`]. A run recorded under
 /// another fingerprint is refused, not mixed.
 ///
 /// # Errors
 /// JSON errors (not expected).
 pub fn protocol_fingerprint(cfg: &AblationConfig) -> Result<String> {
-    let v = serde_json::json!({"protocol": PROTOCOL_VERSION, "online": cfg.online, "student": cfg.student, "eval_problems": cfg.eval.problems});
+    let mut v = serde_json::json!({"protocol": PROTOCOL_VERSION, "online": cfg.online, "student": cfg.student, "eval_problems": cfg.eval.problems});
+    if !cfg.eval.split.is_test() {
+        v["eval_split"] = serde_json::json!(cfg.eval.split);
+    }
     Ok(crate::schema::content_hash(&[serde_json::to_string(&v)?.as_bytes()]))
 }
 
@@ -169,6 +173,7 @@ async fn run_arm(cfg: &AblationConfig, arm: &ResolvedArm, dir: &Path, stop: &Sto
         students: on.students,
         max_turns: cfg.student.max_turns,
         eval_problems: cfg.eval.problems,
+        eval_split: cfg.eval.split,
         max_tokens: on.max_tokens,
         temperature: on.temperature,
         seed: arm.seed,
@@ -394,7 +399,7 @@ struct Held {
 
 impl Held {
     fn of(cfg: &AblationConfig) -> Result<Held> {
-        let split = crate::demo::split_problems(&crate::demo::load_gsm8k(&cfg.student.gsm8k)?, cfg.eval.problems, cfg.student.seed)?;
+        let split = crate::demo::split_problems(&crate::demo::load_gsm8k(&cfg.student.gsm8k)?, cfg.eval.problems, cfg.student.seed)?.evaluated_on(cfg.eval.split)?;
         Ok(Held { problems: split.eval, student: crate::demo::Student::new(cfg.student.seed, cfg.student.preferences(), cfg.student.max_turns)? })
     }
 
@@ -410,7 +415,7 @@ impl Held {
 struct TeacherMarker {
     key: String,
     v0: crate::demo::Score,
-    teachers: Vec<super::layout::TeacherEval>,
+    teachers: Vec<super::teacher_eval::TeacherEval>,
 }
 
 /// v0's score and the hint-conditioned teacher's per hint strategy (module docs), from `first`'s v0
@@ -425,28 +430,15 @@ async fn teacher(cfg: &AblationConfig, lay: &Layout, arm: &ResolvedArm, first: &
         }
     }
     let v0 = held.answers(&first.responses.iter().filter(|r| r.version == 0).collect::<Vec<_>>());
-    let prefs = cfg.student.preferences();
-    let v0_score = crate::demo::personalization_score(&v0, &prefs);
-    let mut teachers = vec![];
-    for strategy in super::teacher_eval::HintStrategy::ALL {
-        if stop.requested() {
-            return Err(Error::Cancelled);
-        }
-        let t = Instant::now();
-        let (pcfg, student, answers, prefs) = (arm.pipeline.clone(), held.student.clone(), v0.clone(), prefs.clone());
-        let (max_tokens, batch) = (on.max_tokens, cfg.eval.batch);
-        let (score, hints, texts) = tokio::task::spawn_blocking(move || -> Result<_> {
-            let lm = crate::demo::heldout::load_policy(&pcfg, None)?;
-            let (texts, hints, _) = super::teacher_eval::hinted_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
-            Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts))
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("teacher evaluation task: {e}")))??;
-        let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
-        let e = super::layout::TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64(), answers: vec![], answers_kept: false, v0_logprobs: vec![] };
-        eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
-        teachers.push(e);
-    }
+    let v0_score = crate::demo::personalization_score(&v0, &cfg.student.preferences());
+    let (pcfg, student, stop) = (arm.pipeline.clone(), held.student.clone(), stop.clone());
+    let (max_tokens, batch) = (on.max_tokens, cfg.eval.batch);
+    let teachers = tokio::task::spawn_blocking(move || {
+        let lm = crate::demo::heldout::load_policy(&pcfg, None)?;
+        super::teacher_eval::evaluate(&lm, &v0, &student, max_tokens, batch, None, &stop)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("teacher evaluation task: {e}")))??;
     let m = TeacherMarker { key, v0: v0_score, teachers };
     write_marker(&path, &m)?;
     Ok(m)
@@ -576,7 +568,7 @@ fn render(
     }
     if let Some(first) = runs.first() {
         if let Some(c) = first.checkpoints.iter().find(|c| c.version == 0) {
-            let _ = writeln!(s, "\nThe initial weights (v0) score {:.3} on the {} held-out problems{}.\n", c.score, c.eval_problems, v0.map(|_| "; \"final − v0\" and its p come from paired t-tests over those problems, Holm-corrected with every comparison below").unwrap_or(""));
+            let _ = writeln!(s, "\nThe initial weights (v0) score {:.3} on the {} held-out problems{}{}.\n", c.score, c.eval_problems, cfg.eval.split.report_note(), v0.map(|_| "; \"final − v0\" and its p come from paired t-tests over those problems, Holm-corrected with every comparison below").unwrap_or(""));
             let n = runs.iter().map(|r| r.summary.sessions).max().unwrap_or(0);
             let _ = writeln!(
                 s,
@@ -786,6 +778,7 @@ mod tests {
         assert_ne!(changed(&|c| c.online.as_mut().unwrap().interactions += 1), fp);
         assert_ne!(changed(&|c| c.student.seed += 1), fp);
         assert_ne!(changed(&|c| c.eval.problems += 1), fp);
+        assert_ne!(changed(&|c| c.eval.split = crate::demo::EvalSplit::Validation), fp);
         // Which versions are evaluated and which arms exist do not change one run's numbers.
         assert_eq!(changed(&|c| c.eval.versions = super::super::config::EvalVersions::All), fp);
         assert_eq!(changed(&|c| c.arms.truncate(1)), fp);

@@ -10,7 +10,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::compare::{adjust_holm, ordering, summarize, versus_baselines, versus_initial, GroupRow, PairRow, ALPHA};
-use super::layout::{BaselineEval, TeacherEval};
+use super::layout::BaselineEval;
+use super::teacher_eval::TeacherEval;
 use super::results::ResponseRow;
 use super::teacher_eval::HintStrategy;
 use super::config::{config_diff, AblationConfig, EvalVersions, ResolvedArm};
@@ -417,13 +418,14 @@ fn render(cfg: &AblationConfig, arms: &[ResolvedArm], replicates: &Replicates, g
     }
     let _ = writeln!(
         s,
-        "- **Evaluation** at {}: (a) personalization score = fraction of greedy answers (≤ {} tokens) to {} held-out GSM8K problems meeting every preference of the student (one problem = {:.3}); (b) held-out loss components (each arm's own method and settings on its held-out samples) and the mean teacher − student log-prob gap on the hinted held-out samples (nats/token; nearer 0 = the student agrees more with the hint-conditioned teacher); (c) judge vs outcome on labelled logs{}.",
+        "- **Evaluation** at {}: (a) personalization score = fraction of greedy answers (≤ {} tokens) to {} held-out GSM8K problems{} meeting every preference of the student (one problem = {:.3}); (b) held-out loss components (each arm's own method and settings on its held-out samples) and the mean teacher − student log-prob gap on the hinted held-out samples (nats/token; nearer 0 = the student agrees more with the hint-conditioned teacher); (c) judge vs outcome on labelled logs{}.",
         match cfg.eval.versions {
             EvalVersions::All => "every checkpoint",
             EvalVersions::Last => "the initial weights and each arm's last checkpoint (`[eval] versions = \"last\"`)",
         },
         cfg.eval.max_tokens,
         cfg.eval.problems,
+        cfg.eval.split.report_note(),
         1.0 / cfg.eval.problems.max(1) as f64,
         if cfg.eval.judge_agreement.is_some() { "" } else { " (not configured)" }
     );

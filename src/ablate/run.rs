@@ -29,8 +29,8 @@ use super::mass::{
 };
 use crate::demo::heldout::{greedy_answers, greedy_generations, load_policy};
 use super::baselines::{answers_with_system, memory_system, prompted_system, MEMORY_TOKENS};
-use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, BaselineEval, EvalMarker, ReplayMarker, StagesMarker, TeacherEval, TrainMarker};
-use super::teacher_eval::{self, HintStrategy};
+use super::layout::{read_marker, remove_dir, write_marker, AgreementMarker, BaseEval, BaselineEval, EvalMarker, ReplayMarker, StagesMarker, TrainMarker};
+use super::teacher_eval::{self, HintStrategy, TeacherEval};
 use super::plan::{evaluated_versions, judge_groups, needed_data_pipelines, selected};
 use super::replay::{replay, run_stages, ReplayOptions, ReplayTarget};
 use super::results::{GapRow, ResponseRow};
@@ -140,6 +140,10 @@ fn own_data(cfg: &AblationConfig) -> bool {
 fn data_fingerprint(cfg: &AblationConfig, arms: &[ResolvedArm]) -> Result<String> {
     let model = arms.first().map(|a| a.pipeline.policy.model.clone());
     let mut v = serde_json::json!({"data": cfg.data, "student": cfg.student, "model": model, "eval_problems": cfg.eval.problems});
+    if !cfg.eval.split.is_test() {
+        // A validation split moves the held-out sessions' and training problems (`Split::evaluated_on`).
+        v["eval_split"] = serde_json::json!(cfg.eval.split);
+    }
     // Replicates read their own data (with collection) and their own order (always): the seeds shape
     // the data, so a folder made before (or with other seeds) is refused, not mixed.
     if cfg.shared.replicate_seeds().len() > 1 {
@@ -176,7 +180,7 @@ async fn prepare_data(cfg: &AblationConfig, arms: &[ResolvedArm], sel: Option<&[
             if read_marker::<CollectReport>(&marker)?.is_none() {
                 check_stop(stop)?;
                 let problems = load_gsm8k(&cfg.student.gsm8k)?;
-                let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?;
+                let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?.evaluated_on(cfg.eval.split)?;
                 let plans = collect_plans(&split.train, c.sessions, cfg.data.heldout_sessions, cfg.student.seed, &cfg.shared.replicate_seeds());
                 if !(0..plans.len()).any(|k| state.join(format!("collect-{k}.json")).exists()) {
                     remove_dir(&lay.source())?; // rows of a run killed before any collection's marker
@@ -393,7 +397,7 @@ async fn prepared(cfg: &AblationConfig, arms: Vec<ResolvedArm>, lay: &Layout) ->
     let lake = Lake::open(lay.lake())?;
     let replicates = Replicates::new(&lake.read_table::<Interaction>()?, cfg.data.heldout_sessions, &cfg.shared.replicate_seeds(), own_data(cfg));
     let problems = load_gsm8k(&cfg.student.gsm8k)?;
-    let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?;
+    let split = split_problems(&problems, cfg.eval.problems, cfg.student.seed)?.evaluated_on(cfg.eval.split)?;
     let student = Student::new(cfg.student.seed, cfg.student.preferences(), cfg.student.max_turns)?;
     let gap_samples = match arms.iter().find(|a| a.pipeline.method.uses_hints()).and_then(|a| heldout_sql(&a.data_pipeline, &replicates.heldout_all())) {
         Some(q) => query_samples(&lake, &q).await?.into_iter().filter(|s| s.hint_id.is_some() && s.teacher_logprobs.is_some()).collect(),
@@ -653,41 +657,18 @@ fn shared_v0_mass(lm: &crate::model::LanguageModel, answer_ids: &[(i64, Vec<u32>
 /// teacher also scores v0's answer to each hinted problem, and its own answers are kept as ids
 /// ([`TeacherEval::answers`]).
 async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], v0_ids: &[(i64, Vec<u32>, Vec<u32>)], stop: &Stop) -> Result<Vec<TeacherEval>> {
-    let mut out = vec![];
     let answers: Vec<(Problem, String)> = p
         .eval_problems
         .iter()
         .filter_map(|pr| v0.iter().find(|r| r.problem_id == pr.id as i64).map(|r| (pr.clone(), r.response_text.clone())))
         .collect();
-    for strategy in HintStrategy::ALL {
-        check_stop(stop)?;
-        let t = Instant::now();
-        let (pcfg, student, answers, v0_ids) = (p.arms[0].pipeline.clone(), p.student.clone(), answers.clone(), v0_ids.to_vec());
-        let (max_tokens, batch, prefs) = (cfg.eval.max_tokens, cfg.eval.batch, cfg.student.preferences());
-        let (score, hints, texts, ids, v0_logprobs) = blocking(move || {
-            let lm = load_policy(&pcfg, None)?;
-            let (texts, hints, mut ids) = teacher_eval::hinted_answers(&lm, &answers, &student, strategy, max_tokens, batch)?;
-            let mut v0_logprobs = vec![];
-            if strategy == HintStrategy::Instruction {
-                // the teacher's log-probs of v0's answer under the same hinted prompt (problems with v0 ids)
-                ids.retain(|a| v0_ids.iter().any(|(id, _, r)| *id == a.problem_id && !r.is_empty()));
-                let pairs: Vec<(Vec<u32>, Vec<u32>)> = ids.iter().filter_map(|a| v0_ids.iter().find(|(id, ..)| *id == a.problem_id).map(|(_, _, r)| (a.prompt_ids.clone(), r.clone()))).collect();
-                for chunk in pairs.chunks(pcfg.trainer.batch_size.max(1)) {
-                    v0_logprobs.extend(lm.score(chunk, 0)?.into_iter().map(|s| s.logprobs));
-                }
-            } else {
-                ids.clear();
-            }
-            Ok((crate::demo::personalization_score(&texts, &prefs), hints, texts, ids, v0_logprobs))
-        })
-        .await?;
-        let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
-        let answers_kept = strategy == HintStrategy::Instruction;
-        let e = TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64(), answers: ids, answers_kept, v0_logprobs };
-        eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
-        out.push(e);
-    }
-    Ok(out)
+    let (pcfg, student, v0_ids, stop) = (p.arms[0].pipeline.clone(), p.student.clone(), v0_ids.to_vec(), stop.clone());
+    let (max_tokens, batch) = (cfg.eval.max_tokens, cfg.eval.batch);
+    blocking(move || {
+        let lm = load_policy(&pcfg, None)?;
+        teacher_eval::evaluate(&lm, &answers, &student, max_tokens, batch, Some((&v0_ids, pcfg.trainer.batch_size)), &stop)
+    })
+    .await
 }
 
 /// The baselines without training on the held-out problems ([`super::baselines`]): `prompted`, and

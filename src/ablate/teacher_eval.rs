@@ -133,6 +133,87 @@ pub fn hinted_answers(
     Ok((out, hints, ids))
 }
 
+/// The hint-conditioned teacher's score on the held-out problems under one hint strategy
+/// (module docs), as the ablation's markers keep it (`work/state/base-eval.json`, `work/online/teacher.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TeacherEval {
+    /// The hint strategy.
+    pub(crate) strategy: HintStrategy,
+    /// The teacher's score (greedy answers, the student's checker).
+    pub(crate) score: crate::demo::Score,
+    /// Problems that got a hint (the others keep v0's answer).
+    pub(crate) hinted: usize,
+    /// Up to three (hint, teacher answer) examples, for the report.
+    pub(crate) examples: Vec<(String, String)>,
+    /// The hinted problems' teacher answers as token ids (those whose v0 answer has token ids), for the
+    /// instruction strategy of an offline ablation ([`super::mass`]'s teacher-answer sets; empty
+    /// otherwise).
+    #[serde(default)]
+    pub(crate) answers: Vec<TeacherAnswer>,
+    /// Whether `answers` was computed (false in markers written before it existed: then the teacher
+    /// is evaluated again).
+    #[serde(default)]
+    pub(crate) answers_kept: bool,
+    /// Per entry of `answers`, the teacher's log-probs (nats) of v0's greedy answer to that problem
+    /// under the same hinted prompt (one per v0 response token).
+    #[serde(default)]
+    pub(crate) v0_logprobs: Vec<Vec<f32>>,
+    /// Seconds the evaluation took.
+    pub(crate) seconds: f64,
+}
+
+/// Per problem id, v0's greedy answer as token ids: `(problem id, prompt ids, response ids)`.
+pub(crate) type V0Ids = [(i64, Vec<u32>, Vec<u32>)];
+
+/// The teacher evaluated under every hint strategy ([`HintStrategy::ALL`], in that order) on `v0`'s
+/// answers (`(problem, v0's answer)`, as [`hinted_answers`] takes them): per strategy its greedy answers'
+/// score by the student's checker, the problems hinted, up to three (hint, answer) examples and the
+/// seconds it took. With `v0_ids` (`(v0's ids per problem, scoring batch)`; the offline ablation) the
+/// instruction strategy also keeps its answers as token ids, for the problems whose v0 answer has ids,
+/// and the teacher's log-probs of v0's answers under the same hinted prompts (nats, one per v0 response
+/// token; [`super::mass`]'s teacher sets); without, those stay empty (the online ablation). `stop` is
+/// read before each strategy.
+///
+/// # Errors
+/// Model errors; [`crate::Error::Cancelled`] when `stop` was requested.
+pub(crate) fn evaluate(
+    lm: &LanguageModel,
+    v0: &[(Problem, String)],
+    student: &Student,
+    max_tokens: usize,
+    batch: usize,
+    v0_ids: Option<(&V0Ids, usize)>,
+    stop: &crate::runtime::Stop,
+) -> Result<Vec<TeacherEval>> {
+    let mut out = vec![];
+    for strategy in HintStrategy::ALL {
+        if stop.requested() {
+            return Err(crate::Error::Cancelled);
+        }
+        let t = std::time::Instant::now();
+        let (texts, hints, mut ids) = hinted_answers(lm, v0, student, strategy, max_tokens, batch)?;
+        let mut v0_logprobs = vec![];
+        let answers_kept = strategy == HintStrategy::Instruction && v0_ids.is_some();
+        match v0_ids.filter(|_| answers_kept) {
+            Some((v0_ids, score_batch)) => {
+                ids.retain(|a| v0_ids.iter().any(|(id, _, r)| *id == a.problem_id && !r.is_empty()));
+                let pairs: Vec<(Vec<u32>, Vec<u32>)> =
+                    ids.iter().filter_map(|a| v0_ids.iter().find(|(id, ..)| *id == a.problem_id).map(|(_, _, r)| (a.prompt_ids.clone(), r.clone()))).collect();
+                for chunk in pairs.chunks(score_batch.max(1)) {
+                    v0_logprobs.extend(lm.score(chunk, 0)?.into_iter().map(|s| s.logprobs));
+                }
+            }
+            None => ids.clear(),
+        }
+        let examples = hints.iter().zip(&texts).filter_map(|(h, (_, a))| h.clone().map(|h| (h, a.clone()))).take(3).collect();
+        let score = crate::demo::personalization_score(&texts, student.preferences());
+        let e = TeacherEval { strategy, score, hinted: hints.iter().filter(|h| h.is_some()).count(), examples, seconds: t.elapsed().as_secs_f64(), answers: ids, answers_kept, v0_logprobs };
+        eprintln!("[ablate] teacher with {} hints ({} of {} problems hinted): personalization score {:.3} ({:.0} s)", strategy.as_str(), e.hinted, texts.len(), e.score.fraction_all_satisfied, e.seconds);
+        out.push(e);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

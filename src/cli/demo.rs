@@ -41,6 +41,11 @@ pub struct DemoArgs {
     /// Held-out problems the personalization score is measured on.
     #[arg(long, default_value_t = 48)]
     eval_problems: usize,
+    /// Which problems are evaluated: `test` (the held-out problems, the reported result) or
+    /// `validation` (as many training problems set aside, for choosing a recipe without looking at the
+    /// test problems; training then starts after them).
+    #[arg(long, value_enum, default_value_t = nextstate::demo::EvalSplit::Test)]
+    eval_split: nextstate::demo::EvalSplit,
     /// Response length limit, tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -66,7 +71,7 @@ pub struct DemoArgs {
 }
 
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let DemoArgs { pipeline, out, gsm8k, interactions, min_versions_served, max_interactions, students, max_turns, eval_problems, max_tokens, temperature, seed, max_words, require_correct, tenants, data } = args;
+    let DemoArgs { pipeline, out, gsm8k, interactions, min_versions_served, max_interactions, students, max_turns, eval_problems, eval_split, max_tokens, temperature, seed, max_words, require_correct, tenants, data } = args;
     let pipeline = pipeline.or_else(|| Some(PathBuf::from("pipelines/demo.toml")).filter(|p| p.exists()));
     let cfg = load_pipeline(&pipeline, &data)?;
     let prefs = nextstate::demo::Preferences { max_words, correct_answer: require_correct, ..Default::default() };
@@ -80,6 +85,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         students,
         max_turns,
         eval_problems,
+        eval_split,
         max_tokens,
         temperature,
         seed,

@@ -187,7 +187,7 @@ fn result(policy: &str, version: i64, responses: &[(super::Problem, String)], pr
 fn evaluate(opts: &DemoOptions, runs: &[ModeRun]) -> Result<Vec<TenantResult>> {
     crate::model::set_threads(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as i32)?;
     let problems = load_gsm8k(&opts.gsm8k)?;
-    let split = split_problems(&problems, opts.eval_problems, opts.split_seed.unwrap_or(opts.seed))?;
+    let split = split_problems(&problems, opts.eval_problems, opts.split_seed.unwrap_or(opts.seed))?.evaluated_on(opts.eval_split)?;
     let students: Vec<Student> = opts.fleet.iter().map(|(_, p)| Student::new(opts.split_seed.unwrap_or(opts.seed), p.clone(), opts.max_turns)).collect::<Result<_>>()?;
     // One greedy pass per policy serves every tenant: their held-out prompts are the same.
     for s in &students[1..] {

@@ -25,7 +25,7 @@ pub mod score;
 pub mod sessions;
 pub mod student;
 
-pub use problems::{canonical_answer, default_gsm8k_path, load_gsm8k, parse_number, same_number, split_problems, Problem, Split};
+pub use problems::{canonical_answer, default_gsm8k_path, load_gsm8k, parse_number, same_number, split_problems, EvalSplit, Problem, Split};
 pub use report::{write_report, CheckpointEval, DemoReport, ReportFiles, TimeRow, TimeTable};
 pub use score::{eval_rows, personalization_score, Score};
 pub use student::{check, Preference, Preferences, Student, StudentReply, Verdict, Violation, ViolationKind};

@@ -1,5 +1,5 @@
-//! GSM8K homework problems: [`load_gsm8k`], the held-out/training [`split_problems`], and how answers
-//! are read as numbers ([`parse_number`], [`same_number`], [`canonical_answer`]).
+//! GSM8K homework problems: [`load_gsm8k`], the held-out/training [`split_problems`] (or a validation
+//! split instead of the held-out problems, [`Split::evaluated_on`]), and how answers are read as numbers ([`parse_number`], [`same_number`], [`canonical_answer`]).
 
 use std::path::Path;
 
@@ -112,6 +112,72 @@ pub fn split_problems(problems: &[Problem], n_eval: usize, seed: u64) -> Result<
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
     let pick = |ix: &[usize]| ix.iter().map(|&i| problems[i].clone()).collect::<Vec<_>>();
     Ok(Split { eval: pick(&order[..n_eval]), train: pick(&order[n_eval..]) })
+}
+
+/// Which problems a run is evaluated on (`nextstate demo --eval-split`, an ablation's `[eval] split`).
+///
+/// A recipe (learning rate, weights, steps) chosen by its score on the problems a result is then reported
+/// on overstates that result. `Validation` gives the choice its own problems: the evaluation moves to the
+/// first `n_eval` training problems of the split, training draws from the training problems after them,
+/// and the test problems are left out of the run entirely (neither trained on nor evaluated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalSplit {
+    /// The held-out test problems ([`Split::eval`]): the reported result.
+    #[default]
+    Test,
+    /// A validation split: the first `n_eval` of [`Split::train`], for choosing a recipe.
+    Validation,
+}
+
+impl EvalSplit {
+    /// Lower-case name, as in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvalSplit::Test => "test",
+            EvalSplit::Validation => "validation",
+        }
+    }
+
+    /// What a report adds after "… held-out problems": nothing for `Test`; for `Validation` that they are
+    /// a validation split and the test problems were not used.
+    pub fn report_note(self) -> &'static str {
+        match self {
+            EvalSplit::Test => "",
+            EvalSplit::Validation => " of a validation split (training problems set aside for choosing a recipe; the test problems were neither trained on nor evaluated)",
+        }
+    }
+
+    /// Whether this is the default (`Test`); configuration hashes leave the default out, so runs made
+    /// before the option existed keep their keys.
+    pub fn is_test(&self) -> bool {
+        *self == EvalSplit::Test
+    }
+}
+
+impl Split {
+    /// The split a run evaluated on `on` uses: `self` for [`EvalSplit::Test`]; for
+    /// [`EvalSplit::Validation`] the first `self.eval.len()` training problems become the evaluation
+    /// problems and the rest stay training problems, in order (the test problems are dropped from the
+    /// run). The training problems that follow the validation ones are the same in both modes, shifted:
+    /// a validation run never trains on a problem it is evaluated on, and never sees a test problem.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when there are fewer training problems than evaluation problems.
+    pub fn evaluated_on(self, on: EvalSplit) -> Result<Split> {
+        match on {
+            EvalSplit::Test => Ok(self),
+            EvalSplit::Validation => {
+                let n = self.eval.len();
+                if self.train.len() < n {
+                    return Err(Error::Config(format!("a validation split of {n} problems needs at least {n} training problems; there are {}", self.train.len())));
+                }
+                let mut train = self.train;
+                let rest = train.split_off(n);
+                Ok(Split { eval: train, train: rest })
+            }
+        }
+    }
 }
 
 /// Path of the GSM8K test file shipped with the crate (`<crate root>/data/gsm8k_test.json`).

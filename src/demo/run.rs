@@ -47,6 +47,9 @@ pub struct DemoOptions {
     pub max_turns: u32,
     /// Held-out problems the personalization score is measured on.
     pub eval_problems: usize,
+    /// Which problems those are: the held-out test problems (the demo) or a validation split for
+    /// choosing a recipe ([`super::EvalSplit`], [`super::Split::evaluated_on`]).
+    pub eval_split: super::EvalSplit,
     /// Response length limit, tokens.
     pub max_tokens: usize,
     /// Sampling temperature of the student's sessions (evaluation is greedy).
@@ -433,7 +436,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
     }
     opts.pipeline.lake = lake_dir;
     let problems = load_gsm8k(&opts.gsm8k)?;
-    let mut split = split_problems(&problems, opts.eval_problems, opts.split_seed.unwrap_or(opts.seed))?;
+    let mut split = split_problems(&problems, opts.eval_problems, opts.split_seed.unwrap_or(opts.seed))?.evaluated_on(opts.eval_split)?;
     if opts.split_seed.is_some_and(|s| s != opts.seed) {
         // A replicate of a shared split: its own order of the training problems.
         use rand::seq::SliceRandom;
@@ -618,14 +621,15 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
         })),
         notes: vec![
             format!(
-                "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems.",
+                "Policy {} on CPU; {} interactions by {} concurrent students, sessions of at most {} turns; responses up to {} tokens at temperature {}; evaluation greedy on {} held-out problems{}.",
                 opts.pipeline.policy.model.display(),
                 sh.answered.load(Ordering::SeqCst),
                 opts.students,
                 opts.max_turns,
                 opts.max_tokens,
                 opts.temperature,
-                split.eval.len()
+                split.eval.len(),
+                opts.eval_split.report_note()
             ),
             format!(
                 "Trainer: method {}, batch {} samples, lr {}, w_rl {}, w_opd {}, LoRA {}.",

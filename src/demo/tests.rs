@@ -60,7 +60,42 @@ fn split_is_seeded_and_disjoint() {
     assert!(e.to_string().contains("1320 evaluation problems requested but only 1319 exist"), "{e}");
 }
 
+#[test]
+fn a_validation_split_is_the_head_of_the_training_problems() {
+    let ps: Vec<Problem> = (0..10).map(|id| Problem { id, question: format!("q{id}"), answer: "1".into() }).collect();
+    let test = split_problems(&ps, 3, 5).unwrap();
+    let ids = |v: &[Problem]| v.iter().map(|p| p.id).collect::<Vec<_>>();
+    assert_eq!(test.clone().evaluated_on(EvalSplit::Test).unwrap(), test);
+    let val = test.clone().evaluated_on(EvalSplit::Validation).unwrap();
+    assert_eq!(ids(&val.eval), ids(&test.train[..3]));
+    assert_eq!(ids(&val.train), ids(&test.train[3..]));
+    // Too few training problems for a validation split as large as the evaluation.
+    let e = split_problems(&ps, 6, 5).unwrap().evaluated_on(EvalSplit::Validation).unwrap_err();
+    assert!(matches!(e, Error::Config(_)) && e.to_string().contains("a validation split of 6 problems needs at least 6 training problems; there are 4"), "{e}");
+    // The demo's default split: the validation problems are the first 48 training problems.
+    let gsm = load_gsm8k(default_gsm8k_path()).unwrap();
+    let (t, v) = (split_problems(&gsm, 48, 7).unwrap(), split_problems(&gsm, 48, 7).unwrap().evaluated_on(EvalSplit::Validation).unwrap());
+    assert_eq!((v.eval.len(), v.train.len()), (48, 1319 - 96));
+    assert_eq!(ids(&v.eval), ids(&t.train[..48]));
+}
+
 proptest! {
+    #[test]
+    fn a_validation_split_never_meets_the_test_problems(n in 0usize..60, k in 0usize..30, seed: u64) {
+        let ps: Vec<Problem> = (0..n).map(|id| Problem { id, question: format!("q{id}"), answer: "1".into() }).collect();
+        let k = k.min(n / 2);
+        let test = split_problems(&ps, k, seed).unwrap();
+        let val = test.clone().evaluated_on(EvalSplit::Validation).unwrap();
+        let test_ids: std::collections::BTreeSet<usize> = test.eval.iter().map(|p| p.id).collect();
+        let val_ids: std::collections::BTreeSet<usize> = val.eval.iter().map(|p| p.id).collect();
+        prop_assert_eq!(val.eval.len(), k);
+        prop_assert!(val.eval.iter().chain(&val.train).all(|p| !test_ids.contains(&p.id)));
+        prop_assert!(val.train.iter().all(|p| !val_ids.contains(&p.id)));
+        let mut all: Vec<usize> = test.eval.iter().chain(&val.eval).chain(&val.train).map(|p| p.id).collect();
+        all.sort();
+        prop_assert_eq!(all, (0..n).collect::<Vec<_>>());
+    }
+
     #[test]
     fn split_partitions_every_problem(n in 0usize..60, k in 0usize..60, seed: u64) {
         let ps: Vec<Problem> = (0..n).map(|id| Problem { id, question: format!("q{id}"), answer: "1".into() }).collect();
@@ -104,6 +139,7 @@ fn runs_that_share_a_split_get_the_same_heldout_prompts() {
         students: 1,
         max_turns: 1,
         eval_problems: 48,
+        eval_split: super::EvalSplit::Test,
         max_tokens: 8,
         temperature: 0.6,
         seed,

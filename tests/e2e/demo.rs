@@ -40,6 +40,7 @@ fn tiny_demo(model: &std::path::Path, dir: &std::path::Path) -> nextstate::demo:
         students: 2,
         max_turns: 1,
         eval_problems: 2,
+        eval_split: nextstate::demo::EvalSplit::Test,
         max_tokens: 24,
         temperature: 0.6,
         seed: 11,
