@@ -132,8 +132,7 @@ const PROTOCOL_VERSION: u32 = 2;
 
 /// Hash of what makes two online runs comparable beyond the arm's own configuration: `[online]`,
 /// `[student]`, the held-out problems (`[eval] problems`, and `[eval] split` when it is not the default
-/// `test`) and [`PROTOCOL_VERSION`]. A run recorded under
-/// another fingerprint is refused, not mixed.
+/// `test`) and [`PROTOCOL_VERSION`]. A run recorded under another fingerprint is refused, not mixed.
 ///
 /// # Errors
 /// JSON errors (not expected).

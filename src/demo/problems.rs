@@ -1,5 +1,6 @@
 //! GSM8K homework problems: [`load_gsm8k`], the held-out/training [`split_problems`] (or a validation
-//! split instead of the held-out problems, [`Split::evaluated_on`]), and how answers are read as numbers ([`parse_number`], [`same_number`], [`canonical_answer`]).
+//! split instead of the held-out problems, [`Split::evaluated_on`]), and how answers are read as numbers
+//! ([`parse_number`], [`same_number`], [`canonical_answer`]).
 
 use std::path::Path;
 
