@@ -656,7 +656,7 @@ fn shared_v0_mass(lm: &crate::model::LanguageModel, answer_ids: &[(i64, Vec<u32>
 /// `v0_ids` are those answers as token ids ([`BaseEval::answer_ids`]): for the instruction strategy the
 /// teacher also scores v0's answer to each hinted problem, and its own answers are kept as ids
 /// ([`TeacherEval::answers`]).
-async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], v0_ids: &[(i64, Vec<u32>, Vec<u32>)], stop: &Stop) -> Result<Vec<TeacherEval>> {
+async fn teacher_evals(cfg: &AblationConfig, p: &Prepared, v0: &[ResponseRow], v0_ids: &teacher_eval::V0Ids, stop: &Stop) -> Result<Vec<TeacherEval>> {
     let answers: Vec<(Problem, String)> = p
         .eval_problems
         .iter()

@@ -132,14 +132,6 @@ pub enum EvalSplit {
 }
 
 impl EvalSplit {
-    /// Lower-case name, as in the configuration.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EvalSplit::Test => "test",
-            EvalSplit::Validation => "validation",
-        }
-    }
-
     /// What a report adds after "… held-out problems": nothing for `Test`; for `Validation` that they are
     /// a validation split and the test problems were not used.
     pub fn report_note(self) -> &'static str {
