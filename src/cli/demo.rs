@@ -95,6 +95,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         context: nextstate::demo::run::AgentContext::None,
         train: true,
         fleet: if tenants == 2 { nextstate::demo::fleet::two_tenants(max_words, require_correct) } else { vec![] },
+        v0_kept: None,
     };
     let stop = Stop::default();
     stop.on_signals();

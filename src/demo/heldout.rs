@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use serde::{Deserialize, Serialize};
+
 use super::{Problem, Student};
 use crate::config::PipelineConfig;
 use crate::error::Result;
@@ -28,7 +30,7 @@ pub fn load_policy(cfg: &PipelineConfig, checkpoint: Option<&Path>) -> Result<La
 }
 
 /// One greedy answer to a held-out problem, with the token ids it was made of.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeldoutAnswer {
     /// The problem.
     pub problem: Problem,
@@ -52,6 +54,48 @@ pub fn greedy_generations(lm: &LanguageModel, problems: &[Problem], student: &St
     let chats: Vec<Vec<Message>> = problems.iter().map(|p| vec![Message::text("user", student.first_message(p))]).collect();
     let gens = greedy_chat(lm, &chats, max_tokens, batch)?;
     Ok(problems.iter().zip(gens).map(|(p, (prompt_ids, g))| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }).collect())
+}
+
+/// The file [`greedy_generations_kept`] keeps answers in: the key they were made under, and the answers.
+#[derive(Serialize, Deserialize)]
+struct KeptAnswers {
+    key: String,
+    answers: Vec<HeldoutAnswer>,
+}
+
+/// [`greedy_generations`] of the initial weights, kept in the JSON file `kept` for callers that evaluate
+/// the same initial weights on the same prompts many times (the online ablation's replicates,
+/// [`crate::ablate::online`]). The file's answers are reused when its key matches: the
+/// [`crate::schema::content_hash`] of the policy's `model`, `dtype` and `device` (`cfg.policy`),
+/// `max_tokens`, `batch` and every prompt's token ids in order. Otherwise (no file, another key, a file
+/// that does not parse, logged) the answers are generated and the file is written atomically. Greedy
+/// decoding of the same prompts in the same batches gives the same answers, so a reuse returns what a
+/// new generation would (on the same machine and thread count). `lm` must be the initial weights of
+/// `cfg.policy`: only the caller can know that, so only it may pass a kept file.
+///
+/// # Errors
+/// Model errors; [`crate::Error::Io`] when the file cannot be written; JSON errors when the answers
+/// cannot be serialised.
+pub fn greedy_generations_kept(cfg: &PipelineConfig, lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize, kept: &Path) -> Result<Vec<HeldoutAnswer>> {
+    let chats: Vec<Vec<Message>> = problems.iter().map(|p| vec![Message::text("user", student.first_message(p))]).collect();
+    let prompts = chats.iter().map(|m| lm.chat_prompt_ids(m, None, true)).collect::<Result<Vec<_>>>()?;
+    let head = serde_json::json!({"model": cfg.policy.model, "dtype": cfg.policy.dtype, "device": cfg.policy.device, "max_tokens": max_tokens, "batch": batch});
+    let ids: Vec<u8> = prompts.iter().flat_map(|p| (p.len() as u64).to_le_bytes().into_iter().chain(p.iter().flat_map(|t| t.to_le_bytes()))).collect();
+    let key = crate::schema::content_hash(&[head.to_string().as_bytes(), &ids]);
+    if kept.is_file() {
+        match std::fs::read(kept).map_err(|e| e.to_string()).and_then(|b| serde_json::from_slice::<KeptAnswers>(&b).map_err(|e| e.to_string())) {
+            Ok(k) if k.key == key && k.answers.len() == problems.len() => return Ok(k.answers),
+            Ok(_) => tracing::info!(path = %kept.display(), "kept held-out answers were made under another key; generating them again"),
+            Err(e) => tracing::warn!(path = %kept.display(), error = %e, "kept held-out answers unreadable; generating them again"),
+        }
+    }
+    let gens = greedy_ids(lm, &prompts, max_tokens, batch)?;
+    let answers: Vec<HeldoutAnswer> = problems.iter().zip(prompts).zip(gens).map(|((p, prompt_ids), g)| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }).collect();
+    if let Some(parent) = kept.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| crate::Error::io("create", parent, e))?;
+    }
+    crate::lake::write_atomic(kept, serde_json::to_string(&KeptAnswers { key, answers: answers.clone() })?.as_bytes())?;
+    Ok(answers)
 }
 
 /// Greedy generations for the chat conversations `chats` (each rendered with the chat template and the

@@ -77,6 +77,11 @@ pub struct DemoOptions {
     /// `w mod n`. Empty: one student (`preferences`) and no tenant header (the demo). A fleet run
     /// evaluates nothing itself: [`super::fleet::run_fleet_demo`] evaluates every tenant after both modes.
     pub fleet: Vec<(String, Preferences)>,
+    /// A JSON file keeping v0's greedy held-out answers between runs
+    /// ([`super::heldout::greedy_generations_kept`]: reused when the model, the answer length and every
+    /// held-out prompt match, else generated and written). `None` (the demo): v0 is always generated.
+    /// The online ablation passes one file for all its replicates, since they share v0 and the prompts.
+    pub v0_kept: Option<PathBuf>,
 }
 
 /// What the agent writes as the system prompt of each student session.
@@ -342,7 +347,8 @@ pub const DRIFT_PROBLEMS: usize = 16;
 /// Greedy answers of `version` (0 = the initial weights, else checkpoint `<run_dir>/<version>` with its
 /// LoRA adapters merged) on the held-out problems, and the summed log-prob and token count of the
 /// initial weights' answers `v0` to the first [`DRIFT_PROBLEMS`] problems under this version (for the
-/// drift; of its own answers, from the generation, when `v0` is `None`).
+/// drift; of its own answers, from the generation, when `v0` is `None`). v0's answers come from the
+/// file `v0_kept` when it keeps them ([`DemoOptions::v0_kept`]).
 fn evaluate_version(
     cfg: &PipelineConfig,
     run_dir: &std::path::Path,
@@ -351,10 +357,14 @@ fn evaluate_version(
     student: &Student,
     max_tokens: usize,
     v0: Option<&[super::heldout::HeldoutAnswer]>,
+    v0_kept: Option<&std::path::Path>,
 ) -> Result<(Vec<super::heldout::HeldoutAnswer>, (f64, usize))> {
     let dir = run_dir.join(version.to_string());
     let lm = super::heldout::load_policy(cfg, (version > 0).then_some(dir.as_path()))?;
-    let answers = super::heldout::greedy_generations(&lm, problems, student, max_tokens, EVAL_BATCH)?;
+    let answers = match v0_kept {
+        Some(kept) if version == 0 => super::heldout::greedy_generations_kept(cfg, &lm, problems, student, max_tokens, EVAL_BATCH, kept)?,
+        _ => super::heldout::greedy_generations(&lm, problems, student, max_tokens, EVAL_BATCH)?,
+    };
     let lp = match v0 {
         Some(v0) => super::heldout::response_logprob_sum(&lm, &v0[..v0.len().min(DRIFT_PROBLEMS)], SCORE_BATCH)?,
         None => answers.iter().take(DRIFT_PROBLEMS).flat_map(|a| &a.logprobs).fold((0.0, 0), |(s, n), x| (s + f64::from(*x), n + 1)),
@@ -374,6 +384,7 @@ struct EvalPlan {
     run_id: String,
     prefs: Preferences,
     last_only: bool,
+    v0_kept: Option<PathBuf>,
 }
 
 impl EvalPlan {
@@ -391,7 +402,7 @@ impl EvalPlan {
         }
         for version in versions {
             let t = Instant::now();
-            let (answers, (lp, n)) = evaluate_version(&self.cfg, &self.run_dir, version, &self.problems, &self.student, self.max_tokens, v0.as_ref().map(|a| a.0.as_slice()))?;
+            let (answers, (lp, n)) = evaluate_version(&self.cfg, &self.run_dir, version, &self.problems, &self.student, self.max_tokens, v0.as_ref().map(|a| a.0.as_slice()), self.v0_kept.as_deref())?;
             let drift = match &v0 {
                 None => Some(0.0),
                 Some((_, lp0, n0)) if *n0 == n && n > 0 => Some((lp0 - lp) / n as f64),
@@ -569,6 +580,7 @@ pub async fn run_demo(mut opts: DemoOptions, stop: Stop) -> Result<DemoSummary> 
             run_id: run_id.clone(),
             prefs: prefs.clone(),
             last_only: opts.eval_last_only,
+            v0_kept: opts.v0_kept.clone(),
         };
         tokio::task::spawn_blocking(move || eval.run()).await.map_err(|e| Error::Internal(format!("evaluation task: {e}")))??
     };

@@ -149,6 +149,7 @@ fn runs_that_share_a_split_get_the_same_heldout_prompts() {
         context: run::AgentContext::None,
         train: true,
         fleet: vec![],
+        v0_kept: None,
     };
     let prompts = |o: &run::DemoOptions| {
         let split = split_problems(&problems, o.eval_problems, o.split_seed.unwrap_or(o.seed)).unwrap();

@@ -687,8 +687,13 @@ fn tiny_online_ablation_runs_each_replicate_live_and_resumes_without_redoing_one
         let v0_answers: Vec<(i64, String)> = r["responses"].as_array().unwrap().iter().filter(|x| x["version"] == 0).map(|x| (x["problem_id"].as_i64().unwrap(), x["response_text"].as_str().unwrap().to_string())).collect();
         v0.push(v0_answers);
     }
-    // Every replicate is evaluated on the same held-out problems, and v0 answers them the same way.
+    // Every replicate is evaluated on the same held-out problems, and v0 answers them the same way: the
+    // first replicate's answers, kept for the others.
     assert!(v0.windows(2).all(|w| w[0] == w[1]), "{v0:?}");
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("work/online/v0-answers.json")).unwrap()).unwrap();
+    let mut kept: Vec<(i64, String)> = kept["answers"].as_array().unwrap().iter().map(|a| (a["problem"]["id"].as_i64().unwrap(), a["text"].as_str().unwrap().to_string())).collect();
+    kept.sort();
+    assert_eq!(kept, v0[0]);
     // Replicates differ in their student seed: their first sessions are on different problems.
     let problems = |i: usize| runs[i]["sessions"].as_array().unwrap().iter().map(|s| s["problem_id"].as_u64().unwrap()).collect::<std::collections::BTreeSet<_>>();
     assert_ne!(problems(0), problems(1), "the two replicates' training problems come in different orders");

@@ -50,6 +50,7 @@ fn tiny_demo(model: &std::path::Path, dir: &std::path::Path) -> nextstate::demo:
         context: nextstate::demo::run::AgentContext::None,
         train: true,
         fleet: vec![],
+        v0_kept: None,
     }
 }
 
@@ -141,4 +142,51 @@ async fn two_tenant_demo_trains_and_scores_each_tenant() {
     assert_eq!(s.comparisons.len(), 6);
     let md = std::fs::read_to_string(&s.report).unwrap();
     assert!(md.contains("| alice | ") && md.contains("| bob | ") && md.contains("labeled_steps"), "{md}");
+}
+
+/// The online ablation generates v0's held-out answers once and keeps them for every replicate: the kept
+/// answers are exactly the generated ones, a kept file is read back instead of generating, and a
+/// changed key (the answer length) or an unreadable file generates again and rewrites the file.
+#[test]
+fn kept_v0_answers_are_the_generated_ones_and_a_changed_key_generates_again() {
+    use nextstate::demo::heldout::{greedy_generations, greedy_generations_kept, load_policy};
+    let Some(model) = model() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = PipelineConfig::load(&common::root().join("pipelines/demo.toml")).unwrap();
+    cfg.policy.model = model;
+    let problems = nextstate::demo::load_gsm8k(&common::root().join("data/gsm8k_test.json")).unwrap();
+    let problems = &problems[..3];
+    let student = nextstate::demo::Student::new(5, nextstate::demo::Preferences::default(), 1).unwrap();
+    let lm = load_policy(&cfg, None).unwrap();
+    let kept = dir.path().join("online/v0-answers.json");
+
+    let fresh = greedy_generations(&lm, problems, &student, 12, 2).unwrap();
+    assert_eq!(greedy_generations_kept(&cfg, &lm, problems, &student, 12, 2, &kept).unwrap(), fresh);
+    assert!(kept.is_file());
+
+    // A second call reads the file: an answer edited in it comes back as edited.
+    let mut file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&kept).unwrap()).unwrap();
+    file["answers"][0]["text"] = "kept, not generated".into();
+    std::fs::write(&kept, file.to_string()).unwrap();
+    let again = greedy_generations_kept(&cfg, &lm, problems, &student, 12, 2, &kept).unwrap();
+    assert_eq!(again[0].text, "kept, not generated");
+    assert_eq!(again[1..], fresh[1..]);
+
+    // Another answer length is another key: generated again, and the file now holds the new answers.
+    let shorter = greedy_generations_kept(&cfg, &lm, problems, &student, 6, 2, &kept).unwrap();
+    assert_eq!(shorter, greedy_generations(&lm, problems, &student, 6, 2).unwrap());
+    assert!(shorter.iter().all(|a| a.response_ids.len() <= 6));
+    let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&kept).unwrap()).unwrap();
+    assert_eq!(file["answers"][0]["text"], shorter[0].text.as_str());
+
+    // Another student phrases other prompts: another key too.
+    let other = nextstate::demo::Student::new(6, nextstate::demo::Preferences::default(), 1).unwrap();
+    let theirs = greedy_generations_kept(&cfg, &lm, problems, &other, 6, 2, &kept).unwrap();
+    assert_ne!(theirs.iter().map(|a| &a.prompt_ids).collect::<Vec<_>>(), shorter.iter().map(|a| &a.prompt_ids).collect::<Vec<_>>());
+    assert_eq!(theirs, greedy_generations(&lm, problems, &other, 6, 2).unwrap());
+
+    // An unreadable file is never trusted: generated again, and rewritten.
+    std::fs::write(&kept, "not json").unwrap();
+    assert_eq!(greedy_generations_kept(&cfg, &lm, problems, &other, 6, 2, &kept).unwrap(), theirs);
+    assert!(std::fs::read_to_string(&kept).unwrap().starts_with('{'));
 }
