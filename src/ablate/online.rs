@@ -21,11 +21,11 @@
 //!   per replicate; `None` when not reached within the run.
 //! - **Final held-out score**: the last checkpoint the server loaded, greedy on the held-out problems,
 //!   beside v0 (`[eval] versions = "all"`: also the first and middle checkpoints it loaded, as the demo
-//!   does; `"last"`: v0 and the last only). v0's answers are generated once, by the first replicate,
-//!   and kept in `work/online/v0-answers.json` ([`V0_KEPT`]) for the others (greedy, same prompts, same
-//!   weights: the answers a new generation would give); each replicate still scores them. With the statistics of the
-//!   offline mode ([`super::compare`]: mean and 95 % t interval over replicates, paired t-tests over
-//!   problems against v0 and between arms, Holm-corrected together).
+//!   does; `"last"`: v0 and the last only), with the statistics of the offline mode
+//!   ([`super::compare`]: mean and 95 % t interval over replicates, paired t-tests over problems against
+//!   v0 and between arms, Holm-corrected together). v0's answers are generated once, by the first
+//!   replicate, and kept in `work/online/v0-answers.json` ([`V0_KEPT`]) for the others (greedy, same
+//!   prompts, same weights: the answers a new generation would give); each replicate still scores them.
 //!
 //! # Baselines
 //!
