@@ -51,9 +51,20 @@ pub struct HeldoutAnswer {
 /// # Errors
 /// Model errors.
 pub fn greedy_generations(lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize) -> Result<Vec<HeldoutAnswer>> {
-    let chats: Vec<Vec<Message>> = problems.iter().map(|p| vec![Message::text("user", student.first_message(p))]).collect();
-    let gens = greedy_chat(lm, &chats, max_tokens, batch)?;
-    Ok(problems.iter().zip(gens).map(|(p, (prompt_ids, g))| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }).collect())
+    let prompts = first_message_prompts(lm, problems, student)?;
+    let gens = greedy_ids(lm, &prompts, max_tokens, batch)?;
+    Ok(answers_of(problems, prompts, gens))
+}
+
+/// The chat prompt's token ids of the student's first message about each problem (generation prompt
+/// added), in problem order.
+fn first_message_prompts(lm: &LanguageModel, problems: &[Problem], student: &Student) -> Result<Vec<Vec<u32>>> {
+    problems.iter().map(|p| lm.chat_prompt_ids(&[Message::text("user", student.first_message(p))], None, true)).collect()
+}
+
+/// Pairs each problem with its prompt ids and generation.
+fn answers_of(problems: &[Problem], prompts: Vec<Vec<u32>>, gens: Vec<Generation>) -> Vec<HeldoutAnswer> {
+    problems.iter().zip(prompts).zip(gens).map(|((p, prompt_ids), g)| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }).collect()
 }
 
 /// The file [`greedy_generations_kept`] keeps answers in: the key they were made under, and the answers.
@@ -77,8 +88,7 @@ struct KeptAnswers {
 /// Model errors; [`crate::Error::Io`] when the file cannot be written; JSON errors when the answers
 /// cannot be serialised.
 pub fn greedy_generations_kept(cfg: &PipelineConfig, lm: &LanguageModel, problems: &[Problem], student: &Student, max_tokens: usize, batch: usize, kept: &Path) -> Result<Vec<HeldoutAnswer>> {
-    let chats: Vec<Vec<Message>> = problems.iter().map(|p| vec![Message::text("user", student.first_message(p))]).collect();
-    let prompts = chats.iter().map(|m| lm.chat_prompt_ids(m, None, true)).collect::<Result<Vec<_>>>()?;
+    let prompts = first_message_prompts(lm, problems, student)?;
     let head = serde_json::json!({"model": cfg.policy.model, "dtype": cfg.policy.dtype, "device": cfg.policy.device, "max_tokens": max_tokens, "batch": batch});
     let ids: Vec<u8> = prompts.iter().flat_map(|p| (p.len() as u64).to_le_bytes().into_iter().chain(p.iter().flat_map(|t| t.to_le_bytes()))).collect();
     let key = crate::schema::content_hash(&[head.to_string().as_bytes(), &ids]);
@@ -90,7 +100,7 @@ pub fn greedy_generations_kept(cfg: &PipelineConfig, lm: &LanguageModel, problem
         }
     }
     let gens = greedy_ids(lm, &prompts, max_tokens, batch)?;
-    let answers: Vec<HeldoutAnswer> = problems.iter().zip(prompts).zip(gens).map(|((p, prompt_ids), g)| HeldoutAnswer { problem: p.clone(), prompt_ids, response_ids: g.token_ids, logprobs: g.logprobs, text: g.text }).collect();
+    let answers = answers_of(problems, prompts, gens);
     if let Some(parent) = kept.parent() {
         std::fs::create_dir_all(parent).map_err(|e| crate::Error::io("create", parent, e))?;
     }
