@@ -120,9 +120,12 @@ pub fn holm(p: &[f64]) -> Vec<f64> {
 }
 
 /// A p-value for text: three decimals, or two significant digits in scientific notation below 0.001
-/// (`0.219`, `2.2e-4`).
+/// (`0.219`, `2.2e-4`); `< 1e-300` for a p-value below that, 0 included (a paired t-test whose
+/// differences are all the same non-zero value), never `0.0e0`.
 pub fn p_text(p: f64) -> String {
-    if p < 1e-3 {
+    if p < 1e-300 {
+        "< 1e-300".into()
+    } else if p < 1e-3 {
         format!("{p:.1e}")
     } else {
         format!("{p:.3}")
@@ -205,7 +208,8 @@ pub fn paired_t(diffs: &[f64]) -> Result<PairedT> {
     } else {
         let t = diff.mean / (diff.sd / (diff.n as f64).sqrt());
         let dist = StudentsT::new(0.0, 1.0, (diff.n - 1) as f64).map_err(|e| input_err!("paired t: {e}"))?;
-        (2.0 * (1.0 - dist.cdf(t.abs()))).min(1.0)
+        // The survival function, not 1 − cdf: 1 − cdf rounds to 0 once the cdf is within 1.1e-16 of 1.
+        (2.0 * dist.sf(t.abs())).min(1.0)
     };
     Ok(PairedT { diff, p_value })
 }
@@ -306,5 +310,21 @@ mod tests {
         assert_eq!(paired_t(&[0.0, 0.0, 0.0]).unwrap().p_value, 1.0);
         assert_eq!(paired_t(&[0.5, 0.5]).unwrap().p_value, 0.0);
         assert_eq!(paired_t(&[0.5]).unwrap().p_value, 1.0);
+    }
+
+    #[test]
+    fn a_paired_t_far_in_the_tail_keeps_its_p_value_and_its_text() {
+        // 1 − d, 1, 1 + d: mean 1, s = d, t = 1/(d/√3) = √3/d, df 2. For df 2 the two-sided p has the
+        // closed form 1 − t/√(t² + 2) = 1/t² − 3/(2t⁴) + …, so t = 1e9 gives p = 1.0e-18, which
+        // 2·(1 − cdf) rounded to 0.
+        let d = 3f64.sqrt() / 1e9;
+        let p = paired_t(&[1.0 - d, 1.0, 1.0 + d]).unwrap().p_value;
+        assert!((p / 1e-18 - 1.0).abs() < 1e-4, "{p:e}");
+        assert_eq!(p_text(p), "1.0e-18");
+        // Text: three decimals, scientific below 0.001, and a floor instead of `0.0e0`.
+        assert_eq!(p_text(0.219_4), "0.219");
+        assert_eq!(p_text(2.24e-4), "2.2e-4");
+        assert_eq!(p_text(0.0), "< 1e-300");
+        assert_eq!(p_text(paired_t(&[0.5, 0.5]).unwrap().p_value), "< 1e-300");
     }
 }

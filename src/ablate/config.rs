@@ -919,4 +919,35 @@ values = [0.5, 2.0]
         assert!(set_dotted(&mut t, "a.b.c.x", toml::Value::Integer(3)).is_err());
         assert!(set_dotted(&mut t, "a..c", toml::Value::Integer(3)).is_err());
     }
+
+    /// Every shipped ablation file loads and resolves (a file a user is told to run must); the files
+    /// behind a shipped report keep the recipe they were run with when the demo's default moves on:
+    /// `pipelines/demo.toml` now has w_opd = 1, their arms still w_opd = 4 unless an arm sets it.
+    #[test]
+    fn shipped_ablation_files_resolve_and_keep_their_recipe() {
+        let lake = Path::new("unused-lake");
+        let mut files: Vec<_> = std::fs::read_dir("ablations").unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
+        files.sort();
+        assert!(files.len() >= 8, "{files:?}");
+        for f in &files {
+            let arms = AblationConfig::load(f).and_then(|c| c.resolve(lake)).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            assert!(!arms.is_empty(), "{}", f.display());
+        }
+        let demo = crate::config::PipelineConfig::load(Path::new("pipelines/demo.toml")).unwrap();
+        assert_eq!(demo.trainer.w_opd, 1.0);
+        for name in ["student", "online", "online-w1", "opd-tokens", "student-collect-t0.6", "demo-validation"] {
+            let arms = AblationConfig::load(&PathBuf::from(format!("ablations/{name}.toml"))).unwrap().resolve(lake).unwrap();
+            // Every arm that does not set w_opd itself (all of them, not only those that use it: the
+            // hash of an arm's resolved configuration, which a resume checks, includes it).
+            let unset: Vec<_> = arms.iter().filter(|a| !a.overrides.iter().any(|(k, _)| k == "trainer.w_opd")).collect();
+            assert!(!unset.is_empty(), "{name}");
+            for a in unset {
+                assert_eq!(a.pipeline.trainer.w_opd, 4.0, "{name}: {}", a.name);
+            }
+        }
+        let validation = AblationConfig::load(Path::new("ablations/demo-validation.toml")).unwrap().resolve(lake).unwrap();
+        let w_opd = |group: &str| validation.iter().filter(|a| a.group == group).map(|a| a.pipeline.trainer.w_opd).collect::<Vec<_>>();
+        assert_eq!(w_opd("combined.w_opd=1.0"), vec![1.0; 3]);
+        assert_eq!(w_opd("combined.w_opd=2.0"), vec![2.0; 3]);
+    }
 }
